@@ -1,0 +1,76 @@
+#include "cli/commands.h"
+#include "policy/parser.h"
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+namespace knod::cli {
+
+Runner add_check(CLI::App &app) {
+    auto *cmd = app.add_subcommand(
+        "check", "Validate policy files. Without FILEs: /etc/knod/policy.toml and "
+                 "/etc/knod/policy.d/*.toml, as the daemon reads them.");
+    struct Options {
+        std::vector<std::string> files;
+        bool json = false;
+    };
+    auto opt = std::make_shared<Options>();
+    cmd->add_option("FILE", opt->files,
+                    "policy files or directories (their *.toml files, in lexical order), read as "
+                    "one policy in the order given");
+    cmd->add_flag("--json", opt->json, "print diagnostics as JSON");
+    cmd->footer("Prints every problem as FILE:LINE:COL: error|warning: MESSAGE. Exit 0 when the "
+                "policy is valid (warnings allowed), 1 when it has errors.");
+
+    return [cmd, opt]() -> int {
+        if (!cmd->parsed()) return -1;
+        auto files = opt->files.empty() ? policy::default_policy_files()
+                                        : policy::expand_policy_paths(opt->files);
+        if (files.empty()) {
+            std::cerr << "knod-policy check: no policy files found (looked for "
+                         "/etc/knod/policy.toml and /etc/knod/policy.d/*.toml)\n";
+            return exit_usage;
+        }
+        for (auto &f : files) {
+            if (access(f.c_str(), R_OK) != 0) {
+                std::cerr << "knod-policy check: cannot read " << f << ": " << std::strerror(errno)
+                          << "\n";
+                return exit_usage;
+            }
+        }
+        auto load = policy::load_policy_files(files);
+        if (opt->json) {
+            nlohmann::json out;
+            out["valid"] = load.ok();
+            out["files"] = files;
+            out["rules"] = load.policy.rules.size();
+            out["diagnostics"] = nlohmann::json::array();
+            for (auto &d : load.diagnostics)
+                out["diagnostics"].push_back(
+                    {{"severity", d.severity == policy::Severity::error ? "error" : "warning"},
+                     {"file", d.where.file},
+                     {"line", d.where.line},
+                     {"column", d.where.column},
+                     {"message", d.message}});
+            std::cout << out.dump(2) << "\n";
+        } else {
+            for (auto &d : load.diagnostics)
+                (d.severity == policy::Severity::error ? std::cerr : std::cout)
+                    << d.to_string() << "\n";
+            if (load.ok())
+                std::cout << "ok: " << load.policy.rules.size() << " rule(s) in " << files.size()
+                          << " file(s)"
+                          << (load.policy.settings.permissive ? " (permissive mode)" : "") << "\n";
+            else
+                std::cerr << load.error_count() << " error(s); the policy is not valid\n";
+        }
+        return load.ok() ? exit_ok : exit_failed;
+    };
+}
+
+} // namespace knod::cli

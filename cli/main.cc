@@ -1,0 +1,28 @@
+// knod-policy: the admin's and auditor's tool. Policy checks run locally on files; audit
+// commands read journal files; daemon commands talk to knod-policyd over D-Bus.
+#include "cli/commands.h"
+
+#include <iostream>
+
+int main(int argc, char **argv) {
+    CLI::App app{"knod-policy: check and explain KNOD binding policy, audit the session journal.\n"
+                 "Run 'knod-policy COMMAND --help' for each command's options."};
+    app.require_subcommand(1);
+    app.footer("Exit codes: 0 ok; 1 invalid policy, denied request or failed verification; "
+               "2 bad usage or unreadable input.");
+    std::vector<knod::cli::Runner> runners;
+    runners.push_back(knod::cli::add_check(app));
+    runners.push_back(knod::cli::add_explain(app));
+    runners.push_back(knod::cli::add_audit(app));
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        int rc = app.exit(e);
+        return rc == 0 ? 0 : knod::cli::exit_usage;
+    }
+    // Each add_* returns a runner that does nothing unless its subcommand was chosen.
+    for (auto &run : runners) {
+        if (int rc = run(); rc >= 0) return rc;
+    }
+    return knod::cli::exit_usage;
+}

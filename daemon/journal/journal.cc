@@ -1,0 +1,318 @@
+#include "daemon/journal/journal.h"
+
+#include "daemon/journal/migrations.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+namespace knod::journal {
+
+int latest_schema_version() {
+    int v = 0;
+    for (auto &m : migrations())
+        v = std::max(v, m.version);
+    return v;
+}
+
+Result<Database> open_and_migrate(const std::string &path) {
+    auto db = Database::open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    if (!db) return db.error();
+    for (const char *pragma :
+         {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
+        if (auto r = db->exec(pragma); !r) return std::move(r).error().context(path);
+    }
+    auto version = db->scalar("PRAGMA user_version");
+    if (!version) return std::move(version).error().context(path);
+    int latest = latest_schema_version();
+    if (*version > latest)
+        return make_error(Errc::too_new, path + ": journal schema version " +
+                                             std::to_string(*version) +
+                                             " is newer than this build knows (" +
+                                             std::to_string(latest) + "); upgrade knod-policy");
+    for (auto &m : migrations()) {
+        if (m.version <= *version) continue;
+        std::string sql = "BEGIN IMMEDIATE;\n" + std::string(m.sql) +
+                          "\nPRAGMA user_version = " + std::to_string(m.version) + ";\nCOMMIT;";
+        if (auto r = db->exec(sql); !r) {
+            (void)db->exec("ROLLBACK");
+            return std::move(r).error().context(path + ": migration " + std::string(m.name));
+        }
+    }
+    return db;
+}
+
+// Owns the connection and the chain head; used only on the writer thread.
+class Journal::Writer {
+  public:
+    static Result<std::unique_ptr<Writer>> open(const std::string &path) {
+        auto db = open_and_migrate(path);
+        if (!db) return db.error();
+        auto w = std::unique_ptr<Writer>(new Writer(std::move(*db)));
+        if (auto r = w->load_head(); !r) return r.error();
+        return w;
+    }
+
+    Database &db() { return db_; }
+
+    Result<std::int64_t> append(Event e) {
+        if (e.at_us == 0) e.at_us = now_us();
+        std::int64_t seq = head_seq_ + 1;
+        Hash hash = chain_hash(head_hash_, seq, e);
+        auto &st = insert_event_;
+        st.bind(1, seq).bind(2, e.at_us).bind(3, e.kind).bind(4, e.session_id).bind(5, e.uid);
+        st.bind(6, e.pid).bind(7, e.rule).bind(8, e.decision).bind(9, e.reason).bind(10, e.detail);
+        st.bind_blob(11, head_hash_.data(), head_hash_.size());
+        st.bind_blob(12, hash.data(), hash.size());
+        if (auto r = st.run(); !r) return r.error();
+        head_seq_ = seq;
+        head_hash_ = hash;
+        return seq;
+    }
+
+    // Transaction edges. The chain head moves with each append; a rollback puts it back.
+    Result<void> begin() {
+        committed_seq_ = head_seq_;
+        committed_hash_ = head_hash_;
+        return db_.exec("BEGIN IMMEDIATE");
+    }
+    Result<void> commit() {
+        auto r = db_.exec("COMMIT");
+        if (!r) rollback();
+        return r;
+    }
+    void rollback() {
+        (void)db_.exec("ROLLBACK");
+        head_seq_ = committed_seq_;
+        head_hash_ = committed_hash_;
+    }
+    // Savepoints let one failed call leave the others in its batch untouched.
+    Result<void> savepoint() {
+        saved_seq_ = head_seq_;
+        saved_hash_ = head_hash_;
+        return db_.exec("SAVEPOINT op");
+    }
+    void release() { (void)db_.exec("RELEASE op"); }
+    void rollback_to_savepoint() {
+        (void)db_.exec("ROLLBACK TO op; RELEASE op");
+        head_seq_ = saved_seq_;
+        head_hash_ = saved_hash_;
+    }
+
+  private:
+    explicit Writer(Database db)
+        : db_(std::move(db)),
+          insert_event_(db_.prepare("INSERT INTO events (seq, at_us, kind, session_id, uid, pid, "
+                                    "rule, decision, reason, detail, prev_hash, hash) VALUES "
+                                    "(?,?,?,?,?,?,?,?,?,?,?,?)")
+                            .value()) {}
+
+    Result<void> load_head() {
+        auto st = db_.prepare("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1");
+        if (!st) return st.error();
+        auto row = st->step();
+        if (!row) return row.error();
+        if (*row) {
+            head_seq_ = st->int64(0);
+            std::string h = st->blob(1);
+            if (h.size() != head_hash_.size())
+                return make_error(Errc::corrupt, "last event has a malformed hash");
+            std::copy(h.begin(), h.end(), head_hash_.begin());
+        }
+        return {};
+    }
+
+    Database db_;
+    Statement insert_event_;
+    std::int64_t head_seq_ = 0;
+    Hash head_hash_{};
+    std::int64_t committed_seq_ = 0, saved_seq_ = 0;
+    Hash committed_hash_{}, saved_hash_{};
+};
+
+Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
+    auto writer = Writer::open(path);
+    if (!writer) return std::move(writer).error().context("journal");
+    return std::unique_ptr<Journal>(new Journal(path, std::move(*writer)));
+}
+
+Journal::Journal(std::string path, std::unique_ptr<Writer> writer)
+    : path_(std::move(path)), writer_(std::move(writer)), thread_([this] { run(); }) {}
+
+Journal::~Journal() {
+    {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+}
+
+Result<std::int64_t> Journal::submit(Work work) {
+    std::future<Result<std::int64_t>> result;
+    {
+        std::lock_guard lock(mu_);
+        if (stopping_) return make_error(Errc::unavailable, "journal is closing");
+        queue_.push_back({std::move(work), {}});
+        result = queue_.back().done.get_future();
+    }
+    wake_.notify_one();
+    return result.get();
+}
+
+void Journal::run() {
+    for (;;) {
+        std::deque<Pending> batch;
+        {
+            std::unique_lock lock(mu_);
+            wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+            if (queue_.empty()) return;
+            batch.swap(queue_);
+        }
+        Writer &w = *writer_;
+        std::vector<Result<std::int64_t>> results;
+        results.reserve(batch.size());
+        auto begun = w.begin();
+        for (auto &p : batch) {
+            if (!begun) {
+                results.push_back(begun.error());
+                continue;
+            }
+            if (auto sp = w.savepoint(); !sp) {
+                results.push_back(sp.error());
+                continue;
+            }
+            auto r = p.work(w);
+            if (r)
+                w.release();
+            else
+                w.rollback_to_savepoint();
+            results.push_back(std::move(r));
+        }
+        bool committed = false;
+        if (begun) {
+            auto c = w.commit();
+            committed = c.ok();
+            if (!committed) {
+                Error e = std::move(c).error().context("commit");
+                for (auto &r : results)
+                    if (r) r = e;
+            }
+        }
+        std::uint64_t failures = 0;
+        for (auto &r : results)
+            failures += r ? 0 : 1;
+        {
+            std::lock_guard lock(mu_);
+            stats_.operations += batch.size();
+            stats_.transactions += committed ? 1 : 0;
+            stats_.failures += failures;
+        }
+        for (std::size_t i = 0; i < batch.size(); ++i)
+            batch[i].done.set_value(std::move(results[i]));
+    }
+}
+
+Result<std::int64_t> Journal::append(Event event) {
+    return submit([e = std::move(event)](Writer &w) mutable { return w.append(std::move(e)); });
+}
+
+Result<std::int64_t> Journal::open_session(Session s, Event grant) {
+    return submit([s = std::move(s),
+                   e = std::move(grant)](Writer &w) mutable -> Result<std::int64_t> {
+        if (s.started_us == 0) s.started_us = now_us();
+        auto st = w.db().prepare("INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, "
+                                 "mode, region_bytes, flows, "
+                                 "key_id, rule, started_us) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
+        if (!st) return st.error();
+        st->bind(1, s.id)
+            .bind(2, std::int64_t{s.uid})
+            .bind(3, s.pid)
+            .bind(4, s.exe)
+            .bind(5, s.unit);
+        st->bind(6, s.netdev).bind(7, s.gpu).bind(8, s.mode);
+        st->bind(9, static_cast<std::int64_t>(s.region_bytes));
+        st->bind(10, nlohmann::json(s.flows).dump()).bind(11, s.key_id).bind(12, s.rule);
+        st->bind(13, s.started_us);
+        if (auto r = st->run(); !r) return std::move(r).error().context("session " + s.id);
+        e.session_id = s.id;
+        e.at_us = s.started_us;
+        return w.append(std::move(e));
+    });
+}
+
+namespace {
+
+Result<void> end_session(Database &db, const std::string &id, const std::string &reason,
+                         const Counters &c, std::int64_t at) {
+    auto st = db.prepare("UPDATE sessions SET ended_us = ?, end_reason = ?, rx_bytes = ?, "
+                         "rx_packets = ?, dropped_packets = ? WHERE id = ? AND ended_us IS NULL");
+    if (!st) return st.error();
+    st->bind(1, at).bind(2, reason).bind(3, static_cast<std::int64_t>(c.rx_bytes));
+    st->bind(4, static_cast<std::int64_t>(c.rx_packets));
+    st->bind(5, static_cast<std::int64_t>(c.dropped_packets)).bind(6, id);
+    if (auto r = st->run(); !r) return r.error();
+    if (sqlite3_changes(db.get()) != 1) return make_error(Errc::not_found, "no open session " + id);
+    return {};
+}
+
+} // namespace
+
+Result<std::int64_t> Journal::close_session(const std::string &id, const std::string &reason,
+                                            const Counters &counters, Event closing) {
+    return submit([=, e = std::move(closing)](Writer &w) mutable -> Result<std::int64_t> {
+        if (e.at_us == 0) e.at_us = now_us();
+        if (auto r = end_session(w.db(), id, reason, counters, e.at_us); !r) return r.error();
+        e.session_id = id;
+        if (!e.reason) e.reason = reason;
+        return w.append(std::move(e));
+    });
+}
+
+Result<std::vector<std::string>> Journal::close_open_sessions(const std::string &reason) {
+    auto closed = std::make_shared<std::vector<std::string>>();
+    auto r = submit([reason, closed](Writer &w) -> Result<std::int64_t> {
+        auto st = w.db().prepare("SELECT id, uid, pid, rx_bytes, rx_packets, dropped_packets "
+                                 "FROM sessions WHERE ended_us IS NULL ORDER BY started_us");
+        if (!st) return st.error();
+        struct Open {
+            std::string id;
+            std::int64_t uid, pid;
+            Counters c;
+        };
+        std::vector<Open> open;
+        for (auto row = st->step(); row && *row; row = st->step())
+            open.push_back({st->text(0),
+                            st->int64(1),
+                            st->int64(2),
+                            {static_cast<std::uint64_t>(st->int64(3)),
+                             static_cast<std::uint64_t>(st->int64(4)),
+                             static_cast<std::uint64_t>(st->int64(5))}});
+        std::int64_t last = 0;
+        for (auto &o : open) {
+            Event e;
+            e.at_us = now_us();
+            e.kind = kind::ended;
+            e.session_id = o.id;
+            e.uid = o.uid;
+            e.pid = o.pid;
+            e.reason = reason;
+            if (auto ended = end_session(w.db(), o.id, reason, o.c, e.at_us); !ended)
+                return ended.error();
+            auto seq = w.append(std::move(e));
+            if (!seq) return seq.error();
+            last = *seq;
+            closed->push_back(o.id);
+        }
+        return last;
+    });
+    if (!r) return r.error();
+    return std::move(*closed);
+}
+
+JournalStats Journal::stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+}
+
+} // namespace knod::journal

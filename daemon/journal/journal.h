@@ -1,0 +1,73 @@
+// The session journal's writer. Every call returns only once its change is durable on disk
+// (WAL, synchronous=FULL). Calls from several threads at once share one transaction and one
+// fsync: a single writer thread takes everything queued, commits it together, and answers all.
+#pragma once
+
+#include "daemon/journal/records.h"
+#include "daemon/journal/sqlite.h"
+#include "knod/result.h"
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace knod::journal {
+
+// Opens (creating if needed) and migrates a journal database. Fails with Errc::too_new when the
+// file's schema is newer than this build knows.
+Result<Database> open_and_migrate(const std::string &path);
+int latest_schema_version();
+
+struct JournalStats {
+    std::uint64_t operations = 0;   // calls answered
+    std::uint64_t transactions = 0; // commits that reached the disk
+    std::uint64_t failures = 0;     // calls answered with an error
+};
+
+class Journal {
+  public:
+    static Result<std::unique_ptr<Journal>> open(const std::string &path);
+    ~Journal();
+    Journal(const Journal &) = delete;
+    Journal &operator=(const Journal &) = delete;
+
+    // Appends one event; returns its sequence number once durable.
+    Result<std::int64_t> append(Event event);
+    // Writes a new session row and its grant event in one transaction.
+    Result<std::int64_t> open_session(Session session, Event grant);
+    // Ends a session (reason, final counters) and appends its closing event in one transaction.
+    Result<std::int64_t> close_session(const std::string &id, const std::string &reason,
+                                       const Counters &counters, Event closing);
+    // Closes every session still open (after a crash), one closing event each. Returns their ids.
+    Result<std::vector<std::string>> close_open_sessions(const std::string &reason);
+
+    JournalStats stats() const;
+    const std::string &path() const { return path_; }
+
+  private:
+    class Writer;
+    using Work = std::function<Result<std::int64_t>(Writer &)>;
+    struct Pending {
+        Work work;
+        std::promise<Result<std::int64_t>> done;
+    };
+
+    Journal(std::string path, std::unique_ptr<Writer> writer);
+    Result<std::int64_t> submit(Work work);
+    void run();
+
+    std::string path_;
+    std::unique_ptr<Writer> writer_;
+    mutable std::mutex mu_;
+    std::condition_variable wake_;
+    std::deque<Pending> queue_;
+    bool stopping_ = false;
+    JournalStats stats_;
+    std::thread thread_;
+};
+
+} // namespace knod::journal

@@ -1,0 +1,77 @@
+// What the journal stores: sessions and chained events.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace knod::journal {
+
+using Hash = std::array<std::uint8_t, 32>;
+
+// Event kinds written by the daemon. Free text is allowed, but these are the ones tools know.
+namespace kind {
+inline constexpr const char *granted = "request-granted";
+inline constexpr const char *denied = "request-denied";
+inline constexpr const char *ended = "session-ended";
+inline constexpr const char *revoked = "revoke";
+inline constexpr const char *reload = "policy-reload";
+inline constexpr const char *daemon_start = "daemon-start";
+inline constexpr const char *daemon_stop = "daemon-stop";
+} // namespace kind
+
+struct Event {
+    std::int64_t at_us = 0; // 0: the journal stamps it
+    std::string kind;
+    std::optional<std::string> session_id;
+    std::optional<std::int64_t> uid;
+    std::optional<std::int64_t> pid;
+    std::optional<std::string> rule;
+    std::optional<std::string> decision;
+    std::optional<std::string> reason;
+    std::optional<std::string> detail; // JSON object
+};
+
+struct StoredEvent {
+    std::int64_t seq = 0;
+    Event event;
+    Hash prev_hash{};
+    Hash hash{};
+};
+
+struct Counters {
+    std::uint64_t rx_bytes = 0;
+    std::uint64_t rx_packets = 0;
+    std::uint64_t dropped_packets = 0;
+};
+
+struct Session {
+    std::string id;
+    std::uint32_t uid = 0;
+    std::int64_t pid = 0;
+    std::string exe;
+    std::string unit;
+    std::string netdev;
+    std::string gpu;
+    std::string mode;
+    std::uint64_t region_bytes = 0;
+    std::vector<std::string> flows;
+    std::string key_id;
+    std::string rule;
+    std::int64_t started_us = 0; // 0: the journal stamps it
+    std::optional<std::int64_t> ended_us;
+    std::optional<std::string> end_reason;
+    Counters counters;
+};
+
+// The canonical byte encoding the chain hashes: each field as a tag, a big-endian u64 length
+// and its bytes; absent fields have their own tag. Changing it breaks every existing journal.
+std::string canonical_encoding(std::int64_t seq, const Event &e);
+Hash chain_hash(const Hash &prev, std::int64_t seq, const Event &e);
+std::string to_hex(const Hash &h);
+
+std::int64_t now_us();
+
+} // namespace knod::journal

@@ -1,0 +1,169 @@
+#include "daemon/keys/key_authority.h"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace knod::keys {
+namespace {
+
+std::string errno_text() {
+    return std::strerror(errno);
+}
+
+std::string hex(std::span<const std::uint8_t> bytes) {
+    static const char digits[] = "0123456789abcdef";
+    std::string out;
+    for (auto b : bytes) {
+        out += digits[b >> 4];
+        out += digits[b & 15];
+    }
+    return out;
+}
+
+class Fd {
+  public:
+    explicit Fd(int fd) : fd_(fd) {}
+    ~Fd() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    Fd(const Fd &) = delete;
+    Fd &operator=(const Fd &) = delete;
+    int get() const { return fd_; }
+
+  private:
+    int fd_;
+};
+
+Result<std::array<std::uint8_t, 32>> read_secret(const std::string &path) {
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (fd.get() < 0) return make_error(Errc::io, "open " + path + ": " + errno_text());
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0)
+        return make_error(Errc::io, "stat " + path + ": " + errno_text());
+    if (!S_ISREG(st.st_mode)) return make_error(Errc::corrupt, path + " is not a regular file");
+    if ((st.st_mode & 077) != 0)
+        return make_error(Errc::denied, path + " is readable by others (mode " +
+                                            std::to_string(st.st_mode & 0777) +
+                                            "); the key secret must be 0600");
+    if (st.st_uid != geteuid())
+        return make_error(Errc::denied, path + " is not owned by the daemon's user");
+    std::array<std::uint8_t, 32> secret{};
+    ssize_t n = ::read(fd.get(), secret.data(), secret.size() + 0);
+    char extra = 0;
+    if (n != static_cast<ssize_t>(secret.size()) || ::read(fd.get(), &extra, 1) != 0)
+        return make_error(Errc::corrupt, path + " must hold exactly 32 bytes");
+    return secret;
+}
+
+// Writes a fresh secret to a temporary file and links it into place, so that a crash never
+// leaves a half-written secret and two starters never both win.
+Result<std::array<std::uint8_t, 32>> create_secret(const std::string &path) {
+    std::array<std::uint8_t, 32> secret{};
+    if (RAND_bytes(secret.data(), static_cast<int>(secret.size())) != 1)
+        return make_error(Errc::unavailable, "OpenSSL RAND_bytes failed");
+    std::string dir =
+        path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
+    if (dir.empty()) dir = ".";
+    Fd fd(::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600));
+    if (fd.get() < 0) return make_error(Errc::io, "create secret in " + dir + ": " + errno_text());
+    if (::write(fd.get(), secret.data(), secret.size()) != static_cast<ssize_t>(secret.size()) ||
+        ::fsync(fd.get()) != 0)
+        return make_error(Errc::io, "write " + path + ": " + errno_text());
+    std::string proc = "/proc/self/fd/" + std::to_string(fd.get());
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+        if (errno == EEXIST) return read_secret(path); // another starter won the race
+        return make_error(Errc::io, "link " + path + ": " + errno_text());
+    }
+    Fd dirfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dirfd.get() >= 0) ::fsync(dirfd.get());
+    return secret;
+}
+
+} // namespace
+
+Result<KeyAuthority> KeyAuthority::open(const std::string &secret_path) {
+    auto secret = access(secret_path.c_str(), F_OK) == 0 ? read_secret(secret_path)
+                                                         : create_secret(secret_path);
+    if (!secret) return std::move(secret).error().context("key secret");
+    return KeyAuthority(*secret);
+}
+
+Result<KeyAuthority> KeyAuthority::with_secret(std::span<const std::uint8_t> secret) {
+    if (secret.size() != 32) return make_error(Errc::invalid_argument, "secret must be 32 bytes");
+    std::array<std::uint8_t, 32> s{};
+    std::memcpy(s.data(), secret.data(), s.size());
+    return KeyAuthority(s);
+}
+
+std::array<std::uint8_t, 32> KeyAuthority::mac(const std::string &key_id,
+                                               std::span<const std::uint8_t> key) const {
+    // The id is inside the MAC so that a stored MAC cannot be moved to another key id.
+    std::string message = key_id;
+    message.push_back('\0');
+    message.append(reinterpret_cast<const char *>(key.data()), key.size());
+    std::array<std::uint8_t, 32> out{};
+    unsigned int len = 0;
+    HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),
+         reinterpret_cast<const unsigned char *>(message.data()), message.size(), out.data(), &len);
+    OPENSSL_cleanse(message.data(), message.size());
+    return out;
+}
+
+Result<IssuedKey> KeyAuthority::issue(const Grant &grant) {
+    IssuedKey issued{};
+    std::array<std::uint8_t, 12> id_bytes{};
+    if (RAND_bytes(issued.key.data(), static_cast<int>(issued.key.size())) != 1 ||
+        RAND_bytes(id_bytes.data(), static_cast<int>(id_bytes.size())) != 1)
+        return make_error(Errc::unavailable, "OpenSSL RAND_bytes failed");
+    issued.key_id = "k-" + hex(id_bytes);
+    entries_[issued.key_id] = Entry{mac(issued.key_id, issued.key), grant, KeyState::active};
+    return issued;
+}
+
+Result<void> KeyAuthority::verify(const std::string &key_id, std::span<const std::uint8_t> key,
+                                  const Holder &presenter, const Region &region,
+                                  Clock::time_point now) const {
+    auto it = entries_.find(key_id);
+    if (it == entries_.end()) return make_error(Errc::not_found, "unknown key id " + key_id);
+    const Entry &e = it->second;
+    // The MAC first and always, so the time taken does not say which check failed for bad bytes.
+    bool bytes_ok = key.size() == key_size &&
+                    CRYPTO_memcmp(mac(key_id, key).data(), e.mac.data(), e.mac.size()) == 0;
+    if (!bytes_ok) return make_error(Errc::bad_key, "key does not match key id " + key_id);
+    if (e.state == KeyState::revoked)
+        return make_error(Errc::revoked, "key " + key_id + " was revoked");
+    if (now >= e.grant.expires) return make_error(Errc::expired, "key " + key_id + " has expired");
+    if (!(presenter == e.grant.holder))
+        return make_error(Errc::wrong_holder, "key " + key_id + " belongs to another process");
+    if (!(region == e.grant.region))
+        return make_error(Errc::wrong_region, "key " + key_id + " is bound to another region");
+    return {};
+}
+
+void KeyAuthority::revoke(const std::string &key_id) {
+    auto it = entries_.find(key_id);
+    if (it != entries_.end()) it->second.state = KeyState::revoked;
+}
+
+std::vector<std::string> KeyAuthority::expire(Clock::time_point now) {
+    std::vector<std::string> gone;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+        if (now >= it->second.grant.expires) {
+            gone.push_back(it->first);
+            it = entries_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    return gone;
+}
+
+} // namespace knod::keys

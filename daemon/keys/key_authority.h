@@ -1,0 +1,91 @@
+// The access-key authority. A key is 32 bytes from OpenSSL's CSPRNG with a public id; the
+// authority keeps only HMAC-SHA256(secret, id || key) and what the key is bound to: one binding,
+// one holder process, one region, one expiry. Verification checks all of them and compares the
+// MAC in constant time. Revocation and expiry are final.
+#pragma once
+
+#include "knod/result.h"
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace knod::keys {
+
+using Clock = std::chrono::system_clock;
+constexpr std::size_t key_size = 32;
+using KeyBytes = std::array<std::uint8_t, key_size>;
+
+// A process, named so that a recycled pid does not pass for it: pid plus start time (clock
+// ticks since boot, /proc/PID/stat field 22, read through a pidfd-pinned pid).
+struct Holder {
+    pid_t pid = 0;
+    std::uint64_t start_time = 0;
+    friend bool operator==(const Holder &, const Holder &) = default;
+};
+
+// The identity of a VRAM region: the file behind the fd (device, inode) and the window on it.
+struct Region {
+    std::uint64_t device = 0;
+    std::uint64_t inode = 0;
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+    friend bool operator==(const Region &, const Region &) = default;
+};
+
+struct Grant {
+    std::string binding_id;
+    Holder holder;
+    Region region;
+    Clock::time_point expires;
+};
+
+struct IssuedKey {
+    std::string key_id;
+    KeyBytes key; // handed to the holder once, never stored
+};
+
+enum class KeyState { active, revoked };
+
+class KeyAuthority {
+  public:
+    // Loads the daemon secret from `secret_path`, creating it (0600, atomically) if absent.
+    // Refuses a secret file that others may read or that has the wrong size.
+    static Result<KeyAuthority> open(const std::string &secret_path);
+    // For tests and tools that need no persistent secret.
+    static Result<KeyAuthority> with_secret(std::span<const std::uint8_t> secret);
+
+    Result<IssuedKey> issue(const Grant &grant);
+    // Succeeds only for the right bytes, presented by the holder, for the bound region, before
+    // expiry, while not revoked.
+    Result<void> verify(const std::string &key_id, std::span<const std::uint8_t> key,
+                        const Holder &presenter, const Region &region,
+                        Clock::time_point now = Clock::now()) const;
+    // Final: a revoked key never verifies again. Unknown ids are not an error (already gone).
+    void revoke(const std::string &key_id);
+    // Forgets keys that expired before `now`; returns their ids so the caller can end bindings.
+    std::vector<std::string> expire(Clock::time_point now = Clock::now());
+
+    std::size_t size() const { return entries_.size(); }
+
+  private:
+    struct Entry {
+        std::array<std::uint8_t, 32> mac;
+        Grant grant;
+        KeyState state = KeyState::active;
+    };
+    explicit KeyAuthority(std::array<std::uint8_t, 32> secret) : secret_(secret) {}
+    std::array<std::uint8_t, 32> mac(const std::string &key_id,
+                                     std::span<const std::uint8_t> key) const;
+
+    std::array<std::uint8_t, 32> secret_;
+    std::map<std::string, Entry> entries_;
+};
+
+} // namespace knod::keys

@@ -1,0 +1,67 @@
+// The decision engine: given a policy, who is asking and what for, decide. Pure: the caller
+// supplies identity and current usage, so the same code serves the daemon and `explain`.
+#pragma once
+
+#include "policy/policy.h"
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace knod::policy {
+
+// What the daemon knows, from the bus and the kernel, about who is asking.
+struct Caller {
+    std::uint32_t uid = 0;
+    std::string user;                // may be empty when the uid has no name
+    std::vector<std::uint32_t> gids; // primary and supplementary
+    std::vector<std::string> group_names;
+    std::string unit;   // systemd unit, if any
+    std::string cgroup; // cgroup v2 path
+    std::string executable;
+};
+
+struct Request {
+    Caller caller;
+    std::string netdev;
+    std::vector<std::string> gpu_names; // every name the GPU goes by: PCI address, node, sim name
+    Mode mode = Mode::rx_only;
+    std::uint64_t region_bytes = 0;
+    std::vector<FlowSpec> flows;
+};
+
+// The caller's live bindings, for quotas.
+struct Usage {
+    std::uint32_t bindings = 0;
+    std::uint64_t bytes = 0;
+};
+
+enum class Verdict { allow, deny, quota_exceeded };
+const char *to_string(Verdict v);
+
+struct RuleMiss {
+    std::string rule;
+    SourceLocation where;
+    std::string why_not;
+};
+
+struct Decision {
+    Verdict verdict = Verdict::deny;
+    bool would_deny = false; // permissive mode granted what the rules refuse
+    std::string rule;        // the deciding rule; empty when none matched
+    SourceLocation rule_where;
+    std::string reason;           // one sentence a person can act on
+    std::vector<RuleMiss> misses; // why each earlier rule did not match
+    IommuRequirement iommu = IommuRequirement::translated;
+    std::chrono::seconds key_lifetime{3600};
+
+    bool granted() const { return verdict == Verdict::allow; }
+};
+
+// Why `rule` does not match `request`, or an empty string when it does.
+std::string mismatch(const Rule &rule, const Request &request);
+
+Decision decide(const Policy &policy, const Request &request, const Usage &usage);
+
+} // namespace knod::policy

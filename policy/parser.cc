@@ -1,0 +1,487 @@
+#include "policy/parser.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace knod::policy {
+namespace {
+
+SourceLocation at(const std::string &file, const toml::source_region &src) {
+    return {file, src.begin.line, src.begin.column};
+}
+
+// Collects diagnostics for one file.
+class FileReader {
+  public:
+    FileReader(PolicyLoad &load, std::string file) : load_(load), file_(std::move(file)) {}
+
+    void error(const toml::source_region &src, std::string msg) {
+        load_.diagnostics.push_back({Severity::error, at(file_, src), std::move(msg)});
+    }
+    void error_at(SourceLocation where, std::string msg) {
+        load_.diagnostics.push_back({Severity::error, std::move(where), std::move(msg)});
+    }
+    void warning(const toml::source_region &src, std::string msg) {
+        load_.diagnostics.push_back({Severity::warning, at(file_, src), std::move(msg)});
+    }
+
+    void read_document(const toml::table &doc) {
+        for (auto &&[key, node] : doc) {
+            if (key.str() == "settings") {
+                if (auto *t = node.as_table())
+                    read_settings(*t);
+                else
+                    error(node.source(), "'settings' must be a table: [settings]");
+            } else if (key.str() == "rule") {
+                auto *arr = node.as_array();
+                if (!arr || !arr->is_array_of_tables()) {
+                    error(node.source(), "'rule' must be an array of tables: [[rule]]");
+                    continue;
+                }
+                for (auto &&element : *arr)
+                    read_rule(*element.as_table());
+            } else {
+                error(key.source(), "unknown top-level key '" + std::string(key.str()) +
+                                        "' (expected [settings] or [[rule]])");
+            }
+        }
+    }
+
+  private:
+    void read_settings(const toml::table &t) {
+        Settings &s = load_.policy.settings;
+        for (auto &&[key, node] : t) {
+            std::string_view k = key.str();
+            if (k == "permissive") {
+                if (auto v = node.value<bool>())
+                    s.permissive = *v;
+                else
+                    error(node.source(), "'permissive' must be true or false");
+            } else if (k == "auditor_group" || k == "admin_group") {
+                auto v = string_value(node, k);
+                if (v) (k == "auditor_group" ? s.auditor_group : s.admin_group) = *v;
+            } else if (k == "unmatched_traffic") {
+                auto v = string_value(node, k);
+                if (!v) continue;
+                if (*v == "pass")
+                    s.unmatched_traffic = UnmatchedTraffic::pass;
+                else if (*v == "drop")
+                    s.unmatched_traffic = UnmatchedTraffic::drop;
+                else
+                    error(node.source(), "'unmatched_traffic' must be \"pass\" or \"drop\"");
+            } else {
+                error(key.source(), "unknown key '" + std::string(k) + "' in [settings]");
+            }
+        }
+    }
+
+    std::optional<std::string> string_value(const toml::node &node, std::string_view key) {
+        if (auto v = node.value<std::string>()) return *v;
+        error(node.source(), "'" + std::string(key) + "' must be a string");
+        return std::nullopt;
+    }
+
+    // Accepts a single value or an array of them.
+    template <typename Fn> void each_value(const toml::node &node, Fn fn) {
+        if (auto *arr = node.as_array()) {
+            for (auto &&el : *arr)
+                fn(el);
+        } else {
+            fn(node);
+        }
+    }
+
+    std::vector<std::string> strings(const toml::node &node, std::string_view key) {
+        std::vector<std::string> out;
+        each_value(node, [&](const toml::node &el) {
+            if (auto v = el.value<std::string>()) {
+                if (v->empty())
+                    error(el.source(), "'" + std::string(key) + "' entries must not be empty");
+                else
+                    out.push_back(*v);
+            } else {
+                error(el.source(), "'" + std::string(key) + "' entries must be strings");
+            }
+        });
+        return out;
+    }
+
+    std::vector<Principal> principals(const toml::node &node, std::string_view key) {
+        std::vector<Principal> out;
+        each_value(node, [&](const toml::node &el) {
+            if (auto n = el.as_integer()) {
+                std::int64_t v = n->get();
+                if (v < 0 || v > 0xfffffffe)
+                    error(el.source(), "'" + std::string(key) + "' id " + std::to_string(v) +
+                                           " is out of range");
+                else
+                    out.push_back({static_cast<std::uint32_t>(v), {}});
+            } else if (auto s = el.value<std::string>(); s && !s->empty()) {
+                out.push_back({std::nullopt, *s});
+            } else {
+                error(el.source(),
+                      "'" + std::string(key) + "' entries must be names or numeric ids");
+            }
+        });
+        return out;
+    }
+
+    std::optional<std::uint64_t> size_value(const toml::node &node, std::string_view key) {
+        if (auto n = node.as_integer()) {
+            if (n->get() > 0) return static_cast<std::uint64_t>(n->get());
+        } else if (auto s = node.value<std::string>()) {
+            if (auto v = parse_size(*s); v && *v > 0) return v;
+        }
+        error(node.source(), "'" + std::string(key) +
+                                 "' must be a positive size: bytes, or a string like \"256MiB\"");
+        return std::nullopt;
+    }
+
+    void read_flows(const toml::node &node, Rule &rule) {
+        std::vector<std::pair<FlowSpec, toml::source_region>> seen;
+        each_value(node, [&](const toml::node &el) {
+            auto text = el.value<std::string>();
+            if (!text) {
+                error(el.source(), "'flows' entries must be flow-spec strings");
+                return;
+            }
+            auto parsed = parse_flow_spec_at(*text);
+            if (!parsed.ok) {
+                // Point inside the string: the column after the opening quote, plus the offset.
+                // Exact for basic single-line strings, the form flow specs are written in.
+                SourceLocation where = at(file_, el.source());
+                where.column += 1 + static_cast<std::uint32_t>(parsed.error.offset);
+                error_at(where, "bad flow '" + *text + "': " + parsed.error.message);
+                return;
+            }
+            for (auto &[other, other_src] : seen) {
+                if (other.overlaps(parsed.spec)) {
+                    error(el.source(), "flow '" + parsed.spec.to_string() + "' overlaps flow '" +
+                                           other.to_string() + "' at line " +
+                                           std::to_string(other_src.begin.line) +
+                                           " (merge them or make them disjoint)");
+                    return;
+                }
+            }
+            seen.emplace_back(parsed.spec, el.source());
+            rule.flows.push_back(parsed.spec);
+        });
+    }
+
+    void read_rule(const toml::table &t) {
+        Rule rule;
+        rule.where = at(file_, t.source());
+        std::size_t errors_before = load_.error_count();
+        bool has_flows = false, has_region = false;
+        for (auto &&[key, node] : t) {
+            std::string_view k = key.str();
+            if (k == "name") {
+                if (auto v = string_value(node, k)) rule.name = *v;
+            } else if (k == "action") {
+                auto v = string_value(node, k);
+                if (!v) continue;
+                if (*v == "allow")
+                    rule.action = Action::allow;
+                else if (*v == "deny")
+                    rule.action = Action::deny;
+                else
+                    error(node.source(), "'action' must be \"allow\" or \"deny\"");
+            } else if (k == "users") {
+                rule.users = principals(node, k);
+            } else if (k == "groups") {
+                rule.groups = principals(node, k);
+            } else if (k == "units") {
+                rule.units = strings(node, k);
+            } else if (k == "cgroups") {
+                rule.cgroups = strings(node, k);
+            } else if (k == "executables") {
+                rule.executables = strings(node, k);
+            } else if (k == "netdevs") {
+                rule.netdevs = strings(node, k);
+            } else if (k == "gpus") {
+                rule.gpus = strings(node, k);
+            } else if (k == "modes") {
+                rule.modes.clear();
+                each_value(node, [&](const toml::node &el) {
+                    auto s = el.value<std::string>();
+                    auto m = s ? parse_mode(*s) : std::nullopt;
+                    if (m)
+                        rule.modes.push_back(*m);
+                    else
+                        error(el.source(), "mode must be \"rx-only\", \"tx\" or \"rx-tx\"");
+                });
+            } else if (k == "max_region") {
+                has_region = true;
+                rule.max_region_bytes = size_value(node, k);
+            } else if (k == "flows") {
+                has_flows = true;
+                read_flows(node, rule);
+            } else if (k == "max_bindings_per_uid") {
+                auto n = node.as_integer();
+                if (n && n->get() > 0 && n->get() <= 1'000'000)
+                    rule.max_bindings_per_uid = static_cast<std::uint32_t>(n->get());
+                else
+                    error(node.source(), "'max_bindings_per_uid' must be an integer 1-1000000");
+            } else if (k == "max_total_bytes_per_uid") {
+                rule.max_total_bytes_per_uid = size_value(node, k);
+            } else if (k == "iommu") {
+                auto s = string_value(node, k);
+                if (!s) continue;
+                if (auto r = parse_iommu(*s))
+                    rule.iommu = *r;
+                else
+                    error(node.source(),
+                          "'iommu' must be \"translated\", \"passthrough-ok\" or \"any\"");
+            } else if (k == "key_lifetime") {
+                std::optional<std::chrono::seconds> d;
+                if (auto n = node.as_integer(); n && n->get() > 0)
+                    d = std::chrono::seconds(n->get());
+                else if (auto s = node.value<std::string>())
+                    d = parse_duration(*s);
+                if (d && d->count() > 0)
+                    rule.key_lifetime = *d;
+                else
+                    error(node.source(), "'key_lifetime' must be seconds or a duration like "
+                                         "\"90s\", \"15m\", \"1h\"");
+            } else {
+                error(key.source(), "unknown key '" + std::string(k) + "' in [[rule]]");
+            }
+        }
+        if (rule.name.empty())
+            error(t.source(), "rule has no 'name' (decisions and the journal name it)");
+        if (rule.action == Action::allow) {
+            if (!has_region)
+                error(t.source(), "allow rule '" + rule.name +
+                                      "' must set 'max_region' (the largest region per binding)");
+            if (!has_flows)
+                error(t.source(), "allow rule '" + rule.name +
+                                      "' must set 'flows' (the traffic a binding may receive)");
+            for (Mode m : rule.modes)
+                if (m != Mode::rx_only)
+                    warning(t.source(),
+                            std::string("rule '") + rule.name + "' grants mode " + to_string(m) +
+                                ", which no driver supports yet; such requests are refused");
+        }
+        if (load_.error_count() == errors_before) load_.policy.rules.push_back(std::move(rule));
+    }
+
+    PolicyLoad &load_;
+    std::string file_;
+};
+
+template <typename T> bool subset(const std::vector<T> &inner, const std::vector<T> &outer) {
+    return std::all_of(inner.begin(), inner.end(), [&](const T &x) {
+        return std::find(outer.begin(), outer.end(), x) != outer.end();
+    });
+}
+
+// An empty list means "any"; a list of strings containing "*" also means any.
+bool covers(const std::vector<std::string> &a, const std::vector<std::string> &b) {
+    if (a.empty() || std::find(a.begin(), a.end(), "*") != a.end()) return true;
+    return !b.empty() && subset(b, a);
+}
+bool covers(const std::vector<Principal> &a, const std::vector<Principal> &b) {
+    return a.empty() || (!b.empty() && subset(b, a));
+}
+
+// True when every request that `later` matches is matched by `earlier` first.
+bool shadows(const Rule &earlier, const Rule &later) {
+    if (!covers(earlier.users, later.users) || !covers(earlier.groups, later.groups) ||
+        !covers(earlier.units, later.units) || !covers(earlier.cgroups, later.cgroups) ||
+        !covers(earlier.executables, later.executables) ||
+        !covers(earlier.netdevs, later.netdevs) || !covers(earlier.gpus, later.gpus) ||
+        !subset(later.modes, earlier.modes))
+        return false;
+    if (earlier.max_region_bytes &&
+        (!later.max_region_bytes || *later.max_region_bytes > *earlier.max_region_bytes))
+        return false;
+    if (earlier.flows.empty()) return true;
+    if (later.flows.empty()) return false;
+    return std::all_of(later.flows.begin(), later.flows.end(), [&](const FlowSpec &f) {
+        return std::any_of(earlier.flows.begin(), earlier.flows.end(),
+                           [&](const FlowSpec &g) { return g.contains(f); });
+    });
+}
+
+std::uint64_t checked_multiply(std::uint64_t v, std::uint64_t unit, bool &overflow) {
+    if (v > UINT64_MAX / unit) overflow = true;
+    return v * unit;
+}
+
+std::optional<std::pair<std::uint64_t, std::string_view>> number_and_suffix(std::string_view t) {
+    std::uint64_t v = 0;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec != std::errc{} || end == t.data()) return std::nullopt;
+    std::string_view suffix(end, static_cast<std::size_t>(t.data() + t.size() - end));
+    while (!suffix.empty() && suffix.front() == ' ')
+        suffix.remove_prefix(1);
+    return std::make_pair(v, suffix);
+}
+
+} // namespace
+
+std::string SourceLocation::to_string() const {
+    return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+std::string Diagnostic::to_string() const {
+    return where.to_string() + (severity == Severity::error ? ": error: " : ": warning: ") +
+           message;
+}
+
+bool PolicyLoad::ok() const {
+    return error_count() == 0;
+}
+
+std::size_t PolicyLoad::error_count() const {
+    return static_cast<std::size_t>(
+        std::count_if(diagnostics.begin(), diagnostics.end(),
+                      [](auto &d) { return d.severity == Severity::error; }));
+}
+
+std::string PolicyLoad::errors_text() const {
+    std::string out;
+    for (auto &d : diagnostics)
+        if (d.severity == Severity::error) out += d.to_string() + "\n";
+    return out;
+}
+
+std::optional<std::uint64_t> parse_size(std::string_view text) {
+    auto parsed = number_and_suffix(text);
+    if (!parsed) return std::nullopt;
+    auto [v, suffix] = *parsed;
+    static const std::pair<std::string_view, std::uint64_t> units[] = {{"", 1},
+                                                                       {"B", 1},
+                                                                       {"KiB", 1ull << 10},
+                                                                       {"MiB", 1ull << 20},
+                                                                       {"GiB", 1ull << 30},
+                                                                       {"TiB", 1ull << 40},
+                                                                       {"kB", 1000},
+                                                                       {"MB", 1000'000},
+                                                                       {"GB", 1000'000'000}};
+    for (auto &[name, unit] : units) {
+        if (suffix != name) continue;
+        bool overflow = false;
+        std::uint64_t bytes = checked_multiply(v, unit, overflow);
+        if (overflow) return std::nullopt;
+        return bytes;
+    }
+    return std::nullopt;
+}
+
+std::optional<std::chrono::seconds> parse_duration(std::string_view text) {
+    auto parsed = number_and_suffix(text);
+    if (!parsed) return std::nullopt;
+    auto [v, suffix] = *parsed;
+    static const std::pair<std::string_view, std::uint64_t> units[] = {
+        {"", 1}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}};
+    for (auto &[name, unit] : units) {
+        if (suffix != name) continue;
+        bool overflow = false;
+        std::uint64_t secs = checked_multiply(v, unit, overflow);
+        if (overflow || secs > (1ull << 40)) return std::nullopt;
+        return std::chrono::seconds(static_cast<std::int64_t>(secs));
+    }
+    return std::nullopt;
+}
+
+void PolicyParser::add_text(std::string_view text, const std::string &file) {
+    load_.policy.files.push_back(file);
+    FileReader reader(load_, file);
+    try {
+        toml::table doc = toml::parse(text, file);
+        reader.read_document(doc);
+    } catch (const toml::parse_error &e) {
+        reader.error(e.source(), std::string(e.description()));
+    }
+}
+
+void PolicyParser::add_file(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+        load_.diagnostics.push_back(
+            {Severity::error,
+             {path, 0, 0},
+             "cannot read policy file: " + std::string(std::strerror(errno))});
+        return;
+    }
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    add_text(buffer.str(), path);
+}
+
+PolicyLoad PolicyParser::finish() {
+    auto &rules = load_.policy.rules;
+    for (std::size_t i = 0; i < rules.size(); ++i) {
+        for (std::size_t j = 0; j < i; ++j) {
+            if (rules[j].name == rules[i].name) {
+                load_.diagnostics.push_back({Severity::error, rules[i].where,
+                                             "duplicate rule name '" + rules[i].name +
+                                                 "' (first at " + rules[j].where.to_string() +
+                                                 ")"});
+                break;
+            }
+            if (shadows(rules[j], rules[i])) {
+                load_.diagnostics.push_back(
+                    {Severity::warning, rules[i].where,
+                     "rule '" + rules[i].name + "' can never match: rule '" + rules[j].name +
+                         "' at " + rules[j].where.to_string() + " matches everything it does"});
+                break;
+            }
+        }
+    }
+    return std::move(load_);
+}
+
+PolicyLoad load_policy_files(const std::vector<std::string> &files) {
+    PolicyParser parser;
+    for (auto &f : files)
+        parser.add_file(f);
+    return parser.finish();
+}
+
+PolicyLoad parse_policy_text(std::string_view text, const std::string &file) {
+    PolicyParser parser;
+    parser.add_text(text, file);
+    return parser.finish();
+}
+
+std::vector<std::string> expand_policy_paths(const std::vector<std::string> &paths) {
+    std::vector<std::string> out;
+    for (auto &p : paths) {
+        std::error_code ec;
+        if (!fs::is_directory(p, ec)) {
+            out.push_back(p);
+            continue;
+        }
+        std::vector<std::string> found;
+        for (auto &entry : fs::directory_iterator(p, ec))
+            if (entry.path().extension() == ".toml" && entry.is_regular_file(ec))
+                found.push_back(entry.path().string());
+        std::sort(found.begin(), found.end());
+        out.insert(out.end(), found.begin(), found.end());
+    }
+    return out;
+}
+
+std::vector<std::string> default_policy_files(const std::string &root) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    std::string main = root + "/policy.toml";
+    if (fs::exists(main, ec)) out.push_back(main);
+    if (fs::is_directory(root + "/policy.d", ec)) {
+        auto dropins = expand_policy_paths({root + "/policy.d"});
+        out.insert(out.end(), dropins.begin(), dropins.end());
+    }
+    return out;
+}
+
+} // namespace knod::policy

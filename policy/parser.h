@@ -1,0 +1,57 @@
+// Reads policy files (TOML) into a Policy, collecting every problem with file:line:col.
+#pragma once
+
+#include "policy/policy.h"
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace knod::policy {
+
+enum class Severity { error, warning };
+
+struct Diagnostic {
+    Severity severity = Severity::error;
+    SourceLocation where;
+    std::string message;
+    // "file:line:col: error: message", the form editors and compilers use.
+    std::string to_string() const;
+};
+
+struct PolicyLoad {
+    Policy policy;
+    std::vector<Diagnostic> diagnostics;
+
+    bool ok() const; // no errors (warnings are fine)
+    std::size_t error_count() const;
+    std::string errors_text() const; // every error, one per line
+};
+
+// The main file and its drop-ins, in the order they are read: ROOT/policy.toml, then
+// ROOT/policy.d/*.toml in lexical order. Missing files are left out.
+std::vector<std::string> default_policy_files(const std::string &root = "/etc/knod");
+
+// Expands directories to their *.toml files in lexical order; keeps files as given.
+std::vector<std::string> expand_policy_paths(const std::vector<std::string> &paths);
+
+// Builds one policy from several sources, in order: rules are appended, later settings win.
+class PolicyParser {
+  public:
+    void add_text(std::string_view text, const std::string &file);
+    void add_file(const std::string &path);
+    // Runs the checks that span rules (duplicate names, shadowed rules) and hands the result over.
+    PolicyLoad finish();
+
+  private:
+    PolicyLoad load_;
+};
+
+PolicyLoad load_policy_files(const std::vector<std::string> &files);
+PolicyLoad parse_policy_text(std::string_view text, const std::string &file = "<text>");
+
+// Parses "256MiB", "1GiB", "4096"; and "90s", "15m", "1h", "2d", or plain seconds.
+std::optional<std::uint64_t> parse_size(std::string_view text);
+std::optional<std::chrono::seconds> parse_duration(std::string_view text);
+
+} // namespace knod::policy

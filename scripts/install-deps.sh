@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package knod-policy needs to build, test and run.
+# Safe to run again: apt-get skips what is already there.
+set -euo pipefail
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: run as root (apt-get needs it)" >&2
+  exit 1
+fi
+packages=(
+  # build
+  build-essential cmake ninja-build pkg-config clang llvm clang-format
+  # libraries
+  libbpf-dev bpftool libxdp-dev xdp-tools
+  libnl-3-dev libnl-route-3-dev libnl-genl-3-dev libdrm-dev
+  libssl-dev libsqlite3-dev libsystemd-dev libcap-dev
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+  # tests and benchmarks
+  googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
+  # running: a private bus, namespaces, the journal by hand
+  dbus dbus-daemon iproute2 util-linux sqlite3 procps
+)
+export DEBIAN_FRONTEND=noninteractive
+stamp=/var/lib/apt/periodic/update-success-stamp
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+  echo "install-deps: apt-get update" >&2
+  apt-get update -qq
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: all packages present" >&2

@@ -1,0 +1,161 @@
+#include "policy/engine.h"
+#include "policy/parser.h"
+
+#include <gtest/gtest.h>
+
+using namespace knod::policy;
+
+namespace {
+
+Policy policy_of(const char *text) {
+    PolicyLoad load = parse_policy_text(text, "test.toml");
+    EXPECT_TRUE(load.ok()) << load.errors_text();
+    return load.policy;
+}
+
+Request request(std::uint32_t uid, const char *netdev, const char *flow, std::uint64_t bytes) {
+    Request r;
+    r.caller.uid = uid;
+    r.caller.user = uid == 1000 ? "alice" : "";
+    r.caller.gids = {uid};
+    r.netdev = netdev;
+    r.gpu_names = {"0000:c1:00.0", "/dev/dri/renderD128"};
+    r.region_bytes = bytes;
+    r.flows = {*parse_flow_spec(flow)};
+    return r;
+}
+
+const char *two_rules = R"(
+[[rule]]
+name = "block-guests"
+action = "deny"
+groups = [2000]
+
+[[rule]]
+name = "alice-eth2"
+users = ["alice"]
+netdevs = ["eth2"]
+gpus = ["/dev/dri/renderD*"]
+max_region = "16MiB"
+max_bindings_per_uid = 2
+max_total_bytes_per_uid = "24MiB"
+flows = ["udp 10.0.0.0/16:* -> 10.1.2.3:5000-5100"]
+iommu = "passthrough-ok"
+key_lifetime = "10m"
+)";
+
+} // namespace
+
+TEST(Engine, DefaultDenyWithNoRules) {
+    Decision d = decide(Policy{}, request(1000, "eth2", "udp * -> *:1", 1), {});
+    EXPECT_EQ(d.verdict, Verdict::deny);
+    EXPECT_EQ(d.reason, "no rule matched (default deny)");
+    EXPECT_TRUE(d.rule.empty());
+}
+
+TEST(Engine, FirstMatchingRuleAllowsAndCarriesItsGrant) {
+    Policy p = policy_of(two_rules);
+    Decision d =
+        decide(p, request(1000, "eth2", "udp 10.0.9.0/24:* -> 10.1.2.3:5050", 1 << 20), {});
+    EXPECT_EQ(d.verdict, Verdict::allow);
+    EXPECT_EQ(d.rule, "alice-eth2");
+    EXPECT_EQ(d.iommu, IommuRequirement::passthrough_ok);
+    EXPECT_EQ(d.key_lifetime, std::chrono::minutes(10));
+    ASSERT_EQ(d.misses.size(), 1u);
+    EXPECT_EQ(d.misses[0].rule, "block-guests");
+    EXPECT_NE(d.misses[0].why_not.find("none of groups"), std::string::npos);
+}
+
+TEST(Engine, ExplicitDenyWinsWhenFirst) {
+    Policy p = policy_of(two_rules);
+    Request r = request(1000, "eth2", "udp 10.0.9.0/24:* -> 10.1.2.3:5050", 1 << 20);
+    r.caller.group_names = {"guests"};
+    r.caller.gids.push_back(2000); // supplementary groups count
+    Decision d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::deny);
+    EXPECT_EQ(d.rule, "block-guests");
+}
+
+TEST(Engine, EachDimensionCanMissWithAReason) {
+    Policy p = policy_of(two_rules);
+    struct Case {
+        Request r;
+        const char *why;
+    } cases[] = {
+        {request(1001, "eth2", "udp 10.0.0.1:* -> 10.1.2.3:5000", 1), "is not one of users"},
+        {request(1000, "eth3", "udp 10.0.0.1:* -> 10.1.2.3:5000", 1), "netdev 'eth3'"},
+        {request(1000, "eth2", "udp 10.0.0.1:* -> 10.1.2.3:5101", 1), "outside the rule's flows"},
+        {request(1000, "eth2", "udp 10.2.0.1:* -> 10.1.2.3:5000", 1), "outside the rule's flows"},
+        {request(1000, "eth2", "tcp 10.0.0.1:* -> 10.1.2.3:5000", 1), "outside the rule's flows"},
+        {request(1000, "eth2", "udp 10.0.0.1:* -> 10.1.2.3:5000", (16 << 20) + 1),
+         "exceeds max_region"},
+    };
+    for (auto &c : cases) {
+        Decision d = decide(p, c.r, {});
+        EXPECT_EQ(d.verdict, Verdict::deny);
+        ASSERT_EQ(d.misses.size(), 2u);
+        EXPECT_NE(d.misses[1].why_not.find(c.why), std::string::npos) << d.misses[1].why_not;
+    }
+    Request gpu = request(1000, "eth2", "udp 10.0.0.1:* -> 10.1.2.3:5000", 1);
+    gpu.gpu_names = {"0000:c1:00.0"};
+    EXPECT_EQ(decide(p, gpu, {}).verdict, Verdict::deny);
+}
+
+TEST(Engine, QuotasPerUid) {
+    Policy p = policy_of(two_rules);
+    Request r = request(1000, "eth2", "udp 10.0.0.1:* -> 10.1.2.3:5000", 8 << 20);
+    EXPECT_EQ(decide(p, r, {1, 8 << 20}).verdict, Verdict::allow);
+    Decision count = decide(p, r, {2, 0});
+    EXPECT_EQ(count.verdict, Verdict::quota_exceeded);
+    EXPECT_EQ(count.rule, "alice-eth2");
+    Decision bytes = decide(p, r, {1, 17 << 20});
+    EXPECT_EQ(bytes.verdict, Verdict::quota_exceeded);
+    EXPECT_NE(bytes.reason.find("region bytes"), std::string::npos);
+    EXPECT_EQ(decide(p, r, {1, UINT64_MAX}).verdict, Verdict::quota_exceeded); // no wrap-around
+}
+
+TEST(Engine, TxModesAreRefusedEvenWhenGrantedOrPermissive) {
+    Policy p = policy_of(R"(
+[settings]
+permissive = true
+[[rule]]
+name = "tx"
+modes = ["tx", "rx-only"]
+max_region = 4096
+flows = ["udp * -> *"]
+)");
+    Request r = request(1000, "eth2", "udp * -> *:1", 1);
+    r.mode = Mode::tx;
+    Decision d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::deny);
+    EXPECT_NE(d.reason.find("not supported"), std::string::npos);
+}
+
+TEST(Engine, PermissiveGrantsButRecordsWouldDeny) {
+    Policy p = policy_of("[settings]\npermissive = true\n");
+    Decision d = decide(p, request(1000, "eth2", "udp * -> *:1", 1), {});
+    EXPECT_EQ(d.verdict, Verdict::allow);
+    EXPECT_TRUE(d.would_deny);
+    EXPECT_NE(d.reason.find("no rule matched"), std::string::npos);
+}
+
+TEST(Engine, GlobsOnUnitCgroupAndExecutable) {
+    Policy p = policy_of(R"(
+[[rule]]
+name = "svc"
+units = ["inference@*.service"]
+cgroups = ["/system.slice/*"]
+executables = ["/usr/bin/python3*"]
+max_region = 4096
+flows = ["any * -> *"]
+)");
+    Request r = request(1000, "eth2", "udp * -> *:1", 1);
+    r.caller.unit = "inference@7.service";
+    r.caller.cgroup = "/system.slice/inference@7.service";
+    r.caller.executable = "/usr/bin/python3.11";
+    EXPECT_EQ(decide(p, r, {}).verdict, Verdict::allow);
+    r.caller.executable = "/tmp/python3";
+    Decision d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::deny);
+    EXPECT_NE(d.misses[0].why_not.find("executable"), std::string::npos);
+}
