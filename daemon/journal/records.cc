@@ -1,5 +1,7 @@
 #include "daemon/journal/records.h"
 
+#include "knod/hex.h"
+
 #include <openssl/evp.h>
 
 #include <chrono>
@@ -50,13 +52,7 @@ Hash chain_hash(const Hash &prev, std::int64_t seq, const Event &e) {
 }
 
 std::string to_hex(const Hash &h) {
-    static const char digits[] = "0123456789abcdef";
-    std::string out;
-    for (auto b : h) {
-        out += digits[b >> 4];
-        out += digits[b & 15];
-    }
-    return out;
+    return knod::to_hex(h);
 }
 
 std::int64_t now_us() {

@@ -1,5 +1,7 @@
 #include "daemon/keys/key_authority.h"
 
+#include "knod/hex.h"
+
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -16,16 +18,6 @@ namespace {
 
 std::string errno_text() {
     return std::strerror(errno);
-}
-
-std::string hex(std::span<const std::uint8_t> bytes) {
-    static const char digits[] = "0123456789abcdef";
-    std::string out;
-    for (auto b : bytes) {
-        out += digits[b >> 4];
-        out += digits[b & 15];
-    }
-    return out;
 }
 
 class Fd {
@@ -123,7 +115,7 @@ Result<IssuedKey> KeyAuthority::issue(const Grant &grant) {
     if (RAND_bytes(issued.key.data(), static_cast<int>(issued.key.size())) != 1 ||
         RAND_bytes(id_bytes.data(), static_cast<int>(id_bytes.size())) != 1)
         return make_error(Errc::unavailable, "OpenSSL RAND_bytes failed");
-    issued.key_id = "k-" + hex(id_bytes);
+    issued.key_id = "k-" + to_hex(id_bytes);
     entries_[issued.key_id] = Entry{mac(issued.key_id, issued.key), grant, KeyState::active};
     return issued;
 }
