@@ -22,6 +22,11 @@ enum class Errc {
     bad_key,
     too_new,
     unavailable,
+    quota_exceeded,
+    isolation_violation,
+    driver_failure,
+    journal_unavailable,
+    invalid_policy,
 };
 
 struct Error {

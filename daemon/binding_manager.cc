@@ -1,0 +1,372 @@
+#include "daemon/binding_manager.h"
+
+#include "knod/hex.h"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <openssl/rand.h>
+
+#include <algorithm>
+
+namespace knod::daemon {
+namespace {
+
+constexpr std::size_t max_pending_records = 100000;
+
+std::string new_binding_id() {
+    std::array<std::uint8_t, 8> bytes{};
+    RAND_bytes(bytes.data(), static_cast<int>(bytes.size()));
+    return "b" + to_hex(bytes); // a valid D-Bus object path element
+}
+
+journal::Event event_for(const char *kind, const Peer &p) {
+    journal::Event e;
+    e.kind = kind;
+    e.uid = p.uid;
+    e.pid = p.pid;
+    return e;
+}
+
+Error journal_error(const Error &e) {
+    return make_error(Errc::journal_unavailable,
+                      "the session journal cannot record this, so nothing is granted (" +
+                          e.message + ")");
+}
+
+std::string flows_text(const std::vector<policy::FlowSpec> &flows) {
+    nlohmann::json j = nlohmann::json::array();
+    for (auto &f : flows) j.push_back(f.to_string());
+    return j.dump();
+}
+
+} // namespace
+
+const char *to_string(BindingState s) { return s == BindingState::active ? "active" : "granted"; }
+
+BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
+                               keys::KeyAuthority keys, policy::Policy policy,
+                               BindingEvents &events)
+    : config_(std::move(config)), driver_(driver), keys_(std::move(keys)),
+      policy_(std::move(policy)), events_(events) {}
+
+BindingManager::~BindingManager() = default;
+
+bool BindingManager::journal_ready() {
+    if (journal_) return true;
+    auto j = journal::Journal::open(config_.journal_path);
+    if (!j) return false;
+    journal_ = std::move(*j);
+    return true;
+}
+
+void BindingManager::start() {
+    if (journal_ready()) {
+        // Sessions a crash left open end now; their bindings did not survive the process.
+        (void)journal_->close_open_sessions(reason::daemon_restart);
+    }
+    journal::Event e;
+    e.kind = journal::kind::daemon_start;
+    e.detail = nlohmann::json{{"driver", driver_.name()}, {"rules", policy_.rules.size()}}.dump();
+    record(std::move(e));
+}
+
+void BindingManager::record(journal::Event e) {
+    if (pending_.empty() && journal_ready() && journal_->append(e)) return;
+    if (pending_.size() >= max_pending_records) {
+        ++dropped_records_; // bounded memory beats an OOM kill that loses everything
+        return;
+    }
+    pending_.emplace_back(std::move(e));
+}
+
+Result<void> BindingManager::flush_pending() {
+    if (pending_.empty()) return {};
+    if (!journal_ready()) return make_error(Errc::journal_unavailable, "journal not open");
+    while (!pending_.empty()) {
+        auto &next = pending_.front();
+        if (auto *e = std::get_if<journal::Event>(&next)) {
+            auto r = journal_->append(*e);
+            if (!r) return r.error();
+        } else {
+            auto &end = std::get<PendingEnd>(next);
+            auto r = journal_->close_session(end.id, end.reason, end.counters, end.event);
+            if (!r && r.error().code != Errc::not_found) return r.error();
+        }
+        pending_.pop_front();
+    }
+    return {};
+}
+
+Result<void> BindingManager::rate_limit(const std::string &bus_name) {
+    auto now = std::chrono::steady_clock::now();
+    auto [it, fresh] = buckets_.try_emplace(bus_name, Bucket{config_.request_burst, now});
+    Bucket &b = it->second;
+    double elapsed = std::chrono::duration<double>(now - b.last).count();
+    b.tokens = std::min(config_.request_burst, b.tokens + elapsed * config_.requests_per_second);
+    b.last = now;
+    if (b.tokens < 1)
+        return make_error(Errc::quota_exceeded,
+                          "too many requests from this connection; at most " +
+                              std::to_string(static_cast<int>(config_.requests_per_second)) +
+                              " per second");
+    b.tokens -= 1;
+    if (buckets_.size() > 4096) buckets_.clear(); // forget idle connections now and then
+    return {};
+}
+
+policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) const {
+    policy::Usage u;
+    for (auto &[id, b] : bindings_) {
+        if (b.owner.uid != uid || id == except_id) continue;
+        ++u.bindings;
+        u.bytes += b.region_id.length;
+    }
+    return u;
+}
+
+Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &args) {
+    if (auto r = rate_limit(caller.bus_name); !r) return r.error();
+
+    policy::Request req;
+    req.caller = caller.caller();
+    auto mode = policy::parse_mode(args.mode);
+    if (!mode) return make_error(Errc::invalid_argument, "mode: must be rx-only, tx or rx-tx");
+    req.mode = *mode;
+    if (args.flows.empty())
+        return make_error(Errc::invalid_argument, "flows: at least one flow spec is needed");
+    if (args.flows.size() > config_.max_flows)
+        return make_error(Errc::invalid_argument,
+                          "flows: at most " + std::to_string(config_.max_flows) + " per binding");
+    for (std::size_t i = 0; i < args.flows.size(); ++i) {
+        auto f = policy::parse_flow_spec(args.flows[i]);
+        if (!f) return make_error(Errc::invalid_argument, "flows[" + std::to_string(i) + "]: " + f.error().message);
+        req.flows.push_back(*f);
+    }
+    auto netdev = driver_.netdev(args.netdev);
+    if (!netdev) return netdev.error();
+    auto gpu = driver_.gpu(args.gpu);
+    if (!gpu) return gpu.error();
+    req.netdev = netdev->name;
+    req.gpu_names = gpu->names;
+
+    auto region = driver::inspect_region(args.region_fd);
+    if (!region) return region.error();
+    if (region->kind != driver_.region_kind())
+        return make_error(Errc::invalid_argument,
+                          std::string("region: the ") + driver_.name() + " driver needs a " +
+                              driver::to_string(driver_.region_kind()) + ", not a " +
+                              driver::to_string(region->kind));
+    if (auto w = driver::check_window(*region, args.offset, args.length); !w) return w.error();
+    req.region_bytes = args.length;
+
+    policy::Decision d = policy::decide(policy_, req, usage_of(caller.uid));
+    journal::Event decision = event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
+    decision.rule = d.rule.empty() ? std::nullopt : std::optional(d.rule);
+    decision.decision = d.would_deny ? "would-deny" : policy::to_string(d.verdict);
+    decision.reason = d.reason;
+    nlohmann::json detail{{"netdev", req.netdev},        {"gpu", gpu->name},
+                          {"mode", args.mode},           {"region_bytes", args.length},
+                          {"flows", flows_text(req.flows)}, {"exe", caller.executable},
+                          {"unit", caller.unit}};
+    decision.detail = detail.dump();
+    if (!d.granted()) {
+        record(std::move(decision));
+        return make_error(d.verdict == policy::Verdict::quota_exceeded ? Errc::quota_exceeded : Errc::denied,
+                          d.reason);
+    }
+    // Fail closed: without a journal that can take the grant, nothing is granted.
+    if (auto f = flush_pending(); !f) return journal_error(f.error());
+
+    Binding b;
+    b.id = new_binding_id();
+    b.netdev = req.netdev;
+    b.gpu = gpu->name;
+    b.gpu_names = gpu->names;
+    b.mode = req.mode;
+    b.flows = req.flows;
+    b.owner = caller;
+    int dup = fcntl(args.region_fd, F_DUPFD_CLOEXEC, 3);
+    if (dup < 0) return make_error(Errc::invalid_argument, "region: cannot duplicate the descriptor");
+    b.region = std::make_shared<UniqueFd>(dup);
+    b.region_id = {region->device, region->inode, args.offset, args.length};
+    b.rule = d.rule;
+    b.created_us = journal::now_us();
+    b.expires_us = b.created_us +
+                   std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime).count();
+
+    auto key = keys_.issue({b.id, caller.holder(), b.region_id,
+                            keys::Clock::time_point(std::chrono::microseconds(b.expires_us))});
+    if (!key) return key.error();
+    b.key_id = key->key_id;
+
+    auto queues = driver_.attach({b.id, b.netdev, b.gpu, b.flows, b.region->get(), args.offset, args.length});
+    if (!queues) {
+        keys_.revoke(b.key_id);
+        decision.kind = journal::kind::denied;
+        decision.decision = "driver-failure";
+        decision.reason = queues.error().message;
+        record(std::move(decision));
+        return make_error(Errc::driver_failure, queues.error().message);
+    }
+    b.queues = *queues;
+
+    journal::Session s;
+    s.id = b.id;
+    s.uid = caller.uid;
+    s.pid = caller.pid;
+    s.exe = caller.executable;
+    s.unit = caller.unit;
+    s.netdev = b.netdev;
+    s.gpu = b.gpu;
+    s.mode = args.mode;
+    s.region_bytes = args.length;
+    for (auto &f : b.flows) s.flows.push_back(f.to_string());
+    s.key_id = b.key_id;
+    s.rule = b.rule;
+    s.started_us = b.created_us;
+    if (auto r = journal_->open_session(s, decision); !r) {
+        driver_.detach(b.id);
+        keys_.revoke(b.key_id);
+        return journal_error(r.error());
+    }
+    Granted g{b.id, b.key_id, key->key, b.rule};
+    auto [it, inserted] = bindings_.emplace(b.id, std::move(b));
+    events_.binding_created(it->second);
+    return g;
+}
+
+Result<void> BindingManager::activate(const std::string &id, const Peer &presenter,
+                                      std::span<const std::uint8_t> key) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return make_error(Errc::not_found, "no binding " + id);
+    Binding &b = it->second;
+    auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id);
+    if (!ok) {
+        journal::Event e = event_for("activate-refused", presenter);
+        e.session_id = id;
+        e.reason = ok.error().message;
+        record(std::move(e));
+        return make_error(Errc::denied, "key refused: " + ok.error().message);
+    }
+    if (b.state == BindingState::active) return {};
+    if (auto r = driver_.activate(id); !r) return make_error(Errc::driver_failure, r.error().message);
+    b.state = BindingState::active;
+    journal::Event e = event_for("activated", presenter);
+    e.session_id = id;
+    record(std::move(e));
+    return {};
+}
+
+void BindingManager::end_binding(const std::string &id, const std::string &why) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return;
+    // Stop the data path and kill the key first: security does not wait for the disk.
+    journal::Counters c = driver_.counters(id);
+    driver_.detach(id);
+    keys_.revoke(it->second.key_id);
+    journal::Event e = event_for(journal::kind::ended, it->second.owner);
+    e.reason = why;
+    e.detail = nlohmann::json{{"rx_bytes", c.rx_bytes},
+                              {"rx_packets", c.rx_packets},
+                              {"dropped_packets", c.dropped_packets}}
+                   .dump();
+    bool written = pending_.empty() && journal_ready() &&
+                   journal_->close_session(id, why, c, e).ok();
+    if (!written && pending_.size() < max_pending_records)
+        pending_.emplace_back(PendingEnd{id, why, c, std::move(e)});
+    else if (!written)
+        ++dropped_records_;
+    Binding ended = std::move(it->second);
+    bindings_.erase(it);
+    events_.binding_ended(ended, why);
+}
+
+Result<void> BindingManager::release(const std::string &id, const Peer &by, bool privileged) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return make_error(Errc::not_found, "no binding " + id);
+    if (!privileged && it->second.owner.uid != by.uid)
+        return make_error(Errc::denied, "binding " + id + " belongs to uid " +
+                                            std::to_string(it->second.owner.uid) +
+                                            "; only its owner or an admin may release it");
+    end_binding(id, reason::release);
+    return {};
+}
+
+Result<void> BindingManager::revoke(const std::string &id, const std::string &why, const Peer &by) {
+    if (!bindings_.count(id)) return make_error(Errc::not_found, "no binding " + id);
+    journal::Event e = event_for(journal::kind::revoked, by);
+    e.session_id = id;
+    e.reason = why;
+    record(std::move(e));
+    end_binding(id, reason::revoke);
+    return {};
+}
+
+Result<std::size_t> BindingManager::reload(policy::Policy next, const std::string &by) {
+    policy_ = std::move(next);
+    std::vector<std::string> doomed;
+    for (auto &[id, b] : bindings_) {
+        policy::Request req;
+        req.caller = b.owner.caller();
+        req.netdev = b.netdev;
+        req.gpu_names = b.gpu_names;
+        req.mode = b.mode;
+        req.region_bytes = b.region_id.length;
+        req.flows = b.flows;
+        if (!policy::decide(policy_, req, usage_of(b.owner.uid, id)).granted()) doomed.push_back(id);
+    }
+    journal::Event e;
+    e.kind = journal::kind::reload;
+    e.reason = "reloaded by " + by;
+    e.detail = nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}}.dump();
+    record(std::move(e));
+    for (auto &id : doomed) end_binding(id, reason::policy_reload);
+    events_.policy_reloaded(policy_.rules.size(), doomed.size());
+    return doomed.size();
+}
+
+void BindingManager::holder_gone(const std::string &id, const std::string &why) { end_binding(id, why); }
+
+void BindingManager::connection_gone(const std::string &bus_name) {
+    buckets_.erase(bus_name);
+    std::vector<std::string> ids;
+    for (auto &[id, b] : bindings_)
+        if (b.owner.bus_name == bus_name) ids.push_back(id);
+    for (auto &id : ids) end_binding(id, reason::disconnect);
+}
+
+void BindingManager::tick(std::int64_t now_us) {
+    std::vector<std::string> expired;
+    for (auto &[id, b] : bindings_)
+        if (b.expires_us <= now_us) expired.push_back(id);
+    for (auto &id : expired) end_binding(id, reason::expire);
+    keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
+    (void)flush_pending();
+}
+
+void BindingManager::shutdown() {
+    std::vector<std::string> ids;
+    for (auto &[id, b] : bindings_) ids.push_back(id);
+    for (auto &id : ids) end_binding(id, reason::daemon_stop);
+    journal::Event e;
+    e.kind = journal::kind::daemon_stop;
+    record(std::move(e));
+    (void)flush_pending();
+}
+
+const Binding *BindingManager::find(const std::string &id) const {
+    auto it = bindings_.find(id);
+    return it == bindings_.end() ? nullptr : &it->second;
+}
+
+std::vector<const Binding *> BindingManager::bindings() const {
+    std::vector<const Binding *> out;
+    for (auto &[id, b] : bindings_) out.push_back(&b);
+    return out;
+}
+
+ManagerStatus BindingManager::status() const {
+    return {bindings_.size(), journal_ != nullptr && pending_.empty(), pending_.size(), dropped_records_};
+}
+
+} // namespace knod::daemon

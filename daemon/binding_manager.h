@@ -1,0 +1,162 @@
+// The core of knod-policyd: every binding's life, from request to end. It decides by policy,
+// issues keys, programs the driver and journals each step; it knows nothing about D-Bus. The
+// bus adaptor unpacks arguments and credentials and calls in here.
+#pragma once
+
+#include "daemon/driver/driver.h"
+#include "daemon/journal/journal.h"
+#include "daemon/keys/key_authority.h"
+#include "daemon/peer.h"
+#include "policy/engine.h"
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace knod::daemon {
+
+enum class BindingState { granted, active };
+const char *to_string(BindingState s);
+
+// End reasons, as journaled and signalled.
+namespace reason {
+inline constexpr const char *release = "release";
+inline constexpr const char *revoke = "revoke";
+inline constexpr const char *expire = "expire";
+inline constexpr const char *process_exit = "process-exit";
+inline constexpr const char *disconnect = "disconnect";
+inline constexpr const char *policy_reload = "policy-reload";
+inline constexpr const char *daemon_stop = "daemon-stop";
+inline constexpr const char *daemon_restart = "daemon-restart";
+} // namespace reason
+
+struct Binding {
+    std::string id;
+    std::string netdev;
+    std::string gpu;
+    std::vector<std::string> gpu_names;
+    policy::Mode mode = policy::Mode::rx_only;
+    std::vector<policy::FlowSpec> flows;
+    std::vector<std::uint32_t> queues;
+    Peer owner;
+    std::shared_ptr<UniqueFd> region; // the daemon's own dup of the caller's region fd
+    keys::Region region_id;
+    std::string key_id;
+    std::string rule;
+    std::int64_t created_us = 0;
+    std::int64_t expires_us = 0;
+    BindingState state = BindingState::granted;
+};
+
+// How the manager tells the outside world; the bus adaptor implements it.
+class BindingEvents {
+  public:
+    virtual ~BindingEvents() = default;
+    virtual void binding_created(const Binding &b) = 0;
+    virtual void binding_ended(const Binding &b, const std::string &why) = 0;
+    virtual void policy_reloaded(std::size_t rules, std::size_t revoked) = 0;
+};
+
+struct RequestArgs {
+    std::string netdev;
+    std::string gpu;
+    std::string mode;
+    int region_fd = -1;
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+    std::vector<std::string> flows;
+};
+
+struct Granted {
+    std::string id;
+    std::string key_id;
+    keys::KeyBytes key;
+    std::string rule;
+};
+
+struct ManagerConfig {
+    std::string journal_path;
+    double requests_per_second = 50; // per bus connection
+    double request_burst = 100;
+    std::size_t max_flows = 64;
+};
+
+struct ManagerStatus {
+    std::size_t bindings = 0;
+    bool journal_available = false;
+    std::size_t pending_records = 0; // journal records waiting for the disk to come back
+    std::uint64_t journal_dropped = 0;
+};
+
+class BindingManager {
+  public:
+    BindingManager(ManagerConfig config, driver::Driver &driver, keys::KeyAuthority keys,
+                   policy::Policy policy, BindingEvents &events);
+    ~BindingManager();
+
+    // Opens the journal, closes sessions a crash left open, records the start. A journal that
+    // cannot be opened is not fatal: requests are refused until it can be.
+    void start();
+
+    Result<Granted> request(const Peer &caller, const RequestArgs &args);
+    Result<void> activate(const std::string &id, const Peer &presenter,
+                          std::span<const std::uint8_t> key);
+    // The owner, or anyone `privileged` (an admin), may release.
+    Result<void> release(const std::string &id, const Peer &by, bool privileged);
+    Result<void> revoke(const std::string &id, const std::string &why, const Peer &by);
+    // Replaces the policy; revokes bindings it no longer allows. Returns how many.
+    Result<std::size_t> reload(policy::Policy next, const std::string &by);
+    // The holder's process exited or its bus connection went away.
+    void holder_gone(const std::string &id, const std::string &why);
+    // Ends every binding of a bus connection (it disconnected).
+    void connection_gone(const std::string &bus_name);
+    // Periodic work: expiry, and retrying journal records that could not be written.
+    void tick(std::int64_t now_us);
+    // Ends every binding (SIGTERM) and records the stop.
+    void shutdown();
+
+    const Binding *find(const std::string &id) const;
+    std::vector<const Binding *> bindings() const;
+    const policy::Policy &policy() const { return policy_; }
+    ManagerStatus status() const;
+    journal::Counters counters(const std::string &id) const { return driver_.counters(id); }
+    const driver::Driver &driver() const { return driver_; }
+
+  private:
+    bool journal_ready();
+    // Writes an event now, or keeps it to write once the journal is back.
+    void record(journal::Event e);
+    void end_binding(const std::string &id, const std::string &why);
+    Result<void> rate_limit(const std::string &bus_name);
+    policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
+    Result<void> flush_pending();
+
+    struct PendingEnd {
+        std::string id;
+        std::string reason;
+        journal::Counters counters;
+        journal::Event event;
+    };
+    struct Bucket {
+        double tokens;
+        std::chrono::steady_clock::time_point last;
+    };
+
+    ManagerConfig config_;
+    driver::Driver &driver_;
+    keys::KeyAuthority keys_;
+    policy::Policy policy_;
+    BindingEvents &events_;
+    std::unique_ptr<journal::Journal> journal_;
+    std::map<std::string, Binding> bindings_;
+    std::map<std::string, Bucket> buckets_;
+    std::deque<std::variant<journal::Event, PendingEnd>> pending_;
+    std::uint64_t dropped_records_ = 0;
+};
+
+} // namespace knod::daemon

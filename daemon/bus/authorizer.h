@@ -1,0 +1,36 @@
+// Who may do what. Any local user may request and release its own bindings; the auditor group
+// reads everything; admin calls (revoke, reload) need root, the policy's admin group, or the
+// polkit action org.knod.policy1.manage. Polkit unreachable means denied.
+#pragma once
+
+#include "policy/policy.h"
+
+#include <systemd/sd-bus.h>
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace knod::bus {
+
+struct Credentials {
+    uid_t uid = 0;
+    std::vector<gid_t> gids;
+    std::string sender;
+};
+
+class Authorizer {
+  public:
+    explicit Authorizer(sd_bus *bus) : bus_(bus) {}
+
+    bool is_auditor(const Credentials &c, const policy::Settings &s) const;
+    // May ask polkit, synchronously with a short timeout.
+    bool is_admin(const Credentials &c, const policy::Settings &s) const;
+
+  private:
+    bool in_group(const Credentials &c, const std::string &group) const;
+    bool polkit_allows(const std::string &sender) const;
+    sd_bus *bus_;
+};
+
+} // namespace knod::bus

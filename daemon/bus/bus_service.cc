@@ -1,0 +1,444 @@
+#include "daemon/bus/bus_service.h"
+
+#include "daemon/bus/names.h"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/epoll.h>
+
+#include <cstring>
+
+namespace knod::bus {
+namespace {
+
+constexpr const char *version = "0.1.0";
+
+int fail(sd_bus_error *err, const Error &e) {
+    return sd_bus_error_set(err, error_name(e.code), e.message.c_str());
+}
+
+BusService *service(void *self) { return static_cast<BusService *>(self); }
+
+// Every method below is callable by any local user at the sd-bus level
+// (SD_BUS_VTABLE_UNPRIVILEGED); each says how it checks its caller. Members without the flag
+// would be root-only, and that is the default for anything added later.
+const sd_bus_vtable manager_vtable[] = {
+    SD_BUS_VTABLE_START(0),
+    SD_BUS_PROPERTY("Version", "s", BusService::manager_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Driver", "s", BusService::manager_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("BindingCount", "u", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("Rules", "u", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("Permissive", "b", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("PendingJournalRecords", "t", BusService::manager_property, 0, 0),
+    // Anyone: the policy decides, as the caller's own uid.
+    SD_BUS_METHOD_WITH_NAMES("RequestBinding", "ssshttas",
+                             SD_BUS_PARAM(netdev) SD_BUS_PARAM(gpu) SD_BUS_PARAM(mode)
+                                 SD_BUS_PARAM(region) SD_BUS_PARAM(offset) SD_BUS_PARAM(length)
+                                     SD_BUS_PARAM(flows),
+                             "osay", SD_BUS_PARAM(binding) SD_BUS_PARAM(key_id) SD_BUS_PARAM(key),
+                             BusService::request_binding, SD_BUS_VTABLE_UNPRIVILEGED),
+    // Anyone: callers see their own bindings; auditors and admins see all.
+    SD_BUS_METHOD_WITH_NAMES("ListBindings", "", "", "a(osssssuut)",
+                             SD_BUS_PARAM(bindings), BusService::list_bindings,
+                             SD_BUS_VTABLE_UNPRIVILEGED),
+    // Admins only: checked in the handler (root, admin group, or polkit).
+    SD_BUS_METHOD_WITH_NAMES("RevokeBinding", "ss", SD_BUS_PARAM(id) SD_BUS_PARAM(reason), "",
+                             "", BusService::revoke_binding,
+                             SD_BUS_VTABLE_UNPRIVILEGED),
+    // Admins only: checked in the handler.
+    SD_BUS_METHOD_WITH_NAMES("ReloadPolicy", "", "", "uu",
+                             SD_BUS_PARAM(rules) SD_BUS_PARAM(revoked), BusService::reload_policy,
+                             SD_BUS_VTABLE_UNPRIVILEGED),
+    // Anyone: the host's inventory is not secret from its own users.
+    SD_BUS_METHOD_WITH_NAMES("GetHostReport", "", "", "s", SD_BUS_PARAM(report_json),
+                             BusService::host_report, SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_SIGNAL_WITH_NAMES("BindingCreated", "os", SD_BUS_PARAM(binding) SD_BUS_PARAM(id), 0),
+    SD_BUS_SIGNAL_WITH_NAMES("BindingReleased", "oss",
+                             SD_BUS_PARAM(binding) SD_BUS_PARAM(id) SD_BUS_PARAM(reason), 0),
+    SD_BUS_SIGNAL_WITH_NAMES("BindingRevoked", "oss",
+                             SD_BUS_PARAM(binding) SD_BUS_PARAM(id) SD_BUS_PARAM(reason), 0),
+    SD_BUS_SIGNAL_WITH_NAMES("PolicyReloaded", "uu", SD_BUS_PARAM(rules) SD_BUS_PARAM(revoked), 0),
+    SD_BUS_VTABLE_END};
+
+const sd_bus_vtable binding_vtable[] = {
+    SD_BUS_VTABLE_START(0),
+    SD_BUS_PROPERTY("Id", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Netdev", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Gpu", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Mode", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("OwnerUid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Flows", "as", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Queues", "au", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("KeyId", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Rule", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Created", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Expires", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("State", "s", BusService::binding_property, 0,
+                    SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+    SD_BUS_PROPERTY("RxBytes", "t", BusService::binding_property, 0, 0),
+    SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property, 0, 0),
+    SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property, 0, 0),
+    // Anyone who can see the object; the key is checked against the caller's own process.
+    SD_BUS_METHOD_WITH_NAMES("Activate", "ay", SD_BUS_PARAM(key), "", "",
+                             BusService::activate, SD_BUS_VTABLE_UNPRIVILEGED),
+    // The owner, or an admin: checked in the handler.
+    SD_BUS_METHOD("Release", "", "", BusService::release, SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_VTABLE_END};
+
+std::string id_of(const char *path) {
+    std::string p = path ? path : "";
+    std::string prefix = std::string(bindings_prefix) + "/";
+    return p.rfind(prefix, 0) == 0 ? p.substr(prefix.size()) : std::string();
+}
+
+} // namespace
+
+std::string binding_path(const std::string &id) { return std::string(bindings_prefix) + "/" + id; }
+
+BusService::BusService(sd_bus *bus, sd_event *event, PolicyLoader loader)
+    : bus_(bus), event_(event), loader_(std::move(loader)), authorizer_(bus) {}
+
+BusService::~BusService() = default;
+
+Result<void> BusService::start(daemon::BindingManager &manager) {
+    manager_ = &manager;
+    sd_bus_slot *slot = nullptr;
+    auto add = [&](int r, const char *what) -> Result<void> {
+        if (r < 0) return make_error(Errc::io, std::string(what) + ": " + std::strerror(-r));
+        slots_.emplace_back(slot);
+        slot = nullptr;
+        return {};
+    };
+    Result<void> r;
+    if (!(r = add(sd_bus_add_object_vtable(bus_, &slot, manager_path, manager_interface,
+                                           manager_vtable, this),
+                  "manager vtable")))
+        return r;
+    if (!(r = add(sd_bus_add_fallback_vtable(bus_, &slot, bindings_prefix, binding_interface,
+                                             binding_vtable, find_binding, this),
+                  "binding vtable")))
+        return r;
+    if (!(r = add(sd_bus_add_node_enumerator(bus_, &slot, bindings_prefix, enumerate_bindings, this),
+                  "node enumerator")))
+        return r;
+    if (!(r = add(sd_bus_add_object_manager(bus_, &slot, manager_path), "object manager"))) return r;
+    if (!(r = add(sd_bus_match_signal(bus_, &slot, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                                      "org.freedesktop.DBus", "NameOwnerChanged",
+                                      name_owner_changed, this),
+                  "NameOwnerChanged match")))
+        return r;
+    int rc = sd_bus_request_name(bus_, service_name, 0);
+    if (rc < 0)
+        return make_error(Errc::denied, std::string("cannot own ") + service_name + ": " +
+                                            std::strerror(-rc) +
+                                            " (is another knod-policyd running, and does the bus "
+                                            "policy let this user own the name?)");
+    return {};
+}
+
+Result<Credentials> BusService::credentials(sd_bus_message *m) const {
+    sd_bus_creds *raw = nullptr;
+    int r = sd_bus_query_sender_creds(m,
+                                      SD_BUS_CREDS_EUID | SD_BUS_CREDS_PID |
+                                          SD_BUS_CREDS_SUPPLEMENTARY_GIDS |
+                                          SD_BUS_CREDS_UNIQUE_NAME,
+                                      &raw);
+    if (r < 0) return make_error(Errc::denied, "the bus did not vouch for the caller");
+    CredsPtr creds(raw);
+    Credentials c;
+    if (sd_bus_creds_get_euid(creds.get(), &c.uid) < 0)
+        return make_error(Errc::denied, "the bus did not give the caller's uid");
+    const gid_t *gids = nullptr;
+    int n = sd_bus_creds_get_supplementary_gids(creds.get(), &gids);
+    for (int i = 0; i < n; ++i) c.gids.push_back(gids[i]);
+    const char *sender = sd_bus_message_get_sender(m);
+    c.sender = sender ? sender : "";
+    return c;
+}
+
+Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
+    auto c = credentials(m);
+    if (!c) return c.error();
+    sd_bus_creds *raw = nullptr;
+    pid_t pid = 0;
+    if (sd_bus_query_sender_creds(m, SD_BUS_CREDS_PID, &raw) >= 0) {
+        CredsPtr creds(raw);
+        sd_bus_creds_get_pid(creds.get(), &pid);
+    }
+    return daemon::identify_peer(c->uid, pid, c->gids, c->sender);
+}
+
+bool BusService::visible(const daemon::Binding &b) const {
+    sd_bus_message *m = sd_bus_get_current_message(bus_);
+    if (!m) return true; // our own emissions (InterfacesAdded)
+    auto c = credentials(m);
+    if (!c) return false;
+    return c->uid == b.owner.uid || authorizer_.is_auditor(*c, manager_->policy().settings);
+}
+
+const daemon::Binding *BusService::binding_at(const char *path) const {
+    const daemon::Binding *b = manager_->find(id_of(path));
+    return b && visible(*b) ? b : nullptr;
+}
+
+int BusService::find_binding(sd_bus *, const char *path, const char *, void *self, void **found,
+                             sd_bus_error *) {
+    if (!service(self)->binding_at(path)) return 0; // others' bindings do not exist for you
+    *found = self;
+    return 1;
+}
+
+int BusService::enumerate_bindings(sd_bus *, const char *, void *self, char ***nodes,
+                                   sd_bus_error *) {
+    auto *s = service(self);
+    std::vector<std::string> paths;
+    for (auto *b : s->manager_->bindings())
+        if (s->visible(*b)) paths.push_back(binding_path(b->id));
+    char **out = static_cast<char **>(calloc(paths.size() + 1, sizeof(char *)));
+    if (!out) return -ENOMEM;
+    for (std::size_t i = 0; i < paths.size(); ++i) out[i] = strdup(paths[i].c_str());
+    *nodes = out;
+    return 0;
+}
+
+int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    daemon::RequestArgs a;
+    const char *netdev = nullptr, *gpu = nullptr, *mode = nullptr;
+    int r = sd_bus_message_read(m, "ssshtt", &netdev, &gpu, &mode, &a.region_fd, &a.offset, &a.length);
+    if (r < 0) return r;
+    char **flows = nullptr;
+    if ((r = sd_bus_message_read_strv(m, &flows)) < 0) return r;
+    for (char **f = flows; f && *f; ++f) {
+        a.flows.emplace_back(*f);
+        free(*f);
+    }
+    free(flows);
+    a.netdev = netdev;
+    a.gpu = gpu;
+    a.mode = mode;
+    auto caller = s->peer(m);
+    if (!caller) return fail(err, caller.error());
+    auto granted = s->manager_->request(*caller, a);
+    if (!granted) return fail(err, granted.error());
+    sd_bus_message *reply_raw = nullptr;
+    if ((r = sd_bus_message_new_method_return(m, &reply_raw)) < 0) return r;
+    MessagePtr reply(reply_raw);
+    std::string path = binding_path(granted->id);
+    if ((r = sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str())) < 0 ||
+        (r = sd_bus_message_append_array(reply.get(), 'y', granted->key.data(), granted->key.size())) < 0)
+        return r;
+    return sd_bus_send(nullptr, reply.get(), nullptr);
+}
+
+int BusService::list_bindings(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    auto c = s->credentials(m);
+    if (!c) return fail(err, c.error());
+    bool all = s->authorizer_.is_auditor(*c, s->manager_->policy().settings);
+    sd_bus_message *reply_raw = nullptr;
+    int r = sd_bus_message_new_method_return(m, &reply_raw);
+    if (r < 0) return r;
+    MessagePtr reply(reply_raw);
+    if ((r = sd_bus_message_open_container(reply.get(), 'a', "(osssssuut)")) < 0) return r;
+    for (auto *b : s->manager_->bindings()) {
+        if (!all && b->owner.uid != c->uid) continue;
+        std::string path = binding_path(b->id);
+        r = sd_bus_message_append(reply.get(), "(osssssuut)", path.c_str(), b->id.c_str(),
+                                  b->netdev.c_str(), b->gpu.c_str(), policy::to_string(b->mode),
+                                  daemon::to_string(b->state), b->owner.uid,
+                                  static_cast<std::uint32_t>(b->owner.pid), b->region_id.length);
+        if (r < 0) return r;
+    }
+    if ((r = sd_bus_message_close_container(reply.get())) < 0) return r;
+    return sd_bus_send(nullptr, reply.get(), nullptr);
+}
+
+int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    const char *id = nullptr, *why = nullptr;
+    int r = sd_bus_message_read(m, "ss", &id, &why);
+    if (r < 0) return r;
+    auto caller = s->peer(m);
+    if (!caller) return fail(err, caller.error());
+    Credentials c{caller->uid, caller->gids, caller->bus_name};
+    if (!s->authorizer_.is_admin(c, s->manager_->policy().settings))
+        return fail(err, make_error(Errc::denied, "revoking a binding needs root, the admin group, "
+                                                  "or polkit action org.knod.policy1.manage"));
+    if (!*why) return fail(err, make_error(Errc::invalid_argument, "reason: say why you revoke"));
+    auto done = s->manager_->revoke(id, why, *caller);
+    if (!done) return fail(err, done.error());
+    return sd_bus_reply_method_return(m, "");
+}
+
+Result<std::size_t> BusService::reload(const std::string &by) {
+    auto next = loader_();
+    if (!next) return next.error();
+    return manager_->reload(std::move(*next), by);
+}
+
+int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    auto c = s->credentials(m);
+    if (!c) return fail(err, c.error());
+    if (!s->authorizer_.is_admin(*c, s->manager_->policy().settings))
+        return fail(err, make_error(Errc::denied, "reloading policy needs root, the admin group, "
+                                                  "or polkit action org.knod.policy1.manage"));
+    auto revoked = s->reload("uid " + std::to_string(c->uid));
+    if (!revoked) return fail(err, revoked.error());
+    return sd_bus_reply_method_return(m, "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
+                                      static_cast<std::uint32_t>(*revoked));
+}
+
+int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
+    auto *s = service(self);
+    const auto &d = s->manager_->driver();
+    nlohmann::json j{{"driver", d.name()}};
+    j["netdevs"] = nlohmann::json::array();
+    for (auto &n : d.netdevs()) j["netdevs"].push_back({{"name", n.name}, {"rx_queues", n.rx_queues}});
+    j["gpus"] = nlohmann::json::array();
+    for (auto &g : d.gpus())
+        j["gpus"].push_back({{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
+    auto st = s->manager_->status();
+    j["journal"] = {{"available", st.journal_available},
+                    {"pending_records", st.pending_records},
+                    {"dropped_records", st.journal_dropped}};
+    return sd_bus_reply_method_return(m, "s", j.dump().c_str());
+}
+
+int BusService::activate(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    const void *key = nullptr;
+    size_t size = 0;
+    int r = sd_bus_message_read_array(m, 'y', &key, &size);
+    if (r < 0) return r;
+    auto caller = s->peer(m);
+    if (!caller) return fail(err, caller.error());
+    std::string id = id_of(sd_bus_message_get_path(m));
+    auto done = s->manager_->activate(id, *caller, {static_cast<const std::uint8_t *>(key), size});
+    if (!done) return fail(err, done.error());
+    sd_bus_emit_properties_changed(s->bus_, binding_path(id).c_str(), binding_interface, "State",
+                                   nullptr);
+    return sd_bus_reply_method_return(m, "");
+}
+
+int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    auto c = s->credentials(m);
+    if (!c) return fail(err, c.error());
+    daemon::Peer by;
+    by.uid = c->uid;
+    by.bus_name = c->sender;
+    bool admin = false;
+    const daemon::Binding *b = s->manager_->find(id_of(sd_bus_message_get_path(m)));
+    if (b && b->owner.uid != c->uid)
+        admin = s->authorizer_.is_admin(*c, s->manager_->policy().settings);
+    auto done = s->manager_->release(id_of(sd_bus_message_get_path(m)), by, admin);
+    if (!done) return fail(err, done.error());
+    return sd_bus_reply_method_return(m, "");
+}
+
+int BusService::manager_property(sd_bus *, const char *, const char *, const char *property,
+                                 sd_bus_message *reply, void *self, sd_bus_error *) {
+    auto *s = service(self);
+    std::string p = property;
+    auto st = s->manager_->status();
+    if (p == "Version") return sd_bus_message_append(reply, "s", version);
+    if (p == "Driver") return sd_bus_message_append(reply, "s", s->manager_->driver().name().c_str());
+    if (p == "BindingCount") return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(st.bindings));
+    if (p == "Rules")
+        return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(s->manager_->policy().rules.size()));
+    if (p == "Permissive") return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
+    if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
+    if (p == "PendingJournalRecords")
+        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(st.pending_records));
+    return -ENOENT;
+}
+
+int BusService::binding_property(sd_bus *, const char *path, const char *, const char *property,
+                                 sd_bus_message *reply, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    const daemon::Binding *b = s->binding_at(path);
+    if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
+    std::string p = property;
+    if (p == "Id") return sd_bus_message_append(reply, "s", b->id.c_str());
+    if (p == "Netdev") return sd_bus_message_append(reply, "s", b->netdev.c_str());
+    if (p == "Gpu") return sd_bus_message_append(reply, "s", b->gpu.c_str());
+    if (p == "Mode") return sd_bus_message_append(reply, "s", policy::to_string(b->mode));
+    if (p == "OwnerUid") return sd_bus_message_append(reply, "u", b->owner.uid);
+    if (p == "OwnerPid") return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(b->owner.pid));
+    if (p == "RegionSize") return sd_bus_message_append(reply, "t", b->region_id.length);
+    if (p == "KeyId") return sd_bus_message_append(reply, "s", b->key_id.c_str());
+    if (p == "Rule") return sd_bus_message_append(reply, "s", b->rule.c_str());
+    if (p == "Created") return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->created_us));
+    if (p == "Expires") return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->expires_us));
+    if (p == "State") return sd_bus_message_append(reply, "s", daemon::to_string(b->state));
+    if (p == "Flows") {
+        int r = sd_bus_message_open_container(reply, 'a', "s");
+        for (auto &f : b->flows)
+            if (r >= 0) r = sd_bus_message_append(reply, "s", f.to_string().c_str());
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+    }
+    if (p == "Queues") return sd_bus_message_append_array(reply, 'u', b->queues.data(), b->queues.size() * sizeof(std::uint32_t));
+    auto c = s->manager_->counters(b->id);
+    if (p == "RxBytes") return sd_bus_message_append(reply, "t", c.rx_bytes);
+    if (p == "RxPackets") return sd_bus_message_append(reply, "t", c.rx_packets);
+    if (p == "DroppedPackets") return sd_bus_message_append(reply, "t", c.dropped_packets);
+    return -ENOENT;
+}
+
+int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
+    const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
+    if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
+    if (name[0] == ':' && new_owner[0] == '\0') service(self)->manager_->connection_gone(name);
+    return 0;
+}
+
+int BusService::holder_exited(sd_event_source *src, int, uint32_t, void *self) {
+    auto *s = service(self);
+    for (auto &[id, watch] : s->holder_watches_) {
+        if (watch.get() == src) {
+            std::string ended = id; // holder_gone erases the watch, and with it `id`
+            s->manager_->holder_gone(ended, daemon::reason::process_exit);
+            break;
+        }
+    }
+    return 0;
+}
+
+void BusService::binding_created(const daemon::Binding &b) {
+    std::string path = binding_path(b.id);
+    // One watch per binding, on its own dup of the holder's pidfd (epoll wants distinct fds).
+    int fd = fcntl(b.owner.pidfd->get(), F_DUPFD_CLOEXEC, 3);
+    sd_event_source *src = nullptr;
+    if (fd >= 0 && sd_event_add_io(event_, &src, fd, EPOLLIN, holder_exited, this) >= 0) {
+        sd_event_source_set_io_fd_own(src, 1);
+        holder_watches_[b.id].reset(src);
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    sd_bus_emit_signal(bus_, manager_path, manager_interface, "BindingCreated", "os", path.c_str(),
+                       b.id.c_str());
+    sd_bus_emit_object_added(bus_, path.c_str());
+}
+
+void BusService::binding_ended(const daemon::Binding &b, const std::string &why) {
+    holder_watches_.erase(b.id);
+    std::string path = binding_path(b.id);
+    bool revoked = why == daemon::reason::revoke || why == daemon::reason::policy_reload ||
+                   why == daemon::reason::expire;
+    sd_bus_emit_signal(bus_, manager_path, manager_interface,
+                       revoked ? "BindingRevoked" : "BindingReleased", "oss", path.c_str(),
+                       b.id.c_str(), why.c_str());
+    sd_bus_emit_interfaces_removed(bus_, path.c_str(), binding_interface, nullptr);
+}
+
+void BusService::policy_reloaded(std::size_t rules, std::size_t revoked) {
+    sd_bus_emit_signal(bus_, manager_path, manager_interface, "PolicyReloaded", "uu",
+                       static_cast<std::uint32_t>(rules), static_cast<std::uint32_t>(revoked));
+}
+
+} // namespace knod::bus

@@ -1,0 +1,70 @@
+// The D-Bus adaptor of knod-policyd: one vtable per interface. Handlers unpack arguments, ask
+// the bus who is calling, check privilege, and call the BindingManager; no policy logic here.
+#pragma once
+
+#include "daemon/binding_manager.h"
+#include "daemon/bus/authorizer.h"
+#include "daemon/bus/bus_ptr.h"
+
+#include <functional>
+#include <map>
+
+namespace knod::bus {
+
+// Loads the policy afresh for a reload; an invalid policy comes back as an error.
+using PolicyLoader = std::function<Result<policy::Policy>()>;
+
+class BusService : public daemon::BindingEvents {
+  public:
+    BusService(sd_bus *bus, sd_event *event, PolicyLoader loader);
+    ~BusService() override;
+
+    // Registers the objects and takes the well-known name.
+    Result<void> start(daemon::BindingManager &manager);
+    // Reload on SIGHUP: same path as the method, attributed to the signal.
+    Result<std::size_t> reload(const std::string &by);
+
+    void binding_created(const daemon::Binding &b) override;
+    void binding_ended(const daemon::Binding &b, const std::string &why) override;
+    void policy_reloaded(std::size_t rules, std::size_t revoked) override;
+
+    // sd-bus callbacks; public only so the vtables in bus_service.cc can name them.
+    static int request_binding(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int list_bindings(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int reload_policy(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int host_report(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int activate(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int release(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int manager_property(sd_bus *bus, const char *path, const char *interface,
+                                const char *property, sd_bus_message *reply, void *self,
+                                sd_bus_error *err);
+    static int binding_property(sd_bus *bus, const char *path, const char *interface,
+                                const char *property, sd_bus_message *reply, void *self,
+                                sd_bus_error *err);
+    static int find_binding(sd_bus *bus, const char *path, const char *interface, void *self,
+                            void **found, sd_bus_error *err);
+    static int enumerate_bindings(sd_bus *bus, const char *prefix, void *self, char ***nodes,
+                                  sd_bus_error *err);
+    static int name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int holder_exited(sd_event_source *s, int fd, uint32_t revents, void *self);
+
+  private:
+    Result<Credentials> credentials(sd_bus_message *m) const;
+    Result<daemon::Peer> peer(sd_bus_message *m) const;
+    // May the sender of the message being handled see this binding?
+    bool visible(const daemon::Binding &b) const;
+    const daemon::Binding *binding_at(const char *path) const;
+
+    sd_bus *bus_;
+    sd_event *event_;
+    PolicyLoader loader_;
+    Authorizer authorizer_;
+    daemon::BindingManager *manager_ = nullptr;
+    std::vector<SlotPtr> slots_;
+    std::map<std::string, SourcePtr> holder_watches_; // binding id -> its holder's pidfd watch
+};
+
+std::string binding_path(const std::string &id);
+
+} // namespace knod::bus

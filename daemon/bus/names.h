@@ -1,0 +1,33 @@
+// The fixed D-Bus names (../shared/design.md) and the error names callers can branch on.
+#pragma once
+
+#include "knod/result.h"
+
+#include <string>
+
+namespace knod::bus {
+
+inline constexpr const char *service_name = "org.knod.Policy1";
+inline constexpr const char *manager_path = "/org/knod/Policy1";
+inline constexpr const char *manager_interface = "org.knod.Policy1.Manager";
+inline constexpr const char *bindings_prefix = "/org/knod/Policy1/bindings";
+inline constexpr const char *binding_interface = "org.knod.Policy1.Binding";
+inline constexpr const char *manage_action = "org.knod.policy1.manage";
+
+namespace error {
+inline constexpr const char *denied = "org.knod.Policy1.Error.Denied";
+inline constexpr const char *invalid_argument = "org.knod.Policy1.Error.InvalidArgument";
+inline constexpr const char *no_such_binding = "org.knod.Policy1.Error.NoSuchBinding";
+inline constexpr const char *quota_exceeded = "org.knod.Policy1.Error.QuotaExceeded";
+inline constexpr const char *isolation_violation = "org.knod.Policy1.Error.IsolationViolation";
+inline constexpr const char *driver_failure = "org.knod.Policy1.Error.DriverFailure";
+inline constexpr const char *journal_unavailable = "org.knod.Policy1.Error.JournalUnavailable";
+inline constexpr const char *invalid_policy = "org.knod.Policy1.Error.InvalidPolicy";
+inline constexpr const char *failed = "org.knod.Policy1.Error.Failed";
+} // namespace error
+
+// The D-Bus error name for an error code, and back (for clients).
+const char *error_name(Errc code);
+Errc error_code(const std::string &name);
+
+} // namespace knod::bus

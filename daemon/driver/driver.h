@@ -1,0 +1,58 @@
+// The one interface the binding manager programs: sim, devmem and knod backends implement it.
+#pragma once
+
+#include "daemon/driver/region.h"
+#include "daemon/journal/records.h"
+#include "knod/result.h"
+#include "policy/flow_spec.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace knod::driver {
+
+struct GpuInfo {
+    std::string name;               // the name requests use: sim name, PCI address or node
+    std::vector<std::string> names; // every name it goes by, for policy matching
+    std::uint64_t vram_bytes = 0;
+};
+
+struct NetdevInfo {
+    std::string name;
+    std::uint32_t rx_queues = 0;
+};
+
+// What the driver needs to set up one binding's data path.
+struct BindingPlan {
+    std::string id;
+    std::string netdev;
+    std::string gpu;
+    std::vector<policy::FlowSpec> flows;
+    int region_fd = -1; // the daemon's own dup; valid until detach()
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+};
+
+class Driver {
+  public:
+    virtual ~Driver() = default;
+    virtual std::string name() const = 0;
+    // The region kind this driver can place data into.
+    virtual RegionKind region_kind() const = 0;
+    virtual Result<GpuInfo> gpu(const std::string &name) const = 0;
+    virtual Result<NetdevInfo> netdev(const std::string &name) const = 0;
+    virtual std::vector<GpuInfo> gpus() const = 0;
+    virtual std::vector<NetdevInfo> netdevs() const = 0;
+
+    // Reserves queues and installs the binding's flows, inactive: nothing is delivered yet.
+    // Returns the RX queues it got.
+    virtual Result<std::vector<std::uint32_t>> attach(const BindingPlan &plan) = 0;
+    // Starts delivery; called only after the holder presented its key.
+    virtual Result<void> activate(const std::string &id) = 0;
+    // Stops delivery at once and frees everything attach() took. Never fails.
+    virtual void detach(const std::string &id) = 0;
+    virtual journal::Counters counters(const std::string &id) const = 0;
+};
+
+} // namespace knod::driver

@@ -1,0 +1,170 @@
+// knod-policyd: wires the policy, keys, journal and driver to the bus, then runs the event loop.
+#include "daemon/binding_manager.h"
+#include "daemon/bus/bus_service.h"
+#include "daemon/driver/sim_driver.h"
+#include "policy/parser.h"
+
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+
+#include <cstring>
+#include <iostream>
+
+namespace {
+
+struct Options {
+    std::string bus = "system";
+    std::string bus_address;
+    std::vector<std::string> policy = {"/etc/knod"};
+    std::string state_dir = "/var/lib/knod-policy";
+    std::string driver = "sim";
+    knod::driver::SimConfig sim;
+    double rate = 50;
+};
+
+void log(const std::string &line) { std::cerr << line << std::endl; }
+
+knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &paths) {
+    std::vector<std::string> files;
+    for (auto &p : paths) {
+        struct stat st {};
+        bool dir = stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+        // A directory given as the policy root reads ROOT/policy.toml and ROOT/policy.d/.
+        auto more = dir ? knod::policy::default_policy_files(p) : std::vector<std::string>{p};
+        files.insert(files.end(), more.begin(), more.end());
+    }
+    auto load = knod::policy::load_policy_files(files);
+    if (!load.ok()) return knod::make_error(knod::Errc::invalid_policy, load.errors_text());
+    for (auto &d : load.diagnostics) log(d.to_string());
+    if (files.empty()) log("no policy files found: every request will be denied");
+    return std::move(load.policy);
+}
+
+knod::Result<knod::bus::BusPtr> connect_bus(const Options &o) {
+    sd_bus *raw = nullptr;
+    int r = sd_bus_new(&raw);
+    if (r < 0) return knod::make_error(knod::Errc::io, "sd_bus_new failed");
+    knod::bus::BusPtr bus(raw);
+    std::string address = o.bus_address;
+    if (address.empty() && o.bus == "system") {
+        const char *env = getenv("DBUS_SYSTEM_BUS_ADDRESS");
+        address = env ? env : "unix:path=/run/dbus/system_bus_socket";
+    } else if (address.empty()) {
+        const char *env = getenv("DBUS_SESSION_BUS_ADDRESS");
+        if (!env) return knod::make_error(knod::Errc::invalid_argument, "no session bus address");
+        address = env;
+    }
+    sd_bus_set_address(bus.get(), address.c_str());
+    sd_bus_set_bus_client(bus.get(), 1);
+    // Untrusted: members without SD_BUS_VTABLE_UNPRIVILEGED stay root-only.
+    sd_bus_set_trusted(bus.get(), 0);
+    sd_bus_negotiate_creds(bus.get(), 1, SD_BUS_CREDS_EUID | SD_BUS_CREDS_PID);
+    if ((r = sd_bus_start(bus.get())) < 0)
+        return knod::make_error(knod::Errc::unavailable,
+                                "cannot connect to the bus at " + address + ": " + std::strerror(-r));
+    return bus;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    Options o;
+    CLI::App app{"knod-policyd: the KNOD binding policy daemon. It owns org.knod.Policy1 on the "
+                 "bus and controls every binding of a network device to GPU memory."};
+    app.add_option("--bus", o.bus, "system or session")->check(CLI::IsMember({"system", "session"}))->capture_default_str();
+    app.add_option("--bus-address", o.bus_address, "connect to this D-Bus address instead (tests)");
+    app.add_option("--policy", o.policy, "policy root directory (reads policy.toml and policy.d/) "
+                                         "or files")->capture_default_str();
+    app.add_option("--state-dir", o.state_dir, "journal and key secret live here (mode 0700)")->capture_default_str();
+    app.add_option("--driver", o.driver, "driver backend")->check(CLI::IsMember({"sim"}))->capture_default_str();
+    app.add_option("--sim-netdev", o.sim.netdev, "sim: the simulated NIC's name")->capture_default_str();
+    app.add_option("--sim-queues", o.sim.queues, "sim: RX queues (queue 0 is the normal stack)")->capture_default_str();
+    app.add_option("--sim-gpu", o.sim.gpu, "sim: the simulated GPU's name")->capture_default_str();
+    app.add_option("--rate-limit", o.rate, "requests per second per bus connection")->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+
+    auto policy = load_policy(o.policy);
+    if (!policy) {
+        std::cerr << policy.error().message << "knod-policyd: refusing to start with an invalid policy\n";
+        return 1;
+    }
+    if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        std::cerr << "knod-policyd: cannot create " << o.state_dir << ": " << std::strerror(errno) << "\n";
+        return 1;
+    }
+    auto keys = knod::keys::KeyAuthority::open(o.state_dir + "/key-secret");
+    if (!keys) {
+        std::cerr << "knod-policyd: " << keys.error().message << "\n";
+        return 1;
+    }
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
+    sigprocmask(SIG_BLOCK, &mask, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    sd_event *ev_raw = nullptr;
+    sd_event_default(&ev_raw);
+    knod::bus::EventPtr event(ev_raw);
+    auto bus = connect_bus(o);
+    if (!bus) {
+        std::cerr << "knod-policyd: " << bus.error().message << "\n";
+        return 1;
+    }
+    sd_bus_attach_event(bus->get(), event.get(), SD_EVENT_PRIORITY_NORMAL);
+
+    knod::driver::SimDriver driver(o.sim);
+    auto paths = o.policy;
+    knod::bus::BusService service(bus->get(), event.get(), [paths] { return load_policy(paths); });
+    knod::daemon::ManagerConfig config;
+    config.journal_path = o.state_dir + "/journal.db";
+    config.requests_per_second = o.rate;
+    config.request_burst = o.rate * 2;
+    knod::daemon::BindingManager manager(config, driver, std::move(*keys), std::move(*policy), service);
+    manager.start();
+    if (auto r = service.start(manager); !r) {
+        std::cerr << "knod-policyd: " << r.error().message << "\n";
+        return 1;
+    }
+
+    struct Loop {
+        knod::daemon::BindingManager *manager;
+        knod::bus::BusService *service;
+    } loop{&manager, &service};
+    auto on_signal = [](sd_event_source *s, const struct signalfd_siginfo *si, void *ud) -> int {
+        auto *l = static_cast<Loop *>(ud);
+        if (si->ssi_signo == SIGHUP) {
+            auto r = l->service->reload("SIGHUP");
+            log(r ? "policy reloaded; " + std::to_string(*r) + " binding(s) revoked"
+                  : "policy reload refused, keeping the old policy:\n" + r.error().message);
+            return 0;
+        }
+        sd_notify(0, "STOPPING=1\nSTATUS=Releasing every binding");
+        l->manager->shutdown();
+        return sd_event_exit(sd_event_source_get_event(s), 0);
+    };
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sd_event_add_signal(event.get(), nullptr, sig, on_signal, &loop);
+
+    auto on_tick = [](sd_event_source *s, uint64_t usec, void *ud) -> int {
+        static_cast<Loop *>(ud)->manager->tick(knod::journal::now_us());
+        sd_event_source_set_time(s, usec + 1'000'000);
+        return 0;
+    };
+    uint64_t now = 0;
+    sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
+    sd_event_source *tick = nullptr;
+    sd_event_add_time(event.get(), &tick, CLOCK_MONOTONIC, now + 1'000'000, 100'000, on_tick, &loop);
+    sd_event_source_set_enabled(tick, SD_EVENT_ON);
+    sd_event_set_watchdog(event.get(), 1);
+
+    std::string status = "Serving org.knod.Policy1 with the " + driver.name() + " driver, " +
+                         std::to_string(manager.policy().rules.size()) + " rule(s)";
+    log(status);
+    sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
+    int r = sd_event_loop(event.get());
+    sd_event_source_unref(tick);
+    return r < 0 ? 1 : 0;
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs knod-policyd on a private bus, as on a host but touching nothing of the host's:
+# a private dbus-daemon whose configuration includes the project's bus policy from
+# packaging/dbus/, the daemon with the sim driver and a temporary state dir. It runs COMMAND with
+# DBUS_SYSTEM_BUS_ADDRESS pointing at that bus, then stops both and removes what it made.
+#
+#   scripts/knod-sandbox.sh [--policy FILE] [--build DIR] [--keep-state DIR] -- COMMAND [ARGS...]
+#
+# Inside COMMAND: $KNOD_SANDBOX (the work dir), $KNOD_STATE_DIR, $KNOD_DAEMON_PID.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=$repo/build
+policy=$repo/packaging/policy.example.toml
+state=
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --policy) policy=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --keep-state) state=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "knod-sandbox: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+    esac
+done
+[ $# -gt 0 ] || { echo "knod-sandbox: no COMMAND given" >&2; exit 2; }
+
+work=$(mktemp -d /tmp/knod-sandbox.XXXXXX)
+chmod 755 "$work" # other uids must reach the bus socket
+[ -n "$state" ] || state=$work/state
+bus_pid= daemon_pid=
+cleanup() {
+    [ -n "$daemon_pid" ] && kill -TERM "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    [ -n "$bus_pid" ] && kill -TERM "$bus_pid" 2>/dev/null && wait "$bus_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+sed -e "s|@SOCKET@|$work/bus|" -e "s|@POLICY_CONF@|$repo/packaging/dbus/org.knod.Policy1.conf|" \
+    "$repo/scripts/private-bus.conf.in" > "$work/bus.conf"
+dbus-daemon --config-file="$work/bus.conf" --nofork --print-address=3 3>"$work/address" &
+bus_pid=$!
+for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.05; done
+export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
+
+"$build/daemon/knod-policyd" --bus-address="$DBUS_SYSTEM_BUS_ADDRESS" --policy "$policy" \
+    --state-dir "$state" 2>"$work/daemon.log" &
+daemon_pid=$!
+for _ in $(seq 200); do
+    busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" status org.knod.Policy1 >/dev/null 2>&1 && break
+    kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/daemon.log" >&2; exit 1; }
+    sleep 0.05
+done
+export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid
+set +e
+"$@"
+rc=$?
+set -e
+exit $rc
