@@ -18,5 +18,6 @@ constexpr int exit_usage = 2;  // bad arguments or unreadable input
 Runner add_check(CLI::App &app);
 Runner add_explain(CLI::App &app);
 Runner add_audit(CLI::App &app);
+Runner add_daemon_commands(CLI::App &app);
 
 } // namespace knod::cli

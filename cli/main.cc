@@ -5,8 +5,10 @@
 #include <iostream>
 
 int main(int argc, char **argv) {
-    CLI::App app{"knod-policy: check and explain KNOD binding policy, audit the session journal.\n"
-                 "Run 'knod-policy COMMAND --help' for each command's options."};
+    CLI::App app{
+        "knod-policy: check and explain KNOD binding policy, audit the session journal, and "
+        "manage knod-policyd.\n"
+        "Run 'knod-policy COMMAND --help' for each command's options."};
     app.require_subcommand(1);
     app.footer("Exit codes: 0 ok; 1 invalid policy, denied request or failed verification; "
                "2 bad usage or unreadable input.");
@@ -14,6 +16,7 @@ int main(int argc, char **argv) {
     runners.push_back(knod::cli::add_check(app));
     runners.push_back(knod::cli::add_explain(app));
     runners.push_back(knod::cli::add_audit(app));
+    runners.push_back(knod::cli::add_daemon_commands(app));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {

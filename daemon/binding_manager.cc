@@ -35,13 +35,16 @@ Error journal_error(const Error &e) {
 
 std::string flows_text(const std::vector<policy::FlowSpec> &flows) {
     nlohmann::json j = nlohmann::json::array();
-    for (auto &f : flows) j.push_back(f.to_string());
+    for (auto &f : flows)
+        j.push_back(f.to_string());
     return j.dump();
 }
 
 } // namespace
 
-const char *to_string(BindingState s) { return s == BindingState::active ? "active" : "granted"; }
+const char *to_string(BindingState s) {
+    return s == BindingState::active ? "active" : "granted";
+}
 
 BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                keys::KeyAuthority keys, policy::Policy policy,
@@ -139,7 +142,9 @@ Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &a
                           "flows: at most " + std::to_string(config_.max_flows) + " per binding");
     for (std::size_t i = 0; i < args.flows.size(); ++i) {
         auto f = policy::parse_flow_spec(args.flows[i]);
-        if (!f) return make_error(Errc::invalid_argument, "flows[" + std::to_string(i) + "]: " + f.error().message);
+        if (!f)
+            return make_error(Errc::invalid_argument,
+                              "flows[" + std::to_string(i) + "]: " + f.error().message);
         req.flows.push_back(*f);
     }
     auto netdev = driver_.netdev(args.netdev);
@@ -152,27 +157,36 @@ Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &a
     auto region = driver::inspect_region(args.region_fd);
     if (!region) return region.error();
     if (region->kind != driver_.region_kind())
-        return make_error(Errc::invalid_argument,
-                          std::string("region: the ") + driver_.name() + " driver needs a " +
-                              driver::to_string(driver_.region_kind()) + ", not a " +
-                              driver::to_string(region->kind));
+        return make_error(Errc::invalid_argument, std::string("region: the ") + driver_.name() +
+                                                      " driver needs a " +
+                                                      driver::to_string(driver_.region_kind()) +
+                                                      ", not a " + driver::to_string(region->kind));
     if (auto w = driver::check_window(*region, args.offset, args.length); !w) return w.error();
     req.region_bytes = args.length;
 
     policy::Decision d = policy::decide(policy_, req, usage_of(caller.uid));
-    journal::Event decision = event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
+    journal::Event decision =
+        event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
     decision.rule = d.rule.empty() ? std::nullopt : std::optional(d.rule);
     decision.decision = d.would_deny ? "would-deny" : policy::to_string(d.verdict);
     decision.reason = d.reason;
-    nlohmann::json detail{{"netdev", req.netdev},        {"gpu", gpu->name},
-                          {"mode", args.mode},           {"region_bytes", args.length},
-                          {"flows", flows_text(req.flows)}, {"exe", caller.executable},
+    nlohmann::json detail{{"netdev", req.netdev},
+                          {"gpu", gpu->name},
+                          {"mode", args.mode},
+                          {"region_bytes", args.length},
+                          {"flows", flows_text(req.flows)},
+                          {"exe", caller.executable},
                           {"unit", caller.unit}};
     decision.detail = detail.dump();
     if (!d.granted()) {
         record(std::move(decision));
-        return make_error(d.verdict == policy::Verdict::quota_exceeded ? Errc::quota_exceeded : Errc::denied,
-                          d.reason);
+        // Say why each rule missed, so the caller can act without an admin's help.
+        std::string why = d.reason;
+        for (std::size_t i = 0; i < d.misses.size() && i < 5; ++i)
+            why += "; rule '" + d.misses[i].rule + "': " + d.misses[i].why_not;
+        return make_error(d.verdict == policy::Verdict::quota_exceeded ? Errc::quota_exceeded
+                                                                       : Errc::denied,
+                          why);
     }
     // Fail closed: without a journal that can take the grant, nothing is granted.
     if (auto f = flush_pending(); !f) return journal_error(f.error());
@@ -186,7 +200,8 @@ Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &a
     b.flows = req.flows;
     b.owner = caller;
     int dup = fcntl(args.region_fd, F_DUPFD_CLOEXEC, 3);
-    if (dup < 0) return make_error(Errc::invalid_argument, "region: cannot duplicate the descriptor");
+    if (dup < 0)
+        return make_error(Errc::invalid_argument, "region: cannot duplicate the descriptor");
     b.region = std::make_shared<UniqueFd>(dup);
     b.region_id = {region->device, region->inode, args.offset, args.length};
     b.rule = d.rule;
@@ -199,7 +214,8 @@ Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &a
     if (!key) return key.error();
     b.key_id = key->key_id;
 
-    auto queues = driver_.attach({b.id, b.netdev, b.gpu, b.flows, b.region->get(), args.offset, args.length});
+    auto queues =
+        driver_.attach({b.id, b.netdev, b.gpu, b.flows, b.region->get(), args.offset, args.length});
     if (!queues) {
         keys_.revoke(b.key_id);
         decision.kind = journal::kind::denied;
@@ -220,7 +236,8 @@ Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &a
     s.gpu = b.gpu;
     s.mode = args.mode;
     s.region_bytes = args.length;
-    for (auto &f : b.flows) s.flows.push_back(f.to_string());
+    for (auto &f : b.flows)
+        s.flows.push_back(f.to_string());
     s.key_id = b.key_id;
     s.rule = b.rule;
     s.started_us = b.created_us;
@@ -249,7 +266,8 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
-    if (auto r = driver_.activate(id); !r) return make_error(Errc::driver_failure, r.error().message);
+    if (auto r = driver_.activate(id); !r)
+        return make_error(Errc::driver_failure, r.error().message);
     b.state = BindingState::active;
     journal::Event e = event_for("activated", presenter);
     e.session_id = id;
@@ -270,8 +288,8 @@ void BindingManager::end_binding(const std::string &id, const std::string &why) 
                               {"rx_packets", c.rx_packets},
                               {"dropped_packets", c.dropped_packets}}
                    .dump();
-    bool written = pending_.empty() && journal_ready() &&
-                   journal_->close_session(id, why, c, e).ok();
+    bool written =
+        pending_.empty() && journal_ready() && journal_->close_session(id, why, c, e).ok();
     if (!written && pending_.size() < max_pending_records)
         pending_.emplace_back(PendingEnd{id, why, c, std::move(e)});
     else if (!written)
@@ -313,41 +331,49 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const std::strin
         req.mode = b.mode;
         req.region_bytes = b.region_id.length;
         req.flows = b.flows;
-        if (!policy::decide(policy_, req, usage_of(b.owner.uid, id)).granted()) doomed.push_back(id);
+        if (!policy::decide(policy_, req, usage_of(b.owner.uid, id)).granted())
+            doomed.push_back(id);
     }
     journal::Event e;
     e.kind = journal::kind::reload;
     e.reason = "reloaded by " + by;
     e.detail = nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}}.dump();
     record(std::move(e));
-    for (auto &id : doomed) end_binding(id, reason::policy_reload);
+    for (auto &id : doomed)
+        end_binding(id, reason::policy_reload);
     events_.policy_reloaded(policy_.rules.size(), doomed.size());
     return doomed.size();
 }
 
-void BindingManager::holder_gone(const std::string &id, const std::string &why) { end_binding(id, why); }
+void BindingManager::holder_gone(const std::string &id, const std::string &why) {
+    end_binding(id, why);
+}
 
 void BindingManager::connection_gone(const std::string &bus_name) {
     buckets_.erase(bus_name);
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         if (b.owner.bus_name == bus_name) ids.push_back(id);
-    for (auto &id : ids) end_binding(id, reason::disconnect);
+    for (auto &id : ids)
+        end_binding(id, reason::disconnect);
 }
 
 void BindingManager::tick(std::int64_t now_us) {
     std::vector<std::string> expired;
     for (auto &[id, b] : bindings_)
         if (b.expires_us <= now_us) expired.push_back(id);
-    for (auto &id : expired) end_binding(id, reason::expire);
+    for (auto &id : expired)
+        end_binding(id, reason::expire);
     keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
     (void)flush_pending();
 }
 
 void BindingManager::shutdown() {
     std::vector<std::string> ids;
-    for (auto &[id, b] : bindings_) ids.push_back(id);
-    for (auto &id : ids) end_binding(id, reason::daemon_stop);
+    for (auto &[id, b] : bindings_)
+        ids.push_back(id);
+    for (auto &id : ids)
+        end_binding(id, reason::daemon_stop);
     journal::Event e;
     e.kind = journal::kind::daemon_stop;
     record(std::move(e));
@@ -361,12 +387,14 @@ const Binding *BindingManager::find(const std::string &id) const {
 
 std::vector<const Binding *> BindingManager::bindings() const {
     std::vector<const Binding *> out;
-    for (auto &[id, b] : bindings_) out.push_back(&b);
+    for (auto &[id, b] : bindings_)
+        out.push_back(&b);
     return out;
 }
 
 ManagerStatus BindingManager::status() const {
-    return {bindings_.size(), journal_ != nullptr && pending_.empty(), pending_.size(), dropped_records_};
+    return {bindings_.size(), journal_ != nullptr && pending_.empty(), pending_.size(),
+            dropped_records_};
 }
 
 } // namespace knod::daemon

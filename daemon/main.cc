@@ -24,7 +24,9 @@ struct Options {
     double rate = 50;
 };
 
-void log(const std::string &line) { std::cerr << line << std::endl; }
+void log(const std::string &line) {
+    std::cerr << line << std::endl;
+}
 
 knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &paths) {
     std::vector<std::string> files;
@@ -37,7 +39,8 @@ knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &p
     }
     auto load = knod::policy::load_policy_files(files);
     if (!load.ok()) return knod::make_error(knod::Errc::invalid_policy, load.errors_text());
-    for (auto &d : load.diagnostics) log(d.to_string());
+    for (auto &d : load.diagnostics)
+        log(d.to_string());
     if (files.empty()) log("no policy files found: every request will be denied");
     return std::move(load.policy);
 }
@@ -62,8 +65,8 @@ knod::Result<knod::bus::BusPtr> connect_bus(const Options &o) {
     sd_bus_set_trusted(bus.get(), 0);
     sd_bus_negotiate_creds(bus.get(), 1, SD_BUS_CREDS_EUID | SD_BUS_CREDS_PID);
     if ((r = sd_bus_start(bus.get())) < 0)
-        return knod::make_error(knod::Errc::unavailable,
-                                "cannot connect to the bus at " + address + ": " + std::strerror(-r));
+        return knod::make_error(knod::Errc::unavailable, "cannot connect to the bus at " + address +
+                                                             ": " + std::strerror(-r));
     return bus;
 }
 
@@ -73,25 +76,37 @@ int main(int argc, char **argv) {
     Options o;
     CLI::App app{"knod-policyd: the KNOD binding policy daemon. It owns org.knod.Policy1 on the "
                  "bus and controls every binding of a network device to GPU memory."};
-    app.add_option("--bus", o.bus, "system or session")->check(CLI::IsMember({"system", "session"}))->capture_default_str();
+    app.add_option("--bus", o.bus, "system or session")
+        ->check(CLI::IsMember({"system", "session"}))
+        ->capture_default_str();
     app.add_option("--bus-address", o.bus_address, "connect to this D-Bus address instead (tests)");
-    app.add_option("--policy", o.policy, "policy root directory (reads policy.toml and policy.d/) "
-                                         "or files")->capture_default_str();
-    app.add_option("--state-dir", o.state_dir, "journal and key secret live here (mode 0700)")->capture_default_str();
-    app.add_option("--driver", o.driver, "driver backend")->check(CLI::IsMember({"sim"}))->capture_default_str();
-    app.add_option("--sim-netdev", o.sim.netdev, "sim: the simulated NIC's name")->capture_default_str();
-    app.add_option("--sim-queues", o.sim.queues, "sim: RX queues (queue 0 is the normal stack)")->capture_default_str();
+    app.add_option("--policy", o.policy,
+                   "policy root directory (reads policy.toml and policy.d/) "
+                   "or files")
+        ->capture_default_str();
+    app.add_option("--state-dir", o.state_dir, "journal and key secret live here (mode 0700)")
+        ->capture_default_str();
+    app.add_option("--driver", o.driver, "driver backend")
+        ->check(CLI::IsMember({"sim"}))
+        ->capture_default_str();
+    app.add_option("--sim-netdev", o.sim.netdev, "sim: the simulated NIC's name")
+        ->capture_default_str();
+    app.add_option("--sim-queues", o.sim.queues, "sim: RX queues (queue 0 is the normal stack)")
+        ->capture_default_str();
     app.add_option("--sim-gpu", o.sim.gpu, "sim: the simulated GPU's name")->capture_default_str();
-    app.add_option("--rate-limit", o.rate, "requests per second per bus connection")->capture_default_str();
+    app.add_option("--rate-limit", o.rate, "requests per second per bus connection")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     auto policy = load_policy(o.policy);
     if (!policy) {
-        std::cerr << policy.error().message << "knod-policyd: refusing to start with an invalid policy\n";
+        std::cerr << policy.error().message
+                  << "knod-policyd: refusing to start with an invalid policy\n";
         return 1;
     }
     if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        std::cerr << "knod-policyd: cannot create " << o.state_dir << ": " << std::strerror(errno) << "\n";
+        std::cerr << "knod-policyd: cannot create " << o.state_dir << ": " << std::strerror(errno)
+                  << "\n";
         return 1;
     }
     auto keys = knod::keys::KeyAuthority::open(o.state_dir + "/key-secret");
@@ -102,7 +117,8 @@ int main(int argc, char **argv) {
 
     sigset_t mask;
     sigemptyset(&mask);
-    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP})
+        sigaddset(&mask, sig);
     sigprocmask(SIG_BLOCK, &mask, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
@@ -123,7 +139,8 @@ int main(int argc, char **argv) {
     config.journal_path = o.state_dir + "/journal.db";
     config.requests_per_second = o.rate;
     config.request_burst = o.rate * 2;
-    knod::daemon::BindingManager manager(config, driver, std::move(*keys), std::move(*policy), service);
+    knod::daemon::BindingManager manager(config, driver, std::move(*keys), std::move(*policy),
+                                         service);
     manager.start();
     if (auto r = service.start(manager); !r) {
         std::cerr << "knod-policyd: " << r.error().message << "\n";
@@ -146,7 +163,8 @@ int main(int argc, char **argv) {
         l->manager->shutdown();
         return sd_event_exit(sd_event_source_get_event(s), 0);
     };
-    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sd_event_add_signal(event.get(), nullptr, sig, on_signal, &loop);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP})
+        sd_event_add_signal(event.get(), nullptr, sig, on_signal, &loop);
 
     auto on_tick = [](sd_event_source *s, uint64_t usec, void *ud) -> int {
         static_cast<Loop *>(ud)->manager->tick(knod::journal::now_us());
@@ -156,7 +174,8 @@ int main(int argc, char **argv) {
     uint64_t now = 0;
     sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
     sd_event_source *tick = nullptr;
-    sd_event_add_time(event.get(), &tick, CLOCK_MONOTONIC, now + 1'000'000, 100'000, on_tick, &loop);
+    sd_event_add_time(event.get(), &tick, CLOCK_MONOTONIC, now + 1'000'000, 100'000, on_tick,
+                      &loop);
     sd_event_source_set_enabled(tick, SD_EVENT_ON);
     sd_event_set_watchdog(event.get(), 1);
 

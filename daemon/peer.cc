@@ -13,7 +13,9 @@
 namespace knod::daemon {
 namespace {
 
-int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+int pidfd_open(pid_t pid) {
+    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
 int pidfd_send_signal(int fd, int sig) {
     return static_cast<int>(::syscall(SYS_pidfd_send_signal, fd, sig, nullptr, 0));
 }
@@ -78,7 +80,8 @@ Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root
     }
     std::uint64_t start = 0;
     if (!(fields >> start))
-        return make_error(Errc::corrupt, "cannot read the start time of process " + std::to_string(pid));
+        return make_error(Errc::corrupt,
+                          "cannot read the start time of process " + std::to_string(pid));
     return start;
 }
 

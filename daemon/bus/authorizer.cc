@@ -27,10 +27,9 @@ bool Authorizer::is_admin(const Credentials &c, const policy::Settings &s) const
 
 bool Authorizer::polkit_allows(const std::string &sender) const {
     sd_bus_message *raw = nullptr;
-    if (sd_bus_message_new_method_call(bus_, &raw, "org.freedesktop.PolicyKit1",
-                                       "/org/freedesktop/PolicyKit1/Authority",
-                                       "org.freedesktop.PolicyKit1.Authority",
-                                       "CheckAuthorization") < 0)
+    if (sd_bus_message_new_method_call(
+            bus_, &raw, "org.freedesktop.PolicyKit1", "/org/freedesktop/PolicyKit1/Authority",
+            "org.freedesktop.PolicyKit1.Authority", "CheckAuthorization") < 0)
         return false;
     MessagePtr call(raw);
     // Subject: the caller's bus name, which polkit resolves through the bus itself.

@@ -5,8 +5,8 @@
 
 #include "policy/policy.h"
 
-#include <systemd/sd-bus.h>
 #include <sys/types.h>
+#include <systemd/sd-bus.h>
 
 #include <string>
 #include <vector>

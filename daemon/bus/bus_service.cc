@@ -17,7 +17,9 @@ int fail(sd_bus_error *err, const Error &e) {
     return sd_bus_error_set(err, error_name(e.code), e.message.c_str());
 }
 
-BusService *service(void *self) { return static_cast<BusService *>(self); }
+BusService *service(void *self) {
+    return static_cast<BusService *>(self);
+}
 
 // Every method below is callable by any local user at the sd-bus level
 // (SD_BUS_VTABLE_UNPRIVILEGED); each says how it checks its caller. Members without the flag
@@ -39,13 +41,11 @@ const sd_bus_vtable manager_vtable[] = {
                              "osay", SD_BUS_PARAM(binding) SD_BUS_PARAM(key_id) SD_BUS_PARAM(key),
                              BusService::request_binding, SD_BUS_VTABLE_UNPRIVILEGED),
     // Anyone: callers see their own bindings; auditors and admins see all.
-    SD_BUS_METHOD_WITH_NAMES("ListBindings", "", "", "a(osssssuut)",
-                             SD_BUS_PARAM(bindings), BusService::list_bindings,
-                             SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_METHOD_WITH_NAMES("ListBindings", "", "", "a(osssssuut)", SD_BUS_PARAM(bindings),
+                             BusService::list_bindings, SD_BUS_VTABLE_UNPRIVILEGED),
     // Admins only: checked in the handler (root, admin group, or polkit).
-    SD_BUS_METHOD_WITH_NAMES("RevokeBinding", "ss", SD_BUS_PARAM(id) SD_BUS_PARAM(reason), "",
-                             "", BusService::revoke_binding,
-                             SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_METHOD_WITH_NAMES("RevokeBinding", "ss", SD_BUS_PARAM(id) SD_BUS_PARAM(reason), "", "",
+                             BusService::revoke_binding, SD_BUS_VTABLE_UNPRIVILEGED),
     // Admins only: checked in the handler.
     SD_BUS_METHOD_WITH_NAMES("ReloadPolicy", "", "", "uu",
                              SD_BUS_PARAM(rules) SD_BUS_PARAM(revoked), BusService::reload_policy,
@@ -69,7 +69,8 @@ const sd_bus_vtable binding_vtable[] = {
     SD_BUS_PROPERTY("Mode", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("OwnerUid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("Flows", "as", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("Queues", "au", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("KeyId", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -82,8 +83,8 @@ const sd_bus_vtable binding_vtable[] = {
     SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property, 0, 0),
     SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property, 0, 0),
     // Anyone who can see the object; the key is checked against the caller's own process.
-    SD_BUS_METHOD_WITH_NAMES("Activate", "ay", SD_BUS_PARAM(key), "", "",
-                             BusService::activate, SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_METHOD_WITH_NAMES("Activate", "ay", SD_BUS_PARAM(key), "", "", BusService::activate,
+                             SD_BUS_VTABLE_UNPRIVILEGED),
     // The owner, or an admin: checked in the handler.
     SD_BUS_METHOD("Release", "", "", BusService::release, SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_VTABLE_END};
@@ -96,7 +97,9 @@ std::string id_of(const char *path) {
 
 } // namespace
 
-std::string binding_path(const std::string &id) { return std::string(bindings_prefix) + "/" + id; }
+std::string binding_path(const std::string &id) {
+    return std::string(bindings_prefix) + "/" + id;
+}
 
 BusService::BusService(sd_bus *bus, sd_event *event, PolicyLoader loader)
     : bus_(bus), event_(event), loader_(std::move(loader)), authorizer_(bus) {}
@@ -121,10 +124,12 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
                                              binding_vtable, find_binding, this),
                   "binding vtable")))
         return r;
-    if (!(r = add(sd_bus_add_node_enumerator(bus_, &slot, bindings_prefix, enumerate_bindings, this),
-                  "node enumerator")))
+    if (!(r = add(
+              sd_bus_add_node_enumerator(bus_, &slot, bindings_prefix, enumerate_bindings, this),
+              "node enumerator")))
         return r;
-    if (!(r = add(sd_bus_add_object_manager(bus_, &slot, manager_path), "object manager"))) return r;
+    if (!(r = add(sd_bus_add_object_manager(bus_, &slot, manager_path), "object manager")))
+        return r;
     if (!(r = add(sd_bus_match_signal(bus_, &slot, "org.freedesktop.DBus", "/org/freedesktop/DBus",
                                       "org.freedesktop.DBus", "NameOwnerChanged",
                                       name_owner_changed, this),
@@ -141,11 +146,11 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
 
 Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     sd_bus_creds *raw = nullptr;
-    int r = sd_bus_query_sender_creds(m,
-                                      SD_BUS_CREDS_EUID | SD_BUS_CREDS_PID |
-                                          SD_BUS_CREDS_SUPPLEMENTARY_GIDS |
-                                          SD_BUS_CREDS_UNIQUE_NAME,
-                                      &raw);
+    int r =
+        sd_bus_query_sender_creds(m,
+                                  SD_BUS_CREDS_EUID | SD_BUS_CREDS_PID |
+                                      SD_BUS_CREDS_SUPPLEMENTARY_GIDS | SD_BUS_CREDS_UNIQUE_NAME,
+                                  &raw);
     if (r < 0) return make_error(Errc::denied, "the bus did not vouch for the caller");
     CredsPtr creds(raw);
     Credentials c;
@@ -153,7 +158,8 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
         return make_error(Errc::denied, "the bus did not give the caller's uid");
     const gid_t *gids = nullptr;
     int n = sd_bus_creds_get_supplementary_gids(creds.get(), &gids);
-    for (int i = 0; i < n; ++i) c.gids.push_back(gids[i]);
+    for (int i = 0; i < n; ++i)
+        c.gids.push_back(gids[i]);
     const char *sender = sd_bus_message_get_sender(m);
     c.sender = sender ? sender : "";
     return c;
@@ -199,7 +205,8 @@ int BusService::enumerate_bindings(sd_bus *, const char *, void *self, char ***n
         if (s->visible(*b)) paths.push_back(binding_path(b->id));
     char **out = static_cast<char **>(calloc(paths.size() + 1, sizeof(char *)));
     if (!out) return -ENOMEM;
-    for (std::size_t i = 0; i < paths.size(); ++i) out[i] = strdup(paths[i].c_str());
+    for (std::size_t i = 0; i < paths.size(); ++i)
+        out[i] = strdup(paths[i].c_str());
     *nodes = out;
     return 0;
 }
@@ -208,7 +215,8 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
     auto *s = service(self);
     daemon::RequestArgs a;
     const char *netdev = nullptr, *gpu = nullptr, *mode = nullptr;
-    int r = sd_bus_message_read(m, "ssshtt", &netdev, &gpu, &mode, &a.region_fd, &a.offset, &a.length);
+    int r =
+        sd_bus_message_read(m, "ssshtt", &netdev, &gpu, &mode, &a.region_fd, &a.offset, &a.length);
     if (r < 0) return r;
     char **flows = nullptr;
     if ((r = sd_bus_message_read_strv(m, &flows)) < 0) return r;
@@ -229,7 +237,8 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
     MessagePtr reply(reply_raw);
     std::string path = binding_path(granted->id);
     if ((r = sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str())) < 0 ||
-        (r = sd_bus_message_append_array(reply.get(), 'y', granted->key.data(), granted->key.size())) < 0)
+        (r = sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
+                                         granted->key.size())) < 0)
         return r;
     return sd_bus_send(nullptr, reply.get(), nullptr);
 }
@@ -289,8 +298,9 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
                                                   "or polkit action org.knod.policy1.manage"));
     auto revoked = s->reload("uid " + std::to_string(c->uid));
     if (!revoked) return fail(err, revoked.error());
-    return sd_bus_reply_method_return(m, "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
-                                      static_cast<std::uint32_t>(*revoked));
+    return sd_bus_reply_method_return(
+        m, "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
+        static_cast<std::uint32_t>(*revoked));
 }
 
 int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
@@ -298,7 +308,8 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
     const auto &d = s->manager_->driver();
     nlohmann::json j{{"driver", d.name()}};
     j["netdevs"] = nlohmann::json::array();
-    for (auto &n : d.netdevs()) j["netdevs"].push_back({{"name", n.name}, {"rx_queues", n.rx_queues}});
+    for (auto &n : d.netdevs())
+        j["netdevs"].push_back({{"name", n.name}, {"rx_queues", n.rx_queues}});
     j["gpus"] = nlohmann::json::array();
     for (auto &g : d.gpus())
         j["gpus"].push_back({{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
@@ -347,11 +358,15 @@ int BusService::manager_property(sd_bus *, const char *, const char *, const cha
     std::string p = property;
     auto st = s->manager_->status();
     if (p == "Version") return sd_bus_message_append(reply, "s", version);
-    if (p == "Driver") return sd_bus_message_append(reply, "s", s->manager_->driver().name().c_str());
-    if (p == "BindingCount") return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(st.bindings));
+    if (p == "Driver")
+        return sd_bus_message_append(reply, "s", s->manager_->driver().name().c_str());
+    if (p == "BindingCount")
+        return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(st.bindings));
     if (p == "Rules")
-        return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(s->manager_->policy().rules.size()));
-    if (p == "Permissive") return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
+        return sd_bus_message_append(
+            reply, "u", static_cast<std::uint32_t>(s->manager_->policy().rules.size()));
+    if (p == "Permissive")
+        return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
     if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
     if (p == "PendingJournalRecords")
         return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(st.pending_records));
@@ -369,12 +384,15 @@ int BusService::binding_property(sd_bus *, const char *path, const char *, const
     if (p == "Gpu") return sd_bus_message_append(reply, "s", b->gpu.c_str());
     if (p == "Mode") return sd_bus_message_append(reply, "s", policy::to_string(b->mode));
     if (p == "OwnerUid") return sd_bus_message_append(reply, "u", b->owner.uid);
-    if (p == "OwnerPid") return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(b->owner.pid));
+    if (p == "OwnerPid")
+        return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(b->owner.pid));
     if (p == "RegionSize") return sd_bus_message_append(reply, "t", b->region_id.length);
     if (p == "KeyId") return sd_bus_message_append(reply, "s", b->key_id.c_str());
     if (p == "Rule") return sd_bus_message_append(reply, "s", b->rule.c_str());
-    if (p == "Created") return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->created_us));
-    if (p == "Expires") return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->expires_us));
+    if (p == "Created")
+        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->created_us));
+    if (p == "Expires")
+        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->expires_us));
     if (p == "State") return sd_bus_message_append(reply, "s", daemon::to_string(b->state));
     if (p == "Flows") {
         int r = sd_bus_message_open_container(reply, 'a', "s");
@@ -382,7 +400,9 @@ int BusService::binding_property(sd_bus *, const char *path, const char *, const
             if (r >= 0) r = sd_bus_message_append(reply, "s", f.to_string().c_str());
         return r < 0 ? r : sd_bus_message_close_container(reply);
     }
-    if (p == "Queues") return sd_bus_message_append_array(reply, 'u', b->queues.data(), b->queues.size() * sizeof(std::uint32_t));
+    if (p == "Queues")
+        return sd_bus_message_append_array(reply, 'u', b->queues.data(),
+                                           b->queues.size() * sizeof(std::uint32_t));
     auto c = s->manager_->counters(b->id);
     if (p == "RxBytes") return sd_bus_message_append(reply, "t", c.rx_bytes);
     if (p == "RxPackets") return sd_bus_message_append(reply, "t", c.rx_packets);

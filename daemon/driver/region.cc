@@ -15,7 +15,9 @@
 
 namespace knod::driver {
 
-const char *to_string(RegionKind k) { return k == RegionKind::memfd ? "memfd" : "dma-buf"; }
+const char *to_string(RegionKind k) {
+    return k == RegionKind::memfd ? "memfd" : "dma-buf";
+}
 
 Result<RegionInfo> inspect_region(int fd) {
     int flags = fcntl(fd, F_GETFL);
@@ -41,7 +43,7 @@ Result<RegionInfo> inspect_region(int fd) {
         return make_error(Errc::invalid_argument,
                           "region: must be a dma-buf or a sealed memfd (memfd_create with "
                           "MFD_ALLOW_SEALING, then F_ADD_SEALS F_SEAL_SHRINK); got a " +
-                              std::string(S_ISFIFO(st.st_mode)    ? "pipe"
+                              std::string(S_ISFIFO(st.st_mode)   ? "pipe"
                                           : S_ISSOCK(st.st_mode) ? "socket"
                                           : S_ISDIR(st.st_mode)  ? "directory"
                                                                  : "regular file"));

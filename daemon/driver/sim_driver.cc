@@ -1,6 +1,5 @@
 #include "daemon/driver/sim_driver.h"
 
-
 namespace knod::driver {
 
 Result<GpuInfo> SimDriver::gpu(const std::string &name) const {
@@ -21,7 +20,9 @@ std::vector<GpuInfo> SimDriver::gpus() const {
     return {{config_.gpu, {config_.gpu}, config_.vram_bytes}};
 }
 
-std::vector<NetdevInfo> SimDriver::netdevs() const { return {{config_.netdev, config_.queues}}; }
+std::vector<NetdevInfo> SimDriver::netdevs() const {
+    return {{config_.netdev, config_.queues}};
+}
 
 Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
     if (config_.queues < 2)
@@ -30,8 +31,10 @@ Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
     // the least loaded offload queue; the filter tags each packet with its binding, so bindings
     // sharing a queue are still told apart.
     std::map<std::uint32_t, std::size_t> load;
-    for (std::uint32_t q = 1; q < config_.queues; ++q) load[q] = 0;
-    for (auto &[id, slot] : slots_) ++load[slot.queue];
+    for (std::uint32_t q = 1; q < config_.queues; ++q)
+        load[q] = 0;
+    for (auto &[id, slot] : slots_)
+        ++load[slot.queue];
     std::uint32_t best = 1;
     for (auto &[q, n] : load)
         if (n < load[best]) best = q;
@@ -41,13 +44,18 @@ Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
 
 Result<void> SimDriver::activate(const std::string &id) {
     auto it = slots_.find(id);
-    if (it == slots_.end()) return make_error(Errc::driver_failure, "binding " + id + " is not attached");
+    if (it == slots_.end())
+        return make_error(Errc::driver_failure, "binding " + id + " is not attached");
     it->second.active = true;
     return {};
 }
 
-void SimDriver::detach(const std::string &id) { slots_.erase(id); }
+void SimDriver::detach(const std::string &id) {
+    slots_.erase(id);
+}
 
-journal::Counters SimDriver::counters(const std::string &) const { return {}; }
+journal::Counters SimDriver::counters(const std::string &) const {
+    return {};
+}
 
 } // namespace knod::driver

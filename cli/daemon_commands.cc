@@ -1,0 +1,128 @@
+// Commands that talk to knod-policyd over D-Bus: status, bindings, revoke, reload.
+#include "cli/commands.h"
+#include "client/client.h"
+
+#include <nlohmann/json.hpp>
+
+#include <iomanip>
+#include <iostream>
+
+namespace knod::cli {
+namespace {
+
+struct Common {
+    std::string address;
+    bool json = false;
+};
+
+void add_common(CLI::App *cmd, Common &c, bool json) {
+    cmd->add_option("--bus-address", c.address,
+                    "D-Bus address of the daemon's bus (default: the system bus; "
+                    "DBUS_SYSTEM_BUS_ADDRESS is honoured)");
+    if (json) cmd->add_flag("--json", c.json, "print JSON");
+}
+
+int failed(const char *what, const Error &e) {
+    std::cerr << "knod-policy " << what << ": " << e.message << "\n";
+    return e.code == Errc::unavailable ? exit_usage : exit_failed;
+}
+
+} // namespace
+
+Runner add_daemon_commands(CLI::App &app) {
+    auto common = std::make_shared<Common>();
+    auto *status =
+        app.add_subcommand("status", "Show the daemon's state: driver, rules, bindings, journal.");
+    add_common(status, *common, true);
+    auto *bindings = app.add_subcommand(
+        "bindings", "List bindings: your own, or all of them for auditors and admins.");
+    add_common(bindings, *common, true);
+    auto *revoke = app.add_subcommand("revoke", "Revoke a binding at once (admins).");
+    add_common(revoke, *common, false);
+    auto id = std::make_shared<std::string>();
+    auto reason = std::make_shared<std::string>();
+    revoke->add_option("ID", *id, "binding id, as `bindings` shows it")->required();
+    revoke->add_option("--reason", *reason, "why; recorded in the journal")->required();
+    auto *reload = app.add_subcommand(
+        "reload", "Make the daemon re-read its policy (admins). An invalid policy is refused and "
+                  "the old one kept; bindings the new one forbids are revoked.");
+    add_common(reload, *common, false);
+
+    return [=]() -> int {
+        if (!status->parsed() && !bindings->parsed() && !revoke->parsed() && !reload->parsed())
+            return -1;
+        auto client = client::Client::connect(common->address);
+        if (!client) return failed("connect", client.error());
+        if (status->parsed()) {
+            auto st = client->status();
+            if (!st) return failed("status", st.error());
+            if (common->json) {
+                std::cout << nlohmann::json{{"version", st->version},
+                                            {"driver", st->driver},
+                                            {"bindings", st->bindings},
+                                            {"rules", st->rules},
+                                            {"permissive", st->permissive},
+                                            {"journal_available", st->journal_available},
+                                            {"pending_journal_records",
+                                             st->pending_journal_records}}
+                                 .dump(2)
+                          << "\n";
+            } else {
+                std::cout << "knod-policyd " << st->version << ", driver " << st->driver << "\n"
+                          << "rules:    " << st->rules << (st->permissive ? " (PERMISSIVE)" : "")
+                          << "\n"
+                          << "bindings: " << st->bindings << "\n"
+                          << "journal:  "
+                          << (st->journal_available ? "ok" : "UNAVAILABLE (requests are refused)");
+                if (st->pending_journal_records)
+                    std::cout << ", " << st->pending_journal_records
+                              << " record(s) waiting for the disk";
+                std::cout << "\n";
+            }
+            return exit_ok;
+        }
+        if (bindings->parsed()) {
+            auto list = client->list();
+            if (!list) return failed("bindings", list.error());
+            if (common->json) {
+                nlohmann::json out = nlohmann::json::array();
+                for (auto &b : *list)
+                    out.push_back({{"id", b.id},
+                                   {"path", b.path},
+                                   {"netdev", b.netdev},
+                                   {"gpu", b.gpu},
+                                   {"mode", b.mode},
+                                   {"state", b.state},
+                                   {"uid", b.uid},
+                                   {"pid", b.pid},
+                                   {"region_bytes", b.region_bytes}});
+                std::cout << out.dump(2) << "\n";
+            } else if (list->empty()) {
+                std::cout << "no bindings\n";
+            } else {
+                std::cout << std::left << std::setw(18) << "ID" << std::setw(10) << "NETDEV"
+                          << std::setw(10) << "GPU" << std::setw(9) << "STATE" << std::setw(7)
+                          << "UID" << std::setw(8) << "PID"
+                          << "BYTES\n";
+                for (auto &b : *list)
+                    std::cout << std::setw(18) << b.id << std::setw(10) << b.netdev << std::setw(10)
+                              << b.gpu << std::setw(9) << b.state << std::setw(7) << b.uid
+                              << std::setw(8) << b.pid << b.region_bytes << "\n";
+            }
+            return exit_ok;
+        }
+        if (revoke->parsed()) {
+            auto r = client->revoke(*id, *reason);
+            if (!r) return failed("revoke", r.error());
+            std::cout << "revoked " << *id << "\n";
+            return exit_ok;
+        }
+        auto r = client->reload();
+        if (!r) return failed("reload", r.error());
+        std::cout << "policy reloaded: " << r->first << " rule(s); " << r->second
+                  << " binding(s) revoked\n";
+        return exit_ok;
+    };
+}
+
+} // namespace knod::cli

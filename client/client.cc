@@ -1,0 +1,245 @@
+#include "client/client.h"
+
+#include "daemon/bus/names.h"
+
+#include <systemd/sd-bus.h>
+
+#include <cstring>
+#include <utility>
+
+namespace knod::client {
+namespace {
+
+using bus::binding_interface;
+using bus::manager_interface;
+using bus::manager_path;
+using bus::service_name;
+
+struct Reply {
+    sd_bus_message *m = nullptr;
+    sd_bus_error e = SD_BUS_ERROR_NULL;
+    ~Reply() {
+        sd_bus_message_unref(m);
+        sd_bus_error_free(&e);
+    }
+};
+
+Error bus_failure(const sd_bus_error &e, int r, const char *what) {
+    if (sd_bus_error_is_set(&e)) {
+        std::string name = e.name;
+        return make_error(bus::error_code(name), name + ": " + (e.message ? e.message : ""));
+    }
+    return make_error(Errc::io, std::string(what) + ": " + std::strerror(-r));
+}
+
+std::string path_of(const std::string &id) {
+    return std::string(bus::bindings_prefix) + "/" + id;
+}
+
+template <typename T>
+Result<T> property(sd_bus *bus, const std::string &path, const char *iface, const char *name,
+                   char type) {
+    Reply r;
+    int rc = sd_bus_get_property(bus, service_name, path.c_str(), iface, name, &r.e, &r.m,
+                                 std::string(1, type).c_str());
+    if (rc < 0) return bus_failure(r.e, rc, name);
+    T value{};
+    if constexpr (std::is_same_v<T, std::string>) {
+        const char *s = nullptr;
+        if ((rc = sd_bus_message_read(r.m, "s", &s)) < 0) return bus_failure(r.e, rc, name);
+        value = s;
+    } else if constexpr (std::is_same_v<T, bool>) {
+        int b = 0;
+        if ((rc = sd_bus_message_read(r.m, "b", &b)) < 0) return bus_failure(r.e, rc, name);
+        value = b != 0;
+    } else {
+        const char sig[2] = {type, 0};
+        if ((rc = sd_bus_message_read(r.m, sig, &value)) < 0) return bus_failure(r.e, rc, name);
+    }
+    return value;
+}
+
+} // namespace
+
+Result<Client> Client::connect(const std::string &address) {
+    sd_bus *bus = nullptr;
+    int r = 0;
+    if (address.empty()) {
+        r = sd_bus_open_system(&bus);
+    } else {
+        if ((r = sd_bus_new(&bus)) >= 0 && (r = sd_bus_set_address(bus, address.c_str())) >= 0 &&
+            (r = sd_bus_set_bus_client(bus, 1)) >= 0)
+            r = sd_bus_start(bus);
+    }
+    if (r < 0) {
+        sd_bus_unref(bus);
+        return make_error(Errc::unavailable,
+                          "cannot connect to the bus: " + std::string(std::strerror(-r)));
+    }
+    return Client(bus);
+}
+
+Client::Client(Client &&o) noexcept : bus_(std::exchange(o.bus_, nullptr)) {}
+Client &Client::operator=(Client &&o) noexcept {
+    std::swap(bus_, o.bus_);
+    return *this;
+}
+Client::~Client() {
+    sd_bus_flush_close_unref(bus_);
+}
+
+Result<GrantedBinding> Client::request_binding(const std::string &netdev, const std::string &gpu,
+                                               const std::string &mode, int region_fd,
+                                               std::uint64_t offset, std::uint64_t length,
+                                               const std::vector<std::string> &flows) {
+    sd_bus_message *call = nullptr;
+    int r = sd_bus_message_new_method_call(bus_, &call, service_name, manager_path,
+                                           manager_interface, "RequestBinding");
+    if (r < 0) return make_error(Errc::io, "RequestBinding: cannot build the call");
+    std::vector<const char *> strv;
+    for (auto &f : flows)
+        strv.push_back(f.c_str());
+    strv.push_back(nullptr);
+    Reply reply;
+    if ((r = sd_bus_message_append(call, "ssshtt", netdev.c_str(), gpu.c_str(), mode.c_str(),
+                                   region_fd, offset, length)) >= 0 &&
+        (r = sd_bus_message_append_strv(call, const_cast<char **>(strv.data()))) >= 0)
+        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
+    sd_bus_message_unref(call);
+    if (r < 0) return bus_failure(reply.e, r, "RequestBinding");
+    const char *path = nullptr, *key_id = nullptr;
+    const void *key = nullptr;
+    size_t size = 0;
+    if ((r = sd_bus_message_read(reply.m, "os", &path, &key_id)) < 0 ||
+        (r = sd_bus_message_read_array(reply.m, 'y', &key, &size)) < 0)
+        return bus_failure(reply.e, r, "RequestBinding reply");
+    GrantedBinding g;
+    g.path = path;
+    g.id = g.path.substr(g.path.rfind('/') + 1);
+    g.key_id = key_id;
+    g.key.assign(static_cast<const std::uint8_t *>(key),
+                 static_cast<const std::uint8_t *>(key) + size);
+    return g;
+}
+
+Result<void> Client::activate(const std::string &id, const std::vector<std::uint8_t> &key) {
+    sd_bus_message *call = nullptr;
+    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
+                                           binding_interface, "Activate");
+    if (r < 0) return make_error(Errc::io, "Activate: cannot build the call");
+    Reply reply;
+    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
+        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
+    sd_bus_message_unref(call);
+    if (r < 0) return bus_failure(reply.e, r, "Activate");
+    return {};
+}
+
+Result<void> Client::release(const std::string &id) {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, path_of(id).c_str(), binding_interface,
+                               "Release", &reply.e, &reply.m, "");
+    if (r < 0) return bus_failure(reply.e, r, "Release");
+    return {};
+}
+
+Result<BindingCounters> Client::counters(const std::string &id) {
+    BindingCounters c;
+    auto get = [&](const char *name, std::uint64_t &out) -> Result<void> {
+        auto v = property<std::uint64_t>(bus_, path_of(id), binding_interface, name, 't');
+        if (!v) return v.error();
+        out = *v;
+        return {};
+    };
+    for (auto [name, field] :
+         {std::pair{"RxBytes", &c.rx_bytes}, std::pair{"RxPackets", &c.rx_packets},
+          std::pair{"DroppedPackets", &c.dropped_packets}})
+        if (auto r = get(name, *field); !r) return r.error();
+    return c;
+}
+
+Result<std::string> Client::state(const std::string &id) {
+    return property<std::string>(bus_, path_of(id), binding_interface, "State", 's');
+}
+
+Result<std::vector<BindingSummary>> Client::list() {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "ListBindings",
+                               &reply.e, &reply.m, "");
+    if (r < 0) return bus_failure(reply.e, r, "ListBindings");
+    if ((r = sd_bus_message_enter_container(reply.m, 'a', "(osssssuut)")) < 0)
+        return bus_failure(reply.e, r, "ListBindings reply");
+    std::vector<BindingSummary> out;
+    for (;;) {
+        const char *path, *id, *netdev, *gpu, *mode, *state;
+        BindingSummary b;
+        r = sd_bus_message_read(reply.m, "(osssssuut)", &path, &id, &netdev, &gpu, &mode, &state,
+                                &b.uid, &b.pid, &b.region_bytes);
+        if (r < 0) return bus_failure(reply.e, r, "ListBindings reply");
+        if (r == 0) break;
+        b.path = path;
+        b.id = id;
+        b.netdev = netdev;
+        b.gpu = gpu;
+        b.mode = mode;
+        b.state = state;
+        out.push_back(std::move(b));
+    }
+    return out;
+}
+
+Result<void> Client::revoke(const std::string &id, const std::string &reason) {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "RevokeBinding",
+                               &reply.e, &reply.m, "ss", id.c_str(), reason.c_str());
+    if (r < 0) return bus_failure(reply.e, r, "RevokeBinding");
+    return {};
+}
+
+Result<std::pair<std::uint32_t, std::uint32_t>> Client::reload() {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "ReloadPolicy",
+                               &reply.e, &reply.m, "");
+    if (r < 0) return bus_failure(reply.e, r, "ReloadPolicy");
+    std::uint32_t rules = 0, revoked = 0;
+    if ((r = sd_bus_message_read(reply.m, "uu", &rules, &revoked)) < 0)
+        return bus_failure(reply.e, r, "ReloadPolicy reply");
+    return std::pair{rules, revoked};
+}
+
+Result<std::string> Client::host_report() {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "GetHostReport",
+                               &reply.e, &reply.m, "");
+    if (r < 0) return bus_failure(reply.e, r, "GetHostReport");
+    const char *s = nullptr;
+    if ((r = sd_bus_message_read(reply.m, "s", &s)) < 0)
+        return bus_failure(reply.e, r, "GetHostReport");
+    return std::string(s);
+}
+
+Result<ManagerStatus> Client::status() {
+    ManagerStatus st;
+    auto version = property<std::string>(bus_, manager_path, manager_interface, "Version", 's');
+    if (!version) return version.error();
+    st.version = *version;
+    auto driver = property<std::string>(bus_, manager_path, manager_interface, "Driver", 's');
+    auto count =
+        property<std::uint32_t>(bus_, manager_path, manager_interface, "BindingCount", 'u');
+    auto rules = property<std::uint32_t>(bus_, manager_path, manager_interface, "Rules", 'u');
+    auto perm = property<bool>(bus_, manager_path, manager_interface, "Permissive", 'b');
+    auto journal = property<bool>(bus_, manager_path, manager_interface, "JournalAvailable", 'b');
+    auto pending = property<std::uint64_t>(bus_, manager_path, manager_interface,
+                                           "PendingJournalRecords", 't');
+    if (!driver || !count || !rules || !perm || !journal || !pending)
+        return make_error(Errc::io, "cannot read the daemon's status properties");
+    st.driver = *driver;
+    st.bindings = *count;
+    st.rules = *rules;
+    st.permissive = *perm;
+    st.journal_available = *journal;
+    st.pending_journal_records = *pending;
+    return st;
+}
+
+} // namespace knod::client

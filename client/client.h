@@ -1,0 +1,81 @@
+// The knod-policy client library: what the article's Python does (register a buffer, wait for
+// data), over the daemon's D-Bus API. Request a binding for a region, activate it with the key,
+// read its counters, release it. The CLI and the tests use it too.
+#pragma once
+
+#include "knod/result.h"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct sd_bus;
+
+namespace knod::client {
+
+struct GrantedBinding {
+    std::string path;
+    std::string id;
+    std::string key_id;
+    std::vector<std::uint8_t> key; // 32 bytes, given once; keep it secret
+};
+
+struct BindingSummary {
+    std::string path;
+    std::string id;
+    std::string netdev;
+    std::string gpu;
+    std::string mode;
+    std::string state;
+    std::uint32_t uid = 0;
+    std::uint32_t pid = 0;
+    std::uint64_t region_bytes = 0;
+};
+
+struct BindingCounters {
+    std::uint64_t rx_bytes = 0;
+    std::uint64_t rx_packets = 0;
+    std::uint64_t dropped_packets = 0;
+};
+
+struct ManagerStatus {
+    std::string version;
+    std::string driver;
+    std::uint32_t bindings = 0;
+    std::uint32_t rules = 0;
+    bool permissive = false;
+    bool journal_available = false;
+    std::uint64_t pending_journal_records = 0;
+};
+
+class Client {
+  public:
+    // An empty address means the system bus (DBUS_SYSTEM_BUS_ADDRESS is honoured).
+    static Result<Client> connect(const std::string &address = {});
+    Client(Client &&) noexcept;
+    Client &operator=(Client &&) noexcept;
+    ~Client();
+
+    Result<GrantedBinding> request_binding(const std::string &netdev, const std::string &gpu,
+                                           const std::string &mode, int region_fd,
+                                           std::uint64_t offset, std::uint64_t length,
+                                           const std::vector<std::string> &flows);
+    Result<void> activate(const std::string &id, const std::vector<std::uint8_t> &key);
+    Result<void> release(const std::string &id);
+    Result<BindingCounters> counters(const std::string &id);
+    Result<std::string> state(const std::string &id);
+    Result<std::vector<BindingSummary>> list();
+    Result<void> revoke(const std::string &id, const std::string &reason);
+    // Returns (rules, revoked).
+    Result<std::pair<std::uint32_t, std::uint32_t>> reload();
+    Result<std::string> host_report();
+    Result<ManagerStatus> status();
+
+  private:
+    explicit Client(sd_bus *bus) : bus_(bus) {}
+    sd_bus *bus_ = nullptr;
+};
+
+} // namespace knod::client

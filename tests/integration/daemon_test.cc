@@ -1,0 +1,354 @@
+// knod-policyd end to end: a real dbus-daemon, the real daemon, callers that are other
+// processes and other uids.
+#include "tests/integration/sandbox.h"
+
+#include "daemon/journal/verify.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+using namespace knod;
+using namespace knod::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const uid_t nobody = 65534;
+const char *sim_flow = "udp 10.99.0.1:* -> 10.99.0.2:5000";
+
+const std::string policy_text = R"(
+[settings]
+admin_group = "knod-test-admins"
+
+[[rule]]
+name = "no-nobody-on-9"
+action = "deny"
+users = [65534]
+flows = ["udp * -> *:9000-9999"]
+
+[[rule]]
+name = "sim-everyone"
+netdevs = ["knodsim0"]
+gpus = ["sim0"]
+max_region = "1MiB"
+max_bindings_per_uid = 8
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999", "udp 10.99.0.0/24:* -> 10.99.0.2:9000-9999"]
+iommu = "any"
+)";
+
+class DaemonTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they use setpriv)";
+        sandbox_ = std::make_unique<Sandbox>(policy_text);
+    }
+    Sandbox &sb() { return *sandbox_; }
+
+    Result<client::GrantedBinding> request(client::Client &c, const std::string &flow = sim_flow,
+                                           std::size_t bytes = 65536) {
+        int fd = make_region(bytes);
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, bytes, {flow});
+        close(fd);
+        return g;
+    }
+
+    std::unique_ptr<Sandbox> sandbox_;
+};
+
+} // namespace
+
+TEST_F(DaemonTest, GrantActivateAndRelease) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    EXPECT_EQ(g->key.size(), 32u);
+    EXPECT_EQ(*c.state(g->id), "granted");
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    EXPECT_EQ(*c.state(g->id), "active");
+    auto list = c.list();
+    ASSERT_TRUE(list.ok());
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ((*list)[0].id, g->id);
+    ASSERT_TRUE(c.release(g->id).ok());
+    EXPECT_TRUE(c.list()->empty());
+    EXPECT_EQ(sb().sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'"), "release");
+    EXPECT_EQ(sb().sql("SELECT rule FROM sessions WHERE id='" + g->id + "'"), "sim-everyone");
+    // The key itself is nowhere in the journal.
+    std::ifstream db(sb().journal(), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(db)), {});
+    EXPECT_EQ(bytes.find(std::string(g->key.begin(), g->key.end())), std::string::npos);
+}
+
+TEST_F(DaemonTest, DenialNamesTheRule) {
+    auto c = sb().client();
+    auto outside = request(c, "udp 10.99.0.1:* -> 10.99.0.2:7000");
+    ASSERT_FALSE(outside.ok());
+    EXPECT_NE(outside.error().message.find("org.knod.Policy1.Error.Denied"), std::string::npos);
+    EXPECT_NE(outside.error().message.find("no rule matched"), std::string::npos);
+    Output o =
+        sb().run_client({"hold", "knodsim0", "sim0", "4096", "udp * -> 10.99.0.2:9001"}, nobody);
+    EXPECT_NE(o.out.find("denied by rule 'no-nobody-on-9'"), std::string::npos) << o.out;
+    EXPECT_EQ(
+        sb().sql(
+            "SELECT count(*) FROM events WHERE kind='request-denied' AND rule='no-nobody-on-9'"),
+        "1");
+    auto big = request(c, sim_flow, 2 << 20);
+    ASSERT_FALSE(big.ok());
+    EXPECT_NE(big.error().message.find("exceeds max_region"), std::string::npos)
+        << big.error().message;
+}
+
+TEST_F(DaemonTest, UnprivilegedCallerCannotTouchRootsBinding) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok());
+    Output list = sb().run_client({"list"}, nobody);
+    EXPECT_EQ(list.out, "ok") << "nobody must not see root's binding";
+    Output rel = sb().run_client({"release", g->id}, nobody);
+    EXPECT_NE(rel.out.find("error"), std::string::npos) << rel.out;
+    Output rev = sb().run_client({"revoke", g->id, "because"}, nobody);
+    EXPECT_NE(rev.out.find("org.knod.Policy1.Error.Denied"), std::string::npos) << rev.out;
+    Output rel2 = sb().run_client({"reload"}, nobody);
+    EXPECT_NE(rel2.out.find("org.knod.Policy1.Error.Denied"), std::string::npos) << rel2.out;
+    ASSERT_EQ(c.list()->size(), 1u) << "the binding survives all of that";
+    // nobody may still bind for itself, and sees only its own.
+    Holder h(sb(), {"knodsim0", "sim0", "4096", sim_flow}, nobody);
+    ASSERT_TRUE(h.ok()) << h.line();
+    EXPECT_EQ(sb().run_client({"list"}, nobody).out, "ok " + h.id());
+    EXPECT_EQ(c.list()->size(), 2u) << "root sees all";
+}
+
+TEST_F(DaemonTest, KilledHolderIsReleasedAndJournaled) {
+    Holder h(sb(), {"knodsim0", "sim0", "4096", sim_flow}, nobody);
+    ASSERT_TRUE(h.ok()) << h.line();
+    auto c = sb().client();
+    ASSERT_EQ(c.list()->size(), 1u);
+    h.kill_now(SIGKILL);
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 2000));
+    std::string why = sb().sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'");
+    EXPECT_TRUE(why == "process-exit" || why == "disconnect") << why;
+}
+
+TEST_F(DaemonTest, KeyFromAnotherProcessCannotActivate) {
+    Holder h(sb(), {"knodsim0", "sim0", "4096", sim_flow});
+    ASSERT_TRUE(h.ok()) << h.line();
+    Output o = sb().run_client({"activate", h.id(), h.key_hex()});
+    EXPECT_NE(o.out.find("belongs to another process"), std::string::npos) << o.out;
+    EXPECT_EQ(*sb().client().state(h.id()), "granted");
+}
+
+TEST_F(DaemonTest, BrokenPolicyOnReloadKeepsTheOldOne) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok());
+    sb().write_policy("[[rule]]\nname = \"x\"\nflows = [\"udp 10.0.0.0/33:* -> *\"]\n");
+    auto r = c.reload();
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("InvalidPolicy"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("policy.toml:3:"), std::string::npos) << r.error().message;
+    EXPECT_EQ(c.status()->rules, 2u);
+    EXPECT_EQ(c.list()->size(), 1u);
+    EXPECT_TRUE(request(c).ok()) << "the old policy still grants";
+}
+
+TEST_F(DaemonTest, ReloadRevokesWhatTheNewPolicyForbids) {
+    auto c = sb().client();
+    auto keep = request(c, "udp 10.99.0.1:* -> 10.99.0.2:5000");
+    auto lose = request(c, "udp 10.99.0.1:* -> 10.99.0.2:9000");
+    ASSERT_TRUE(keep.ok() && lose.ok());
+    sb().write_policy(R"([[rule]]
+name = "five-only"
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
+iommu = "any"
+)");
+    auto r = c.reload();
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->first, 1u);
+    EXPECT_EQ(r->second, 1u);
+    auto list = c.list();
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ((*list)[0].id, keep->id);
+    EXPECT_EQ(sb().sql("SELECT end_reason FROM sessions WHERE id='" + lose->id + "'"),
+              "policy-reload");
+}
+
+TEST_F(DaemonTest, HostileArgumentsGetNamedErrorsAndChangeNothing) {
+    auto c = sb().client();
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    std::string file = sb().dir() + "/plain";
+    std::ofstream(file) << std::string(8192, 'x');
+    int regular = open(file.c_str(), O_RDWR);
+    int opath = open(file.c_str(), O_PATH);
+    int unsealed = memfd_create("x", MFD_ALLOW_SEALING);
+    ASSERT_EQ(ftruncate(unsealed, 8192), 0);
+    int sealed = make_region(8192);
+    struct Case {
+        int fd;
+        std::uint64_t offset, length;
+        std::vector<std::string> flows;
+        std::string netdev, mode, want;
+    } cases[] = {
+        {p[0], 0, 4096, {sim_flow}, "knodsim0", "rx-only", "got a pipe"},
+        {regular, 0, 4096, {sim_flow}, "knodsim0", "rx-only", "regular file"},
+        {opath, 0, 4096, {sim_flow}, "knodsim0", "rx-only", "O_PATH"},
+        {unsealed, 0, 4096, {sim_flow}, "knodsim0", "rx-only", "F_SEAL_SHRINK"},
+        {sealed, UINT64_MAX - 10, 4096, {sim_flow}, "knodsim0", "rx-only", "overflows"},
+        {sealed, 4096, 8192, {sim_flow}, "knodsim0", "rx-only", "past the end"},
+        {sealed, 0, 0, {sim_flow}, "knodsim0", "rx-only", "length"},
+        {sealed, 0, 4096, {}, "knodsim0", "rx-only", "flows"},
+        {sealed, 0, 4096, {"garbage"}, "knodsim0", "rx-only", "flows[0]"},
+        {sealed, 0, 4096, std::vector<std::string>(100, sim_flow), "knodsim0", "rx-only",
+         "at most"},
+        {sealed, 0, 4096, {sim_flow}, "eth99", "rx-only", "netdev"},
+        {sealed, 0, 4096, {sim_flow}, "knodsim0", "sideways", "mode"},
+    };
+    for (auto &k : cases) {
+        auto r = c.request_binding(k.netdev, "sim0", k.mode, k.fd, k.offset, k.length, k.flows);
+        ASSERT_FALSE(r.ok()) << k.want;
+        EXPECT_NE(r.error().message.find("org.knod.Policy1.Error.InvalidArgument"),
+                  std::string::npos)
+            << r.error().message;
+        EXPECT_NE(r.error().message.find(k.want), std::string::npos) << r.error().message;
+    }
+    EXPECT_TRUE(c.list()->empty());
+    EXPECT_EQ(sb().sql("SELECT count(*) FROM sessions"), "0");
+    EXPECT_FALSE(c.release("bnope").ok());
+    EXPECT_TRUE(c.status().ok()) << "the daemon keeps answering";
+    for (int fd : {p[0], p[1], regular, opath, unsealed, sealed})
+        close(fd);
+}
+
+TEST_F(DaemonTest, QuotaAndRateLimitAreQuotaExceeded) {
+    auto c = sb().client();
+    std::vector<client::GrantedBinding> held;
+    for (int i = 0; i < 8; ++i) {
+        auto g = request(c, sim_flow, 4096);
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        held.push_back(*g);
+    }
+    auto ninth = request(c, sim_flow, 4096);
+    ASSERT_FALSE(ninth.ok());
+    EXPECT_NE(ninth.error().message.find("QuotaExceeded"), std::string::npos)
+        << ninth.error().message;
+}
+
+TEST_F(DaemonTest, FullJournalRefusesRequestsAndRecovers) {
+    // The state dir on a tiny tmpfs, filled up after the daemon started.
+    sb().stop_daemon(SIGTERM);
+    fs::remove_all(sb().state_dir());
+    fs::create_directories(sb().state_dir());
+    ASSERT_EQ(mount("knod-test", sb().state_dir().c_str(), "tmpfs", 0, "size=2m,mode=0700"), 0);
+    struct Unmount {
+        std::string path;
+        ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+    } unmount{sb().state_dir()};
+    sb().start_daemon();
+    auto c = sb().client();
+    ASSERT_TRUE(request(c).ok());
+    std::string filler = sb().state_dir() + "/filler";
+    {
+        std::ofstream f(filler, std::ios::binary);
+        std::string block(65536, 'f');
+        while (f.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+        }
+    }
+    int refused = 0;
+    for (int i = 0; i < 20; ++i) {
+        auto r = request(c);
+        if (!r.ok()) {
+            EXPECT_NE(r.error().message.find("JournalUnavailable"), std::string::npos)
+                << r.error().message;
+            ++refused;
+        }
+    }
+    EXPECT_GT(refused, 0);
+    auto st = c.status();
+    ASSERT_TRUE(st.ok()) << "the daemon answers the next call";
+    fs::remove(filler);
+    auto after = request(c);
+    EXPECT_TRUE(after.ok()) << (after ? "" : after.error().message);
+    EXPECT_EQ(sb().stop_daemon(SIGTERM), 0);
+    EXPECT_EQ(sb().sql("PRAGMA integrity_check"), "ok");
+    auto v = journal::verify_chain(sb().journal());
+    ASSERT_TRUE(v.ok());
+    EXPECT_TRUE(v->ok) << v->problem;
+}
+
+TEST_F(DaemonTest, RestartAfterSigkillClosesOrphanedSessions) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok());
+    sb().stop_daemon(SIGKILL);
+    EXPECT_EQ(sb().sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "1");
+    sb().start_daemon();
+    EXPECT_EQ(sb().sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'"),
+              "daemon-restart");
+    EXPECT_TRUE(sb().client().list()->empty());
+    auto v = journal::verify_chain(sb().journal());
+    ASSERT_TRUE(v.ok());
+    EXPECT_TRUE(v->ok) << v->problem;
+}
+
+TEST_F(DaemonTest, SigtermReleasesEverythingCleanly) {
+    auto c = sb().client();
+    ASSERT_TRUE(request(c).ok());
+    ASSERT_TRUE(request(c).ok());
+    int status = sb().stop_daemon(SIGTERM);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT_EQ(sb().sql("SELECT count(*) FROM sessions WHERE end_reason='daemon-stop'"), "2");
+    EXPECT_EQ(sb().sql("SELECT kind FROM events ORDER BY seq DESC LIMIT 1"), "daemon-stop");
+    sb().start_daemon();
+}
+
+TEST_F(DaemonTest, IntrospectionMatchesTheSchema) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok());
+    auto introspect = [&](const std::string &path) {
+        int out[2];
+        EXPECT_EQ(pipe(out), 0);
+        pid_t pid = fork();
+        if (pid == 0) {
+            dup2(out[1], 1);
+            execlp("busctl", "busctl", ("--address=" + sb().address()).c_str(), "introspect",
+                   "--xml-interface", "org.knod.Policy1", path.c_str(), nullptr);
+            _exit(127);
+        }
+        close(out[1]);
+        std::string s;
+        char buf[4096];
+        ssize_t n;
+        while ((n = read(out[0], buf, sizeof buf)) > 0)
+            s.append(buf, static_cast<std::size_t>(n));
+        close(out[0]);
+        waitpid(pid, nullptr, 0);
+        return s;
+    };
+    std::ifstream in(KNOD_SOURCE_DIR "/schema/org.knod.Policy1.xml");
+    std::string schema((std::istreambuf_iterator<char>(in)), {});
+    // Compare each of our interfaces, whitespace-insensitively, as sd-bus prints it.
+    auto block = [](const std::string &xml, const std::string &iface) {
+        std::string flat = std::regex_replace(xml, std::regex(R"(\s+)"), " ");
+        auto start = flat.find("<interface name=\"" + iface + "\">");
+        auto end = flat.find("</interface>", start);
+        return start == std::string::npos ? std::string() : flat.substr(start, end - start);
+    };
+    std::string manager = block(introspect("/org/knod/Policy1"), "org.knod.Policy1.Manager");
+    std::string binding =
+        block(introspect("/org/knod/Policy1/bindings/" + g->id), "org.knod.Policy1.Binding");
+    ASSERT_FALSE(manager.empty());
+    ASSERT_FALSE(binding.empty());
+    EXPECT_EQ(manager, block(schema, "org.knod.Policy1.Manager"));
+    EXPECT_EQ(binding, block(schema, "org.knod.Policy1.Binding"));
+}

@@ -1,0 +1,199 @@
+#include "tests/integration/sandbox.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+
+namespace knod::test {
+namespace {
+
+pid_t spawn(const std::vector<std::string> &argv, int stdin_fd = -1, int stdout_fd = -1,
+            const std::string &stderr_path = {}) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    if (stdin_fd >= 0) dup2(stdin_fd, 0);
+    if (stdout_fd >= 0) dup2(stdout_fd, 1);
+    if (!stderr_path.empty()) {
+        int fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) dup2(fd, 2);
+    }
+    std::vector<char *> args;
+    for (auto &a : argv)
+        args.push_back(const_cast<char *>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+}
+
+std::string slurp(const std::string &path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+std::vector<std::string> as_uid(uid_t uid, std::vector<std::string> argv) {
+    if (uid == 0) return argv;
+    std::vector<std::string> out = {"setpriv", "--reuid=" + std::to_string(uid),
+                                    "--regid=" + std::to_string(uid), "--clear-groups"};
+    out.insert(out.end(), argv.begin(), argv.end());
+    return out;
+}
+
+} // namespace
+
+Sandbox::Sandbox(const std::string &policy_text) {
+    char tmpl[] = "/tmp/knod-test.XXXXXX";
+    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    dir_ = tmpl;
+    chmod(dir_.c_str(), 0755); // other uids reach the bus socket
+    state_dir_ = dir_ + "/state";
+    write_policy(policy_text);
+    std::string conf = slurp(KNOD_SOURCE_DIR "/scripts/private-bus.conf.in");
+    auto replace = [&](const std::string &from, const std::string &to) {
+        conf.replace(conf.find(from), from.size(), to);
+    };
+    replace("@SOCKET@", dir_ + "/bus");
+    replace("@POLICY_CONF@", KNOD_SOURCE_DIR "/packaging/dbus/org.knod.Policy1.conf");
+    std::ofstream(dir_ + "/bus.conf") << conf;
+    bus_pid_ = spawn({"dbus-daemon", "--config-file=" + dir_ + "/bus.conf", "--nofork"}, -1, -1,
+                     dir_ + "/bus.log");
+    if (!eventually([&] { return fs::exists(dir_ + "/bus"); }))
+        throw std::runtime_error("dbus-daemon did not start: " + slurp(dir_ + "/bus.log"));
+    setenv("DBUS_SYSTEM_BUS_ADDRESS", address().c_str(), 1);
+    start_daemon();
+}
+
+Sandbox::~Sandbox() {
+    if (daemon_pid_ > 0) stop_daemon(SIGKILL);
+    if (bus_pid_ > 0) {
+        kill(bus_pid_, SIGTERM);
+        waitpid(bus_pid_, nullptr, 0);
+    }
+    if (getenv("KNOD_TEST_KEEP")) return;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+}
+
+void Sandbox::write_policy(const std::string &text) const {
+    std::ofstream(policy_file()) << text;
+}
+
+void Sandbox::start_daemon() {
+    daemon_pid_ = spawn({KNOD_DAEMON_BIN, "--bus-address=" + address(), "--policy", policy_file(),
+                         "--state-dir", state_dir_},
+                        -1, -1, dir_ + "/daemon.log");
+    bool up = eventually(
+        [&] {
+            auto c = client::Client::connect(address());
+            return c && c->status().ok();
+        },
+        5000);
+    if (!up) throw std::runtime_error("knod-policyd did not start: " + slurp(dir_ + "/daemon.log"));
+}
+
+int Sandbox::stop_daemon(int sig) {
+    int status = -1;
+    kill(daemon_pid_, sig);
+    waitpid(daemon_pid_, &status, 0);
+    daemon_pid_ = -1;
+    return status;
+}
+
+client::Client Sandbox::client() const {
+    auto c = client::Client::connect(address());
+    if (!c) throw std::runtime_error(c.error().message);
+    return std::move(*c);
+}
+
+Output Sandbox::run_client(const std::vector<std::string> &args, uid_t uid) const {
+    std::vector<std::string> argv = {KNOD_TEST_CLIENT_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return {};
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    pid_t pid = spawn(as_uid(uid, argv), devnull, out[1], dir_ + "/client.log");
+    close(out[1]);
+    close(devnull);
+    Output o;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(out[0], buf, sizeof buf)) > 0)
+        o.out.append(buf, static_cast<std::size_t>(n));
+    close(out[0]);
+    waitpid(pid, &o.status, 0);
+    while (!o.out.empty() && o.out.back() == '\n')
+        o.out.pop_back();
+    return o;
+}
+
+std::string Sandbox::sql(const std::string &query) const {
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return {};
+    pid_t pid = spawn({"sqlite3", journal(), query}, -1, out[1]);
+    close(out[1]);
+    std::string s;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(out[0], buf, sizeof buf)) > 0)
+        s.append(buf, static_cast<std::size_t>(n));
+    close(out[0]);
+    waitpid(pid, nullptr, 0);
+    while (!s.empty() && s.back() == '\n')
+        s.pop_back();
+    return s;
+}
+
+Holder::Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid) {
+    std::vector<std::string> argv = {KNOD_TEST_CLIENT_BIN, "hold"};
+    argv.insert(argv.end(), request.begin(), request.end());
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
+    pid_ = spawn(as_uid(uid, argv), in[0], out[1], s.dir() + "/client.log");
+    close(in[0]);
+    close(out[1]);
+    stdin_fd_ = in[1];
+    char c;
+    while (read(out[0], &c, 1) == 1 && c != '\n')
+        line_ += c;
+    close(out[0]);
+    std::istringstream fields(line_);
+    std::string word;
+    fields >> word >> id_ >> key_hex_;
+    ok_ = word == "ok";
+}
+
+Holder::~Holder() {
+    if (stdin_fd_ >= 0) close(stdin_fd_);
+    if (pid_ > 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+    }
+}
+
+void Holder::kill_now(int sig) {
+    kill(pid_, sig);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+}
+
+int make_region(std::size_t size) {
+    int fd = memfd_create("knod-test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+        throw std::runtime_error("memfd");
+    return fd;
+}
+
+} // namespace knod::test

@@ -1,0 +1,86 @@
+// A private dbus-daemon (with the project's bus policy) and a knod-policyd on it, as real
+// processes, for integration tests. Everything it starts is stopped and removed when it goes.
+#pragma once
+
+#include "client/client.h"
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace knod::test {
+
+struct Output {
+    int status = -1;
+    std::string out;
+};
+
+class Sandbox {
+  public:
+    explicit Sandbox(const std::string &policy_text);
+    ~Sandbox();
+
+    const std::string &dir() const { return dir_; }
+    std::string state_dir() const { return state_dir_; }
+    std::string policy_file() const { return dir_ + "/policy.toml"; }
+    std::string journal() const { return state_dir_ + "/journal.db"; }
+    std::string address() const { return "unix:path=" + dir_ + "/bus"; }
+    pid_t daemon_pid() const { return daemon_pid_; }
+
+    void start_daemon();
+    // Sends `sig` and waits for the daemon to exit; returns its wait status.
+    int stop_daemon(int sig);
+    client::Client client() const;
+    void write_policy(const std::string &text) const;
+
+    // Runs the test client once, as `uid` (via setpriv) when uid != 0.
+    Output run_client(const std::vector<std::string> &args, uid_t uid = 0) const;
+    // Runs an SQL query on the journal with the sqlite3 CLI; returns its output trimmed.
+    std::string sql(const std::string &query) const;
+
+  private:
+    std::string dir_;
+    std::string state_dir_;
+    pid_t bus_pid_ = -1;
+    pid_t daemon_pid_ = -1;
+};
+
+// A process that holds a binding until stopped: the test client's "hold" command.
+class Holder {
+  public:
+    Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid = 0);
+    ~Holder();
+    bool ok() const { return ok_; }
+    const std::string &line() const { return line_; }
+    const std::string &id() const { return id_; }
+    const std::string &key_hex() const { return key_hex_; }
+    pid_t pid() const { return pid_; }
+    void kill_now(int sig);
+
+  private:
+    pid_t pid_ = -1;
+    int stdin_fd_ = -1;
+    bool ok_ = false;
+    std::string line_, id_, key_hex_;
+};
+
+// Waits until `pred` holds, up to `ms`; returns whether it did.
+template <typename Pred> bool eventually(Pred pred, int ms = 3000);
+
+// A sealed memfd of `size` bytes, as the sim's region.
+int make_region(std::size_t size);
+
+} // namespace knod::test
+
+#include <chrono>
+#include <thread>
+
+template <typename Pred> bool knod::test::eventually(Pred pred, int ms) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < end) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return pred();
+}

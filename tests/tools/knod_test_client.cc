@@ -1,0 +1,88 @@
+// Test helper: one client action per run, so tests can act as another process or another uid
+// (run it under setpriv). Prints "ok ..." or "error NAME: message" and exits 0 or 1.
+//   hold NETDEV GPU BYTES FLOW...   request a binding for a fresh sealed memfd, print
+//                                   "ok ID KEYHEX", then wait until stdin closes or a signal
+//   activate ID KEYHEX | release ID | list | revoke ID REASON | reload
+#include "client/client.h"
+#include "knod/hex.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <iostream>
+
+namespace {
+
+int report(const knod::Result<void> &r) {
+    if (r) {
+        std::cout << "ok" << std::endl;
+        return 0;
+    }
+    std::cout << "error " << r.error().message << std::endl;
+    return 1;
+}
+
+std::vector<std::uint8_t> from_hex(const std::string &hex) {
+    std::vector<std::uint8_t> out;
+    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+        out.push_back(static_cast<std::uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    return out;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty()) {
+        std::cerr << "usage: see the header of tests/tools/knod_test_client.cc\n";
+        return 2;
+    }
+    auto client = knod::client::Client::connect();
+    if (!client) {
+        std::cout << "error " << client.error().message << std::endl;
+        return 1;
+    }
+    const std::string &cmd = args[0];
+    if (cmd == "hold" && args.size() >= 5) {
+        std::uint64_t bytes = std::stoull(args[3]);
+        int fd = memfd_create("knod-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+            std::cout << "error memfd" << std::endl;
+            return 1;
+        }
+        std::vector<std::string> flows(args.begin() + 4, args.end());
+        auto g = client->request_binding(args[1], args[2], "rx-only", fd, 0, bytes, flows);
+        if (!g) {
+            std::cout << "error " << g.error().message << std::endl;
+            return 1;
+        }
+        std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
+        char c;
+        while (read(STDIN_FILENO, &c, 1) > 0) {
+        }
+        return 0;
+    }
+    if (cmd == "activate" && args.size() == 3)
+        return report(client->activate(args[1], from_hex(args[2])));
+    if (cmd == "release" && args.size() == 2) return report(client->release(args[1]));
+    if (cmd == "revoke" && args.size() == 3) return report(client->revoke(args[1], args[2]));
+    if (cmd == "reload" && args.size() == 1) {
+        auto r = client->reload();
+        if (!r) return report(r.error());
+        std::cout << "ok " << r->first << " " << r->second << std::endl;
+        return 0;
+    }
+    if (cmd == "list" && args.size() == 1) {
+        auto l = client->list();
+        if (!l) return report(l.error());
+        std::cout << "ok";
+        for (auto &b : *l)
+            std::cout << " " << b.id;
+        std::cout << std::endl;
+        return 0;
+    }
+    std::cerr << "bad arguments\n";
+    return 2;
+}
