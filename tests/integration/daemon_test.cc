@@ -352,3 +352,25 @@ TEST_F(DaemonTest, IntrospectionMatchesTheSchema) {
     EXPECT_EQ(manager, block(schema, "org.knod.Policy1.Manager"));
     EXPECT_EQ(binding, block(schema, "org.knod.Policy1.Binding"));
 }
+
+TEST(DaemonRateLimit, BurstsBeyondTheLimitAreQuotaExceeded) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
+    Sandbox sb(policy_text, {"--rate-limit", "2"}); // burst of 4, then 2 per second
+    auto c = sb.client();
+    int limited = 0, granted = 0;
+    for (int i = 0; i < 10; ++i) {
+        int fd = make_region(4096);
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {sim_flow});
+        close(fd);
+        if (g) {
+            ++granted;
+            ASSERT_TRUE(c.release(g->id).ok());
+        } else if (g.error().message.find("QuotaExceeded") != std::string::npos &&
+                   g.error().message.find("too many requests") != std::string::npos) {
+            ++limited;
+        }
+    }
+    EXPECT_GE(granted, 4);
+    EXPECT_GE(limited, 1);
+    EXPECT_EQ(granted + limited, 10);
+}

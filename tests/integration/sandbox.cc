@@ -53,7 +53,8 @@ std::vector<std::string> as_uid(uid_t uid, std::vector<std::string> argv) {
 
 } // namespace
 
-Sandbox::Sandbox(const std::string &policy_text) {
+Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args)
+    : daemon_args_(std::move(daemon_args)) {
     char tmpl[] = "/tmp/knod-test.XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
@@ -91,9 +92,11 @@ void Sandbox::write_policy(const std::string &text) const {
 }
 
 void Sandbox::start_daemon() {
-    daemon_pid_ = spawn({KNOD_DAEMON_BIN, "--bus-address=" + address(), "--policy", policy_file(),
-                         "--state-dir", state_dir_},
-                        -1, -1, dir_ + "/daemon.log");
+    std::vector<std::string> argv = {KNOD_DAEMON_BIN, "--bus-address=" + address(),
+                                     "--policy",      policy_file(),
+                                     "--state-dir",   state_dir_};
+    argv.insert(argv.end(), daemon_args_.begin(), daemon_args_.end());
+    daemon_pid_ = spawn(argv, -1, -1, dir_ + "/daemon.log");
     bool up = eventually(
         [&] {
             auto c = client::Client::connect(address());

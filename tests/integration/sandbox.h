@@ -18,7 +18,7 @@ struct Output {
 
 class Sandbox {
   public:
-    explicit Sandbox(const std::string &policy_text);
+    explicit Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args = {});
     ~Sandbox();
 
     const std::string &dir() const { return dir_; }
@@ -44,6 +44,7 @@ class Sandbox {
     std::string state_dir_;
     pid_t bus_pid_ = -1;
     pid_t daemon_pid_ = -1;
+    std::vector<std::string> daemon_args_;
 };
 
 // A process that holds a binding until stopped: the test client's "hold" command.
