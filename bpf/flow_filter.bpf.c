@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: GPL-2.0
+/* knod flow filter: decides which received packets reach a binding's offload queue.
+ * A packet that matches an active binding's flows is redirected to the AF_XDP socket of that
+ * binding's queue; one that matches an inactive binding is dropped; everything else, and every
+ * fragment or malformed packet, never reaches an offload queue (passed to the stack or dropped,
+ * per the config). Per-packet cost: one hash lookup, then at most one LPM lookup and a bounded
+ * scan of one bucket, whatever the number of rules. */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "flow_filter_abi.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct knod_config);
+} config SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, KNOD_MAX_EXACT);
+    __type(key, struct knod_exact_key);
+    __type(value, __u32); /* binding slot */
+} exact SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_LPM_TRIE);
+    __uint(max_entries, KNOD_MAX_BUCKETS);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, struct knod_lpm_key);
+    __type(value, struct knod_bucket);
+} prefixes SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, KNOD_MAX_BINDINGS);
+    __type(key, __u32);
+    __type(value, struct knod_slot);
+} slots SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, KNOD_MAX_BINDINGS);
+    __type(key, __u32);
+    __type(value, struct knod_counters);
+} counters SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, KNOD_STAT_COUNT);
+    __type(key, __u32);
+    __type(value, __u64);
+} stats SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_XSKMAP);
+    __uint(max_entries, 64);
+    __type(key, __u32);
+    __type(value, __u32);
+} xsks SEC(".maps");
+
+struct packet {
+    __u8 family;
+    __u8 protocol;
+    __u16 src_port; /* host order */
+    __u16 dst_port;
+    __u8 src[16];
+    __u8 dst[16];
+};
+
+static __always_inline void count(__u32 stat) {
+    __u64 *v = bpf_map_lookup_elem(&stats, &stat);
+    if (v) *v += 1;
+}
+
+static __always_inline int unmatched(const struct knod_config *cfg) {
+    if (cfg->unmatched == KNOD_UNMATCHED_DROP) {
+        count(KNOD_STAT_DROPPED);
+        return XDP_DROP;
+    }
+    count(KNOD_STAT_PASSED);
+    return XDP_PASS;
+}
+
+#define PARSE_OK 0
+#define PARSE_UNMATCHED 1 /* not IP, or not TCP/UDP: the stack's business */
+#define PARSE_MALFORMED 2
+#define PARSE_FRAGMENT 3
+
+/* IPv6 extension headers skipped on the way to TCP/UDP. */
+#define MAX_EXT_HEADERS 4
+
+static __always_inline int parse_l4(void *l4, void *end, __u8 protocol, struct packet *p) {
+    p->protocol = protocol;
+    if (protocol == IPPROTO_UDP) {
+        struct udphdr *udp = l4;
+        if ((void *)(udp + 1) > end) return PARSE_MALFORMED;
+        p->src_port = bpf_ntohs(udp->source);
+        p->dst_port = bpf_ntohs(udp->dest);
+        return PARSE_OK;
+    }
+    if (protocol == IPPROTO_TCP) {
+        struct tcphdr *tcp = l4;
+        if ((void *)(tcp + 1) > end || tcp->doff < 5) return PARSE_MALFORMED;
+        p->src_port = bpf_ntohs(tcp->source);
+        p->dst_port = bpf_ntohs(tcp->dest);
+        return PARSE_OK;
+    }
+    return PARSE_UNMATCHED;
+}
+
+static __always_inline int parse(struct xdp_md *ctx, struct packet *p) {
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > end) return PARSE_MALFORMED;
+    void *next = eth + 1;
+    __u16 proto = eth->h_proto;
+    if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+        __be16 *vlan = next; /* TCI, then the encapsulated EtherType */
+        if ((void *)(vlan + 2) > end) return PARSE_MALFORMED;
+        proto = vlan[1];
+        next = vlan + 2;
+    }
+    if (proto == bpf_htons(ETH_P_IP)) {
+        struct iphdr *ip = next;
+        if ((void *)(ip + 1) > end || ip->ihl < 5 || ip->version != 4) return PARSE_MALFORMED;
+        void *l4 = (void *)ip + ip->ihl * 4;
+        if (l4 > end) return PARSE_MALFORMED;
+        /* Any fragment, first or not: a partial datagram never goes to an offload queue. */
+        if (ip->frag_off & bpf_htons(0x3fff)) return PARSE_FRAGMENT;
+        p->family = 4;
+        __builtin_memcpy(p->src, &ip->saddr, 4);
+        __builtin_memcpy(p->dst, &ip->daddr, 4);
+        return parse_l4(l4, end, ip->protocol, p);
+    }
+    if (proto == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = next;
+        if ((void *)(ip6 + 1) > end || ip6->version != 6) return PARSE_MALFORMED;
+        p->family = 6;
+        __builtin_memcpy(p->src, &ip6->saddr, 16);
+        __builtin_memcpy(p->dst, &ip6->daddr, 16);
+        __u8 nexthdr = ip6->nexthdr;
+        void *l4 = ip6 + 1;
+#pragma unroll
+        for (int i = 0; i < MAX_EXT_HEADERS; i++) {
+            if (nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING ||
+                nexthdr == IPPROTO_DSTOPTS) {
+                __u8 *ext = l4;
+                if ((void *)(ext + 2) > end) return PARSE_MALFORMED;
+                nexthdr = ext[0];
+                l4 = ext + (ext[1] + 1) * 8;
+            } else if (nexthdr == IPPROTO_FRAGMENT) {
+                return PARSE_FRAGMENT;
+            } else {
+                break;
+            }
+        }
+        if (l4 > end) return PARSE_MALFORMED;
+        return parse_l4(l4, end, nexthdr, p);
+    }
+    return PARSE_UNMATCHED;
+}
+
+static __always_inline int prefix_match(const __u8 *want, const __u8 *addr, __u32 bits) {
+    for (int i = 0; i < 16; i++) {
+        if (bits == 0) return 1;
+        __u8 mask = bits >= 8 ? 0xff : (__u8)(0xff << (8 - bits));
+        if ((want[i] ^ addr[i]) & mask) return 0;
+        bits = bits >= 8 ? bits - 8 : 0;
+    }
+    return 1;
+}
+
+/* The slot of the binding this packet belongs to, or -1. */
+static __always_inline long classify(const struct packet *p, __u32 gen) {
+    struct knod_exact_key ek = {};
+    ek.generation = gen;
+    ek.protocol = p->protocol;
+    ek.family = p->family;
+    ek.src_port = bpf_htons(p->src_port);
+    ek.dst_port = bpf_htons(p->dst_port);
+    __builtin_memcpy(ek.src, p->src, 16);
+    __builtin_memcpy(ek.dst, p->dst, 16);
+    __u32 *slot = bpf_map_lookup_elem(&exact, &ek);
+    if (slot) return *slot;
+
+    struct knod_lpm_key lk = {};
+    lk.prefixlen = 32 + (p->family == 4 ? 32 : 128);
+    lk.generation = gen;
+    lk.family = p->family;
+    __builtin_memcpy(lk.addr, p->dst, 16);
+    struct knod_bucket *b = bpf_map_lookup_elem(&prefixes, &lk);
+    if (!b) return -1;
+    for (int i = 0; i < KNOD_BUCKET_RULES; i++) {
+        if (i >= b->count) break;
+        struct knod_rule *r = &b->rules[i];
+        if (r->protocol && r->protocol != p->protocol) continue;
+        if (r->family && r->family != p->family) continue;
+        if (p->src_port < r->src_port_lo || p->src_port > r->src_port_hi) continue;
+        if (p->dst_port < r->dst_port_lo || p->dst_port > r->dst_port_hi) continue;
+        if (!prefix_match(r->src, p->src, r->src_len)) continue;
+        return r->slot;
+    }
+    return -1;
+}
+
+SEC("xdp")
+int knod_flow_filter(struct xdp_md *ctx) {
+    __u32 zero = 0;
+    struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
+    if (!cfg) return XDP_PASS;
+    struct knod_config c = *cfg; /* read once: one generation per packet */
+
+    struct packet p = {};
+    int parsed = parse(ctx, &p);
+    if (parsed == PARSE_MALFORMED) {
+        count(KNOD_STAT_MALFORMED);
+        return unmatched(&c);
+    }
+    if (parsed == PARSE_FRAGMENT) {
+        count(KNOD_STAT_FRAGMENT);
+        return unmatched(&c);
+    }
+    if (parsed != PARSE_OK) return unmatched(&c);
+
+    long found = classify(&p, c.generation & 1);
+    if (found < 0 || found >= KNOD_MAX_BINDINGS) return unmatched(&c);
+    __u32 slot_id = found;
+    struct knod_slot *slot = bpf_map_lookup_elem(&slots, &slot_id);
+    if (!slot || slot->state == KNOD_SLOT_FREE) return unmatched(&c);
+    struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &slot_id);
+    if (!cnt) return XDP_DROP;
+    /* An inactive binding's traffic, or traffic on a queue other than the binding's, is
+     * dropped: it must not reach the stack or another binding's socket. */
+    if (slot->state != KNOD_SLOT_ACTIVE || slot->queue != ctx->rx_queue_index) {
+        cnt->drops += 1;
+        count(KNOD_STAT_BINDING_DROP);
+        return XDP_DROP;
+    }
+    cnt->packets += 1;
+    cnt->bytes += (__u64)(ctx->data_end - ctx->data);
+    count(KNOD_STAT_OFFLOADED);
+    /* No socket on the queue: drop rather than leak the packet to the stack. */
+    return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_DROP);
+}

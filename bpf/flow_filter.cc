@@ -1,0 +1,284 @@
+#include "bpf/flow_filter.h"
+
+#include "flow_filter.skel.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/if_link.h>
+#include <linux/magic.h>
+#include <net/if.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace knod::bpf {
+namespace {
+
+std::string err(int e) {
+    return std::strerror(e < 0 ? -e : e);
+}
+
+const char *pinned_maps[] = {"config", "exact", "prefixes", "slots", "counters", "stats", "xsks"};
+
+struct bpf_map *map_named(flow_filter_bpf *s, const std::string &name) {
+    return bpf_object__find_map_by_name(s->obj, name.c_str());
+}
+
+// Silences libbpf's own printing; errors come back through Result.
+int quiet(enum libbpf_print_level, const char *, va_list) {
+    return 0;
+}
+
+} // namespace
+
+Result<void> FlowFilter::ensure_bpffs(const std::string &pin_root) {
+    std::string base = fs::path(pin_root).parent_path().string(); // /sys/fs/bpf
+    struct statfs st {};
+    if (statfs(base.c_str(), &st) != 0 || st.f_type != BPF_FS_MAGIC) {
+        std::error_code ec;
+        fs::create_directories(base, ec);
+        if (mount("bpf", base.c_str(), "bpf", 0, "mode=0700") != 0)
+            return make_error(Errc::unavailable,
+                              "cannot mount bpffs at " + base + ": " + err(errno));
+    }
+    std::error_code ec;
+    fs::create_directories(pin_root, ec);
+    if (ec) return make_error(Errc::io, "cannot create " + pin_root + ": " + ec.message());
+    chmod(pin_root.c_str(), 0700);
+    return {};
+}
+
+Result<std::unique_ptr<FlowFilter>> FlowFilter::load(const FilterOptions &options) {
+    libbpf_set_print(quiet);
+    std::unique_ptr<FlowFilter> f(new FlowFilter());
+    f->skel_ = flow_filter_bpf__open();
+    if (!f->skel_)
+        return make_error(Errc::unavailable, "cannot open the flow filter object: " + err(errno));
+    int r = flow_filter_bpf__load(f->skel_);
+    if (r != 0)
+        return make_error(Errc::unavailable, "the kernel refused the flow filter: " + err(r) +
+                                                 " (needs root and BPF support)");
+    f->drop_unmatched_ = options.drop_unmatched;
+    if (auto c = f->set_unmatched_drop(options.drop_unmatched); !c) return c.error();
+    return f;
+}
+
+Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname,
+                                                       const FilterOptions &options) {
+    unsigned ifindex = if_nametoindex(ifname.c_str());
+    if (ifindex == 0) return make_error(Errc::not_found, "no network interface '" + ifname + "'");
+    __u32 existing = 0;
+    if (bpf_xdp_query_id(static_cast<int>(ifindex), 0, &existing) == 0 && existing != 0)
+        return make_error(Errc::denied,
+                          "interface " + ifname + " already has an XDP program (id " +
+                              std::to_string(existing) +
+                              "); knod-policy never replaces a program it did not load");
+    if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
+    std::string pin_dir = options.pin_root + "/" + ifname;
+    if (fs::exists(pin_dir))
+        return make_error(Errc::denied, pin_dir +
+                                            " already exists: another knod filter is pinned "
+                                            "for " +
+                                            ifname + " (run reconcile first)");
+    auto loaded = load(options);
+    if (!loaded) return loaded.error();
+    auto f = std::move(*loaded);
+    f->ifname_ = ifname;
+    int prog = bpf_program__fd(f->skel_->progs.knod_flow_filter);
+    LIBBPF_OPTS(bpf_link_create_opts, native, .flags = XDP_FLAGS_DRV_MODE);
+    f->link_fd_ = bpf_link_create(prog, static_cast<int>(ifindex), BPF_XDP, &native);
+    f->mode_ = "native";
+    if (f->link_fd_ < 0) {
+        int native_err = errno;
+        if (!options.allow_generic)
+            return make_error(Errc::unsupported,
+                              "native XDP on " + ifname + " refused: " + err(native_err));
+        LIBBPF_OPTS(bpf_link_create_opts, generic, .flags = XDP_FLAGS_SKB_MODE);
+        f->link_fd_ = bpf_link_create(prog, static_cast<int>(ifindex), BPF_XDP, &generic);
+        if (f->link_fd_ < 0)
+            return make_error(Errc::unavailable, "cannot attach XDP to " + ifname + ": native: " +
+                                                     err(native_err) + "; generic: " + err(errno));
+        f->mode_ = "generic";
+        f->mode_note_ =
+            "native XDP refused on " + ifname + " (" + err(native_err) + "); using generic XDP";
+    }
+    std::error_code ec;
+    fs::create_directories(pin_dir, ec);
+    f->pin_dir_ = pin_dir;
+    if (bpf_obj_pin(f->link_fd_, (pin_dir + "/link").c_str()) != 0)
+        return make_error(Errc::io, "cannot pin the XDP link in " + pin_dir + ": " + err(errno));
+    for (const char *m : pinned_maps)
+        if (bpf_map__pin(map_named(f->skel_, m), (pin_dir + "/" + m).c_str()) != 0)
+            return make_error(Errc::io, std::string("cannot pin map ") + m + ": " + err(errno));
+    return f;
+}
+
+void FlowFilter::detach() {
+    if (!pin_dir_.empty()) {
+        std::error_code ec;
+        fs::remove_all(pin_dir_, ec); // unlinking pins is how bpffs removes them
+        pin_dir_.clear();
+    }
+    if (link_fd_ >= 0) {
+        bpf_link_detach(link_fd_);
+        close(link_fd_);
+        link_fd_ = -1;
+    }
+}
+
+FlowFilter::~FlowFilter() {
+    detach();
+    flow_filter_bpf__destroy(skel_);
+}
+
+Result<std::vector<std::string>> FlowFilter::reconcile(const std::string &pin_root,
+                                                       const std::set<std::string> &keep) {
+    if (auto b = ensure_bpffs(pin_root); !b) return b.error();
+    std::vector<std::string> removed;
+    std::error_code ec;
+    for (auto &entry : fs::directory_iterator(pin_root, ec)) {
+        std::string name = entry.path().filename().string();
+        if (keep.count(name)) continue;
+        int link = bpf_obj_get((entry.path() / "link").c_str());
+        if (link >= 0) {
+            bpf_link_detach(link); // the program leaves the interface even if others hold it
+            close(link);
+        }
+        fs::remove_all(entry.path(), ec);
+        removed.push_back(name);
+    }
+    return removed;
+}
+
+Result<void> FlowFilter::set_unmatched_drop(bool drop) {
+    drop_unmatched_ = drop;
+    knod_config c{generation_, drop ? __u32{KNOD_UNMATCHED_DROP} : __u32{KNOD_UNMATCHED_PASS}};
+    __u32 zero = 0;
+    if (bpf_map__update_elem(skel_->maps.config, &zero, sizeof zero, &c, sizeof c, 0) != 0)
+        return make_error(Errc::io, "cannot write the filter config: " + err(errno));
+    return {};
+}
+
+Result<void> FlowFilter::set_slot(std::uint32_t slot, SlotState state, std::uint32_t queue) {
+    if (slot >= KNOD_MAX_BINDINGS) return make_error(Errc::invalid_argument, "slot out of range");
+    knod_slot v{static_cast<__u32>(state), queue};
+    if (bpf_map__update_elem(skel_->maps.slots, &slot, sizeof slot, &v, sizeof v, 0) != 0)
+        return make_error(Errc::io,
+                          "cannot write slot " + std::to_string(slot) + ": " + err(errno));
+    return {};
+}
+
+Result<void> FlowFilter::set_flows(std::uint32_t slot, const std::vector<policy::FlowSpec> &flows) {
+    auto previous = flows_;
+    if (flows.empty())
+        flows_.erase(slot);
+    else
+        flows_[slot] = flows;
+    auto r = publish();
+    if (!r) flows_ = std::move(previous);
+    return r;
+}
+
+// Brings the idle generation to the new rule set with only the writes that differ from what it
+// held, then flips the config: from that instant packets use the new set as a whole.
+Result<void> FlowFilter::publish() {
+    auto compiled = compile_rules(flows_);
+    if (!compiled) return compiled.error();
+    std::uint32_t next = generation_ ^ 1;
+    std::map<std::string, std::uint32_t> exact;
+    for (auto &e : compiled->exact) {
+        knod_exact_key k = e.key;
+        k.generation = static_cast<__u8>(next);
+        exact[key_bytes(k)] = e.slot;
+    }
+    std::map<std::string, knod_bucket> buckets;
+    for (auto &b : compiled->buckets) {
+        knod_lpm_key k = b.key;
+        k.generation = static_cast<__u8>(next);
+        buckets[key_bytes(k)] = b.bucket;
+    }
+    auto &old_exact = exact_[next];
+    auto &old_buckets = buckets_[next];
+    for (auto &[key, slot] : exact) {
+        auto it = old_exact.find(key);
+        if (it != old_exact.end() && it->second == slot) continue;
+        if (bpf_map__update_elem(skel_->maps.exact, key.data(), key.size(), &slot, sizeof slot,
+                                 0) != 0)
+            return make_error(Errc::io,
+                              "exact rule map is full or refused an entry: " + err(errno));
+    }
+    for (auto &[key, bucket] : buckets) {
+        auto it = old_buckets.find(key);
+        if (it != old_buckets.end() && std::memcmp(&it->second, &bucket, sizeof bucket) == 0)
+            continue;
+        if (bpf_map__update_elem(skel_->maps.prefixes, key.data(), key.size(), &bucket,
+                                 sizeof bucket, 0) != 0)
+            return make_error(Errc::io,
+                              "prefix rule map is full or refused an entry: " + err(errno));
+    }
+    for (auto &[key, slot] : old_exact)
+        if (!exact.count(key)) bpf_map__delete_elem(skel_->maps.exact, key.data(), key.size(), 0);
+    for (auto &[key, bucket] : old_buckets)
+        if (!buckets.count(key))
+            bpf_map__delete_elem(skel_->maps.prefixes, key.data(), key.size(), 0);
+    old_exact = std::move(exact);
+    old_buckets = std::move(buckets);
+    generation_ = next;
+    return set_unmatched_drop(drop_unmatched_);
+}
+
+Result<void> FlowFilter::remove(std::uint32_t slot) {
+    if (auto r = set_slot(slot, SlotState::free, 0); !r) return r;
+    if (auto r = set_flows(slot, {}); !r) return r;
+    int cpus = libbpf_num_possible_cpus();
+    std::vector<knod_counters> zero(static_cast<std::size_t>(cpus > 0 ? cpus : 1));
+    bpf_map__update_elem(skel_->maps.counters, &slot, sizeof slot, zero.data(),
+                         zero.size() * sizeof(knod_counters), 0);
+    return {};
+}
+
+SlotCounters FlowFilter::counters(std::uint32_t slot) const {
+    int cpus = libbpf_num_possible_cpus();
+    std::vector<knod_counters> per_cpu(static_cast<std::size_t>(cpus > 0 ? cpus : 1));
+    SlotCounters out;
+    if (bpf_map__lookup_elem(skel_->maps.counters, &slot, sizeof slot, per_cpu.data(),
+                             per_cpu.size() * sizeof(knod_counters), 0) != 0)
+        return out;
+    for (auto &c : per_cpu) {
+        out.packets += c.packets;
+        out.bytes += c.bytes;
+        out.drops += c.drops;
+    }
+    return out;
+}
+
+FilterStats FlowFilter::stats() const {
+    int cpus = libbpf_num_possible_cpus();
+    auto read = [&](__u32 index) {
+        std::vector<__u64> per_cpu(static_cast<std::size_t>(cpus > 0 ? cpus : 1));
+        __u64 sum = 0;
+        if (bpf_map__lookup_elem(skel_->maps.stats, &index, sizeof index, per_cpu.data(),
+                                 per_cpu.size() * sizeof(__u64), 0) == 0)
+            for (auto v : per_cpu)
+                sum += v;
+        return sum;
+    };
+    return {read(KNOD_STAT_PASSED),   read(KNOD_STAT_DROPPED),   read(KNOD_STAT_MALFORMED),
+            read(KNOD_STAT_FRAGMENT), read(KNOD_STAT_OFFLOADED), read(KNOD_STAT_BINDING_DROP)};
+}
+
+int FlowFilter::program_fd() const {
+    return bpf_program__fd(skel_->progs.knod_flow_filter);
+}
+int FlowFilter::xsks_fd() const {
+    return bpf_map__fd(skel_->maps.xsks);
+}
+
+} // namespace knod::bpf

@@ -1,0 +1,94 @@
+// The flow filter's loader: loads flow_filter.bpf.c, attaches it to one interface (native XDP,
+// falling back to generic), pins it under /sys/fs/bpf/knod/<ifname>/, and maintains its rules.
+// Rule changes are double-buffered, so a packet sees the old rule set or the new one.
+#pragma once
+
+#include "bpf/rule_compiler.h"
+#include "knod/result.h"
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+struct flow_filter_bpf;
+
+namespace knod::bpf {
+
+enum class SlotState : std::uint32_t {
+    free = KNOD_SLOT_FREE,
+    inactive = KNOD_SLOT_INACTIVE,
+    active = KNOD_SLOT_ACTIVE
+};
+
+struct SlotCounters {
+    std::uint64_t packets = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t drops = 0;
+};
+
+struct FilterStats {
+    std::uint64_t passed = 0, dropped = 0, malformed = 0, fragments = 0, offloaded = 0,
+                  binding_drops = 0;
+};
+
+struct FilterOptions {
+    std::string pin_root = "/sys/fs/bpf/knod";
+    bool drop_unmatched = false;
+    bool allow_generic = true; // fall back to generic XDP when native is refused
+};
+
+class FlowFilter {
+  public:
+    // Loads the program and its maps without attaching them (for BPF_PROG_TEST_RUN).
+    static Result<std::unique_ptr<FlowFilter>> load(const FilterOptions &options = {});
+    // Loads, attaches to `ifname` and pins. Refuses an interface that already has an XDP program.
+    static Result<std::unique_ptr<FlowFilter>> attach(const std::string &ifname,
+                                                      const FilterOptions &options = {});
+    // Removes pinned filters whose interface is not in `keep`, detaching their programs.
+    // Returns the interfaces it cleaned up. Mounts bpffs first if needed.
+    static Result<std::vector<std::string>> reconcile(const std::string &pin_root,
+                                                      const std::set<std::string> &keep);
+    static Result<void> ensure_bpffs(const std::string &pin_root);
+
+    ~FlowFilter(); // detaches and unpins
+    FlowFilter(const FlowFilter &) = delete;
+    FlowFilter &operator=(const FlowFilter &) = delete;
+
+    Result<void> set_slot(std::uint32_t slot, SlotState state, std::uint32_t queue);
+    // Replaces a binding's flows (empty removes them) and publishes the new rule set at once.
+    Result<void> set_flows(std::uint32_t slot, const std::vector<policy::FlowSpec> &flows);
+    // Frees a slot: state first (its packets stop matching), then its rules and counters.
+    Result<void> remove(std::uint32_t slot);
+    Result<void> set_unmatched_drop(bool drop);
+
+    SlotCounters counters(std::uint32_t slot) const;
+    FilterStats stats() const;
+
+    int program_fd() const;
+    int xsks_fd() const;
+    const std::string &mode() const { return mode_; }           // native, generic, or none
+    const std::string &mode_note() const { return mode_note_; } // why generic, if it is
+    const std::string &pin_dir() const { return pin_dir_; }
+
+  private:
+    FlowFilter() = default;
+    Result<void> publish();
+    void detach();
+
+    flow_filter_bpf *skel_ = nullptr;
+    int link_fd_ = -1;
+    std::string ifname_;
+    std::string pin_dir_;
+    std::string mode_ = "none";
+    std::string mode_note_;
+    std::uint32_t generation_ = 0; // the one packets use now
+    bool drop_unmatched_ = false;
+    std::map<std::uint32_t, std::vector<policy::FlowSpec>> flows_;
+    // What each generation holds, by key bytes, so publishing writes only what changed.
+    std::map<std::string, std::uint32_t> exact_[2];
+    std::map<std::string, knod_bucket> buckets_[2];
+};
+
+} // namespace knod::bpf

@@ -1,0 +1,164 @@
+// The flow filter on a real veth pair whose far end lives in a network namespace made by the
+// test: real UDP from sockets, counters read back, and nothing left behind.
+#include "bpf/flow_filter.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+using namespace knod;
+namespace fs = std::filesystem;
+
+namespace {
+
+int sh(const std::string &cmd) {
+    return std::system((cmd + " >/dev/null 2>&1").c_str());
+}
+
+// A veth pair: `host` here, `peer` inside namespace `ns`. Removed in the destructor, even when
+// the test failed half way.
+struct VethPair {
+    std::string ns, host, peer;
+    bool ok = false;
+    VethPair() {
+        std::string id = std::to_string(getpid());
+        ns = "knodt" + id;
+        host = "kth" + id;
+        peer = "ktp" + id;
+        ok = sh("ip netns add " + ns) == 0 &&
+             sh("ip link add " + host + " type veth peer name " + peer) == 0 &&
+             sh("ip link set " + peer + " netns " + ns) == 0 &&
+             sh("ip addr add 10.77.0.1/24 dev " + host) == 0 &&
+             sh("ip link set " + host + " up") == 0 &&
+             sh("ip -n " + ns + " addr add 10.77.0.2/24 dev " + peer) == 0 &&
+             sh("ip -n " + ns + " link set " + peer + " up") == 0 &&
+             sh("ip -n " + ns + " link set lo up") == 0;
+    }
+    ~VethPair() {
+        sh("ip link del " + host);
+        sh("ip netns del " + ns);
+    }
+    int ifindex() const { return static_cast<int>(if_nametoindex(host.c_str())); }
+};
+
+// Sends `count` UDP datagrams from inside the namespace to 10.77.0.1:port.
+bool send_from_namespace(const std::string &ns, std::uint16_t port, int count) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int nsfd = open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) != 0) _exit(1);
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        sockaddr_in to{};
+        to.sin_family = AF_INET;
+        to.sin_port = htons(port);
+        inet_pton(AF_INET, "10.77.0.1", &to.sin_addr);
+        const char payload[] = "knod-test-payload";
+        for (int i = 0; i < count; ++i)
+            if (sendto(s, payload, sizeof payload, 0, reinterpret_cast<sockaddr *>(&to),
+                       sizeof to) < 0)
+                _exit(2);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+__u32 attached_program(int ifindex) {
+    __u32 id = 0;
+    bpf_xdp_query_id(ifindex, 0, &id);
+    return id;
+}
+
+class FlowFilterVeth : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (geteuid() != 0) GTEST_SKIP() << "needs root";
+        veth_ = std::make_unique<VethPair>();
+        ASSERT_TRUE(veth_->ok) << "could not build the veth pair";
+        options_.pin_root = "/sys/fs/bpf/knodtest" + std::to_string(getpid());
+    }
+    void TearDown() override {
+        veth_.reset();
+        std::error_code ec;
+        fs::remove_all(options_.pin_root, ec);
+    }
+    std::unique_ptr<VethPair> veth_;
+    bpf::FilterOptions options_;
+};
+
+} // namespace
+
+TEST_F(FlowFilterVeth, CountsTheAllowedFlowOnlyAndLeavesNothingBehind) {
+    int ifindex = veth_->ifindex();
+    std::string pin_dir;
+    {
+        auto f = bpf::FlowFilter::attach(veth_->host, options_);
+        ASSERT_TRUE(f.ok()) << f.error().message;
+        auto &filter = **f;
+        pin_dir = filter.pin_dir();
+        EXPECT_NE(attached_program(ifindex), 0u);
+        EXPECT_TRUE(fs::exists(pin_dir + "/link"));
+        EXPECT_TRUE(fs::exists(pin_dir + "/counters"));
+        ASSERT_TRUE(filter.set_slot(1, bpf::SlotState::active, 0).ok());
+        ASSERT_TRUE(
+            filter.set_flows(1, {*policy::parse_flow_spec("udp 10.77.0.2:* -> 10.77.0.1:6000")})
+                .ok());
+
+        ASSERT_TRUE(send_from_namespace(veth_->ns, 6000, 5));
+        ASSERT_TRUE(send_from_namespace(veth_->ns, 6001, 7));
+        bpf::SlotCounters c = filter.counters(1);
+        EXPECT_EQ(c.packets, 5u) << "only the allowed flow is counted";
+        EXPECT_EQ(c.bytes, 5u * (14 + 20 + 8 + 18));
+        EXPECT_GE(filter.stats().passed, 7u) << "the other flow went to the stack";
+        EXPECT_EQ(filter.counters(2).packets, 0u);
+
+        // A second filter on the same interface is refused; the first stays.
+        auto second = bpf::FlowFilter::attach(veth_->host, options_);
+        ASSERT_FALSE(second.ok());
+        EXPECT_NE(second.error().message.find("already has an XDP program"), std::string::npos);
+    }
+    EXPECT_EQ(attached_program(ifindex), 0u) << "detach leaves no program";
+    EXPECT_FALSE(fs::exists(pin_dir)) << "and no pinned object";
+}
+
+TEST_F(FlowFilterVeth, ReconcileRemovesWhatACrashLeftPinned) {
+    int ifindex = veth_->ifindex();
+    pid_t pid = fork();
+    if (pid == 0) {
+        auto f = bpf::FlowFilter::attach(veth_->host, options_);
+        _exit(f.ok() ? 0 : 1); // no destructor runs: the pins keep the program attached
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ASSERT_NE(attached_program(ifindex), 0u) << "the pinned link outlived its process";
+    auto removed = bpf::FlowFilter::reconcile(options_.pin_root, {});
+    ASSERT_TRUE(removed.ok()) << removed.error().message;
+    ASSERT_EQ(removed->size(), 1u);
+    EXPECT_EQ((*removed)[0], veth_->host);
+    EXPECT_EQ(attached_program(ifindex), 0u);
+    EXPECT_FALSE(fs::exists(options_.pin_root + "/" + veth_->host));
+}
+
+TEST_F(FlowFilterVeth, NeverReplacesAForeignProgram) {
+    // Another XDP program (the same object, loaded outside the loader) already sits there.
+    auto foreign = bpf::FlowFilter::load();
+    ASSERT_TRUE(foreign.ok());
+    int ifindex = veth_->ifindex();
+    ASSERT_EQ(bpf_xdp_attach(ifindex, (*foreign)->program_fd(), 0, nullptr), 0);
+    __u32 before = attached_program(ifindex);
+    auto f = bpf::FlowFilter::attach(veth_->host, options_);
+    EXPECT_FALSE(f.ok());
+    EXPECT_EQ(attached_program(ifindex), before);
+    bpf_xdp_detach(ifindex, 0, nullptr);
+}
