@@ -30,17 +30,33 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
     __uint(max_entries, KNOD_MAX_EXACT);
-    __type(key, struct knod_exact_key);
+    __type(key, struct knod_exact4_key);
     __type(value, __u32); /* binding slot */
-} exact SEC(".maps");
+} exact4 SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, KNOD_MAX_EXACT);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, struct knod_exact6_key);
+    __type(value, __u32);
+} exact6 SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_LPM_TRIE);
     __uint(max_entries, KNOD_MAX_BUCKETS);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __type(key, struct knod_lpm_key);
+    __type(key, struct knod_lpm4_key);
     __type(value, struct knod_bucket);
-} prefixes SEC(".maps");
+} prefixes4 SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_LPM_TRIE);
+    __uint(max_entries, KNOD_MAX_BUCKETS);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, struct knod_lpm6_key);
+    __type(value, struct knod_bucket);
+} prefixes6 SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -183,37 +199,56 @@ static __always_inline int prefix_match(const __u8 *want, const __u8 *addr, __u3
     return 1;
 }
 
-/* The slot of the binding this packet belongs to, or -1. */
-static __always_inline long classify(const struct packet *p, __u32 gen) {
-    struct knod_exact_key ek = {};
-    ek.generation = gen;
-    ek.protocol = p->protocol;
-    ek.family = p->family;
-    ek.src_port = bpf_htons(p->src_port);
-    ek.dst_port = bpf_htons(p->dst_port);
-    __builtin_memcpy(ek.src, p->src, 16);
-    __builtin_memcpy(ek.dst, p->dst, 16);
-    __u32 *slot = bpf_map_lookup_elem(&exact, &ek);
-    if (slot) return *slot;
-
-    struct knod_lpm_key lk = {};
-    lk.prefixlen = 32 + (p->family == 4 ? 32 : 128);
-    lk.generation = gen;
-    lk.family = p->family;
-    __builtin_memcpy(lk.addr, p->dst, 16);
-    struct knod_bucket *b = bpf_map_lookup_elem(&prefixes, &lk);
-    if (!b) return -1;
+static __always_inline long scan_bucket(const struct knod_bucket *b, const struct packet *p) {
     for (int i = 0; i < KNOD_BUCKET_RULES; i++) {
         if (i >= b->count) break;
-        struct knod_rule *r = &b->rules[i];
+        const struct knod_rule *r = &b->rules[i];
         if (r->protocol && r->protocol != p->protocol) continue;
-        if (r->family && r->family != p->family) continue;
         if (p->src_port < r->src_port_lo || p->src_port > r->src_port_hi) continue;
         if (p->dst_port < r->dst_port_lo || p->dst_port > r->dst_port_hi) continue;
         if (!prefix_match(r->src, p->src, r->src_len)) continue;
         return r->slot;
     }
     return -1;
+}
+
+/* The slot of the binding this packet belongs to, or -1. */
+static __always_inline long classify(const struct packet *p, const struct knod_config *c) {
+    __u8 gen = c->generation & 1;
+    if (p->family == 4) {
+        struct knod_exact4_key ek = {};
+        ek.generation = gen;
+        ek.protocol = p->protocol;
+        ek.src_port = bpf_htons(p->src_port);
+        ek.dst_port = bpf_htons(p->dst_port);
+        __builtin_memcpy(ek.src, p->src, 4);
+        __builtin_memcpy(ek.dst, p->dst, 4);
+        __u32 *slot = bpf_map_lookup_elem(&exact4, &ek);
+        if (slot) return *slot;
+        if (!c->prefixes4) return -1;
+        struct knod_lpm4_key lk = {};
+        lk.prefixlen = 32 + 32;
+        lk.generation = gen;
+        __builtin_memcpy(lk.addr, p->dst, 4);
+        struct knod_bucket *b = bpf_map_lookup_elem(&prefixes4, &lk);
+        return b ? scan_bucket(b, p) : -1;
+    }
+    struct knod_exact6_key ek = {};
+    ek.generation = gen;
+    ek.protocol = p->protocol;
+    ek.src_port = bpf_htons(p->src_port);
+    ek.dst_port = bpf_htons(p->dst_port);
+    __builtin_memcpy(ek.src, p->src, 16);
+    __builtin_memcpy(ek.dst, p->dst, 16);
+    __u32 *slot = bpf_map_lookup_elem(&exact6, &ek);
+    if (slot) return *slot;
+    if (!c->prefixes6) return -1;
+    struct knod_lpm6_key lk = {};
+    lk.prefixlen = 32 + 128;
+    lk.generation = gen;
+    __builtin_memcpy(lk.addr, p->dst, 16);
+    struct knod_bucket *b = bpf_map_lookup_elem(&prefixes6, &lk);
+    return b ? scan_bucket(b, p) : -1;
 }
 
 SEC("xdp")
@@ -235,7 +270,7 @@ int knod_flow_filter(struct xdp_md *ctx) {
     }
     if (parsed != PARSE_OK) return unmatched(&c);
 
-    long found = classify(&p, c.generation & 1);
+    long found = classify(&p, &c);
     if (found < 0 || found >= KNOD_MAX_BINDINGS) return unmatched(&c);
     __u32 slot_id = found;
     struct knod_slot *slot = bpf_map_lookup_elem(&slots, &slot_id);

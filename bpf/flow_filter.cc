@@ -25,7 +25,7 @@ std::string err(int e) {
     return std::strerror(e < 0 ? -e : e);
 }
 
-const char *pinned_maps[] = {"config", "exact", "prefixes", "slots", "counters", "stats", "xsks"};
+const char *pinned_maps[] = {"config", "exact4", "exact6", "prefixes4", "prefixes6", "slots", "counters", "stats", "xsks"};
 
 struct bpf_map *map_named(flow_filter_bpf *s, const std::string &name) {
     return bpf_object__find_map_by_name(s->obj, name.c_str());
@@ -65,7 +65,6 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::load(const FilterOptions &option
     if (r != 0)
         return make_error(Errc::unavailable, "the kernel refused the flow filter: " + err(r) +
                                                  " (needs root and BPF support)");
-    f->drop_unmatched_ = options.drop_unmatched;
     if (auto c = f->set_unmatched_drop(options.drop_unmatched); !c) return c.error();
     return f;
 }
@@ -157,13 +156,16 @@ Result<std::vector<std::string>> FlowFilter::reconcile(const std::string &pin_ro
     return removed;
 }
 
-Result<void> FlowFilter::set_unmatched_drop(bool drop) {
-    drop_unmatched_ = drop;
-    knod_config c{generation_, drop ? __u32{KNOD_UNMATCHED_DROP} : __u32{KNOD_UNMATCHED_PASS}};
+Result<void> FlowFilter::write_config() {
     __u32 zero = 0;
-    if (bpf_map__update_elem(skel_->maps.config, &zero, sizeof zero, &c, sizeof c, 0) != 0)
+    if (bpf_map__update_elem(skel_->maps.config, &zero, sizeof zero, &config_, sizeof config_, 0) != 0)
         return make_error(Errc::io, "cannot write the filter config: " + err(errno));
     return {};
+}
+
+Result<void> FlowFilter::set_unmatched_drop(bool drop) {
+    config_.unmatched = drop ? KNOD_UNMATCHED_DROP : KNOD_UNMATCHED_PASS;
+    return write_config();
 }
 
 Result<void> FlowFilter::set_slot(std::uint32_t slot, SlotState state, std::uint32_t queue) {
@@ -186,52 +188,68 @@ Result<void> FlowFilter::set_flows(std::uint32_t slot, const std::vector<policy:
     return r;
 }
 
+namespace {
+
+// Makes `map`'s entries of generation `gen` equal `entries`, given what that generation held:
+// writes new or changed entries, then deletes the ones no longer wanted.
+template <typename Entry, typename Value>
+Result<void> sync(bpf_map *map, std::map<std::string, Value> &held, const std::vector<Entry> &entries,
+                  std::uint8_t gen, Value Entry::*value) {
+    std::map<std::string, Value> wanted;
+    for (auto &e : entries) {
+        auto key = e.key;
+        key.generation = gen;
+        wanted[key_bytes(key)] = e.*value;
+    }
+    // `held` follows every write as it happens, so a failure half way leaves it true to the map.
+    for (auto &[key, v] : wanted) {
+        auto it = held.find(key);
+        if (it != held.end() && std::memcmp(&it->second, &v, sizeof v) == 0) continue;
+        if (bpf_map__update_elem(map, key.data(), key.size(), &v, sizeof v, 0) != 0)
+            return make_error(Errc::io, std::string("rule map ") + bpf_map__name(map) +
+                                            " is full or refused an entry: " + err(errno));
+        held[key] = v;
+    }
+    for (auto it = held.begin(); it != held.end();) {
+        if (wanted.count(it->first)) {
+            ++it;
+            continue;
+        }
+        bpf_map__delete_elem(map, it->first.data(), it->first.size(), 0);
+        it = held.erase(it);
+    }
+    return {};
+}
+
+} // namespace
+
 // Brings the idle generation to the new rule set with only the writes that differ from what it
 // held, then flips the config: from that instant packets use the new set as a whole.
 Result<void> FlowFilter::publish() {
-    auto compiled = compile_rules(flows_);
-    if (!compiled) return compiled.error();
-    std::uint32_t next = generation_ ^ 1;
-    std::map<std::string, std::uint32_t> exact;
-    for (auto &e : compiled->exact) {
-        knod_exact_key k = e.key;
-        k.generation = static_cast<__u8>(next);
-        exact[key_bytes(k)] = e.slot;
+    auto c = compile_rules(flows_);
+    if (!c) return c.error();
+    std::uint32_t next = config_.generation ^ 1;
+    auto gen = static_cast<std::uint8_t>(next);
+    using E4 = ExactEntry<knod_exact4_key>;
+    using E6 = ExactEntry<knod_exact6_key>;
+    using B4 = BucketEntry<knod_lpm4_key>;
+    using B6 = BucketEntry<knod_lpm6_key>;
+    Result<void> r;
+    if (!(r = sync(skel_->maps.exact4, exact4_.generation[next], c->exact4, gen, &E4::slot)) ||
+        !(r = sync(skel_->maps.exact6, exact6_.generation[next], c->exact6, gen, &E6::slot)) ||
+        !(r = sync(skel_->maps.prefixes4, buckets4_.generation[next], c->buckets4, gen, &B4::bucket)) ||
+        !(r = sync(skel_->maps.prefixes6, buckets6_.generation[next], c->buckets6, gen, &B6::bucket)))
+        return r; // the idle generation is half written, but packets never look at it
+    knod_config flipped = config_;
+    flipped.generation = next;
+    flipped.prefixes4 = static_cast<__u32>(c->buckets4.size());
+    flipped.prefixes6 = static_cast<__u32>(c->buckets6.size());
+    std::swap(config_, flipped);
+    if (auto w = write_config(); !w) {
+        config_ = flipped;
+        return w;
     }
-    std::map<std::string, knod_bucket> buckets;
-    for (auto &b : compiled->buckets) {
-        knod_lpm_key k = b.key;
-        k.generation = static_cast<__u8>(next);
-        buckets[key_bytes(k)] = b.bucket;
-    }
-    auto &old_exact = exact_[next];
-    auto &old_buckets = buckets_[next];
-    for (auto &[key, slot] : exact) {
-        auto it = old_exact.find(key);
-        if (it != old_exact.end() && it->second == slot) continue;
-        if (bpf_map__update_elem(skel_->maps.exact, key.data(), key.size(), &slot, sizeof slot,
-                                 0) != 0)
-            return make_error(Errc::io,
-                              "exact rule map is full or refused an entry: " + err(errno));
-    }
-    for (auto &[key, bucket] : buckets) {
-        auto it = old_buckets.find(key);
-        if (it != old_buckets.end() && std::memcmp(&it->second, &bucket, sizeof bucket) == 0)
-            continue;
-        if (bpf_map__update_elem(skel_->maps.prefixes, key.data(), key.size(), &bucket,
-                                 sizeof bucket, 0) != 0)
-            return make_error(Errc::io,
-                              "prefix rule map is full or refused an entry: " + err(errno));
-    }
-    for (auto &[key, slot] : old_exact)
-        if (!exact.count(key)) bpf_map__delete_elem(skel_->maps.exact, key.data(), key.size(), 0);
-    for (auto &[key, bucket] : old_buckets)
-        if (!buckets.count(key))
-            bpf_map__delete_elem(skel_->maps.prefixes, key.data(), key.size(), 0);
-    old_exact = std::move(exact);
-    old_buckets = std::move(buckets);
-    generation_ = next;
-    return set_unmatched_drop(drop_unmatched_);
+    return {};
 }
 
 Result<void> FlowFilter::remove(std::uint32_t slot) {

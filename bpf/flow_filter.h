@@ -75,6 +75,7 @@ class FlowFilter {
   private:
     FlowFilter() = default;
     Result<void> publish();
+    Result<void> write_config();
     void detach();
 
     flow_filter_bpf *skel_ = nullptr;
@@ -83,12 +84,15 @@ class FlowFilter {
     std::string pin_dir_;
     std::string mode_ = "none";
     std::string mode_note_;
-    std::uint32_t generation_ = 0; // the one packets use now
-    bool drop_unmatched_ = false;
     std::map<std::uint32_t, std::vector<policy::FlowSpec>> flows_;
-    // What each generation holds, by key bytes, so publishing writes only what changed.
-    std::map<std::string, std::uint32_t> exact_[2];
-    std::map<std::string, knod_bucket> buckets_[2];
+    // What each generation of one map holds, by key bytes, so publishing writes only what
+    // changed since that generation was last written.
+    template <typename Value> struct Held {
+        std::map<std::string, Value> generation[2];
+    };
+    Held<std::uint32_t> exact4_, exact6_;
+    Held<knod_bucket> buckets4_, buckets6_;
+    knod_config config_{};
 };
 
 } // namespace knod::bpf

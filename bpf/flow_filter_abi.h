@@ -25,35 +25,52 @@
 struct knod_config {
     __u32 generation; /* 0 or 1 */
     __u32 unmatched;  /* KNOD_UNMATCHED_* */
+    __u32 prefixes4;  /* buckets in the IPv4 trie for this generation; 0 skips the lookup */
+    __u32 prefixes6;
 };
 
-struct knod_exact_key {
+/* Exact 5-tuples, one map per family so IPv4 keys stay small (cheaper to hash). */
+struct knod_exact4_key {
     __u8 generation;
     __u8 protocol; /* IPPROTO_TCP or IPPROTO_UDP */
-    __u8 family;   /* 4 or 6 */
-    __u8 pad;
     __be16 src_port;
     __be16 dst_port;
-    __u8 src[16]; /* IPv4 in the first 4 bytes, rest zero */
+    __u8 pad[2];
+    __u8 src[4];
+    __u8 dst[4];
+};
+
+struct knod_exact6_key {
+    __u8 generation;
+    __u8 protocol;
+    __be16 src_port;
+    __be16 dst_port;
+    __u8 pad[2];
+    __u8 src[16];
     __u8 dst[16];
 };
 
-/* LPM key on the destination: prefixlen counts bits from `generation`, so it is 32 plus the
+/* LPM keys on the destination: prefixlen counts bits from `generation`, so it is 32 plus the
  * address prefix length. */
-struct knod_lpm_key {
+struct knod_lpm4_key {
     __u32 prefixlen;
     __u8 generation;
-    __u8 family;
-    __u8 pad[2];
+    __u8 pad[3];
+    __u8 addr[4];
+};
+
+struct knod_lpm6_key {
+    __u32 prefixlen;
+    __u8 generation;
+    __u8 pad[3];
     __u8 addr[16];
 };
 
 struct knod_rule {
     __u32 slot;
     __u8 protocol; /* 0: any */
-    __u8 family;   /* 0: any */
     __u8 src_len;  /* source prefix length in bits; 0: any */
-    __u8 pad;
+    __u8 pad[2];
     __u8 src[16];
     __u16 src_port_lo, src_port_hi; /* host byte order */
     __u16 dst_port_lo, dst_port_hi;

@@ -16,9 +16,6 @@ using policy::Prefix;
 int width(Family f) {
     return f == Family::ipv4 ? 32 : 128;
 }
-std::uint8_t family_byte(Family f) {
-    return f == Family::ipv4 ? 4 : f == Family::ipv6 ? 6 : 0;
-}
 
 struct PrefixRule {
     std::uint32_t slot;
@@ -58,7 +55,6 @@ knod_rule to_rule(const PrefixRule &r) {
     knod_rule out{};
     out.slot = r.slot;
     out.protocol = static_cast<std::uint8_t>(r.spec.protocol);
-    out.family = family_byte(r.spec.family());
     const Prefix &src = r.spec.src.prefix;
     out.src_len = src.family == Family::any ? 0 : src.length;
     std::memcpy(out.src, src.addr.data(), 16);
@@ -97,17 +93,29 @@ Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<Fl
                 prefix_rules.push_back({slot, f});
                 continue;
             }
-            knod_exact_key k{};
-            k.protocol = static_cast<std::uint8_t>(f.protocol);
-            k.family = family_byte(f.family());
-            k.src_port = htons(f.src.ports.lo);
-            k.dst_port = htons(f.dst.ports.lo);
-            std::memcpy(k.src, f.src.prefix.addr.data(), 16);
-            std::memcpy(k.dst, f.dst.prefix.addr.data(), 16);
-            if (!exact_seen.insert(key_bytes(k)).second)
+            std::string claimed;
+            if (f.family() == Family::ipv4) {
+                knod_exact4_key k{};
+                k.protocol = static_cast<std::uint8_t>(f.protocol);
+                k.src_port = htons(f.src.ports.lo);
+                k.dst_port = htons(f.dst.ports.lo);
+                std::memcpy(k.src, f.src.prefix.addr.data(), 4);
+                std::memcpy(k.dst, f.dst.prefix.addr.data(), 4);
+                claimed = "4" + key_bytes(k);
+                out.exact4.push_back({k, slot});
+            } else {
+                knod_exact6_key k{};
+                k.protocol = static_cast<std::uint8_t>(f.protocol);
+                k.src_port = htons(f.src.ports.lo);
+                k.dst_port = htons(f.dst.ports.lo);
+                std::memcpy(k.src, f.src.prefix.addr.data(), 16);
+                std::memcpy(k.dst, f.dst.prefix.addr.data(), 16);
+                claimed = "6" + key_bytes(k);
+                out.exact6.push_back({k, slot});
+            }
+            if (!exact_seen.insert(claimed).second)
                 return make_error(Errc::invalid_argument,
                                   "flow '" + f.to_string() + "' is claimed by two bindings");
-            out.exact.push_back({k, slot});
         }
     }
     std::set<Dst> dsts;
@@ -131,24 +139,24 @@ Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<Fl
         std::stable_sort(members.begin(), members.end(), [](auto *a, auto *b) {
             return specificity(a->spec) > specificity(b->spec);
         });
-        BucketEntry e{};
-        e.key.prefixlen = 32 + d.length;
-        e.key.family = family_byte(d.family);
-        std::memcpy(e.key.addr, d.addr.data(), 16);
-        e.bucket.count = static_cast<std::uint32_t>(members.size());
-        for (std::size_t i = 0; i < members.size(); ++i)
-            e.bucket.rules[i] = to_rule(*members[i]);
-        out.buckets.push_back(e);
+        knod_bucket bucket{};
+        bucket.count = static_cast<std::uint32_t>(members.size());
+        for (std::size_t i = 0; i < members.size(); ++i) bucket.rules[i] = to_rule(*members[i]);
+        if (d.family == Family::ipv4) {
+            BucketEntry<knod_lpm4_key> e{};
+            e.key.prefixlen = 32u + d.length;
+            std::memcpy(e.key.addr, d.addr.data(), 4);
+            e.bucket = bucket;
+            out.buckets4.push_back(e);
+        } else {
+            BucketEntry<knod_lpm6_key> e{};
+            e.key.prefixlen = 32u + d.length;
+            std::memcpy(e.key.addr, d.addr.data(), 16);
+            e.bucket = bucket;
+            out.buckets6.push_back(e);
+        }
     }
     return out;
-}
-
-std::string key_bytes(const knod_exact_key &k) {
-    return std::string(reinterpret_cast<const char *>(&k), sizeof k);
-}
-
-std::string key_bytes(const knod_lpm_key &k) {
-    return std::string(reinterpret_cast<const char *>(&k), sizeof k);
 }
 
 } // namespace knod::bpf

@@ -15,19 +15,21 @@
 namespace knod::bpf {
 
 // Keys without the generation bit: the loader adds it when it writes a generation.
-struct ExactEntry {
-    knod_exact_key key; // generation left 0
+template <typename Key> struct ExactEntry {
+    Key key;
     std::uint32_t slot;
 };
 
-struct BucketEntry {
-    knod_lpm_key key; // generation left 0; prefixlen already includes the 32 leading bits
+template <typename Key> struct BucketEntry {
+    Key key; // prefixlen already includes the 32 leading bits
     knod_bucket bucket;
 };
 
 struct CompiledRules {
-    std::vector<ExactEntry> exact;
-    std::vector<BucketEntry> buckets;
+    std::vector<ExactEntry<knod_exact4_key>> exact4;
+    std::vector<ExactEntry<knod_exact6_key>> exact6;
+    std::vector<BucketEntry<knod_lpm4_key>> buckets4;
+    std::vector<BucketEntry<knod_lpm6_key>> buckets6;
 };
 
 // True when a spec names one protocol, one host each side and one port each side.
@@ -39,7 +41,8 @@ Result<CompiledRules>
 compile_rules(const std::map<std::uint32_t, std::vector<policy::FlowSpec>> &flows);
 
 // Stable byte strings for keys, so the loader can diff generations.
-std::string key_bytes(const knod_exact_key &k);
-std::string key_bytes(const knod_lpm_key &k);
+template <typename Key> std::string key_bytes(const Key &k) {
+    return std::string(reinterpret_cast<const char *>(&k), sizeof k);
+}
 
 } // namespace knod::bpf

@@ -1,0 +1,163 @@
+// ns/packet of the flow filter against a floor (XDP_PASS) and xdp-filter's shipped alw_all
+// object, all measured in this one run with BPF_PROG_TEST_RUN's own `duration` (kernel time per
+// repetition, not wall time). Prints ratios. Needs root.
+//   knod_filter_bench [--quick] [--xdp-filter OBJECT]
+#include "bpf/flow_filter.h"
+#include "tests/unit/packet_builder.h"
+#include "xdp_pass.skel.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using knod::test::build_packet;
+using knod::test::PacketSpec;
+
+std::string source(std::uint32_t i) {
+    return "10." + std::to_string(50 + (i >> 16)) + "." + std::to_string((i >> 8) & 255) + "." +
+           std::to_string(i & 255);
+}
+
+std::vector<std::uint8_t> packet_from(std::uint32_t i) {
+    PacketSpec p;
+    p.src = source(i);
+    p.sport = 1000;
+    p.dst = "10.60.0.1";
+    p.dport = 2000;
+    p.payload = 64;
+    return build_packet(p);
+}
+
+// Average kernel ns per run of `prog` over `packets`, each repeated `repeat` times.
+double ns_per_packet(int prog, const std::vector<std::vector<std::uint8_t>> &packets, int repeat) {
+    double total = 0;
+    std::vector<std::uint8_t> out(2048);
+    for (auto &p : packets) {
+        LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = p.data(), .data_out = out.data(),
+                    .data_size_in = static_cast<__u32>(p.size()),
+                    .data_size_out = static_cast<__u32>(out.size()), .repeat = repeat);
+        if (bpf_prog_test_run_opts(prog, &opts) != 0) {
+            std::perror("BPF_PROG_TEST_RUN");
+            std::exit(1);
+        }
+        total += opts.duration;
+    }
+    return total / static_cast<double>(packets.size());
+}
+
+struct XdpFilter {
+    bpf_object *obj = nullptr;
+    int prog = -1;
+    ~XdpFilter() { bpf_object__close(obj); }
+};
+
+// xdp-filter's object loaded with plain libbpf: pinning off, the IPv4 map sized for `rules`,
+// and one source-address rule per knod rule (MAP_FLAG_SRC).
+bool load_xdp_filter(XdpFilter &x, const std::string &path, std::uint32_t rules) {
+    x.obj = bpf_object__open_file(path.c_str(), nullptr);
+    if (!x.obj) {
+        std::fprintf(stderr, "cannot open %s (install xdp-tools)\n", path.c_str());
+        return false;
+    }
+    bpf_map *m;
+    bpf_object__for_each_map(m, x.obj) {
+        bpf_map__set_pin_path(m, nullptr);
+        if (std::string(bpf_map__name(m)) == "filter_ipv4") bpf_map__set_max_entries(m, rules + 16);
+    }
+    if (int r = bpf_object__load(x.obj); r != 0) {
+        std::fprintf(stderr, "xdp-filter's object did not load: %s\n", std::strerror(-r));
+        return false;
+    }
+    bpf_program *p = bpf_object__next_program(x.obj, nullptr);
+    x.prog = bpf_program__fd(p);
+    bpf_map *ipv4 = bpf_object__find_map_by_name(x.obj, "filter_ipv4");
+    // A per-CPU hash: one value per possible CPU.
+    std::vector<__u64> flag_src(static_cast<std::size_t>(libbpf_num_possible_cpus()), 1);
+    for (std::uint32_t i = 0; i < rules; ++i) {
+        __u32 addr = 0;
+        inet_pton(AF_INET, source(i).c_str(), &addr);
+        if (bpf_map__update_elem(ipv4, &addr, sizeof addr, flag_src.data(),
+                                 flag_src.size() * sizeof(__u64), 0) != 0) {
+            std::fprintf(stderr, "xdp-filter rule %u: %s\n", i, std::strerror(errno));
+            return false;
+        }
+    }
+    return true;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    bool quick = false;
+    std::string xdpfilt = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_all.o";
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--quick")) quick = true;
+        else if (!std::strcmp(argv[i], "--xdp-filter") && i + 1 < argc) xdpfilt = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: %s [--quick] [--xdp-filter OBJECT]\n", argv[0]);
+            return 2;
+        }
+    }
+    libbpf_set_print([](enum libbpf_print_level, const char *, va_list) { return 0; });
+    const int repeat = quick ? 200 : 5000;
+    const std::uint32_t varied_count = quick ? 256 : 4096;
+    std::vector<std::uint32_t> sizes = quick ? std::vector<std::uint32_t>{1, 1000}
+                                             : std::vector<std::uint32_t>{1, 1000, 100000};
+
+    xdp_pass_bpf *floor_skel = xdp_pass_bpf__open_and_load();
+    if (!floor_skel) {
+        std::fprintf(stderr, "cannot load the XDP_PASS floor (root and BPF needed)\n");
+        return 1;
+    }
+    int floor_prog = bpf_program__fd(floor_skel->progs.xdp_pass);
+
+    std::printf("ns/packet from BPF_PROG_TEST_RUN duration, repeat %d; ratios against the same run\n", repeat);
+    std::printf("%-8s %-8s %8s %8s %10s %10s %10s\n", "rules", "packets", "floor", "knod",
+                "xdp-filter", "knod/xf", "knod-floor");
+    bool all_ok = true, measured_xf = true;
+    for (std::uint32_t n : sizes) {
+        auto filter = knod::bpf::FlowFilter::load();
+        if (!filter) {
+            std::fprintf(stderr, "%s\n", filter.error().message.c_str());
+            return 1;
+        }
+        // N bindings' exact 5-tuples, in slots 1..N (one rule each), all active on queue 0.
+        std::vector<knod::policy::FlowSpec> flows;
+        for (std::uint32_t i = 0; i < n; ++i)
+            flows.push_back(*knod::policy::parse_flow_spec("udp " + source(i) + ":1000 -> 10.60.0.1:2000"));
+        if (!(*filter)->set_slot(1, knod::bpf::SlotState::active, 0)) return 1;
+        if (auto r = (*filter)->set_flows(1, flows); !r) {
+            std::fprintf(stderr, "%s\n", r.error().message.c_str());
+            return 1;
+        }
+        XdpFilter xf;
+        bool have_xf = load_xdp_filter(xf, xdpfilt, n);
+        measured_xf = measured_xf && have_xf;
+        std::vector<std::vector<std::uint8_t>> hot = {packet_from(0)};
+        std::vector<std::vector<std::uint8_t>> varied;
+        for (std::uint32_t k = 0; k < varied_count; ++k)
+            varied.push_back(packet_from(n >= varied_count ? k * (n / varied_count) : k));
+        for (auto &[label, set] : {std::pair{"hot", &hot}, std::pair{"varied", &varied}}) {
+            int r = label == std::string("hot") ? repeat * 20 : repeat;
+            double f = ns_per_packet(floor_prog, *set, r);
+            double k = ns_per_packet((*filter)->program_fd(), *set, r);
+            double x = have_xf ? ns_per_packet(xf.prog, *set, r) : 0;
+            std::printf("%-8u %-8s %8.1f %8.1f %10.1f %10.2f %10.1f\n", n, label, f, k, x,
+                        have_xf ? k / x : 0.0, k - f);
+            if (have_xf && k / x > 0.7) all_ok = false;
+        }
+    }
+    std::printf("%s\n", !measured_xf ? "xdp-filter not measured"
+                       : all_ok    ? "target met: knod <= 0.7x xdp-filter alw_all at every size"
+                                   : "target missed: knod > 0.7x xdp-filter alw_all somewhere (see docs)");
+    xdp_pass_bpf__destroy(floor_skel);
+    return 0;
+}
