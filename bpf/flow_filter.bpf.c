@@ -8,6 +8,7 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
+#include <linux/pkt_cls.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
 #include <linux/tcp.h>
@@ -136,9 +137,7 @@ static __always_inline int parse_l4(void *l4, void *end, __u8 protocol, struct p
     return PARSE_UNMATCHED;
 }
 
-static __always_inline int parse(struct xdp_md *ctx, struct packet *p) {
-    void *data = (void *)(long)ctx->data;
-    void *end = (void *)(long)ctx->data_end;
+static __always_inline int parse(void *data, void *end, struct packet *p) {
     struct ethhdr *eth = data;
     if ((void *)(eth + 1) > end) return PARSE_MALFORMED;
     void *next = eth + 1;
@@ -259,7 +258,7 @@ int knod_flow_filter(struct xdp_md *ctx) {
     struct knod_config c = *cfg; /* read once: one generation per packet */
 
     struct packet p = {};
-    int parsed = parse(ctx, &p);
+    int parsed = parse((void *)(long)ctx->data, (void *)(long)ctx->data_end, &p);
     if (parsed == PARSE_MALFORMED) {
         count(KNOD_STAT_MALFORMED);
         return unmatched(&c);
@@ -289,4 +288,23 @@ int knod_flow_filter(struct xdp_md *ctx) {
     count(KNOD_STAT_OFFLOADED);
     /* No socket on the queue: drop rather than leak the packet to the stack. */
     return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_DROP);
+}
+
+/* The sim's stand-in for a NIC's ntuple steering rules: on the wire end's egress, a packet that
+ * belongs to a binding is given that binding's queue, so it arrives on the NIC end's RX queue
+ * whose AF_XDP socket serves the binding. (On veth, queue_mapping N+1 lands on RX queue N.) */
+SEC("tc")
+int knod_steer(struct __sk_buff *skb) {
+    __u32 zero = 0;
+    struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
+    if (!cfg) return TC_ACT_OK;
+    struct knod_config c = *cfg;
+    struct packet p = {};
+    if (parse((void *)(long)skb->data, (void *)(long)skb->data_end, &p) != PARSE_OK) return TC_ACT_OK;
+    long found = classify(&p, &c);
+    if (found < 0 || found >= KNOD_MAX_BINDINGS) return TC_ACT_OK;
+    __u32 slot_id = found;
+    struct knod_slot *slot = bpf_map_lookup_elem(&slots, &slot_id);
+    if (slot && slot->state != KNOD_SLOT_FREE) skb->queue_mapping = slot->queue + 1;
+    return TC_ACT_OK;
 }

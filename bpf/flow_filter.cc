@@ -295,6 +295,7 @@ FilterStats FlowFilter::stats() const {
 int FlowFilter::program_fd() const {
     return bpf_program__fd(skel_->progs.knod_flow_filter);
 }
+int FlowFilter::steer_program_fd() const { return bpf_program__fd(skel_->progs.knod_steer); }
 int FlowFilter::xsks_fd() const {
     return bpf_map__fd(skel_->maps.xsks);
 }

@@ -67,6 +67,7 @@ class FlowFilter {
     FilterStats stats() const;
 
     int program_fd() const;
+    int steer_program_fd() const; // the tc program for the sim's wire end
     int xsks_fd() const;
     const std::string &mode() const { return mode_; }           // native, generic, or none
     const std::string &mode_note() const { return mode_note_; } // why generic, if it is

@@ -19,5 +19,6 @@ Runner add_check(CLI::App &app);
 Runner add_explain(CLI::App &app);
 Runner add_audit(CLI::App &app);
 Runner add_daemon_commands(CLI::App &app);
+Runner add_sim_send(CLI::App &app);
 
 } // namespace knod::cli

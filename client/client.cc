@@ -4,7 +4,9 @@
 
 #include <systemd/sd-bus.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 namespace knod::client {
@@ -156,6 +158,18 @@ Result<BindingCounters> Client::counters(const std::string &id) {
           std::pair{"DroppedPackets", &c.dropped_packets}})
         if (auto r = get(name, *field); !r) return r.error();
     return c;
+}
+
+Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+        auto rx = property<std::uint64_t>(bus_, path_of(id), binding_interface, "RxBytes", 't');
+        if (!rx) return rx.error();
+        if (*rx > seen) return *rx;
+        if (std::chrono::steady_clock::now() >= deadline)
+            return make_error(Errc::expired, "no data within " + std::to_string(timeout_ms) + " ms");
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
 }
 
 Result<std::string> Client::state(const std::string &id) {

@@ -65,6 +65,10 @@ class Client {
     Result<void> activate(const std::string &id, const std::vector<std::uint8_t> &key);
     Result<void> release(const std::string &id);
     Result<BindingCounters> counters(const std::string &id);
+    // Waits until the binding's RxBytes passes `seen` (the article's wait_for_data), polling the
+    // daemon every few milliseconds, for at most `timeout_ms`. Returns the new RxBytes; byte i
+    // of the stream is at offset + (i mod length) in the region. Times out with Errc::expired.
+    Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
     Result<std::string> state(const std::string &id);
     Result<std::vector<BindingSummary>> list();
     Result<void> revoke(const std::string &id, const std::string &reason);

@@ -10,6 +10,8 @@
 #include <systemd/sd-daemon.h>
 
 #include <cstring>
+#include <map>
+#include <sys/epoll.h>
 #include <iostream>
 
 namespace {
@@ -27,6 +29,33 @@ struct Options {
 void log(const std::string &line) {
     std::cerr << line << std::endl;
 }
+
+// The drivers' view of sd-event: readable fds call back.
+class SdEventLoop : public knod::driver::EventLoop {
+  public:
+    explicit SdEventLoop(sd_event *e) : event_(e) {}
+    knod::Result<void> watch(int fd, std::function<void()> fn) override {
+        auto cb = std::make_unique<std::function<void()>>(std::move(fn));
+        sd_event_source *src = nullptr;
+        int r = sd_event_add_io(
+            event_, &src, fd, EPOLLIN,
+            [](sd_event_source *, int, uint32_t, void *ud) -> int {
+                (*static_cast<std::function<void()> *>(ud))();
+                return 0;
+            },
+            cb.get());
+        if (r < 0)
+            return knod::make_error(knod::Errc::driver_failure,
+                                    "cannot watch fd: " + std::string(std::strerror(-r)));
+        sources_[fd] = {knod::bus::SourcePtr(src), std::move(cb)};
+        return {};
+    }
+    void unwatch(int fd) override { sources_.erase(fd); }
+
+  private:
+    sd_event *event_;
+    std::map<int, std::pair<knod::bus::SourcePtr, std::unique_ptr<std::function<void()>>>> sources_;
+};
 
 knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &paths) {
     std::vector<std::string> files;
@@ -94,6 +123,11 @@ int main(int argc, char **argv) {
     app.add_option("--sim-queues", o.sim.queues, "sim: RX queues (queue 0 is the normal stack)")
         ->capture_default_str();
     app.add_option("--sim-gpu", o.sim.gpu, "sim: the simulated GPU's name")->capture_default_str();
+    app.add_option("--sim-datapath", o.sim.datapath,
+                   "sim: build the veth/XDP/AF_XDP data path (off: control half only)")
+        ->capture_default_str();
+    app.add_option("--sim-netns", o.sim.netns, "sim: the wire side's network namespace")->capture_default_str();
+    app.add_option("--bpf-pin-root", o.sim.pin_root, "where the flow filter is pinned")->capture_default_str();
     app.add_option("--rate-limit", o.rate, "requests per second per bus connection")
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
@@ -132,7 +166,13 @@ int main(int argc, char **argv) {
     }
     sd_bus_attach_event(bus->get(), event.get(), SD_EVENT_PRIORITY_NORMAL);
 
-    knod::driver::SimDriver driver(o.sim);
+    SdEventLoop driver_loop(event.get());
+    o.sim.drop_unmatched = policy->settings.unmatched_traffic == knod::policy::UnmatchedTraffic::drop;
+    knod::driver::SimDriver driver(o.sim, &driver_loop);
+    if (auto r = driver.start(); !r) {
+        std::cerr << "knod-policyd: sim driver: " << r.error().message << "\n";
+        return 1;
+    }
     auto paths = o.policy;
     knod::bus::BusService service(bus->get(), event.get(), [paths] { return load_policy(paths); });
     knod::daemon::ManagerConfig config;

@@ -313,6 +313,7 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
     j["gpus"] = nlohmann::json::array();
     for (auto &g : d.gpus())
         j["gpus"].push_back({{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
+    j["datapath"] = d.stats();
     auto st = s->manager_->status();
     j["journal"] = {{"available", st.journal_available},
                     {"pending_records", st.pending_records},

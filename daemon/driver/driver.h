@@ -6,6 +6,7 @@
 #include "knod/result.h"
 #include "policy/flow_spec.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,8 @@ class Driver {
     // Stops delivery at once and frees everything attach() took. Never fails.
     virtual void detach(const std::string &id) = 0;
     virtual journal::Counters counters(const std::string &id) const = 0;
+    // Driver-wide counters for the host report (traffic no binding claimed, and so on).
+    virtual std::map<std::string, std::uint64_t> stats() const { return {}; }
 };
 
 } // namespace knod::driver

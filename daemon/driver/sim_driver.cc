@@ -1,6 +1,36 @@
 #include "daemon/driver/sim_driver.h"
 
+#include "daemon/driver/frame.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
 namespace knod::driver {
+
+SimDriver::SimDriver(SimConfig config, EventLoop *loop) : config_(std::move(config)), loop_(loop) {}
+
+SimDriver::~SimDriver() {
+    for (auto &[q, x] : xsks_)
+        if (loop_) loop_->unwatch(x->fd());
+    xsks_.clear();
+    network_.reset();
+}
+
+Result<void> SimDriver::start() {
+    if (!config_.datapath) return {};
+    SimNetworkConfig n;
+    n.netns = config_.netns;
+    n.nic = config_.netdev;
+    n.wire = config_.netdev + "w";
+    n.queues = config_.queues;
+    n.filter.pin_root = config_.pin_root;
+    n.filter.drop_unmatched = config_.drop_unmatched;
+    auto net = SimNetwork::create(n);
+    if (!net) return net.error();
+    network_ = std::move(*net);
+    return {};
+}
 
 Result<GpuInfo> SimDriver::gpu(const std::string &name) const {
     if (name != config_.gpu)
@@ -20,42 +50,141 @@ std::vector<GpuInfo> SimDriver::gpus() const {
     return {{config_.gpu, {config_.gpu}, config_.vram_bytes}};
 }
 
-std::vector<NetdevInfo> SimDriver::netdevs() const {
-    return {{config_.netdev, config_.queues}};
-}
+std::vector<NetdevInfo> SimDriver::netdevs() const { return {{config_.netdev, config_.queues}}; }
 
 Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
     if (config_.queues < 2)
         return make_error(Errc::driver_failure, "netdev " + plan.netdev + " has no offload queue");
     // Queue 0 stays with the normal stack, as on a real NIC with steering rules. Bindings go to
-    // the least loaded offload queue; the filter tags each packet with its binding, so bindings
-    // sharing a queue are still told apart.
+    // the least loaded offload queue; bindings sharing a queue are told apart by their flows.
     std::map<std::uint32_t, std::size_t> load;
-    for (std::uint32_t q = 1; q < config_.queues; ++q)
-        load[q] = 0;
-    for (auto &[id, slot] : slots_)
-        ++load[slot.queue];
+    for (std::uint32_t q = 1; q < config_.queues; ++q) load[q] = 0;
+    for (auto &[id, s] : slots_) ++load[s.queue];
     std::uint32_t best = 1;
     for (auto &[q, n] : load)
         if (n < load[best]) best = q;
-    slots_[plan.id] = Slot{plan, best, false};
+    std::uint32_t slot = 0;
+    if (!free_slots_.empty()) {
+        slot = *free_slots_.begin();
+        free_slots_.erase(free_slots_.begin());
+    } else if (next_slot_ < KNOD_MAX_BINDINGS) {
+        slot = next_slot_++;
+    } else {
+        return make_error(Errc::driver_failure, "the flow filter's binding slots are all in use");
+    }
+    if (network_) {
+        auto &f = network_->filter();
+        Result<void> r = f.set_slot(slot, bpf::SlotState::inactive, best);
+        if (r) r = f.set_flows(slot, plan.flows);
+        if (!r) {
+            (void)f.remove(slot);
+            free_slots_.insert(slot);
+            return make_error(Errc::driver_failure, r.error().message);
+        }
+    }
+    slots_[plan.id] = Slot{plan, slot, best, false, 0, 0};
     return std::vector<std::uint32_t>{best};
+}
+
+Result<void> SimDriver::open_queue(std::uint32_t queue) {
+    if (xsks_.count(queue)) return {};
+    auto x = XskQueue::open(config_.netdev, queue, network_->filter().xsks_fd());
+    if (!x) return x.error();
+    XskQueue *raw = x->get();
+    if (loop_) {
+        if (auto w = loop_->watch(raw->fd(), [this, raw] { receive(*raw); }); !w) return w.error();
+    }
+    xsks_[queue] = std::move(*x);
+    return {};
+}
+
+void SimDriver::close_queue_if_idle(std::uint32_t queue) {
+    for (auto &[id, s] : slots_)
+        if (s.queue == queue && s.active) return;
+    auto it = xsks_.find(queue);
+    if (it == xsks_.end()) return;
+    if (loop_) loop_->unwatch(it->second->fd());
+    xsks_.erase(it);
 }
 
 Result<void> SimDriver::activate(const std::string &id) {
     auto it = slots_.find(id);
-    if (it == slots_.end())
-        return make_error(Errc::driver_failure, "binding " + id + " is not attached");
-    it->second.active = true;
+    if (it == slots_.end()) return make_error(Errc::driver_failure, "binding " + id + " is not attached");
+    Slot &s = it->second;
+    if (network_) {
+        if (auto r = open_queue(s.queue); !r) return r;
+        if (auto r = network_->filter().set_slot(s.slot, bpf::SlotState::active, s.queue); !r)
+            return make_error(Errc::driver_failure, r.error().message);
+    }
+    s.active = true;
     return {};
 }
 
 void SimDriver::detach(const std::string &id) {
-    slots_.erase(id);
+    auto it = slots_.find(id);
+    if (it == slots_.end()) return;
+    std::uint32_t queue = it->second.queue;
+    // The filter stops matching first; frames already queued find no binding and are dropped.
+    if (network_) (void)network_->filter().remove(it->second.slot);
+    free_slots_.insert(it->second.slot);
+    slots_.erase(it);
+    if (network_) close_queue_if_idle(queue);
 }
 
-journal::Counters SimDriver::counters(const std::string &) const {
-    return {};
+journal::Counters SimDriver::counters(const std::string &id) const {
+    auto it = slots_.find(id);
+    if (it == slots_.end()) return {};
+    journal::Counters c{it->second.rx_bytes, it->second.rx_packets, 0};
+    if (network_) c.dropped_packets = network_->filter().counters(it->second.slot).drops;
+    return c;
+}
+
+std::map<std::string, std::uint64_t> SimDriver::stats() const {
+    if (!network_) return {};
+    bpf::FilterStats f = network_->filter().stats();
+    return {{"unmatched_passed", f.passed},       {"unmatched_dropped", f.dropped},
+            {"malformed", f.malformed},           {"fragments", f.fragments},
+            {"offloaded", f.offloaded},           {"binding_drops", f.binding_drops},
+            {"undeliverable", undeliverable_}};
+}
+
+void SimDriver::receive(XskQueue &q) {
+    q.drain([&](std::span<const std::uint8_t> frame) {
+        auto parsed = parse_frame(frame);
+        Slot *owner = nullptr;
+        if (parsed) {
+            for (auto &[id, s] : slots_) {
+                if (!s.active || s.queue != q.queue()) continue;
+                bool mine = std::any_of(s.plan.flows.begin(), s.plan.flows.end(),
+                                        [&](auto &f) { return f.matches(parsed->tuple); });
+                if (mine) {
+                    owner = &s;
+                    break;
+                }
+            }
+        }
+        if (!owner) {
+            ++undeliverable_;
+            return;
+        }
+        deliver(*owner, parsed->payload);
+    });
+}
+
+void SimDriver::deliver(Slot &s, std::span<const std::uint8_t> payload) {
+    const std::uint64_t length = s.plan.length;
+    std::uint64_t pos = s.rx_bytes % length;
+    std::size_t done = 0;
+    while (done < payload.size()) {
+        std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(payload.size() - done, length - pos));
+        ssize_t w = pwrite(s.plan.region_fd, payload.data() + done, chunk,
+                           static_cast<off_t>(s.plan.offset + pos));
+        if (w <= 0) return; // the holder's memfd went bad: stop, the counters say how far it got
+        done += static_cast<std::size_t>(w);
+        pos = (pos + static_cast<std::uint64_t>(w)) % length;
+    }
+    s.rx_bytes += payload.size();
+    s.rx_packets += 1;
 }
 
 } // namespace knod::driver

@@ -1,11 +1,17 @@
-// The sim backend's control half: a simulated NIC with a fixed number of RX queues and a
-// simulated GPU, with the same bookkeeping a hardware backend does (one queue per binding,
-// inactive until the key is presented). The data path (veth, XDP, AF_XDP) plugs in here.
+// The sim backend: a simulated NIC and GPU with the same bookkeeping a hardware backend does
+// (queues, bindings inactive until the key is presented), and a real data path: the flow filter
+// on a veth pair, AF_XDP sockets per queue, and payloads copied into the holder's memfd, the
+// simulated VRAM. The region is a ring: byte i of a binding's stream lands at
+// offset + (i mod length); RxBytes says how far the stream has gone.
 #pragma once
 
 #include "daemon/driver/driver.h"
+#include "daemon/driver/event_loop.h"
+#include "daemon/driver/sim_network.h"
+#include "daemon/driver/xsk_queue.h"
 
 #include <map>
+#include <set>
 
 namespace knod::driver {
 
@@ -14,11 +20,19 @@ struct SimConfig {
     std::uint32_t queues = 4;
     std::string gpu = "sim0";
     std::uint64_t vram_bytes = 1ull << 30;
+    bool datapath = true; // off: control half only (no namespace, no BPF)
+    std::string netns = "knod-sim";
+    std::string pin_root = "/sys/fs/bpf/knod";
+    bool drop_unmatched = false;
 };
 
 class SimDriver : public Driver {
   public:
-    explicit SimDriver(SimConfig config) : config_(std::move(config)) {}
+    SimDriver(SimConfig config, EventLoop *loop);
+    ~SimDriver() override;
+    // Builds the sim network when the data path is on. Separate from the constructor so that
+    // failures carry their reason.
+    Result<void> start();
 
     std::string name() const override { return "sim"; }
     RegionKind region_kind() const override { return RegionKind::memfd; }
@@ -32,14 +46,32 @@ class SimDriver : public Driver {
     void detach(const std::string &id) override;
     journal::Counters counters(const std::string &id) const override;
 
+    // Filter-wide counts: unmatched traffic passed or dropped, malformed, fragments, and frames
+    // that reached a socket but no active binding.
+    std::map<std::string, std::uint64_t> stats() const override;
+
   private:
     struct Slot {
         BindingPlan plan;
+        std::uint32_t slot = 0; // the filter's binding slot
         std::uint32_t queue = 0;
         bool active = false;
+        std::uint64_t rx_bytes = 0;
+        std::uint64_t rx_packets = 0;
     };
+    void receive(XskQueue &q);
+    void deliver(Slot &s, std::span<const std::uint8_t> payload);
+    Result<void> open_queue(std::uint32_t queue);
+    void close_queue_if_idle(std::uint32_t queue);
+
     SimConfig config_;
+    EventLoop *loop_;
+    std::unique_ptr<SimNetwork> network_;
     std::map<std::string, Slot> slots_;
+    std::set<std::uint32_t> free_slots_;
+    std::uint32_t next_slot_ = 1;
+    std::map<std::uint32_t, std::unique_ptr<XskQueue>> xsks_;
+    std::uint64_t undeliverable_ = 0; // frames on a queue that no active binding claimed
 };
 
 } // namespace knod::driver

@@ -2,6 +2,9 @@
 // (run it under setpriv). Prints "ok ..." or "error NAME: message" and exits 0 or 1.
 //   hold NETDEV GPU BYTES FLOW...   request a binding for a fresh sealed memfd, print
 //                                   "ok ID KEYHEX", then wait until stdin closes or a signal
+//   hold-active NETDEV GPU BYTES FLOW...  the same, activating the binding with its key; when
+//                                   stdin closes, print "data RXBYTES HEX" (the region's first
+//                                   min(RXBYTES, BYTES) bytes)
 //   activate ID KEYHEX | release ID | list | revoke ID REASON | reload
 #include "client/client.h"
 #include "knod/hex.h"
@@ -44,7 +47,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const std::string &cmd = args[0];
-    if (cmd == "hold" && args.size() >= 5) {
+    if ((cmd == "hold" || cmd == "hold-active") && args.size() >= 5) {
         std::uint64_t bytes = std::stoull(args[3]);
         int fd = memfd_create("knod-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
@@ -58,9 +61,19 @@ int main(int argc, char **argv) {
             std::cout << "error " << g.error().message << std::endl;
             return 1;
         }
+        if (cmd == "hold-active") {
+            if (auto a = client->activate(g->id, g->key); !a) return report(a);
+        }
         std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
         char c;
         while (read(STDIN_FILENO, &c, 1) > 0) {
+        }
+        if (cmd == "hold-active") {
+            auto rx = client->counters(g->id);
+            std::uint64_t n = rx ? std::min<std::uint64_t>(rx->rx_bytes, bytes) : 0;
+            std::vector<std::uint8_t> buf(n);
+            if (n && pread(fd, buf.data(), n, 0) != static_cast<ssize_t>(n)) return 1;
+            std::cout << "data " << (rx ? rx->rx_bytes : 0) << " " << knod::to_hex(buf) << std::endl;
         }
         return 0;
     }

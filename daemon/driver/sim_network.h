@@ -1,0 +1,47 @@
+// The sim's network: a veth pair whose "NIC" end stays in the daemon's namespace, carrying the
+// real flow filter, and whose "wire" end lives in a namespace of the sim's own, where traffic is
+// sent from. A tc program on the wire end's egress steers each binding's packets to its RX
+// queue, as ntuple rules would on a real NIC.
+#pragma once
+
+#include "bpf/flow_filter.h"
+#include "knod/result.h"
+
+#include <memory>
+#include <string>
+
+namespace knod::driver {
+
+struct SimNetworkConfig {
+    std::string netns = "knod-sim";
+    std::string nic = "knodsim0";
+    std::string wire = "knodsim0w";
+    std::uint32_t queues = 4;
+    std::string nic_address = "10.99.0.2";
+    std::string wire_address = "10.99.0.1";
+    int prefix_length = 24;
+    bpf::FilterOptions filter;
+};
+
+class SimNetwork {
+  public:
+    // Builds the namespace, the pair and the filter. Leftovers of a previous run with the same
+    // names (a crash) are removed first.
+    static Result<std::unique_ptr<SimNetwork>> create(const SimNetworkConfig &config);
+    // Removes what create() makes; safe on a half-built or absent network.
+    static void remove(const SimNetworkConfig &config);
+    ~SimNetwork();
+
+    bpf::FlowFilter &filter() { return *filter_; }
+    const SimNetworkConfig &config() const { return config_; }
+
+  private:
+    explicit SimNetwork(SimNetworkConfig c) : config_(std::move(c)) {}
+    SimNetworkConfig config_;
+    std::unique_ptr<bpf::FlowFilter> filter_;
+};
+
+// Runs `ip` with the arguments; returns its output or an error with what it printed.
+Result<std::string> run_ip(const std::vector<std::string> &args);
+
+} // namespace knod::driver
