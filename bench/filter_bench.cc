@@ -99,8 +99,10 @@ int main(int argc, char **argv) {
     bool quick = false;
     std::string xdpfilt = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_all.o";
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--quick")) quick = true;
-        else if (!std::strcmp(argv[i], "--xdp-filter") && i + 1 < argc) xdpfilt = argv[++i];
+        if (!std::strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!std::strcmp(argv[i], "--xdp-filter") && i + 1 < argc)
+            xdpfilt = argv[++i];
         else {
             std::fprintf(stderr, "usage: %s [--quick] [--xdp-filter OBJECT]\n", argv[0]);
             return 2;
@@ -109,8 +111,8 @@ int main(int argc, char **argv) {
     libbpf_set_print([](enum libbpf_print_level, const char *, va_list) { return 0; });
     const int repeat = quick ? 200 : 5000;
     const std::uint32_t varied_count = quick ? 256 : 4096;
-    std::vector<std::uint32_t> sizes = quick ? std::vector<std::uint32_t>{1, 1000}
-                                             : std::vector<std::uint32_t>{1, 1000, 100000};
+    std::vector<std::uint32_t> sizes =
+        quick ? std::vector<std::uint32_t>{1, 1000} : std::vector<std::uint32_t>{1, 1000, 100000};
 
     xdp_pass_bpf *floor_skel = xdp_pass_bpf__open_and_load();
     if (!floor_skel) {
@@ -119,7 +121,9 @@ int main(int argc, char **argv) {
     }
     int floor_prog = bpf_program__fd(floor_skel->progs.xdp_pass);
 
-    std::printf("ns/packet from BPF_PROG_TEST_RUN duration, repeat %d; ratios against the same run\n", repeat);
+    std::printf(
+        "ns/packet from BPF_PROG_TEST_RUN duration, repeat %d; ratios against the same run\n",
+        repeat);
     std::printf("%-8s %-8s %8s %8s %10s %10s %10s\n", "rules", "packets", "floor", "knod",
                 "xdp-filter", "knod/xf", "knod-floor");
     bool all_ok = true, measured_xf = true;
@@ -132,7 +136,8 @@ int main(int argc, char **argv) {
         // N bindings' exact 5-tuples, in slots 1..N (one rule each), all active on queue 0.
         std::vector<knod::policy::FlowSpec> flows;
         for (std::uint32_t i = 0; i < n; ++i)
-            flows.push_back(*knod::policy::parse_flow_spec("udp " + source(i) + ":1000 -> 10.60.0.1:2000"));
+            flows.push_back(
+                *knod::policy::parse_flow_spec("udp " + source(i) + ":1000 -> 10.60.0.1:2000"));
         if (!(*filter)->set_slot(1, knod::bpf::SlotState::active, 0)) return 1;
         if (auto r = (*filter)->set_flows(1, flows); !r) {
             std::fprintf(stderr, "%s\n", r.error().message.c_str());
@@ -156,8 +161,9 @@ int main(int argc, char **argv) {
         }
     }
     std::printf("%s\n", !measured_xf ? "xdp-filter not measured"
-                       : all_ok    ? "target met: knod <= 0.7x xdp-filter alw_all at every size"
-                                   : "target missed: knod > 0.7x xdp-filter alw_all somewhere (see docs)");
+                        : all_ok
+                            ? "target met: knod <= 0.7x xdp-filter alw_all at every size"
+                            : "target missed: knod > 0.7x xdp-filter alw_all somewhere (see docs)");
     xdp_pass_bpf__destroy(floor_skel);
     return 0;
 }

@@ -8,9 +8,9 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
-#include <linux/pkt_cls.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
 
@@ -300,7 +300,8 @@ int knod_steer(struct __sk_buff *skb) {
     if (!cfg) return TC_ACT_OK;
     struct knod_config c = *cfg;
     struct packet p = {};
-    if (parse((void *)(long)skb->data, (void *)(long)skb->data_end, &p) != PARSE_OK) return TC_ACT_OK;
+    if (parse((void *)(long)skb->data, (void *)(long)skb->data_end, &p) != PARSE_OK)
+        return TC_ACT_OK;
     long found = classify(&p, &c);
     if (found < 0 || found >= KNOD_MAX_BINDINGS) return TC_ACT_OK;
     __u32 slot_id = found;

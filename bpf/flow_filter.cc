@@ -25,7 +25,8 @@ std::string err(int e) {
     return std::strerror(e < 0 ? -e : e);
 }
 
-const char *pinned_maps[] = {"config", "exact4", "exact6", "prefixes4", "prefixes6", "slots", "counters", "stats", "xsks"};
+const char *pinned_maps[] = {"config", "exact4",   "exact6", "prefixes4", "prefixes6",
+                             "slots",  "counters", "stats",  "xsks"};
 
 struct bpf_map *map_named(flow_filter_bpf *s, const std::string &name) {
     return bpf_object__find_map_by_name(s->obj, name.c_str());
@@ -158,7 +159,8 @@ Result<std::vector<std::string>> FlowFilter::reconcile(const std::string &pin_ro
 
 Result<void> FlowFilter::write_config() {
     __u32 zero = 0;
-    if (bpf_map__update_elem(skel_->maps.config, &zero, sizeof zero, &config_, sizeof config_, 0) != 0)
+    if (bpf_map__update_elem(skel_->maps.config, &zero, sizeof zero, &config_, sizeof config_, 0) !=
+        0)
         return make_error(Errc::io, "cannot write the filter config: " + err(errno));
     return {};
 }
@@ -193,8 +195,8 @@ namespace {
 // Makes `map`'s entries of generation `gen` equal `entries`, given what that generation held:
 // writes new or changed entries, then deletes the ones no longer wanted.
 template <typename Entry, typename Value>
-Result<void> sync(bpf_map *map, std::map<std::string, Value> &held, const std::vector<Entry> &entries,
-                  std::uint8_t gen, Value Entry::*value) {
+Result<void> sync(bpf_map *map, std::map<std::string, Value> &held,
+                  const std::vector<Entry> &entries, std::uint8_t gen, Value Entry::*value) {
     std::map<std::string, Value> wanted;
     for (auto &e : entries) {
         auto key = e.key;
@@ -237,8 +239,10 @@ Result<void> FlowFilter::publish() {
     Result<void> r;
     if (!(r = sync(skel_->maps.exact4, exact4_.generation[next], c->exact4, gen, &E4::slot)) ||
         !(r = sync(skel_->maps.exact6, exact6_.generation[next], c->exact6, gen, &E6::slot)) ||
-        !(r = sync(skel_->maps.prefixes4, buckets4_.generation[next], c->buckets4, gen, &B4::bucket)) ||
-        !(r = sync(skel_->maps.prefixes6, buckets6_.generation[next], c->buckets6, gen, &B6::bucket)))
+        !(r = sync(skel_->maps.prefixes4, buckets4_.generation[next], c->buckets4, gen,
+                   &B4::bucket)) ||
+        !(r = sync(skel_->maps.prefixes6, buckets6_.generation[next], c->buckets6, gen,
+                   &B6::bucket)))
         return r; // the idle generation is half written, but packets never look at it
     knod_config flipped = config_;
     flipped.generation = next;
@@ -295,7 +299,9 @@ FilterStats FlowFilter::stats() const {
 int FlowFilter::program_fd() const {
     return bpf_program__fd(skel_->progs.knod_flow_filter);
 }
-int FlowFilter::steer_program_fd() const { return bpf_program__fd(skel_->progs.knod_steer); }
+int FlowFilter::steer_program_fd() const {
+    return bpf_program__fd(skel_->progs.knod_steer);
+}
 int FlowFilter::xsks_fd() const {
     return bpf_map__fd(skel_->maps.xsks);
 }

@@ -88,9 +88,7 @@ class FlowFilter {
     std::map<std::uint32_t, std::vector<policy::FlowSpec>> flows_;
     // What each generation of one map holds, by key bytes, so publishing writes only what
     // changed since that generation was last written.
-    template <typename Value> struct Held {
-        std::map<std::string, Value> generation[2];
-    };
+    template <typename Value> struct Held { std::map<std::string, Value> generation[2]; };
     Held<std::uint32_t> exact4_, exact6_;
     Held<knod_bucket> buckets4_, buckets6_;
     knod_config config_{};

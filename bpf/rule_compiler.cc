@@ -141,7 +141,8 @@ Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<Fl
         });
         knod_bucket bucket{};
         bucket.count = static_cast<std::uint32_t>(members.size());
-        for (std::size_t i = 0; i < members.size(); ++i) bucket.rules[i] = to_rule(*members[i]);
+        for (std::size_t i = 0; i < members.size(); ++i)
+            bucket.rules[i] = to_rule(*members[i]);
         if (d.family == Family::ipv4) {
             BucketEntry<knod_lpm4_key> e{};
             e.key.prefixlen = 32u + d.length;

@@ -29,7 +29,8 @@ int send(const Options &o) {
     auto colon = o.to.rfind(':');
     sockaddr_in dst{};
     dst.sin_family = AF_INET;
-    if (colon == std::string::npos || inet_pton(AF_INET, o.to.substr(0, colon).c_str(), &dst.sin_addr) != 1) {
+    if (colon == std::string::npos ||
+        inet_pton(AF_INET, o.to.substr(0, colon).c_str(), &dst.sin_addr) != 1) {
         std::cerr << "knod-policy sim-send: --to must be IPV4:PORT\n";
         return exit_usage;
     }
@@ -39,8 +40,9 @@ int send(const Options &o) {
         int ns = open(("/run/netns/" + o.netns).c_str(), O_RDONLY | O_CLOEXEC);
         if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
             std::cerr << "knod-policy sim-send: cannot enter namespace " << o.netns << ": "
-                      << std::strerror(errno) << " (is the daemon running with the sim driver, "
-                                                 "and are you root?)\n";
+                      << std::strerror(errno)
+                      << " (is the daemon running with the sim driver, "
+                         "and are you root?)\n";
             _exit(exit_usage);
         }
         int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -51,11 +53,13 @@ int send(const Options &o) {
             if (bind(s, reinterpret_cast<sockaddr *>(&src), sizeof src) != 0) _exit(exit_failed);
         }
         for (int i = 0; i < o.count; ++i) {
-            if (sendto(s, o.data.data(), o.data.size(), 0, reinterpret_cast<sockaddr *>(&dst), sizeof dst) < 0) {
+            if (sendto(s, o.data.data(), o.data.size(), 0, reinterpret_cast<sockaddr *>(&dst),
+                       sizeof dst) < 0) {
                 std::cerr << "knod-policy sim-send: " << std::strerror(errno) << "\n";
                 _exit(exit_failed);
             }
-            if (o.interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
+            if (o.interval_ms)
+                std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
         }
         _exit(exit_ok);
     }

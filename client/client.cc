@@ -160,14 +160,16 @@ Result<BindingCounters> Client::counters(const std::string &id) {
     return c;
 }
 
-Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms) {
+Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t seen,
+                                            int timeout_ms) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         auto rx = property<std::uint64_t>(bus_, path_of(id), binding_interface, "RxBytes", 't');
         if (!rx) return rx.error();
         if (*rx > seen) return *rx;
         if (std::chrono::steady_clock::now() >= deadline)
-            return make_error(Errc::expired, "no data within " + std::to_string(timeout_ms) + " ms");
+            return make_error(Errc::expired,
+                              "no data within " + std::to_string(timeout_ms) + " ms");
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
 }

@@ -10,9 +10,9 @@
 #include <systemd/sd-daemon.h>
 
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <sys/epoll.h>
-#include <iostream>
 
 namespace {
 
@@ -126,8 +126,10 @@ int main(int argc, char **argv) {
     app.add_option("--sim-datapath", o.sim.datapath,
                    "sim: build the veth/XDP/AF_XDP data path (off: control half only)")
         ->capture_default_str();
-    app.add_option("--sim-netns", o.sim.netns, "sim: the wire side's network namespace")->capture_default_str();
-    app.add_option("--bpf-pin-root", o.sim.pin_root, "where the flow filter is pinned")->capture_default_str();
+    app.add_option("--sim-netns", o.sim.netns, "sim: the wire side's network namespace")
+        ->capture_default_str();
+    app.add_option("--bpf-pin-root", o.sim.pin_root, "where the flow filter is pinned")
+        ->capture_default_str();
     app.add_option("--rate-limit", o.rate, "requests per second per bus connection")
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
@@ -167,7 +169,8 @@ int main(int argc, char **argv) {
     sd_bus_attach_event(bus->get(), event.get(), SD_EVENT_PRIORITY_NORMAL);
 
     SdEventLoop driver_loop(event.get());
-    o.sim.drop_unmatched = policy->settings.unmatched_traffic == knod::policy::UnmatchedTraffic::drop;
+    o.sim.drop_unmatched =
+        policy->settings.unmatched_traffic == knod::policy::UnmatchedTraffic::drop;
     knod::driver::SimDriver driver(o.sim, &driver_loop);
     if (auto r = driver.start(); !r) {
         std::cerr << "knod-policyd: sim driver: " << r.error().message << "\n";

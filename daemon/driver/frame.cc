@@ -5,7 +5,9 @@
 namespace knod::driver {
 namespace {
 
-std::uint16_t be16(const std::uint8_t *p) { return static_cast<std::uint16_t>(p[0] << 8 | p[1]); }
+std::uint16_t be16(const std::uint8_t *p) {
+    return static_cast<std::uint16_t>(p[0] << 8 | p[1]);
+}
 
 } // namespace
 

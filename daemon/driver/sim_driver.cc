@@ -50,7 +50,9 @@ std::vector<GpuInfo> SimDriver::gpus() const {
     return {{config_.gpu, {config_.gpu}, config_.vram_bytes}};
 }
 
-std::vector<NetdevInfo> SimDriver::netdevs() const { return {{config_.netdev, config_.queues}}; }
+std::vector<NetdevInfo> SimDriver::netdevs() const {
+    return {{config_.netdev, config_.queues}};
+}
 
 Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
     if (config_.queues < 2)
@@ -58,8 +60,10 @@ Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
     // Queue 0 stays with the normal stack, as on a real NIC with steering rules. Bindings go to
     // the least loaded offload queue; bindings sharing a queue are told apart by their flows.
     std::map<std::uint32_t, std::size_t> load;
-    for (std::uint32_t q = 1; q < config_.queues; ++q) load[q] = 0;
-    for (auto &[id, s] : slots_) ++load[s.queue];
+    for (std::uint32_t q = 1; q < config_.queues; ++q)
+        load[q] = 0;
+    for (auto &[id, s] : slots_)
+        ++load[s.queue];
     std::uint32_t best = 1;
     for (auto &[q, n] : load)
         if (n < load[best]) best = q;
@@ -109,7 +113,8 @@ void SimDriver::close_queue_if_idle(std::uint32_t queue) {
 
 Result<void> SimDriver::activate(const std::string &id) {
     auto it = slots_.find(id);
-    if (it == slots_.end()) return make_error(Errc::driver_failure, "binding " + id + " is not attached");
+    if (it == slots_.end())
+        return make_error(Errc::driver_failure, "binding " + id + " is not attached");
     Slot &s = it->second;
     if (network_) {
         if (auto r = open_queue(s.queue); !r) return r;
@@ -142,9 +147,9 @@ journal::Counters SimDriver::counters(const std::string &id) const {
 std::map<std::string, std::uint64_t> SimDriver::stats() const {
     if (!network_) return {};
     bpf::FilterStats f = network_->filter().stats();
-    return {{"unmatched_passed", f.passed},       {"unmatched_dropped", f.dropped},
-            {"malformed", f.malformed},           {"fragments", f.fragments},
-            {"offloaded", f.offloaded},           {"binding_drops", f.binding_drops},
+    return {{"unmatched_passed", f.passed},   {"unmatched_dropped", f.dropped},
+            {"malformed", f.malformed},       {"fragments", f.fragments},
+            {"offloaded", f.offloaded},       {"binding_drops", f.binding_drops},
             {"undeliverable", undeliverable_}};
 }
 
@@ -176,7 +181,8 @@ void SimDriver::deliver(Slot &s, std::span<const std::uint8_t> payload) {
     std::uint64_t pos = s.rx_bytes % length;
     std::size_t done = 0;
     while (done < payload.size()) {
-        std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(payload.size() - done, length - pos));
+        std::size_t chunk =
+            static_cast<std::size_t>(std::min<std::uint64_t>(payload.size() - done, length - pos));
         ssize_t w = pwrite(s.plan.region_fd, payload.data() + done, chunk,
                            static_cast<off_t>(s.plan.offset + pos));
         if (w <= 0) return; // the holder's memfd went bad: stop, the counters say how far it got

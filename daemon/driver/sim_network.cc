@@ -40,7 +40,8 @@ Result<void> attach_steering(const SimNetworkConfig &c, int prog_fd) {
         if (ifindex == 0) fail("no " + c.wire + " in " + c.netns);
         LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex, .attach_point = BPF_TC_EGRESS);
         int r = bpf_tc_hook_create(&hook);
-        if (r != 0 && r != -EEXIST) fail(std::string("clsact on ") + c.wire + ": " + std::strerror(-r));
+        if (r != 0 && r != -EEXIST)
+            fail(std::string("clsact on ") + c.wire + ": " + std::strerror(-r));
         LIBBPF_OPTS(bpf_tc_opts, opts, .prog_fd = prog_fd);
         if ((r = bpf_tc_attach(&hook, &opts)) != 0)
             fail(std::string("tc attach on ") + c.wire + ": " + std::strerror(-r));
@@ -54,7 +55,8 @@ Result<void> attach_steering(const SimNetworkConfig &c, int prog_fd) {
     waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         return make_error(Errc::driver_failure,
-                          "sim steering: " + (n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "failed"));
+                          "sim steering: " +
+                              (n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "failed"));
     return {};
 }
 
@@ -68,7 +70,8 @@ Result<std::string> run_ip(const std::vector<std::string> &args) {
         dup2(out[1], 1);
         dup2(out[1], 2);
         std::vector<char *> argv{const_cast<char *>("ip")};
-        for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+        for (auto &a : args)
+            argv.push_back(const_cast<char *>(a.c_str()));
         argv.push_back(nullptr);
         execvp("ip", argv.data());
         _exit(127);
@@ -77,13 +80,15 @@ Result<std::string> run_ip(const std::vector<std::string> &args) {
     std::string text;
     char buf[1024];
     ssize_t n;
-    while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+    while ((n = read(out[0], buf, sizeof buf)) > 0)
+        text.append(buf, static_cast<std::size_t>(n));
     close(out[0]);
     int status = 0;
     waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         std::string cmd = "ip";
-        for (auto &a : args) cmd += " " + a;
+        for (auto &a : args)
+            cmd += " " + a;
         return make_error(Errc::driver_failure, cmd + ": " + text);
     }
     return text;
@@ -146,6 +151,7 @@ SimNetwork::~SimNetwork() {
     filter_.reset(); // detach and unpin first
     (void)run_ip({"link", "del", config_.nic});
     (void)run_ip({"netns", "del", config_.netns});
+    rmdir(config_.filter.pin_root.c_str()); // only if nothing else is pinned there
 }
 
 } // namespace knod::driver

@@ -28,7 +28,8 @@ Result<std::unique_ptr<XskQueue>> XskQueue::open(const std::string &ifname, std:
     q->rings_ = std::make_unique<Rings>();
     q->queue_ = queue;
     q->area_size_ = std::size_t{frame_count} * frame_size;
-    q->area_ = mmap(nullptr, q->area_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    q->area_ =
+        mmap(nullptr, q->area_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (q->area_ == MAP_FAILED) {
         q->area_ = nullptr;
         return make_error(Errc::driver_failure, "AF_XDP: cannot map the UMEM area");
@@ -40,16 +41,19 @@ Result<std::unique_ptr<XskQueue>> XskQueue::open(const std::string &ifname, std:
     ucfg.frame_headroom = 0;
     int r = xsk_umem__create(&q->umem_, q->area_, q->area_size_, &q->rings_->fill,
                              &q->rings_->completion, &ucfg);
-    if (r != 0) return make_error(Errc::driver_failure, std::string("AF_XDP umem: ") + std::strerror(-r));
+    if (r != 0)
+        return make_error(Errc::driver_failure, std::string("AF_XDP umem: ") + std::strerror(-r));
     xsk_socket_config scfg{};
     scfg.rx_size = ring_size;
     scfg.tx_size = 0;
     scfg.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD; // the flow filter is our program
     scfg.bind_flags = XDP_COPY;
-    r = xsk_socket__create(&q->socket_, ifname.c_str(), queue, q->umem_, &q->rings_->rx, nullptr, &scfg);
+    r = xsk_socket__create(&q->socket_, ifname.c_str(), queue, q->umem_, &q->rings_->rx, nullptr,
+                           &scfg);
     if (r != 0)
         return make_error(Errc::driver_failure, "AF_XDP socket on " + ifname + " queue " +
-                                                    std::to_string(queue) + ": " + std::strerror(-r));
+                                                    std::to_string(queue) + ": " +
+                                                    std::strerror(-r));
     std::uint32_t idx = 0;
     std::uint32_t n = xsk_ring_prod__reserve(&q->rings_->fill, ring_size * 2, &idx);
     for (std::uint32_t i = 0; i < n; ++i)
@@ -69,7 +73,9 @@ XskQueue::~XskQueue() {
     if (area_) munmap(area_, area_size_);
 }
 
-int XskQueue::fd() const { return xsk_socket__fd(socket_); }
+int XskQueue::fd() const {
+    return xsk_socket__fd(socket_);
+}
 
 std::size_t XskQueue::drain(const std::function<void(std::span<const std::uint8_t>)> &deliver) {
     std::size_t total = 0;
@@ -86,7 +92,8 @@ std::size_t XskQueue::drain(const std::function<void(std::span<const std::uint8_
             auto *data = static_cast<const std::uint8_t *>(xsk_umem__get_data(area_, d->addr));
             deliver({data, d->len});
             if (refill)
-                *xsk_ring_prod__fill_addr(&rings_->fill, fill_idx + i) = xsk_umem__extract_addr(d->addr);
+                *xsk_ring_prod__fill_addr(&rings_->fill, fill_idx + i) =
+                    xsk_umem__extract_addr(d->addr);
         }
         if (refill) xsk_ring_prod__submit(&rings_->fill, n);
         xsk_ring_cons__release(&rings_->rx, n);

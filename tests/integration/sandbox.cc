@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -77,7 +78,8 @@ Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon
 }
 
 Sandbox::~Sandbox() {
-    if (daemon_pid_ > 0) stop_daemon(SIGKILL);
+    // SIGTERM, so the daemon takes down what it built (sim namespace, links, pins).
+    if (daemon_pid_ > 0) stop_daemon(SIGTERM);
     if (bus_pid_ > 0) {
         kill(bus_pid_, SIGTERM);
         waitpid(bus_pid_, nullptr, 0);
@@ -158,8 +160,9 @@ std::string Sandbox::sql(const std::string &query) const {
     return s;
 }
 
-Holder::Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid) {
-    std::vector<std::string> argv = {KNOD_TEST_CLIENT_BIN, "hold"};
+Holder::Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid,
+               bool activate) {
+    std::vector<std::string> argv = {KNOD_TEST_CLIENT_BIN, activate ? "hold-active" : "hold"};
     argv.insert(argv.end(), request.begin(), request.end());
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;

@@ -50,7 +50,9 @@ class Sandbox {
 // A process that holds a binding until stopped: the test client's "hold" command.
 class Holder {
   public:
-    Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid = 0);
+    // `activate`: the holder presents its own key (hold-active), so data flows to it.
+    Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid = 0,
+           bool activate = false);
     ~Holder();
     bool ok() const { return ok_; }
     const std::string &line() const { return line_; }

@@ -73,7 +73,8 @@ int main(int argc, char **argv) {
             std::uint64_t n = rx ? std::min<std::uint64_t>(rx->rx_bytes, bytes) : 0;
             std::vector<std::uint8_t> buf(n);
             if (n && pread(fd, buf.data(), n, 0) != static_cast<ssize_t>(n)) return 1;
-            std::cout << "data " << (rx ? rx->rx_bytes : 0) << " " << knod::to_hex(buf) << std::endl;
+            std::cout << "data " << (rx ? rx->rx_bytes : 0) << " " << knod::to_hex(buf)
+                      << std::endl;
         }
         return 0;
     }
