@@ -56,6 +56,11 @@ Runner add_daemon_commands(CLI::App &app) {
         if (status->parsed()) {
             auto st = client->status();
             if (!st) return failed("status", st.error());
+            nlohmann::json datapath = nlohmann::json::object();
+            if (auto report = client->host_report(); report) {
+                auto j = nlohmann::json::parse(*report, nullptr, false);
+                if (j.is_object() && j.contains("datapath")) datapath = j["datapath"];
+            }
             if (common->json) {
                 std::cout << nlohmann::json{{"version", st->version},
                                             {"driver", st->driver},
@@ -64,7 +69,8 @@ Runner add_daemon_commands(CLI::App &app) {
                                             {"permissive", st->permissive},
                                             {"journal_available", st->journal_available},
                                             {"pending_journal_records",
-                                             st->pending_journal_records}}
+                                             st->pending_journal_records},
+                                            {"datapath", datapath}}
                                  .dump(2)
                           << "\n";
             } else {
@@ -78,6 +84,12 @@ Runner add_daemon_commands(CLI::App &app) {
                     std::cout << ", " << st->pending_journal_records
                               << " record(s) waiting for the disk";
                 std::cout << "\n";
+                if (!datapath.empty()) {
+                    std::cout << "datapath:";
+                    for (auto &[k, v] : datapath.items())
+                        std::cout << " " << k << "=" << v;
+                    std::cout << "\n";
+                }
             }
             return exit_ok;
         }

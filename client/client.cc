@@ -174,6 +174,10 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
     }
 }
 
+Result<std::string> Client::rule(const std::string &id) {
+    return property<std::string>(bus_, path_of(id), binding_interface, "Rule", 's');
+}
+
 Result<std::string> Client::state(const std::string &id) {
     return property<std::string>(bus_, path_of(id), binding_interface, "State", 's');
 }

@@ -70,6 +70,7 @@ class Client {
     // of the stream is at offset + (i mod length) in the region. Times out with Errc::expired.
     Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
     Result<std::string> state(const std::string &id);
+    Result<std::string> rule(const std::string &id); // the policy rule that granted it
     Result<std::vector<BindingSummary>> list();
     Result<void> revoke(const std::string &id, const std::string &reason);
     // Returns (rules, revoked).

@@ -97,6 +97,10 @@ void Sandbox::start_daemon() {
     std::vector<std::string> argv = {KNOD_DAEMON_BIN, "--bus-address=" + address(),
                                      "--policy",      policy_file(),
                                      "--state-dir",   state_dir_};
+    // Control-plane tests run in parallel: no sim network unless a test asks for its own.
+    if (std::find(daemon_args_.begin(), daemon_args_.end(), "--sim-datapath=true") ==
+        daemon_args_.end())
+        argv.push_back("--sim-datapath=false");
     argv.insert(argv.end(), daemon_args_.begin(), daemon_args_.end());
     daemon_pid_ = spawn(argv, -1, -1, dir_ + "/daemon.log");
     bool up = eventually(
