@@ -285,7 +285,6 @@ int knod_flow_filter(struct xdp_md *ctx) {
     }
     cnt->packets += 1;
     cnt->bytes += (__u64)(ctx->data_end - ctx->data);
-    count(KNOD_STAT_OFFLOADED);
     /* No socket on the queue: drop rather than leak the packet to the stack. */
     return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_DROP);
 }

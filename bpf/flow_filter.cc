@@ -292,8 +292,8 @@ FilterStats FlowFilter::stats() const {
                 sum += v;
         return sum;
     };
-    return {read(KNOD_STAT_PASSED),   read(KNOD_STAT_DROPPED),   read(KNOD_STAT_MALFORMED),
-            read(KNOD_STAT_FRAGMENT), read(KNOD_STAT_OFFLOADED), read(KNOD_STAT_BINDING_DROP)};
+    return {read(KNOD_STAT_PASSED), read(KNOD_STAT_DROPPED), read(KNOD_STAT_MALFORMED),
+            read(KNOD_STAT_FRAGMENT), read(KNOD_STAT_BINDING_DROP)};
 }
 
 int FlowFilter::program_fd() const {

@@ -99,8 +99,7 @@ struct knod_counters {
 #define KNOD_STAT_DROPPED 1   /* unmatched, dropped by setting */
 #define KNOD_STAT_MALFORMED 2 /* truncated or malformed headers */
 #define KNOD_STAT_FRAGMENT 3  /* IP fragments: never offloaded */
-#define KNOD_STAT_OFFLOADED 4 /* redirected to an AF_XDP socket */
-#define KNOD_STAT_BINDING_DROP 5
-#define KNOD_STAT_COUNT 6
+#define KNOD_STAT_BINDING_DROP 4
+#define KNOD_STAT_COUNT 5
 
 #endif

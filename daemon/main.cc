@@ -123,6 +123,8 @@ int main(int argc, char **argv) {
     app.add_option("--sim-queues", o.sim.queues, "sim: RX queues (queue 0 is the normal stack)")
         ->capture_default_str();
     app.add_option("--sim-gpu", o.sim.gpu, "sim: the simulated GPU's name")->capture_default_str();
+    app.add_option("--sim-vram", o.sim.vram_bytes, "sim: the simulated GPU's VRAM in bytes")
+        ->capture_default_str();
     app.add_option("--sim-datapath", o.sim.datapath,
                    "sim: build the veth/XDP/AF_XDP data path (off: control half only)")
         ->capture_default_str();
@@ -176,6 +178,7 @@ int main(int argc, char **argv) {
         std::cerr << "knod-policyd: sim driver: " << r.error().message << "\n";
         return 1;
     }
+    if (auto note = driver.datapath_note(); !note.empty()) log(note);
     auto paths = o.policy;
     knod::bus::BusService service(bus->get(), event.get(), [paths] { return load_policy(paths); });
     knod::daemon::ManagerConfig config;

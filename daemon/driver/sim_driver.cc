@@ -32,6 +32,10 @@ Result<void> SimDriver::start() {
     return {};
 }
 
+std::string SimDriver::datapath_note() const {
+    return network_ ? network_->filter().mode_note() : std::string();
+}
+
 Result<GpuInfo> SimDriver::gpu(const std::string &name) const {
     if (name != config_.gpu)
         return make_error(Errc::invalid_argument,
@@ -147,9 +151,9 @@ journal::Counters SimDriver::counters(const std::string &id) const {
 std::map<std::string, std::uint64_t> SimDriver::stats() const {
     if (!network_) return {};
     bpf::FilterStats f = network_->filter().stats();
-    return {{"unmatched_passed", f.passed},   {"unmatched_dropped", f.dropped},
-            {"malformed", f.malformed},       {"fragments", f.fragments},
-            {"offloaded", f.offloaded},       {"binding_drops", f.binding_drops},
+    return {{"unmatched_passed", f.passed},    {"unmatched_dropped", f.dropped},
+            {"malformed", f.malformed},        {"fragments", f.fragments},
+            {"delivered_packets", delivered_}, {"binding_drops", f.binding_drops},
             {"undeliverable", undeliverable_}};
 }
 
@@ -191,6 +195,7 @@ void SimDriver::deliver(Slot &s, std::span<const std::uint8_t> payload) {
     }
     s.rx_bytes += payload.size();
     s.rx_packets += 1;
+    ++delivered_;
 }
 
 } // namespace knod::driver

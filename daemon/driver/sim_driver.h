@@ -33,6 +33,8 @@ class SimDriver : public Driver {
     // Builds the sim network when the data path is on. Separate from the constructor so that
     // failures carry their reason.
     Result<void> start();
+    // Why the filter runs in generic XDP, when it does; empty for native.
+    std::string datapath_note() const;
 
     std::string name() const override { return "sim"; }
     RegionKind region_kind() const override { return RegionKind::memfd; }
@@ -72,6 +74,7 @@ class SimDriver : public Driver {
     std::uint32_t next_slot_ = 1;
     std::map<std::uint32_t, std::unique_ptr<XskQueue>> xsks_;
     std::uint64_t undeliverable_ = 0; // frames on a queue that no active binding claimed
+    std::uint64_t delivered_ = 0;     // payloads copied into regions, all bindings
 };
 
 } // namespace knod::driver

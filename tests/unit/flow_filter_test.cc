@@ -84,18 +84,15 @@ class FlowFilterTest : public ::testing::Test {
         case Want::offload:
             // No AF_XDP socket in a test run: the redirect falls back to a drop, never the stack.
             EXPECT_EQ(verdict, XDP_DROP);
-            EXPECT_EQ(after.offloaded - st.offloaded, 1u);
             break;
         case Want::binding_drop:
             EXPECT_EQ(verdict, XDP_DROP);
             break;
         case Want::pass:
             EXPECT_EQ(verdict, XDP_PASS);
-            EXPECT_EQ(after.offloaded, st.offloaded);
             break;
         case Want::drop:
             EXPECT_EQ(verdict, XDP_DROP);
-            EXPECT_EQ(after.offloaded, st.offloaded);
             break;
         }
         EXPECT_EQ(after.malformed - st.malformed, c.why == Why::malformed ? 1u : 0u);
