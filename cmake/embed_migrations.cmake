@@ -1,6 +1,7 @@
 # Turns schema/NNN_name.sql files into a C++ table the journal applies by PRAGMA user_version.
 # Run by the build (cmake -P) so that no generated file is committed.
-#   -DOUT=<file.cc> -DFILES=<a;b;c>
+#   -DOUT=<file.cc> -DFILES=<a|b|c>
+string(REPLACE "|" ";" FILES "${FILES}")
 list(SORT FILES)
 set(body "")
 foreach(f IN LISTS FILES)

@@ -73,7 +73,24 @@ void BindingManager::start() {
     record(std::move(e));
 }
 
+void BindingManager::forward(const journal::Event &e, const std::string &netdev,
+                             const std::string &gpu) {
+    if (sinks_) sinks_->offer({e, netdev, gpu});
+}
+
+Result<std::int64_t> BindingManager::apply_retention() {
+    last_retention_us_ = journal::now_us();
+    if (!config_.retain_age && !config_.retain_events) return std::int64_t{0};
+    if (!journal_ready()) return make_error(Errc::journal_unavailable, "journal not open");
+    std::optional<std::int64_t> before;
+    if (config_.retain_age)
+        before = last_retention_us_ -
+                 std::chrono::duration_cast<std::chrono::microseconds>(*config_.retain_age).count();
+    return journal_->prune(before, config_.retain_events);
+}
+
 void BindingManager::record(journal::Event e) {
+    forward(e);
     if (pending_.empty() && journal_ready() && journal_->append(e)) return;
     if (pending_.size() >= max_pending_records) {
         ++dropped_records_; // bounded memory beats an OOM kill that loses everything
@@ -241,6 +258,7 @@ Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &a
     s.key_id = b.key_id;
     s.rule = b.rule;
     s.started_us = b.created_us;
+    forward(decision, s.netdev, s.gpu);
     if (auto r = journal_->open_session(s, decision); !r) {
         driver_.detach(b.id);
         keys_.revoke(b.key_id);
@@ -288,6 +306,7 @@ void BindingManager::end_binding(const std::string &id, const std::string &why) 
                               {"rx_packets", c.rx_packets},
                               {"dropped_packets", c.dropped_packets}}
                    .dump();
+    forward(e, it->second.netdev, it->second.gpu);
     bool written =
         pending_.empty() && journal_ready() && journal_->close_session(id, why, c, e).ok();
     if (!written && pending_.size() < max_pending_records)
@@ -365,6 +384,7 @@ void BindingManager::tick(std::int64_t now_us) {
     for (auto &id : expired)
         end_binding(id, reason::expire);
     keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
+    if (now_us - last_retention_us_ >= 3600ll * 1000000) (void)apply_retention();
     (void)flush_pending();
 }
 
@@ -394,7 +414,7 @@ std::vector<const Binding *> BindingManager::bindings() const {
 
 ManagerStatus BindingManager::status() const {
     return {bindings_.size(), journal_ != nullptr && pending_.empty(), pending_.size(),
-            dropped_records_};
+            dropped_records_, sinks_ ? sinks_->dropped() : 0};
 }
 
 } // namespace knod::daemon

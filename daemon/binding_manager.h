@@ -7,6 +7,7 @@
 #include "daemon/journal/journal.h"
 #include "daemon/keys/key_authority.h"
 #include "daemon/peer.h"
+#include "daemon/sinks/sinks.h"
 #include "policy/engine.h"
 
 #include <chrono>
@@ -84,6 +85,9 @@ struct ManagerConfig {
     double requests_per_second = 50; // per bus connection
     double request_burst = 100;
     std::size_t max_flows = 64;
+    // Retention, applied at start and hourly: events older than this, beyond this many.
+    std::optional<std::chrono::seconds> retain_age;
+    std::optional<std::int64_t> retain_events;
 };
 
 struct ManagerStatus {
@@ -91,6 +95,7 @@ struct ManagerStatus {
     bool journal_available = false;
     std::size_t pending_records = 0; // journal records waiting for the disk to come back
     std::uint64_t journal_dropped = 0;
+    std::uint64_t sink_dropped = 0; // journald / Linux audit copies that did not fit the queue
 };
 
 class BindingManager {
@@ -126,9 +131,15 @@ class BindingManager {
     ManagerStatus status() const;
     journal::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
+    // Copies of every event go here too (journald, Linux audit); optional.
+    void set_sinks(sinks::SinkQueue *sinks) { sinks_ = sinks; }
+    // Applies the retention settings now; returns how many events went.
+    Result<std::int64_t> apply_retention();
 
   private:
     bool journal_ready();
+    void forward(const journal::Event &e, const std::string &netdev = {},
+                 const std::string &gpu = {});
     // Writes an event now, or keeps it to write once the journal is back.
     void record(journal::Event e);
     void end_binding(const std::string &id, const std::string &why);
@@ -157,6 +168,8 @@ class BindingManager {
     std::map<std::string, Bucket> buckets_;
     std::deque<std::variant<journal::Event, PendingEnd>> pending_;
     std::uint64_t dropped_records_ = 0;
+    sinks::SinkQueue *sinks_ = nullptr;
+    std::int64_t last_retention_us_ = 0;
 };
 
 } // namespace knod::daemon

@@ -24,6 +24,10 @@ struct Options {
     std::string driver = "sim";
     knod::driver::SimConfig sim;
     double rate = 50;
+    bool journald = true;
+    bool linux_audit = true;
+    std::string retain;
+    std::int64_t retain_events = 0;
 };
 
 void log(const std::string &line) {
@@ -134,6 +138,14 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     app.add_option("--rate-limit", o.rate, "requests per second per bus connection")
         ->capture_default_str();
+    app.add_option("--journald", o.journald, "copy events to the system journal")
+        ->capture_default_str();
+    app.add_option("--linux-audit", o.linux_audit,
+                   "copy grants, denials and revocations to Linux audit")
+        ->capture_default_str();
+    app.add_option("--retain", o.retain,
+                   "prune journal events older than this (e.g. 180d); default: keep all");
+    app.add_option("--retain-events", o.retain_events, "keep at most this many journal events");
     CLI11_PARSE(app, argc, argv);
 
     auto policy = load_policy(o.policy);
@@ -185,9 +197,26 @@ int main(int argc, char **argv) {
     config.journal_path = o.state_dir + "/journal.db";
     config.requests_per_second = o.rate;
     config.request_burst = o.rate * 2;
+    if (!o.retain.empty()) {
+        auto age = knod::policy::parse_duration(o.retain);
+        if (!age) {
+            std::cerr << "knod-policyd: --retain: cannot read duration '" << o.retain << "'\n";
+            return 1;
+        }
+        config.retain_age = *age;
+    }
+    if (o.retain_events > 0) config.retain_events = o.retain_events;
+    std::vector<std::unique_ptr<knod::sinks::Sink>> sink_list;
+    if (o.journald) sink_list.push_back(std::make_unique<knod::sinks::JournaldSink>());
+    if (o.linux_audit)
+        if (auto audit = knod::sinks::LinuxAuditSink::open()) sink_list.push_back(std::move(audit));
+    knod::sinks::SinkQueue sinks(std::move(sink_list));
     knod::daemon::BindingManager manager(config, driver, std::move(*keys), std::move(*policy),
                                          service);
+    manager.set_sinks(&sinks);
     manager.start();
+    if (auto pruned = manager.apply_retention(); pruned && *pruned > 0)
+        log("journal retention pruned " + std::to_string(*pruned) + " event(s)");
     if (auto r = service.start(manager); !r) {
         std::cerr << "knod-policyd: " << r.error().message << "\n";
         return 1;

@@ -12,7 +12,7 @@ packages=(
   # libraries
   libbpf-dev bpftool libxdp-dev xdp-tools
   libnl-3-dev libnl-route-3-dev libnl-genl-3-dev libdrm-dev
-  libssl-dev libsqlite3-dev libsystemd-dev libcap-dev
+  libssl-dev libsqlite3-dev libsystemd-dev libcap-dev libaudit-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev

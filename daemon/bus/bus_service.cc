@@ -33,6 +33,7 @@ const sd_bus_vtable manager_vtable[] = {
     SD_BUS_PROPERTY("Permissive", "b", BusService::manager_property, 0, 0),
     SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property, 0, 0),
     SD_BUS_PROPERTY("PendingJournalRecords", "t", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("SinkDroppedRecords", "t", BusService::manager_property, 0, 0),
     // Anyone: the policy decides, as the caller's own uid.
     SD_BUS_METHOD_WITH_NAMES("RequestBinding", "ssshttas",
                              SD_BUS_PARAM(netdev) SD_BUS_PARAM(gpu) SD_BUS_PARAM(mode)
@@ -369,6 +370,7 @@ int BusService::manager_property(sd_bus *, const char *, const char *, const cha
     if (p == "Permissive")
         return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
     if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
+    if (p == "SinkDroppedRecords") return sd_bus_message_append(reply, "t", st.sink_dropped);
     if (p == "PendingJournalRecords")
         return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(st.pending_records));
     return -ENOENT;

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 
 namespace knod::journal {
 
@@ -78,9 +80,16 @@ class Journal::Writer {
     }
     Result<void> commit() {
         auto r = db_.exec("COMMIT");
-        if (!r) rollback();
+        if (!r) {
+            rollback();
+            return r;
+        }
+        if (head_seq_ != committed_seq_) write_anchor();
         return r;
     }
+    std::int64_t head_seq() const { return head_seq_; }
+    const Hash &head_hash() const { return head_hash_; }
+    void set_anchor(std::string path) { anchor_ = std::move(path); }
     void rollback() {
         (void)db_.exec("ROLLBACK");
         head_seq_ = committed_seq_;
@@ -100,6 +109,19 @@ class Journal::Writer {
     }
 
   private:
+    // The head goes beside the database after each commit: written to a temporary file and
+    // renamed, not synced (a crash can only leave it behind the database, which verify accepts).
+    void write_anchor() {
+        if (anchor_.empty()) return;
+        std::string tmp = anchor_ + ".tmp";
+        {
+            std::ofstream out(tmp, std::ios::trunc);
+            out << nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}}.dump() << "\n";
+            if (!out) return;
+        }
+        std::rename(tmp.c_str(), anchor_.c_str());
+    }
+
     explicit Writer(Database db)
         : db_(std::move(db)),
           insert_event_(db_.prepare("INSERT INTO events (seq, at_us, kind, session_id, uid, pid, "
@@ -126,6 +148,7 @@ class Journal::Writer {
     Statement insert_event_;
     std::int64_t head_seq_ = 0;
     Hash head_hash_{};
+    std::string anchor_;
     std::int64_t committed_seq_ = 0, saved_seq_ = 0;
     Hash committed_hash_{}, saved_hash_{};
 };
@@ -133,6 +156,7 @@ class Journal::Writer {
 Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
     auto writer = Writer::open(path);
     if (!writer) return std::move(writer).error().context("journal");
+    (*writer)->set_anchor(anchor_path(path));
     return std::unique_ptr<Journal>(new Journal(path, std::move(*writer)));
 }
 
@@ -308,6 +332,63 @@ Result<std::vector<std::string>> Journal::close_open_sessions(const std::string 
     });
     if (!r) return r.error();
     return std::move(*closed);
+}
+
+Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
+                                    std::optional<std::int64_t> keep_events) {
+    return submit([=](Writer &w) -> Result<std::int64_t> {
+        Database &db = w.db();
+        // The last event that may go: old enough (or beyond the count), and older than the
+        // oldest open session's first event, so a live session keeps its whole trail.
+        std::int64_t cut = 0;
+        if (before_us) {
+            auto st = db.prepare("SELECT coalesce(max(seq), 0) FROM events WHERE at_us < ?");
+            if (!st) return st.error();
+            st->bind(1, *before_us);
+            if (auto row = st->step(); !row) return row.error();
+            cut = std::max(cut, st->int64(0));
+        }
+        if (keep_events) cut = std::max(cut, w.head_seq() - *keep_events);
+        auto open = db.scalar("SELECT coalesce(min(e.seq), 0) FROM events e JOIN sessions s "
+                              "ON s.id = e.session_id WHERE s.ended_us IS NULL");
+        if (!open) return open.error();
+        if (*open) cut = std::min(cut, *open - 1);
+        cut = std::min(cut, w.head_seq() - 1); // the head stays: it anchors what comes next
+        auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
+        if (!first) return first.error();
+        if (cut < *first) return std::int64_t{0};
+        auto st = db.prepare("SELECT hash, at_us FROM events WHERE seq = ?");
+        if (!st) return st.error();
+        st->bind(1, cut);
+        if (auto row = st->step(); !row || !*row)
+            return make_error(Errc::corrupt, "no event " + std::to_string(cut));
+        std::string hash = st->blob(0);
+        std::int64_t cut_at = st->int64(1);
+        std::int64_t removed = cut - *first + 1;
+        auto ins = db.prepare(
+            "INSERT INTO checkpoints (seq, hash, pruned_at_us, events) VALUES (?,?,?,?)");
+        if (!ins) return ins.error();
+        ins->bind(1, cut).bind_blob(2, hash.data(), hash.size()).bind(3, now_us()).bind(4, removed);
+        if (auto r = ins->run(); !r) return r.error();
+        // The append-only trigger is lifted for this one statement, inside this transaction.
+        std::string del = "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq <= " +
+                          std::to_string(cut) +
+                          "; CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN SELECT "
+                          "RAISE(ABORT, 'events are append-only'); END; DELETE FROM sessions WHERE "
+                          "ended_us IS NOT NULL AND ended_us <= " +
+                          std::to_string(cut_at) + ";";
+        if (auto r = db.exec(del); !r) return r.error();
+        Event e;
+        e.kind = kind::prune;
+        e.detail = nlohmann::json{
+            {"pruned_through", cut},
+            {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
+            {"events",
+             removed}}.dump();
+        auto seq = w.append(std::move(e));
+        if (!seq) return seq.error();
+        return removed;
+    });
 }
 
 JournalStats Journal::stats() const {

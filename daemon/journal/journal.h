@@ -13,6 +13,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace knod::journal {
@@ -44,6 +45,12 @@ class Journal {
                                        const Counters &counters, Event closing);
     // Closes every session still open (after a crash), one closing event each. Returns their ids.
     Result<std::vector<std::string>> close_open_sessions(const std::string &reason);
+    // Retention: deletes the oldest events (those before `before_us`, and beyond the newest
+    // `keep_events`) and the sessions that ended before the last one deleted, leaving a
+    // checkpoint and a retention-prune event so the rest still verifies. Open sessions and
+    // their events are kept. Returns how many events went.
+    Result<std::int64_t> prune(std::optional<std::int64_t> before_us,
+                               std::optional<std::int64_t> keep_events);
 
     JournalStats stats() const;
     const std::string &path() const { return path_; }

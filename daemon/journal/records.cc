@@ -55,6 +55,10 @@ std::string to_hex(const Hash &h) {
     return knod::to_hex(h);
 }
 
+std::string anchor_path(const std::string &journal_path) {
+    return journal_path + ".anchor";
+}
+
 std::int64_t now_us() {
     return std::chrono::duration_cast<std::chrono::microseconds>(
                std::chrono::system_clock::now().time_since_epoch())

@@ -20,6 +20,7 @@ inline constexpr const char *revoked = "revoke";
 inline constexpr const char *reload = "policy-reload";
 inline constexpr const char *daemon_start = "daemon-start";
 inline constexpr const char *daemon_stop = "daemon-stop";
+inline constexpr const char *prune = "retention-prune";
 } // namespace kind
 
 struct Event {
@@ -73,5 +74,8 @@ Hash chain_hash(const Hash &prev, std::int64_t seq, const Event &e);
 std::string to_hex(const Hash &h);
 
 std::int64_t now_us();
+
+// Where the chain head is kept outside the database, so that a truncated tail shows.
+std::string anchor_path(const std::string &journal_path);
 
 } // namespace knod::journal

@@ -1,9 +1,15 @@
 #include "daemon/journal/verify.h"
 
+#include "daemon/journal/reader.h"
 #include "daemon/journal/records.h"
 #include "daemon/journal/sqlite.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
 
 namespace knod::journal {
 namespace {
@@ -14,28 +20,68 @@ bool to_hash(const std::string &blob, Hash &out) {
     return true;
 }
 
+struct Anchor {
+    std::int64_t seq = 0;
+    std::string hash;
+};
+
+std::optional<Anchor> read_anchor(const std::string &path) {
+    std::ifstream in(path);
+    if (!in) return std::nullopt;
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object() || !j.contains("seq") || !j.contains("hash")) return Anchor{-1, {}};
+    return Anchor{j["seq"].get<std::int64_t>(), j["hash"].get<std::string>()};
+}
+
+// Checkpoints left by retention: the last pruned event's seq -> its hash.
+Result<std::map<std::int64_t, Hash>> read_checkpoints(Database &db) {
+    std::map<std::int64_t, Hash> out;
+    auto has = db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'checkpoints'");
+    if (!has) return has.error();
+    if (*has == 0) return out;
+    auto st = db.prepare("SELECT seq, hash FROM checkpoints");
+    if (!st) return st.error();
+    for (auto row = st->step(); row && *row; row = st->step()) {
+        Hash h{};
+        if (to_hash(st->blob(1), h)) out[st->int64(0)] = h;
+    }
+    return out;
+}
+
 } // namespace
 
-Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress) {
-    auto db = Database::open("file:" + path + "?mode=ro", SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress,
+                                  const std::string &anchor_file) {
+    auto db = open_read_only(path);
     if (!db) return db.error();
     // One read transaction, so a live daemon appending meanwhile does not move the ground.
     if (auto r = db->exec("BEGIN"); !r) return std::move(r).error().context(path);
     auto total = db->scalar("SELECT count(*) FROM events");
     if (!total) return std::move(total).error().context(path + ": not a knod journal");
+    auto checkpoints = read_checkpoints(*db);
+    if (!checkpoints) return checkpoints.error();
     auto st = db->prepare("SELECT seq, at_us, kind, session_id, uid, pid, rule, decision, reason, "
                           "detail, prev_hash, hash FROM events ORDER BY seq");
     if (!st) return st.error();
+
+    std::string anchor_path_used = anchor_file.empty() ? anchor_path(path) : anchor_file;
+    auto anchor = read_anchor(anchor_path_used);
+    if (!anchor && !anchor_file.empty())
+        return make_error(Errc::not_found, "no anchor file " + anchor_file);
 
     VerifyReport report;
     report.total_events = *total;
     Hash prev{};
     std::int64_t expected = 1;
+    std::set<std::int64_t> pruned_through; // checkpoints the chain itself vouches for
+    std::optional<std::int64_t> checkpoint_used;
+    std::string anchor_seen_hash;
     auto fail = [&](std::int64_t seq, std::string why) {
         report.ok = false;
         report.first_bad_seq = seq;
         report.problem = std::move(why);
     };
+    bool first_row = true;
     for (;;) {
         auto row = st->step();
         if (!row) return std::move(row).error().context(path);
@@ -51,6 +97,23 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
         e.decision = st->opt_text(7);
         e.reason = st->opt_text(8);
         e.detail = st->opt_text(9);
+        if (first_row) {
+            first_row = false;
+            report.first_seq = seq;
+            if (seq > 1) {
+                // Retention removed the oldest events: a checkpoint must anchor the rest.
+                auto cp = checkpoints->find(seq - 1);
+                if (cp == checkpoints->end()) {
+                    fail(seq,
+                         "events 1-" + std::to_string(seq - 1) +
+                             " are missing (deleted) and no retention checkpoint anchors the rest");
+                    break;
+                }
+                prev = cp->second;
+                expected = seq;
+                checkpoint_used = seq - 1;
+            }
+        }
         Hash stored_prev{}, stored{};
         if (seq != expected) {
             fail(seq, seq > expected
@@ -76,6 +139,12 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
             fail(seq, "event " + std::to_string(seq) + " does not match its hash (edited)");
             break;
         }
+        if (e.kind == kind::prune && e.detail) {
+            auto d = nlohmann::json::parse(*e.detail, nullptr, false);
+            if (d.is_object() && d.contains("pruned_through"))
+                pruned_through.insert(d["pruned_through"].get<std::int64_t>());
+        }
+        if (anchor && seq == anchor->seq) anchor_seen_hash = to_hex(stored);
         prev = stored;
         ++expected;
         ++report.events_checked;
@@ -84,6 +153,26 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
     }
     if (progress) progress(report.events_checked, report.total_events);
     report.head_hash = to_hex(prev);
+    if (report.ok && checkpoint_used && !pruned_through.count(*checkpoint_used))
+        fail(report.first_seq,
+             "the checkpoint at event " + std::to_string(*checkpoint_used) +
+                 " was not made by a retention-prune event in the chain (forged)");
+    if (report.ok && anchor) {
+        std::int64_t last = expected - 1;
+        report.anchor_seq = anchor->seq;
+        if (anchor->seq < 0) {
+            fail(last + 1, "the anchor file " + anchor_path_used + " is unreadable");
+        } else if (anchor->seq > last) {
+            fail(last + 1, "the journal ends at event " + std::to_string(last) +
+                               " but its anchor (" + anchor_path_used + ") records event " +
+                               std::to_string(anchor->seq) + ": the tail was removed (truncated)");
+        } else if (anchor->seq >= report.first_seq && anchor_seen_hash != anchor->hash) {
+            fail(anchor->seq, "event " + std::to_string(anchor->seq) +
+                                  " differs from the anchor kept outside the database (rewritten)");
+        } else {
+            report.anchor_checked = anchor->seq >= report.first_seq;
+        }
+    }
     return report;
 }
 

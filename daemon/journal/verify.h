@@ -17,11 +17,18 @@ struct VerifyReport {
     std::int64_t first_bad_seq = 0; // 0 when ok
     std::string problem;            // what is wrong with the first bad event
     std::string head_hash;          // hex of the last good event's hash
+    std::int64_t first_seq = 0;     // above 1 after retention pruned the oldest events
+    bool anchor_checked = false;    // the head recorded outside the database was compared
+    std::int64_t anchor_seq = 0;
 };
 
 // `progress(done, total)` is called now and then for long journals.
 using VerifyProgress = std::function<void(std::int64_t done, std::int64_t total)>;
 
-Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {});
+// `anchor`: a file holding the chain head as the daemon last wrote it (see anchor_path());
+// empty means the default beside the database, if it exists. A journal that ends before the
+// anchor's event was truncated; one whose event differs from the anchor was rewritten.
+Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {},
+                                  const std::string &anchor = {});
 
 } // namespace knod::journal

@@ -1,4 +1,5 @@
 #include "daemon/journal/journal.h"
+#include "daemon/journal/reader.h"
 #include "daemon/journal/verify.h"
 
 #include <gtest/gtest.h>
@@ -266,4 +267,180 @@ TEST_F(JournalTest, UnwritableJournalFailsAndLosesNothingAfter) {
     EXPECT_EQ(*ok, 3); // the failed append left no hole in the chain
     j.reset();
     EXPECT_TRUE(verify().ok);
+}
+
+TEST_F(JournalTest, TruncatedTailIsFoundThroughTheAnchor) {
+    write_events(10);
+    EXPECT_TRUE(fs::exists(anchor_path(path_)));
+    EXPECT_TRUE(verify().anchor_checked);
+    tamper("DELETE FROM events WHERE seq > 7"); // the chain itself still looks whole
+    VerifyReport r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.first_bad_seq, 8);
+    EXPECT_NE(r.problem.find("truncated"), std::string::npos) << r.problem;
+}
+
+TEST_F(JournalTest, RewrittenHeadDiffersFromTheAnchor) {
+    write_events(4);
+    // Rewrite event 4 consistently (a forger can recompute a keyless hash), but the anchor
+    // outside the database still holds the old head.
+    auto db = std::move(Database::open(path_, SQLITE_OPEN_READWRITE)).value();
+    auto st = db.prepare("SELECT prev_hash FROM events WHERE seq = 4");
+    ASSERT_TRUE(st.ok() && *st->step());
+    Hash prev{};
+    std::string blob = st->blob(0);
+    std::copy(blob.begin(), blob.end(), prev.begin());
+    Event e;
+    e.at_us = 1;
+    e.kind = kind::granted;
+    Hash forged = chain_hash(prev, 4, e);
+    std::string sql =
+        "DROP TRIGGER events_no_update; UPDATE events SET at_us = 1, kind = 'request-granted', "
+        "uid = NULL, reason = NULL, hash = x'" +
+        to_hex(forged) + "' WHERE seq = 4";
+    ASSERT_TRUE(db.exec(sql).ok());
+    VerifyReport r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.first_bad_seq, 4);
+    EXPECT_NE(r.problem.find("anchor"), std::string::npos) << r.problem;
+}
+
+TEST_F(JournalTest, PruningKeepsTheRestVerifiable) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        ASSERT_TRUE(j->open_session(session("live"), grant_event()).ok()); // stays open
+        for (int i = 0; i < 20; ++i) {
+            Event e;
+            e.kind = kind::denied;
+            e.uid = i;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        // Everything but the last 5 may go, except the open session's trail (event 1).
+        auto pruned = j->prune(std::nullopt, 5);
+        ASSERT_TRUE(pruned.ok()) << pruned.error().message;
+        EXPECT_EQ(*pruned, 0) << "the open session's grant is event 1: nothing before it goes";
+        Event end;
+        end.kind = kind::ended;
+        ASSERT_TRUE(j->close_session("live", "release", {}, end).ok());
+        pruned = j->prune(std::nullopt, 5);
+        ASSERT_TRUE(pruned.ok());
+        EXPECT_EQ(*pruned, 22 - 5);
+    }
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.first_seq, 18);
+    EXPECT_TRUE(r.anchor_checked);
+    // Tampering after a prune is still found.
+    tamper("UPDATE events SET uid = 99 WHERE seq = 20");
+    EXPECT_EQ(verify().first_bad_seq, 20);
+}
+
+TEST_F(JournalTest, DeletedHeadWithoutACheckpointOrWithAForgedOneIsFound) {
+    write_events(10);
+    tamper("DELETE FROM events WHERE seq <= 3");
+    VerifyReport r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.first_bad_seq, 4);
+    EXPECT_NE(r.problem.find("no retention checkpoint"), std::string::npos) << r.problem;
+    // A checkpoint row made by hand, with no retention-prune event in the chain, is forged.
+    sql("INSERT INTO checkpoints (seq, hash, pruned_at_us, events) SELECT 3, prev_hash, 0, 3 "
+        "FROM events WHERE seq = 4");
+    r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.problem.find("forged"), std::string::npos) << r.problem;
+}
+
+TEST_F(JournalTest, ReaderFiltersAndReports) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        for (int i = 0; i < 6; ++i) {
+            Session s = session("s" + std::to_string(i));
+            s.uid = 1000 + static_cast<std::uint32_t>(i % 2);
+            s.netdev = i < 4 ? "eth2" : "eth3";
+            s.started_us = 1'000'000 * (i + 1);
+            Event g = grant_event();
+            g.uid = s.uid;
+            g.detail = R"({"netdev":")" + s.netdev + R"("})";
+            ASSERT_TRUE(j->open_session(s, g).ok());
+            Event end;
+            end.kind = kind::ended;
+            end.uid = s.uid;
+            end.detail = R"({"rx_bytes":100})";
+            ASSERT_TRUE(
+                j->close_session(s.id, i == 5 ? "revoke" : "release", {100, 1, 0}, end).ok());
+        }
+        Event denied;
+        denied.kind = kind::denied;
+        denied.uid = 1001;
+        denied.rule = "no-guests";
+        denied.decision = "deny";
+        denied.detail = R"({"netdev":"eth2"})";
+        ASSERT_TRUE(j->append(denied).ok());
+        ASSERT_TRUE(j->append(denied).ok());
+    }
+    auto r = std::move(JournalReader::open(path_)).value();
+    std::vector<std::string> ids;
+    Filter f;
+    f.uid = 1000;
+    f.netdev = "eth2";
+    ASSERT_TRUE(r.sessions(f, [&](const Session &s) {
+                     ids.push_back(s.id);
+                     return true;
+                 }).ok());
+    EXPECT_EQ(ids, (std::vector<std::string>{"s0", "s2"}));
+    ids.clear();
+    Filter window;
+    window.since_us = 2'000'000;
+    window.until_us = 4'000'000;
+    ASSERT_TRUE(r.sessions(window, [&](const Session &s) {
+                     ids.push_back(s.id);
+                     return true;
+                 }).ok());
+    EXPECT_EQ(ids, (std::vector<std::string>{"s1", "s2"}));
+    int denials = 0;
+    Filter d;
+    d.decision = "deny";
+    d.netdev = "eth2";
+    ASSERT_TRUE(r.events(d, [&](const StoredEvent &) {
+                     ++denials;
+                     return true;
+                 }).ok());
+    EXPECT_EQ(denials, 2);
+    auto ended = r.session("s5");
+    ASSERT_TRUE(ended.ok() && ended->has_value());
+    EXPECT_EQ((*ended)->end_reason, "revoke");
+    auto rep = r.report({});
+    ASSERT_TRUE(rep.ok());
+    ASSERT_EQ(rep->by_user.size(), 2u);
+    EXPECT_EQ(rep->by_user[1].key, "1001");
+    EXPECT_EQ(rep->by_user[1].sessions, 3);
+    EXPECT_EQ(rep->by_user[1].denials, 2);
+    EXPECT_EQ(rep->by_user[1].rx_bytes, 300);
+    ASSERT_EQ(rep->by_netdev.size(), 2u);
+    EXPECT_EQ(rep->by_netdev[0].key, "eth2");
+    EXPECT_EQ(rep->by_netdev[0].sessions, 4);
+    ASSERT_EQ(rep->top_denied_rules.size(), 1u);
+    EXPECT_EQ(rep->top_denied_rules[0], (std::pair<std::string, std::int64_t>{"no-guests", 2}));
+}
+
+TEST_F(JournalTest, ACopyIsReadWithoutWritingAnything) {
+    write_events(5);
+    fs::path copy_dir = dir_ / "copy";
+    fs::create_directories(copy_dir);
+    fs::copy_file(path_, copy_dir / "journal.db");
+    auto before = std::distance(fs::directory_iterator(copy_dir), fs::directory_iterator{});
+    ASSERT_EQ(before, 1);
+    auto r = JournalReader::open((copy_dir / "journal.db").string());
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    int n = 0;
+    ASSERT_TRUE(r->events({}, [&](const StoredEvent &) {
+                     ++n;
+                     return true;
+                 }).ok());
+    EXPECT_EQ(n, 5);
+    auto v = verify_chain((copy_dir / "journal.db").string());
+    ASSERT_TRUE(v.ok());
+    EXPECT_TRUE(v->ok);
+    EXPECT_EQ(std::distance(fs::directory_iterator(copy_dir), fs::directory_iterator{}), 1)
+        << "no -wal, -shm or anything else appeared beside the copy";
 }
