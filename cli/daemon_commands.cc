@@ -56,10 +56,11 @@ Runner add_daemon_commands(CLI::App &app) {
         if (status->parsed()) {
             auto st = client->status();
             if (!st) return failed("status", st.error());
-            nlohmann::json datapath = nlohmann::json::object();
+            nlohmann::json datapath = nlohmann::json::object(), sinks = nlohmann::json::object();
             if (auto report = client->host_report(); report) {
                 auto j = nlohmann::json::parse(*report, nullptr, false);
                 if (j.is_object() && j.contains("datapath")) datapath = j["datapath"];
+                if (j.is_object() && j.contains("sinks")) sinks = j["sinks"];
             }
             if (common->json) {
                 std::cout << nlohmann::json{{"version", st->version},
@@ -70,7 +71,8 @@ Runner add_daemon_commands(CLI::App &app) {
                                             {"journal_available", st->journal_available},
                                             {"pending_journal_records",
                                              st->pending_journal_records},
-                                            {"datapath", datapath}}
+                                            {"datapath", datapath},
+                                            {"sinks", sinks}}
                                  .dump(2)
                           << "\n";
             } else {
@@ -84,6 +86,11 @@ Runner add_daemon_commands(CLI::App &app) {
                     std::cout << ", " << st->pending_journal_records
                               << " record(s) waiting for the disk";
                 std::cout << "\n";
+                if (!sinks.empty())
+                    std::cout << "sinks:    "
+                              << (sinks["names"].empty() ? std::string("none")
+                                                         : sinks["names"].dump())
+                              << ", " << sinks["dropped"] << " record(s) dropped\n";
                 if (!datapath.empty()) {
                     std::cout << "datapath:";
                     for (auto &[k, v] : datapath.items())

@@ -96,6 +96,7 @@ struct ManagerStatus {
     std::size_t pending_records = 0; // journal records waiting for the disk to come back
     std::uint64_t journal_dropped = 0;
     std::uint64_t sink_dropped = 0; // journald / Linux audit copies that did not fit the queue
+    std::vector<std::string> sinks;
 };
 
 class BindingManager {

@@ -316,6 +316,7 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
         j["gpus"].push_back({{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
     j["datapath"] = d.stats();
     auto st = s->manager_->status();
+    j["sinks"] = {{"names", st.sinks}, {"dropped", st.sink_dropped}};
     j["journal"] = {{"available", st.journal_available},
                     {"pending_records", st.pending_records},
                     {"dropped_records", st.journal_dropped}};

@@ -214,6 +214,7 @@ void Journal::run() {
             results.push_back(std::move(r));
         }
         bool committed = false;
+        std::int64_t head_before = w.head_seq();
         if (begun) {
             auto c = w.commit();
             committed = c.ok();
@@ -232,6 +233,13 @@ void Journal::run() {
             stats_.transactions += committed ? 1 : 0;
             stats_.failures += failures;
         }
+        std::function<void(std::int64_t, const Hash &)> listener;
+        {
+            std::lock_guard lock(mu_);
+            listener = on_commit_;
+        }
+        if (committed && listener && w.head_seq() != head_before)
+            listener(w.head_seq(), w.head_hash());
         for (std::size_t i = 0; i < batch.size(); ++i)
             batch[i].done.set_value(std::move(results[i]));
     }
@@ -389,6 +397,11 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
         if (!seq) return seq.error();
         return removed;
     });
+}
+
+void Journal::set_commit_listener(std::function<void(std::int64_t, const Hash &)> listener) {
+    std::lock_guard lock(mu_);
+    on_commit_ = std::move(listener);
 }
 
 JournalStats Journal::stats() const {

@@ -53,6 +53,9 @@ class Journal {
                                std::optional<std::int64_t> keep_events);
 
     JournalStats stats() const;
+    // Called on the writer thread after each commit that moved the chain head, with the new
+    // head; must not block (the daemon copies it to the system journal as a second anchor).
+    void set_commit_listener(std::function<void(std::int64_t seq, const Hash &head)> listener);
     const std::string &path() const { return path_; }
 
   private:
@@ -74,6 +77,7 @@ class Journal {
     std::deque<Pending> queue_;
     bool stopping_ = false;
     JournalStats stats_;
+    std::function<void(std::int64_t, const Hash &)> on_commit_;
     std::thread thread_;
 };
 

@@ -21,6 +21,8 @@ inline constexpr const char *reload = "policy-reload";
 inline constexpr const char *daemon_start = "daemon-start";
 inline constexpr const char *daemon_stop = "daemon-stop";
 inline constexpr const char *prune = "retention-prune";
+inline constexpr const char *anchor =
+    "journal-anchor"; // sinks only: the chain head, never in the chain
 } // namespace kind
 
 struct Event {

@@ -18,6 +18,7 @@ const char *JournaldSink::message_id(const std::string &kind) {
         {journal::kind::daemon_start, "6e9a1b6c1f5e4d0a9a0e3f2b7c4d5e06"},
         {journal::kind::daemon_stop, "6e9a1b6c1f5e4d0a9a0e3f2b7c4d5e07"},
         {journal::kind::prune, "6e9a1b6c1f5e4d0a9a0e3f2b7c4d5e08"},
+        {journal::kind::anchor, "6e9a1b6c1f5e4d0a9a0e3f2b7c4d5e09"},
     };
     for (auto &[k, id] : ids)
         if (kind == k) return id;

@@ -1,0 +1,184 @@
+// Journal at audit scale: fills a journal with N sessions and their events (grant + end), then
+// measures what an auditor does: a query by uid and time range (p50/p99), `verify` over every
+// event, and the export rate. Prints the figures; targets are in docs/audit.md.
+//   knod_journal_bench [--sessions N] [--db PATH] [--keep]
+#include "cli/audit_format.h"
+#include "daemon/journal/journal.h"
+#include "daemon/journal/reader.h"
+#include "daemon/journal/verify.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+using namespace knod;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Direct SQL in large transactions, computing the same chain the daemon writes.
+bool generate(const std::string &path, std::int64_t sessions) {
+    auto db = journal::open_and_migrate(path);
+    if (!db) {
+        std::fprintf(stderr, "%s\n", db.error().message.c_str());
+        return false;
+    }
+    (void)db->exec("PRAGMA synchronous=OFF");
+    auto ses = db->prepare(
+        "INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, mode, region_bytes, "
+        "flows, key_id, rule, started_us, ended_us, end_reason, rx_bytes, rx_packets) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+    auto ev =
+        db->prepare("INSERT INTO events (seq, at_us, kind, session_id, uid, pid, rule, decision, "
+                    "reason, detail, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
+    if (!ses || !ev) return false;
+    journal::Hash prev{};
+    std::int64_t seq = 0;
+    const std::int64_t t0 = 1'700'000'000'000'000; // Nov 2023, one session every 10 s
+    auto append = [&](journal::Event e) {
+        ++seq;
+        journal::Hash h = journal::chain_hash(prev, seq, e);
+        ev->bind(1, seq).bind(2, e.at_us).bind(3, e.kind).bind(4, e.session_id).bind(5, e.uid);
+        ev->bind(6, e.pid).bind(7, e.rule).bind(8, e.decision).bind(9, e.reason).bind(10, e.detail);
+        ev->bind_blob(11, prev.data(), prev.size()).bind_blob(12, h.data(), h.size());
+        (void)ev->run();
+        prev = h;
+    };
+    (void)db->exec("BEGIN");
+    for (std::int64_t i = 0; i < sessions; ++i) {
+        std::string id = "b" + std::to_string(i);
+        std::int64_t uid = 1000 + i % 500, start = t0 + i * 10'000'000, end = start + 5'000'000;
+        std::string netdev = "eth" + std::to_string(i % 8);
+        ses->bind(1, id)
+            .bind(2, uid)
+            .bind(3, std::int64_t{4000 + i % 30000})
+            .bind(4, std::string("/usr/bin/python3"));
+        ses->bind(5, std::string("inference@") + std::to_string(i % 64) + ".service")
+            .bind(6, netdev);
+        ses->bind(7, std::string("0000:c1:00.0"))
+            .bind(8, std::string("rx-only"))
+            .bind(9, std::int64_t{1 << 26});
+        ses->bind(10, std::string(R"(["udp 10.20.0.0/16:* -> 10.20.1.10:5000-5100"])"));
+        ses->bind(11, "k-" + id)
+            .bind(12, std::string("ml-inference"))
+            .bind(13, start)
+            .bind(14, end);
+        ses->bind(15, std::string("release"))
+            .bind(16, std::int64_t{1 << 24})
+            .bind(17, std::int64_t{4096});
+        (void)ses->run();
+        journal::Event g;
+        g.at_us = start;
+        g.kind = journal::kind::granted;
+        g.session_id = id;
+        g.uid = uid;
+        g.rule = "ml-inference";
+        g.decision = "allow";
+        g.reason = "allowed by rule 'ml-inference'";
+        g.detail = nlohmann::json{{"netdev", netdev}, {"gpu", "0000:c1:00.0"}}.dump();
+        append(g);
+        journal::Event e;
+        e.at_us = end;
+        e.kind = journal::kind::ended;
+        e.session_id = id;
+        e.uid = uid;
+        e.reason = "release";
+        e.detail = R"({"rx_bytes":16777216,"rx_packets":4096,"dropped_packets":0})";
+        append(e);
+        if (i % 100000 == 99999) {
+            (void)db->exec("COMMIT; BEGIN");
+            std::fprintf(stderr, "\rgenerated %lld sessions", static_cast<long long>(i + 1));
+        }
+    }
+    (void)db->exec("COMMIT");
+    std::fprintf(stderr, "\n");
+    return db->exec("PRAGMA wal_checkpoint(TRUNCATE)").ok();
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    std::int64_t sessions = 1'000'000;
+    std::string path = "/tmp/knod-journal-bench.db";
+    bool keep = false;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--sessions") && i + 1 < argc)
+            sessions = std::atoll(argv[++i]);
+        else if (!std::strcmp(argv[i], "--db") && i + 1 < argc)
+            path = argv[++i];
+        else if (!std::strcmp(argv[i], "--keep"))
+            keep = true;
+        else {
+            std::fprintf(stderr, "usage: %s [--sessions N] [--db PATH] [--keep]\n", argv[0]);
+            return 2;
+        }
+    }
+    for (auto suffix : {"", "-wal", "-shm", ".anchor"})
+        std::filesystem::remove(path + suffix);
+    auto t = Clock::now();
+    if (!generate(path, sessions)) return 1;
+    std::printf("generated %lld sessions, %lld events in %.1f s (%.0f MiB)\n",
+                static_cast<long long>(sessions), static_cast<long long>(2 * sessions),
+                ms_since(t) / 1000,
+                static_cast<double>(std::filesystem::file_size(path)) / (1 << 20));
+
+    auto reader = journal::JournalReader::open(path);
+    if (!reader) return 1;
+    std::mt19937_64 rng(42);
+    std::vector<double> times;
+    std::size_t found = 0;
+    const std::int64_t t0 = 1'700'000'000'000'000;
+    for (int q = 0; q < 101; ++q) {
+        journal::Filter f;
+        f.uid = 1000 + static_cast<std::int64_t>(rng() % 500);
+        std::int64_t from =
+            t0 +
+            static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(sessions)) * 10'000'000;
+        f.since_us = from;
+        f.until_us = from + 24ll * 3600 * 1000000; // one day
+        auto start = Clock::now();
+        (void)reader->sessions(f, [&](const journal::Session &) {
+            ++found;
+            return true;
+        });
+        times.push_back(ms_since(start));
+    }
+    std::sort(times.begin(), times.end());
+    std::printf("query by uid + one-day range: p50 %.2f ms, p99 %.2f ms (target p50 < 50 ms); %zu "
+                "rows over 101 queries\n",
+                times[50], times[99], found);
+
+    t = Clock::now();
+    auto v = journal::verify_chain(path);
+    double verify_ms = ms_since(t);
+    if (!v || !v->ok) return 1;
+    std::printf("verify: %lld events in %.2f s, %.2f s per 1M events (target < 5 s per 1M)\n",
+                static_cast<long long>(v->events_checked), verify_ms / 1000,
+                verify_ms / 1000 / (static_cast<double>(v->events_checked) / 1e6));
+
+    t = Clock::now();
+    std::size_t bytes = 0, n = 0;
+    (void)reader->events({}, [&](const journal::StoredEvent &e) {
+        bytes += cli::event_json(e).dump().size() + 1;
+        ++n;
+        return true;
+    });
+    double export_s = ms_since(t) / 1000;
+    std::printf("export (jsonl, serialized, not written): %zu events in %.2f s = %.0f events/s, "
+                "%.1f MiB/s\n",
+                n, export_s, static_cast<double>(n) / export_s,
+                static_cast<double>(bytes) / export_s / (1 << 20));
+    if (!keep)
+        for (auto suffix : {"", "-wal", "-shm", ".anchor"})
+            std::filesystem::remove(path + suffix);
+    return 0;
+}
