@@ -238,6 +238,14 @@ Result<std::string> Client::host_report() {
     return std::string(s);
 }
 
+Result<void> Client::ping() {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, "org.freedesktop.DBus.Peer", "Ping",
+                               &reply.e, &reply.m, "");
+    if (r < 0) return bus_failure(reply.e, r, "Ping");
+    return {};
+}
+
 Result<ManagerStatus> Client::status() {
     ManagerStatus st;
     auto version = property<std::string>(bus_, manager_path, manager_interface, "Version", 's');

@@ -77,6 +77,9 @@ class Client {
     Result<std::pair<std::uint32_t, std::uint32_t>> reload();
     Result<std::string> host_report();
     Result<ManagerStatus> status();
+    // A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping): the baseline benchmarks
+    // compare against.
+    Result<void> ping();
 
   private:
     explicit Client(sd_bus *bus) : bus_(bus) {}

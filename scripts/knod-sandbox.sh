@@ -4,7 +4,8 @@
 # packaging/dbus/, the daemon with the sim driver and a temporary state dir. It runs COMMAND with
 # DBUS_SYSTEM_BUS_ADDRESS pointing at that bus, then stops both and removes what it made.
 #
-#   scripts/knod-sandbox.sh [--policy FILE] [--build DIR] [--keep-state DIR] -- COMMAND [ARGS...]
+#   scripts/knod-sandbox.sh [--policy FILE] [--build DIR] [--keep-state DIR] [--daemon-arg ARG]...
+#                           -- COMMAND [ARGS...]
 #
 # Inside COMMAND: $KNOD_SANDBOX (the work dir), $KNOD_STATE_DIR, $KNOD_DAEMON_PID.
 set -euo pipefail
@@ -12,11 +13,13 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
 policy=$repo/packaging/policy.example.toml
 state=
+daemon_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --policy) policy=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --keep-state) state=$2; shift 2 ;;
+    --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) echo "knod-sandbox: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -42,7 +45,7 @@ for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.05; done
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
 
 "$build/daemon/knod-policyd" --bus-address="$DBUS_SYSTEM_BUS_ADDRESS" --policy "$policy" \
-    --state-dir "$state" 2>"$work/daemon.log" &
+    --state-dir "$state" "${daemon_args[@]}" 2>"$work/daemon.log" &
 daemon_pid=$!
 for _ in $(seq 200); do
     busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" status org.knod.Policy1 >/dev/null 2>&1 && break
