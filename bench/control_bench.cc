@@ -26,7 +26,8 @@ namespace {
 
 int region(std::size_t size) {
     int fd = memfd_create("bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
         std::exit(1);
     return fd;
 }
@@ -66,21 +67,25 @@ Result run(int clients, double seconds, bool ping) {
                 auto t = Clock::now();
                 if (ping) {
                     if (!client->ping()) ++r.errors;
-                    r.ping_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+                    r.ping_us.push_back(
+                        std::chrono::duration<double, std::micro>(Clock::now() - t).count());
                     continue;
                 }
-                auto g = client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
+                auto g =
+                    client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
                 if (!g || !client->activate(g->id, g->key) || !client->release(g->id)) {
                     ++r.errors;
                     continue;
                 }
-                r.pair_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+                r.pair_us.push_back(
+                    std::chrono::duration<double, std::micro>(Clock::now() - t).count());
             }
             close(fd);
         });
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
     stop = true;
-    for (auto &t : threads) t.join();
+    for (auto &t : threads)
+        t.join();
     Result all;
     for (auto &r : per) {
         all.pair_us.insert(all.pair_us.end(), r.pair_us.begin(), r.pair_us.end());
@@ -103,11 +108,13 @@ int main(int argc, char **argv) {
             client_counts.clear();
             std::stringstream ss(argv[++i]);
             std::string n;
-            while (std::getline(ss, n, ',')) client_counts.push_back(std::stoi(n));
+            while (std::getline(ss, n, ','))
+                client_counts.push_back(std::stoi(n));
         } else if (!std::strcmp(argv[i], "--live") && i + 1 < argc) {
             live = std::atoi(argv[++i]);
         } else {
-            std::fprintf(stderr, "usage: %s [--seconds S] [--clients 1,4,16] [--live N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--seconds S] [--clients 1,4,16] [--live N]\n",
+                         argv[0]);
             return 2;
         }
     }
@@ -121,7 +128,8 @@ int main(int argc, char **argv) {
         double p50 = pct(pairs.pair_us, 0.5), b50 = pct(ping.ping_us, 0.5);
         std::printf("%-8d %8.0fus %8.0fus %8.0fus %8.0fus %10.2f %12.0f %8zu\n", n, b50,
                     pct(ping.ping_us, 0.99), p50, pct(pairs.pair_us, 0.99), b50 > 0 ? p50 / b50 : 0,
-                    static_cast<double>(pairs.pair_us.size()) / seconds, pairs.errors + ping.errors);
+                    static_cast<double>(pairs.pair_us.size()) / seconds,
+                    pairs.errors + ping.errors);
     }
     if (live > 0) {
         auto client = knod::client::Client::connect();
@@ -132,8 +140,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < live; ++i)
             if (client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow})) ++held;
         double s = std::chrono::duration<double>(Clock::now() - t).count();
-        std::printf("%d live bindings held (%d asked) in %.1f s; daemon RSS: %ld KiB\n", held, live, s,
-                    pid ? rss_kib(pid) : -1L);
+        std::printf("%d live bindings held (%d asked) in %.1f s; daemon RSS: %ld KiB\n", held, live,
+                    s, pid ? rss_kib(pid) : -1L);
         close(fd);
     }
     return 0;

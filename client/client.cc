@@ -240,8 +240,8 @@ Result<std::string> Client::host_report() {
 
 Result<void> Client::ping() {
     Reply reply;
-    int r = sd_bus_call_method(bus_, service_name, manager_path, "org.freedesktop.DBus.Peer", "Ping",
-                               &reply.e, &reply.m, "");
+    int r = sd_bus_call_method(bus_, service_name, manager_path, "org.freedesktop.DBus.Peer",
+                               "Ping", &reply.e, &reply.m, "");
     if (r < 0) return bus_failure(reply.e, r, "Ping");
     return {};
 }

@@ -49,9 +49,9 @@ const char *to_string(BindingState s) {
 
 BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                keys::KeyAuthority keys, policy::Policy policy,
-                               BindingEvents &events)
+                               BindingEvents &events, Post post)
     : config_(std::move(config)), driver_(driver), keys_(std::move(keys)),
-      policy_(std::move(policy)), events_(events) {}
+      policy_(std::move(policy)), events_(events), post_(std::move(post)) {}
 
 BindingManager::~BindingManager() = default;
 
@@ -104,12 +104,22 @@ Result<std::int64_t> BindingManager::apply_retention() {
 
 void BindingManager::record(journal::Event e) {
     forward(e);
-    if (pending_.empty() && journal_ready() && journal_->append(e)) return;
+    if (pending_.empty() && journal_ready()) {
+        // Not waited for; a failure comes back to be kept for the retry at the next tick.
+        journal_->append_async(e, [this, e](Result<std::int64_t> r) {
+            if (!r) post_([this, e] { keep(e); });
+        });
+        return;
+    }
+    keep(std::move(e));
+}
+
+void BindingManager::keep(std::variant<journal::Event, PendingEnd> record) {
     if (pending_.size() >= max_pending_records) {
         ++dropped_records_; // bounded memory beats an OOM kill that loses everything
         return;
     }
-    pending_.emplace_back(std::move(e));
+    pending_.push_back(std::move(record));
 }
 
 Result<void> BindingManager::flush_pending() {
@@ -157,7 +167,13 @@ policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) 
     return u;
 }
 
-Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &args) {
+void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantDone done) {
+    auto started = start_grant(caller, args, done);
+    if (!started) done(started.error());
+}
+
+Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
+                                         GrantDone &done) {
     if (auto r = rate_limit(caller.bus_name); !r) return r.error();
 
     policy::Request req;
@@ -272,15 +288,34 @@ Result<Granted> BindingManager::request(const Peer &caller, const RequestArgs &a
     s.rule = b.rule;
     s.started_us = b.created_us;
     forward(decision, s.netdev, s.gpu);
-    if (auto r = journal_->open_session(s, decision); !r) {
+    Granted g{b.id, b.key_id, key->key, b.rule};
+    std::string id = b.id;
+    inflight_.emplace(id, std::move(b));
+    journal_->open_session_async(
+        s, decision, [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
+            post_([this, id, g, done, r = std::move(r)]() mutable {
+                finish_grant(id, g, std::move(r), done);
+            });
+        });
+    return {};
+}
+
+void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
+                                  const GrantDone &done) {
+    auto it = inflight_.find(id);
+    if (it == inflight_.end()) return done(make_error(Errc::unavailable, "the daemon is stopping"));
+    Binding b = std::move(it->second);
+    inflight_.erase(it);
+    if (!written) {
         driver_.detach(b.id);
         keys_.revoke(b.key_id);
-        return journal_error(r.error());
+        return done(journal_error(written.error()));
     }
-    Granted g{b.id, b.key_id, key->key, b.rule};
-    auto [it, inserted] = bindings_.emplace(b.id, std::move(b));
-    events_.binding_created(it->second);
-    return g;
+    auto [pos, inserted] = bindings_.emplace(b.id, std::move(b));
+    events_.binding_created(pos->second);
+    // The start time names the holder from now on; the watch keeps a pidfd per process.
+    pos->second.owner.pidfd.reset();
+    done(std::move(g));
 }
 
 Result<void> BindingManager::activate(const std::string &id, const Peer &presenter,
@@ -306,7 +341,7 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
     return {};
 }
 
-void BindingManager::end_binding(const std::string &id, const std::string &why) {
+void BindingManager::end_binding(const std::string &id, const std::string &why, Done durable) {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;
     // Stop the data path and kill the key first: security does not wait for the disk.
@@ -320,36 +355,42 @@ void BindingManager::end_binding(const std::string &id, const std::string &why) 
                               {"dropped_packets", c.dropped_packets}}
                    .dump();
     forward(e, it->second.netdev, it->second.gpu);
-    bool written =
-        pending_.empty() && journal_ready() && journal_->close_session(id, why, c, e).ok();
-    if (!written && pending_.size() < max_pending_records)
-        pending_.emplace_back(PendingEnd{id, why, c, std::move(e)});
-    else if (!written)
-        ++dropped_records_;
+    if (pending_.empty() && journal_ready()) {
+        PendingEnd end{id, why, c, e};
+        journal_->close_session_async(id, why, c, std::move(e),
+                                      [this, end, durable](Result<std::int64_t> r) {
+                                          post_([this, end, durable, ok = r.ok()] {
+                                              if (!ok) keep(end);
+                                              if (durable) durable({});
+                                          });
+                                      });
+    } else {
+        keep(PendingEnd{id, why, c, std::move(e)});
+        if (durable) durable({});
+    }
     Binding ended = std::move(it->second);
     bindings_.erase(it);
     events_.binding_ended(ended, why);
 }
 
-Result<void> BindingManager::release(const std::string &id, const Peer &by, bool privileged) {
+void BindingManager::release(const std::string &id, const Peer &by, bool privileged, Done done) {
     auto it = bindings_.find(id);
-    if (it == bindings_.end()) return make_error(Errc::not_found, "no binding " + id);
+    if (it == bindings_.end()) return done(make_error(Errc::not_found, "no binding " + id));
     if (!privileged && it->second.owner.uid != by.uid)
-        return make_error(Errc::denied, "binding " + id + " belongs to uid " +
-                                            std::to_string(it->second.owner.uid) +
-                                            "; only its owner or an admin may release it");
-    end_binding(id, reason::release);
-    return {};
+        return done(make_error(Errc::denied, "binding " + id + " belongs to uid " +
+                                                 std::to_string(it->second.owner.uid) +
+                                                 "; only its owner or an admin may release it"));
+    end_binding(id, reason::release, std::move(done));
 }
 
-Result<void> BindingManager::revoke(const std::string &id, const std::string &why, const Peer &by) {
-    if (!bindings_.count(id)) return make_error(Errc::not_found, "no binding " + id);
+void BindingManager::revoke(const std::string &id, const std::string &why, const Peer &by,
+                            Done done) {
+    if (!bindings_.count(id)) return done(make_error(Errc::not_found, "no binding " + id));
     journal::Event e = event_for(journal::kind::revoked, by);
     e.session_id = id;
     e.reason = why;
     record(std::move(e));
-    end_binding(id, reason::revoke);
-    return {};
+    end_binding(id, reason::revoke, std::move(done));
 }
 
 Result<std::size_t> BindingManager::reload(policy::Policy next, const std::string &by) {

@@ -99,22 +99,32 @@ struct ManagerStatus {
     std::vector<std::string> sinks;
 };
 
+// Runs a function on the daemon's event-loop thread (journal completions arrive on the
+// journal's writer thread and come back through this).
+using Post = std::function<void(std::function<void()>)>;
+using GrantDone = std::function<void(Result<Granted>)>;
+using Done = std::function<void(Result<void>)>;
+
 class BindingManager {
   public:
     BindingManager(ManagerConfig config, driver::Driver &driver, keys::KeyAuthority keys,
-                   policy::Policy policy, BindingEvents &events);
+                   policy::Policy policy, BindingEvents &events, Post post);
     ~BindingManager();
 
     // Opens the journal, closes sessions a crash left open, records the start. A journal that
     // cannot be opened is not fatal: requests are refused until it can be.
     void start();
 
-    Result<Granted> request(const Peer &caller, const RequestArgs &args);
+    // Decides and prepares at once; `done` gets the key only once the session row and grant
+    // event are durable (or the error). Concurrent requests share one commit. Immediate
+    // refusals call `done` before returning.
+    void request(const Peer &caller, const RequestArgs &args, GrantDone done);
     Result<void> activate(const std::string &id, const Peer &presenter,
                           std::span<const std::uint8_t> key);
-    // The owner, or anyone `privileged` (an admin), may release.
-    Result<void> release(const std::string &id, const Peer &by, bool privileged);
-    Result<void> revoke(const std::string &id, const std::string &why, const Peer &by);
+    // The owner, or anyone `privileged` (an admin), may release. The data path stops at once;
+    // `done` runs once the end is on disk (or kept to write when the disk is back).
+    void release(const std::string &id, const Peer &by, bool privileged, Done done);
+    void revoke(const std::string &id, const std::string &why, const Peer &by, Done done);
     // Replaces the policy; revokes bindings it no longer allows. Returns how many.
     Result<std::size_t> reload(policy::Policy next, const std::string &by);
     // The holder's process exited or its bus connection went away.
@@ -143,7 +153,10 @@ class BindingManager {
                  const std::string &gpu = {});
     // Writes an event now, or keeps it to write once the journal is back.
     void record(journal::Event e);
-    void end_binding(const std::string &id, const std::string &why);
+    void end_binding(const std::string &id, const std::string &why, Done durable = {});
+    Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
+    void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
+                      const GrantDone &done);
     Result<void> rate_limit(const std::string &bus_name);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
     Result<void> flush_pending();
@@ -154,6 +167,7 @@ class BindingManager {
         journal::Counters counters;
         journal::Event event;
     };
+    void keep(std::variant<journal::Event, PendingEnd> record);
     struct Bucket {
         double tokens;
         std::chrono::steady_clock::time_point last;
@@ -166,6 +180,8 @@ class BindingManager {
     BindingEvents &events_;
     std::unique_ptr<journal::Journal> journal_;
     std::map<std::string, Binding> bindings_;
+    std::map<std::string, Binding> inflight_; // granted, waiting for the journal to commit
+    Post post_;
     std::map<std::string, Bucket> buckets_;
     std::deque<std::variant<journal::Event, PendingEnd>> pending_;
     std::uint64_t dropped_records_ = 0;

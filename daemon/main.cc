@@ -13,6 +13,11 @@
 #include <iostream>
 #include <map>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+
+#include <deque>
+#include <mutex>
 
 namespace {
 
@@ -56,9 +61,37 @@ class SdEventLoop : public knod::driver::EventLoop {
     }
     void unwatch(int fd) override { sources_.erase(fd); }
 
+    // Runs `fn` on the loop thread, from any thread: a queue and an eventfd that wakes the loop.
+    knod::Result<void> start_posting() {
+        wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+        if (!wake_.valid()) return knod::make_error(knod::Errc::io, "eventfd failed");
+        return watch(wake_.get(), [this] {
+            std::uint64_t n;
+            (void)!read(wake_.get(), &n, sizeof n);
+            std::deque<std::function<void()>> ready;
+            {
+                std::lock_guard lock(mu_);
+                ready.swap(posted_);
+            }
+            for (auto &fn : ready)
+                fn();
+        });
+    }
+    void post(std::function<void()> fn) {
+        {
+            std::lock_guard lock(mu_);
+            posted_.push_back(std::move(fn));
+        }
+        std::uint64_t one = 1;
+        (void)!write(wake_.get(), &one, sizeof one);
+    }
+
   private:
     sd_event *event_;
     std::map<int, std::pair<knod::bus::SourcePtr, std::unique_ptr<std::function<void()>>>> sources_;
+    knod::UniqueFd wake_;
+    std::mutex mu_;
+    std::deque<std::function<void()>> posted_;
 };
 
 knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &paths) {
@@ -165,6 +198,13 @@ int main(int argc, char **argv) {
         return 1;
     }
 
+    // Each binding holds its region fd and its holder's pidfd: allow as many as we may.
+    struct rlimit files {};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+        files.rlim_cur = files.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &files);
+    }
+
     sigset_t mask;
     sigemptyset(&mask);
     for (int sig : {SIGTERM, SIGINT, SIGHUP})
@@ -211,8 +251,13 @@ int main(int argc, char **argv) {
     if (o.linux_audit)
         if (auto audit = knod::sinks::LinuxAuditSink::open()) sink_list.push_back(std::move(audit));
     knod::sinks::SinkQueue sinks(std::move(sink_list));
-    knod::daemon::BindingManager manager(config, driver, std::move(*keys), std::move(*policy),
-                                         service);
+    if (auto p = driver_loop.start_posting(); !p) {
+        std::cerr << "knod-policyd: " << p.error().message << "\n";
+        return 1;
+    }
+    knod::daemon::BindingManager manager(
+        config, driver, std::move(*keys), std::move(*policy), service,
+        [&driver_loop](std::function<void()> fn) { driver_loop.post(std::move(fn)); });
     manager.set_sinks(&sinks);
     manager.start();
     if (auto pruned = manager.apply_retention(); pruned && *pruned > 0)

@@ -21,6 +21,22 @@ BusService *service(void *self) {
     return static_cast<BusService *>(self);
 }
 
+// Replies to `call` with the error's D-Bus name and message, later than the handler returned.
+void reply_error(sd_bus_message *call, const Error &e) {
+    sd_bus_reply_method_errorf(call, error_name(e.code), "%s", e.message.c_str());
+}
+
+// A completion that answers `m` with an empty reply or the error, whenever it runs.
+daemon::Done reply_when_done(sd_bus_message *m) {
+    std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+    return [call](Result<void> r) {
+        if (r)
+            sd_bus_reply_method_return(call.get(), "");
+        else
+            reply_error(call.get(), r.error());
+    };
+}
+
 // Every method below is callable by any local user at the sd-bus level
 // (SD_BUS_VTABLE_UNPRIVILEGED); each says how it checks its caller. Members without the flag
 // would be root-only, and that is the default for anything added later.
@@ -231,17 +247,21 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
     a.mode = mode;
     auto caller = s->peer(m);
     if (!caller) return fail(err, caller.error());
-    auto granted = s->manager_->request(*caller, a);
-    if (!granted) return fail(err, granted.error());
-    sd_bus_message *reply_raw = nullptr;
-    if ((r = sd_bus_message_new_method_return(m, &reply_raw)) < 0) return r;
-    MessagePtr reply(reply_raw);
-    std::string path = binding_path(granted->id);
-    if ((r = sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str())) < 0 ||
-        (r = sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
-                                         granted->key.size())) < 0)
-        return r;
-    return sd_bus_send(nullptr, reply.get(), nullptr);
+    // The reply goes once the grant is durable; meanwhile the loop serves other callers.
+    std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+    s->manager_->request(*caller, a, [call](Result<daemon::Granted> granted) {
+        if (!granted) return reply_error(call.get(), granted.error());
+        sd_bus_message *reply_raw = nullptr;
+        if (sd_bus_message_new_method_return(call.get(), &reply_raw) < 0) return;
+        MessagePtr reply(reply_raw);
+        std::string path = binding_path(granted->id);
+        if (sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str()) < 0 ||
+            sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
+                                        granted->key.size()) < 0)
+            return;
+        sd_bus_send(nullptr, reply.get(), nullptr);
+    });
+    return 1; // replied, or will be
 }
 
 int BusService::list_bindings(sd_bus_message *m, void *self, sd_bus_error *err) {
@@ -279,9 +299,8 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         return fail(err, make_error(Errc::denied, "revoking a binding needs root, the admin group, "
                                                   "or polkit action org.knod.policy1.manage"));
     if (!*why) return fail(err, make_error(Errc::invalid_argument, "reason: say why you revoke"));
-    auto done = s->manager_->revoke(id, why, *caller);
-    if (!done) return fail(err, done.error());
-    return sd_bus_reply_method_return(m, "");
+    s->manager_->revoke(id, why, *caller, reply_when_done(m));
+    return 1;
 }
 
 Result<std::size_t> BusService::reload(const std::string &by) {
@@ -350,9 +369,8 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
     const daemon::Binding *b = s->manager_->find(id_of(sd_bus_message_get_path(m)));
     if (b && b->owner.uid != c->uid)
         admin = s->authorizer_.is_admin(*c, s->manager_->policy().settings);
-    auto done = s->manager_->release(id_of(sd_bus_message_get_path(m)), by, admin);
-    if (!done) return fail(err, done.error());
-    return sd_bus_reply_method_return(m, "");
+    s->manager_->release(id_of(sd_bus_message_get_path(m)), by, admin, reply_when_done(m));
+    return 1;
 }
 
 int BusService::manager_property(sd_bus *, const char *, const char *, const char *property,
@@ -423,34 +441,38 @@ int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *
 
 int BusService::holder_exited(sd_event_source *src, int, uint32_t, void *self) {
     auto *s = service(self);
-    for (auto &[id, watch] : s->holder_watches_) {
-        if (watch.get() == src) {
-            std::string ended = id; // holder_gone erases the watch, and with it `id`
-            s->manager_->holder_gone(ended, daemon::reason::process_exit);
-            break;
-        }
+    for (auto &[holder, watch] : s->holders_) {
+        if (watch.source.get() != src) continue;
+        // Ending a binding edits the watch (and erases it with the last one): work on a copy.
+        std::set<std::string> ids = watch.bindings;
+        for (auto &id : ids)
+            s->manager_->holder_gone(id, daemon::reason::process_exit);
+        break;
     }
     return 0;
 }
 
 void BusService::binding_created(const daemon::Binding &b) {
     std::string path = binding_path(b.id);
-    // One watch per binding, on its own dup of the holder's pidfd (epoll wants distinct fds).
-    int fd = fcntl(b.owner.pidfd->get(), F_DUPFD_CLOEXEC, 3);
-    sd_event_source *src = nullptr;
-    if (fd >= 0 && sd_event_add_io(event_, &src, fd, EPOLLIN, holder_exited, this) >= 0) {
-        sd_event_source_set_io_fd_own(src, 1);
-        holder_watches_[b.id].reset(src);
-    } else if (fd >= 0) {
-        close(fd);
+    auto holder = std::make_pair(b.owner.pid, b.owner.start_time);
+    auto it = holders_.find(holder);
+    if (it == holders_.end() && b.owner.pidfd) {
+        sd_event_source *src = nullptr;
+        if (sd_event_add_io(event_, &src, b.owner.pidfd->get(), EPOLLIN, holder_exited, this) >= 0)
+            it = holders_.emplace(holder, HolderWatch{SourcePtr(src), b.owner.pidfd, {}}).first;
     }
+    if (it != holders_.end()) it->second.bindings.insert(b.id);
     sd_bus_emit_signal(bus_, manager_path, manager_interface, "BindingCreated", "os", path.c_str(),
                        b.id.c_str());
     sd_bus_emit_object_added(bus_, path.c_str());
 }
 
 void BusService::binding_ended(const daemon::Binding &b, const std::string &why) {
-    holder_watches_.erase(b.id);
+    auto holder = holders_.find(std::make_pair(b.owner.pid, b.owner.start_time));
+    if (holder != holders_.end()) {
+        holder->second.bindings.erase(b.id);
+        if (holder->second.bindings.empty()) holders_.erase(holder);
+    }
     std::string path = binding_path(b.id);
     bool revoked = why == daemon::reason::revoke || why == daemon::reason::policy_reload ||
                    why == daemon::reason::expire;

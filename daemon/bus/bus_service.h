@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 
 namespace knod::bus {
 
@@ -62,7 +63,14 @@ class BusService : public daemon::BindingEvents {
     Authorizer authorizer_;
     daemon::BindingManager *manager_ = nullptr;
     std::vector<SlotPtr> slots_;
-    std::map<std::string, SourcePtr> holder_watches_; // binding id -> its holder's pidfd watch
+    // One pidfd watch per holder process (pid and start time), however many bindings it holds:
+    // a process with 10,000 bindings costs one fd here, not 10,000.
+    struct HolderWatch {
+        SourcePtr source;
+        std::shared_ptr<UniqueFd> pidfd;
+        std::set<std::string> bindings;
+    };
+    std::map<std::pair<pid_t, std::uint64_t>, HolderWatch> holders_;
 };
 
 std::string binding_path(const std::string &id);

@@ -172,15 +172,23 @@ Journal::~Journal() {
     thread_.join();
 }
 
-Result<std::int64_t> Journal::submit(Work work) {
-    std::future<Result<std::int64_t>> result;
+void Journal::submit_async(Work work, Done done) {
     {
         std::lock_guard lock(mu_);
-        if (stopping_) return make_error(Errc::unavailable, "journal is closing");
-        queue_.push_back({std::move(work), {}});
-        result = queue_.back().done.get_future();
+        if (!stopping_) {
+            queue_.push_back({std::move(work), std::move(done)});
+            wake_.notify_one();
+            return;
+        }
     }
-    wake_.notify_one();
+    if (done) done(make_error(Errc::unavailable, "journal is closing"));
+}
+
+Result<std::int64_t> Journal::submit(Work work) {
+    auto promise = std::make_shared<std::promise<Result<std::int64_t>>>();
+    auto result = promise->get_future();
+    submit_async(std::move(work),
+                 [promise](Result<std::int64_t> r) { promise->set_value(std::move(r)); });
     return result.get();
 }
 
@@ -241,7 +249,7 @@ void Journal::run() {
         if (committed && listener && w.head_seq() != head_before)
             listener(w.head_seq(), w.head_hash());
         for (std::size_t i = 0; i < batch.size(); ++i)
-            batch[i].done.set_value(std::move(results[i]));
+            if (batch[i].done) batch[i].done(std::move(results[i]));
     }
 }
 
@@ -249,9 +257,21 @@ Result<std::int64_t> Journal::append(Event event) {
     return submit([e = std::move(event)](Writer &w) mutable { return w.append(std::move(e)); });
 }
 
+void Journal::append_async(Event event, Done done) {
+    submit_async([e = std::move(event)](Writer &w) mutable { return w.append(std::move(e)); },
+                 std::move(done));
+}
+
 Result<std::int64_t> Journal::open_session(Session s, Event grant) {
-    return submit([s = std::move(s),
-                   e = std::move(grant)](Writer &w) mutable -> Result<std::int64_t> {
+    return submit(open_session_work(std::move(s), std::move(grant)));
+}
+
+void Journal::open_session_async(Session s, Event grant, Done done) {
+    submit_async(open_session_work(std::move(s), std::move(grant)), std::move(done));
+}
+
+Journal::Work Journal::open_session_work(Session s, Event grant) {
+    return [s = std::move(s), e = std::move(grant)](Writer &w) mutable -> Result<std::int64_t> {
         if (s.started_us == 0) s.started_us = now_us();
         auto st = w.db().prepare("INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, "
                                  "mode, region_bytes, flows, "
@@ -270,7 +290,7 @@ Result<std::int64_t> Journal::open_session(Session s, Event grant) {
         e.session_id = s.id;
         e.at_us = s.started_us;
         return w.append(std::move(e));
-    });
+    };
 }
 
 namespace {
@@ -292,13 +312,23 @@ Result<void> end_session(Database &db, const std::string &id, const std::string 
 
 Result<std::int64_t> Journal::close_session(const std::string &id, const std::string &reason,
                                             const Counters &counters, Event closing) {
-    return submit([=, e = std::move(closing)](Writer &w) mutable -> Result<std::int64_t> {
+    return submit(close_session_work(id, reason, counters, std::move(closing)));
+}
+
+void Journal::close_session_async(const std::string &id, const std::string &reason,
+                                  const Counters &counters, Event closing, Done done) {
+    submit_async(close_session_work(id, reason, counters, std::move(closing)), std::move(done));
+}
+
+Journal::Work Journal::close_session_work(const std::string &id, const std::string &reason,
+                                          const Counters &counters, Event closing) {
+    return [=, e = std::move(closing)](Writer &w) mutable -> Result<std::int64_t> {
         if (e.at_us == 0) e.at_us = now_us();
         if (auto r = end_session(w.db(), id, reason, counters, e.at_us); !r) return r.error();
         e.session_id = id;
         if (!e.reason) e.reason = reason;
         return w.append(std::move(e));
-    });
+    };
 }
 
 Result<std::vector<std::string>> Journal::close_open_sessions(const std::string &reason) {

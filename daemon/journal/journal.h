@@ -52,6 +52,15 @@ class Journal {
     Result<std::int64_t> prune(std::optional<std::int64_t> before_us,
                                std::optional<std::int64_t> keep_events);
 
+    // The same, without waiting: `done` runs on the writer thread once the change is durable
+    // (or failed). Lets a single-threaded caller keep serving while concurrent calls share
+    // one commit.
+    using Done = std::function<void(Result<std::int64_t>)>;
+    void append_async(Event event, Done done);
+    void open_session_async(Session session, Event grant, Done done);
+    void close_session_async(const std::string &id, const std::string &reason,
+                             const Counters &counters, Event closing, Done done);
+
     JournalStats stats() const;
     // Called on the writer thread after each commit that moved the chain head, with the new
     // head; must not block (the daemon copies it to the system journal as a second anchor).
@@ -63,11 +72,15 @@ class Journal {
     using Work = std::function<Result<std::int64_t>(Writer &)>;
     struct Pending {
         Work work;
-        std::promise<Result<std::int64_t>> done;
+        Done done;
     };
 
     Journal(std::string path, std::unique_ptr<Writer> writer);
     Result<std::int64_t> submit(Work work);
+    void submit_async(Work work, Done done);
+    static Work open_session_work(Session s, Event grant);
+    static Work close_session_work(const std::string &id, const std::string &reason,
+                                   const Counters &counters, Event closing);
     void run();
 
     std::string path_;
