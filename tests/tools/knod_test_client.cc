@@ -5,6 +5,8 @@
 //   hold-active NETDEV GPU BYTES FLOW...  the same, activating the binding with its key; when
 //                                   stdin closes, print "data RXBYTES HEX" (the region's first
 //                                   min(RXBYTES, BYTES) bytes)
+//   request-many N NETDEV GPU FLOW  request N bindings (one sealed memfd), printing "key KEYID"
+//                                   for each grant as it arrives, then wait until stdin closes
 //   activate ID KEYHEX | release ID | list | revoke ID REASON | reload
 #include "client/client.h"
 #include "knod/hex.h"
@@ -75,6 +77,27 @@ int main(int argc, char **argv) {
             if (n && pread(fd, buf.data(), n, 0) != static_cast<ssize_t>(n)) return 1;
             std::cout << "data " << (rx ? rx->rx_bytes : 0) << " " << knod::to_hex(buf)
                       << std::endl;
+        }
+        return 0;
+    }
+    if (cmd == "request-many" && args.size() == 5) {
+        int n = std::stoi(args[1]);
+        int fd = memfd_create("knod-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0 || ftruncate(fd, 4096) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+            return 1;
+        for (int i = 0; i < n; ++i) {
+            auto g = client->request_binding(args[2], args[3], "rx-only", fd, 0, 4096, {args[4]});
+            if (!g) {
+                std::cout << "error " << g.error().message << std::endl;
+                if (g.error().code == knod::Errc::io || g.error().code == knod::Errc::unavailable)
+                    return 1;
+                continue;
+            }
+            std::cout << "key " << g->key_id << std::endl;
+        }
+        std::cout << "done" << std::endl;
+        char c;
+        while (read(STDIN_FILENO, &c, 1) > 0) {
         }
         return 0;
     }

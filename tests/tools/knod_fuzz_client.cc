@@ -1,0 +1,171 @@
+// Test helper: a hostile client. For a bounded number of calls it sends random argument values
+// to every method and property of org.knod.Policy1: wrong types, huge arrays, bad fds, absurd
+// offsets and lengths, garbage flow specs, unknown objects. It counts the replies by kind and
+// exits 0 when every reply was a method return or a named error. Usage: knod_fuzz_client CALLS SEED
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <systemd/sd-bus.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::mt19937_64 rng;
+
+std::string junk(std::size_t max) {
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789 ./:*->[]-_%\\\"'\n\t";
+    std::string s(rng() % (max + 1), ' ');
+    for (auto &c : s)
+        c = alphabet[rng() % (sizeof alphabet - 1)];
+    return s;
+}
+
+std::string flow() {
+    static const char *shapes[] = {"udp 10.99.0.1:* -> 10.99.0.2:5000",
+                                   "udp * -> *",
+                                   "tcp [fd00::/8]:* -> *:1",
+                                   "udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999",
+                                   "",
+                                   "garbage",
+                                   "udp 300.1.1.1 -> *",
+                                   "udp 10.0.0.0/33:* -> *",
+                                   "any * -> *:70000"};
+    return rng() % 4 == 0 ? junk(64) : shapes[rng() % (sizeof shapes / sizeof *shapes)];
+}
+
+int any_fd() {
+    switch (rng() % 6) {
+    case 0: {
+        int p[2];
+        if (pipe(p) != 0) return 0;
+        close(p[1]);
+        return p[0];
+    }
+    case 1:
+        return open("/dev/null", O_RDONLY | O_CLOEXEC);
+    case 2:
+        return open("/", O_PATH | O_CLOEXEC);
+    case 3: {
+        int fd = memfd_create("f", MFD_CLOEXEC); // unsealed
+        if (ftruncate(fd, 4096) != 0) return fd;
+        return fd;
+    }
+    default: {
+        int fd = memfd_create("f", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (ftruncate(fd, static_cast<off_t>(rng() % 65536)) != 0) return fd;
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
+        return fd;
+    }
+    }
+}
+
+std::uint64_t absurd() {
+    static const std::uint64_t values[] = {
+        0, 1, 4096, 65535, 1ull << 32, UINT64_MAX, UINT64_MAX - 4095};
+    return rng() % 2 ? values[rng() % 7] : rng();
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    long calls = std::atol(argv[1]);
+    rng.seed(std::strtoull(argv[2], nullptr, 10));
+    sd_bus *bus = nullptr;
+    if (sd_bus_open_system(&bus) < 0) return 1;
+    const char *dest = "org.knod.Policy1", *mgr = "/org/knod/Policy1",
+               *iface = "org.knod.Policy1.Manager";
+    std::map<std::string, int> tally;
+    std::vector<std::string> paths = {
+        "/org/knod/Policy1/bindings/bnope", "/org/knod/Policy1/bindings/",
+        "/org/knod/Policy1/bindings/b0000000000000000", "/org/knod/Policy1"};
+    for (long i = 0; i < calls; ++i) {
+        sd_bus_message *m = nullptr, *reply = nullptr;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        int r = 0;
+        switch (rng() % 8) {
+        case 0:
+        case 1: { // RequestBinding with hostile values
+            int fd = any_fd();
+            sd_bus_message_new_method_call(bus, &m, dest, mgr, iface, "RequestBinding");
+            sd_bus_message_append(m, "ssshtt", rng() % 3 ? "knodsim0" : junk(300).c_str(),
+                                  rng() % 3 ? "sim0" : junk(40).c_str(),
+                                  rng() % 3 ? "rx-only" : junk(10).c_str(), fd, absurd(), absurd());
+            std::vector<std::string> fl(rng() % 4 == 0 ? 5000 : rng() % 4);
+            for (auto &f : fl)
+                f = flow();
+            std::vector<const char *> strv;
+            for (auto &f : fl)
+                strv.push_back(f.c_str());
+            strv.push_back(nullptr);
+            sd_bus_message_append_strv(m, const_cast<char **>(strv.data()));
+            r = sd_bus_call(bus, m, 5'000'000, &e, &reply);
+            close(fd);
+            // A grant is released again at once, so nothing stays behind.
+            const char *path = nullptr;
+            if (r >= 0 && sd_bus_message_read(reply, "o", &path) > 0) {
+                sd_bus_error e2 = SD_BUS_ERROR_NULL;
+                sd_bus_call_method(bus, dest, path, "org.knod.Policy1.Binding", "Release", &e2,
+                                   nullptr, "");
+                sd_bus_error_free(&e2);
+                paths.push_back(path);
+            }
+            break;
+        }
+        case 2: { // wrong signature
+            sd_bus_message_new_method_call(bus, &m, dest, mgr, iface, "RequestBinding");
+            sd_bus_message_append(m, "us", static_cast<std::uint32_t>(rng()), junk(20).c_str());
+            r = sd_bus_call(bus, m, 5'000'000, &e, &reply);
+            break;
+        }
+        case 3: { // Activate with random bytes on some object
+            std::string key = junk(rng() % 2 ? 32 : 5000);
+            sd_bus_message_new_method_call(bus, &m, dest, paths[rng() % paths.size()].c_str(),
+                                           "org.knod.Policy1.Binding", "Activate");
+            sd_bus_message_append_array(m, 'y', key.data(), key.size());
+            r = sd_bus_call(bus, m, 5'000'000, &e, &reply);
+            break;
+        }
+        case 4:
+            r = sd_bus_call_method(bus, dest, paths[rng() % paths.size()].c_str(),
+                                   "org.knod.Policy1.Binding", "Release", &e, &reply, "");
+            break;
+        case 5:
+            r = sd_bus_call_method(bus, dest, mgr, iface, "RevokeBinding", &e, &reply, "ss",
+                                   junk(30).c_str(), junk(30).c_str());
+            break;
+        case 6: {
+            static const char *props[] = {"Netdev", "RxBytes", "Flows", "Queues", "Nope", "KeyId"};
+            r = sd_bus_call_method(bus, dest, paths[rng() % paths.size()].c_str(),
+                                   "org.freedesktop.DBus.Properties", "Get", &e, &reply, "ss",
+                                   "org.knod.Policy1.Binding", props[rng() % 6]);
+            break;
+        }
+        default:
+            r = sd_bus_call_method(bus, dest, mgr, iface,
+                                   rng() % 2 ? "ReloadPolicy" : "ListBindings", &e, &reply, "");
+        }
+        if (r >= 0)
+            ++tally["return"];
+        else if (sd_bus_error_is_set(&e))
+            ++tally[e.name];
+        else
+            ++tally["no reply: " + std::to_string(r)];
+        sd_bus_message_unref(m);
+        sd_bus_message_unref(reply);
+        sd_bus_error_free(&e);
+    }
+    bool ok = true;
+    for (auto &[k, n] : tally) {
+        std::printf("%s %d\n", k.c_str(), n);
+        if (k.rfind("no reply", 0) == 0) ok = false;
+    }
+    sd_bus_flush_close_unref(bus);
+    return ok ? 0 : 1;
+}
