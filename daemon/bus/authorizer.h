@@ -15,6 +15,7 @@ namespace knod::bus {
 
 struct Credentials {
     uid_t uid = 0;
+    pid_t pid = 0;
     std::vector<gid_t> gids;
     std::string sender;
 };

@@ -162,6 +162,11 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
 }
 
 Result<Credentials> BusService::credentials(sd_bus_message *m) const {
+    const char *sender_name = sd_bus_message_get_sender(m);
+    if (sender_name) {
+        auto hit = creds_cache_.find(sender_name);
+        if (hit != creds_cache_.end()) return hit->second;
+    }
     sd_bus_creds *raw = nullptr;
     int r =
         sd_bus_query_sender_creds(m,
@@ -177,21 +182,16 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     int n = sd_bus_creds_get_supplementary_gids(creds.get(), &gids);
     for (int i = 0; i < n; ++i)
         c.gids.push_back(gids[i]);
-    const char *sender = sd_bus_message_get_sender(m);
-    c.sender = sender ? sender : "";
+    if (sd_bus_creds_get_pid(creds.get(), &c.pid) < 0) c.pid = 0;
+    c.sender = sender_name ? sender_name : "";
+    if (!c.sender.empty()) creds_cache_[c.sender] = c;
     return c;
 }
 
 Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     auto c = credentials(m);
     if (!c) return c.error();
-    sd_bus_creds *raw = nullptr;
-    pid_t pid = 0;
-    if (sd_bus_query_sender_creds(m, SD_BUS_CREDS_PID, &raw) >= 0) {
-        CredsPtr creds(raw);
-        sd_bus_creds_get_pid(creds.get(), &pid);
-    }
-    return daemon::identify_peer(c->uid, pid, c->gids, c->sender);
+    return daemon::identify_peer(c->uid, c->pid, c->gids, c->sender);
 }
 
 bool BusService::visible(const daemon::Binding &b) const {
@@ -294,7 +294,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
     if (r < 0) return r;
     auto caller = s->peer(m);
     if (!caller) return fail(err, caller.error());
-    Credentials c{caller->uid, caller->gids, caller->bus_name};
+    Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name};
     if (!s->authorizer_.is_admin(c, s->manager_->policy().settings))
         return fail(err, make_error(Errc::denied, "revoking a binding needs root, the admin group, "
                                                   "or polkit action org.knod.policy1.manage"));
@@ -435,7 +435,10 @@ int BusService::binding_property(sd_bus *, const char *path, const char *, const
 int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
     const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
     if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
-    if (name[0] == ':' && new_owner[0] == '\0') service(self)->manager_->connection_gone(name);
+    if (name[0] == ':' && new_owner[0] == '\0') {
+        service(self)->creds_cache_.erase(name);
+        service(self)->manager_->connection_gone(name);
+    }
     return 0;
 }
 

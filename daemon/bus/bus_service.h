@@ -71,6 +71,10 @@ class BusService : public daemon::BindingEvents {
         std::set<std::string> bindings;
     };
     std::map<std::pair<pid_t, std::uint64_t>, HolderWatch> holders_;
+    // What the bus vouched for, per connection: a unique name is never reused and its uid and
+    // pid never change, so one GetConnectionCredentials round trip per connection is enough.
+    // Dropped when the connection goes.
+    mutable std::map<std::string, Credentials> creds_cache_;
 };
 
 std::string binding_path(const std::string &id);

@@ -97,10 +97,10 @@ TEST_F(DaemonTest, DenialNamesTheRule) {
     Output o =
         sb().run_client({"hold", "knodsim0", "sim0", "4096", "udp * -> 10.99.0.2:9001"}, nobody);
     EXPECT_NE(o.out.find("denied by rule 'no-nobody-on-9'"), std::string::npos) << o.out;
-    EXPECT_EQ(
-        sb().sql(
-            "SELECT count(*) FROM events WHERE kind='request-denied' AND rule='no-nobody-on-9'"),
-        "1");
+    EXPECT_TRUE(eventually([&] {
+        return sb().sql("SELECT count(*) FROM events WHERE kind='request-denied' AND "
+                        "rule='no-nobody-on-9'") == "1";
+    })); // denials are journaled without the caller waiting
     auto big = request(c, sim_flow, 2 << 20);
     ASSERT_FALSE(big.ok());
     EXPECT_NE(big.error().message.find("exceeds max_region"), std::string::npos)
@@ -134,7 +134,12 @@ TEST_F(DaemonTest, KilledHolderIsReleasedAndJournaled) {
     ASSERT_EQ(c.list()->size(), 1u);
     h.kill_now(SIGKILL);
     EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 2000));
-    std::string why = sb().sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'");
+    // Ends the daemon notices by itself are journaled without anyone waiting on them.
+    std::string why;
+    EXPECT_TRUE(eventually([&] {
+        why = sb().sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'");
+        return !why.empty();
+    }));
     EXPECT_TRUE(why == "process-exit" || why == "disconnect") << why;
 }
 
@@ -178,8 +183,10 @@ iommu = "any"
     auto list = c.list();
     ASSERT_EQ(list->size(), 1u);
     EXPECT_EQ((*list)[0].id, keep->id);
-    EXPECT_EQ(sb().sql("SELECT end_reason FROM sessions WHERE id='" + lose->id + "'"),
-              "policy-reload");
+    EXPECT_TRUE(eventually([&] {
+        return sb().sql("SELECT end_reason FROM sessions WHERE id='" + lose->id + "'") ==
+               "policy-reload";
+    }));
 }
 
 TEST_F(DaemonTest, HostileArgumentsGetNamedErrorsAndChangeNothing) {

@@ -114,9 +114,10 @@ TEST_F(DatapathTest, AllowedPayloadArrivesByteExactForbiddenNever) {
     EXPECT_NE(*report, *before) << "the unmatched counters moved";
     // The final counters go into the session row when it ends.
     ASSERT_TRUE(c.release(g->id).ok());
-    EXPECT_EQ(sandbox_->sql("SELECT rx_bytes, rx_packets, dropped_packets FROM sessions WHERE id='" +
-                            g->id + "'"),
-              std::to_string(3 * payload.size()) + "|3|2");
+    EXPECT_EQ(
+        sandbox_->sql("SELECT rx_bytes, rx_packets, dropped_packets FROM sessions WHERE id='" +
+                      g->id + "'"),
+        std::to_string(3 * payload.size()) + "|3|2");
     close(fd);
 }
 
