@@ -333,11 +333,7 @@ TEST_F(DaemonTest, IntrospectionMatchesTheSchema) {
             _exit(127);
         }
         close(out[1]);
-        std::string s;
-        char buf[4096];
-        ssize_t n;
-        while ((n = read(out[0], buf, sizeof buf)) > 0)
-            s.append(buf, static_cast<std::size_t>(n));
+        std::string s = read_all(out[0]);
         close(out[0]);
         waitpid(pid, nullptr, 0);
         return s;

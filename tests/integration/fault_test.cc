@@ -70,10 +70,7 @@ struct Child {
     }
     // Everything printed until EOF.
     std::string rest() {
-        char buf[4096];
-        ssize_t n;
-        while ((n = read(out, buf, sizeof buf)) > 0)
-            buffer.append(buf, static_cast<std::size_t>(n));
+        buffer += read_all(out);
         return buffer;
     }
     // Reads until a line equal to `line` arrives (or EOF).

@@ -136,10 +136,7 @@ Output Sandbox::run_client(const std::vector<std::string> &args, uid_t uid) cons
     close(out[1]);
     close(devnull);
     Output o;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(out[0], buf, sizeof buf)) > 0)
-        o.out.append(buf, static_cast<std::size_t>(n));
+    o.out = read_all(out[0]);
     close(out[0]);
     waitpid(pid, &o.status, 0);
     while (!o.out.empty() && o.out.back() == '\n')
@@ -152,11 +149,7 @@ std::string Sandbox::sql(const std::string &query) const {
     if (pipe2(out, O_CLOEXEC) != 0) return {};
     pid_t pid = spawn({"sqlite3", journal(), query}, -1, out[1]);
     close(out[1]);
-    std::string s;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(out[0], buf, sizeof buf)) > 0)
-        s.append(buf, static_cast<std::size_t>(n));
+    std::string s = read_all(out[0]);
     close(out[0]);
     waitpid(pid, nullptr, 0);
     while (!s.empty() && s.back() == '\n')
@@ -196,6 +189,15 @@ void Holder::kill_now(int sig) {
     kill(pid_, sig);
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
+}
+
+std::string read_all(int fd) {
+    std::string s;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        s.append(buf, static_cast<std::size_t>(n));
+    return s;
 }
 
 int make_region(std::size_t size) {

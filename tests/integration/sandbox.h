@@ -74,6 +74,9 @@ template <typename Pred> bool eventually(Pred pred, int ms = 3000);
 // A sealed memfd of `size` bytes, as the sim's region.
 int make_region(std::size_t size);
 
+// Everything readable from `fd` until end of file.
+std::string read_all(int fd);
+
 } // namespace knod::test
 
 #include <chrono>
