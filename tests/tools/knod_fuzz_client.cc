@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -89,7 +90,7 @@ int main(int argc, char **argv) {
         sd_bus_message *m = nullptr, *reply = nullptr;
         sd_bus_error e = SD_BUS_ERROR_NULL;
         int r = 0;
-        switch (rng() % 8) {
+        switch (rng() % 10) {
         case 0:
         case 1: { // RequestBinding with hostile values
             int fd = any_fd();
@@ -147,6 +148,31 @@ int main(int argc, char **argv) {
                                    "org.knod.Policy1.Binding", props[rng() % 6]);
             break;
         }
+        case 7: { // the other readers: GetAll, Introspect, GetHostReport, manager properties
+            static const char *what[] = {"GetAll", "Introspect", "GetHostReport", "Get"};
+            const char *w = what[rng() % 4];
+            const std::string &p = paths[rng() % paths.size()];
+            if (!std::strcmp(w, "GetAll"))
+                r = sd_bus_call_method(bus, dest, p.c_str(), "org.freedesktop.DBus.Properties",
+                                       "GetAll", &e, &reply, "s",
+                                       rng() % 2 ? "org.knod.Policy1.Binding" : junk(20).c_str());
+            else if (!std::strcmp(w, "Introspect"))
+                r = sd_bus_call_method(bus, dest, p.c_str(), "org.freedesktop.DBus.Introspectable",
+                                       "Introspect", &e, &reply, "");
+            else if (!std::strcmp(w, "GetHostReport"))
+                r = sd_bus_call_method(bus, dest, mgr, iface, "GetHostReport", &e, &reply, "");
+            else
+                r = sd_bus_call_method(bus, dest, mgr, "org.freedesktop.DBus.Properties", "Get", &e,
+                                       &reply, "ss", iface,
+                                       rng() % 2 ? "BindingCount" : junk(12).c_str());
+            break;
+        }
+        case 8: // a method that does not exist, and a property write
+            r = rng() % 2
+                    ? sd_bus_call_method(bus, dest, mgr, iface, "Nope", &e, &reply, "")
+                    : sd_bus_call_method(bus, dest, mgr, "org.freedesktop.DBus.Properties", "Set",
+                                         &e, &reply, "ssv", iface, "Permissive", "b", 1);
+            break;
         default:
             r = sd_bus_call_method(bus, dest, mgr, iface,
                                    rng() % 2 ? "ReloadPolicy" : "ListBindings", &e, &reply, "");
