@@ -20,5 +20,6 @@ Runner add_explain(CLI::App &app);
 Runner add_audit(CLI::App &app);
 Runner add_daemon_commands(CLI::App &app);
 Runner add_sim_send(CLI::App &app);
+Runner add_doctor(CLI::App &app);
 
 } // namespace knod::cli

@@ -18,6 +18,7 @@ int main(int argc, char **argv) {
     runners.push_back(knod::cli::add_audit(app));
     runners.push_back(knod::cli::add_daemon_commands(app));
     runners.push_back(knod::cli::add_sim_send(app));
+    runners.push_back(knod::cli::add_doctor(app));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {

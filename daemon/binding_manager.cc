@@ -51,7 +51,8 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                keys::KeyAuthority keys, policy::Policy policy,
                                BindingEvents &events, Post post)
     : config_(std::move(config)), driver_(driver), keys_(std::move(keys)),
-      policy_(std::move(policy)), events_(events), post_(std::move(post)) {}
+      policy_(std::move(policy)), events_(events), post_(std::move(post)),
+      host_(config_.sysfs_root, config_.proc_root) {}
 
 BindingManager::~BindingManager() = default;
 
@@ -233,6 +234,17 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         return make_error(d.verdict == policy::Verdict::quota_exceeded ? Errc::quota_exceeded
                                                                        : Errc::denied,
                           why);
+    }
+    // The rule's isolation requirement must hold on this host, whatever permissive mode says.
+    host::Verdict iso = host::check(d.iommu, host_.device(netdev->pci), host_.device(gpu->pci));
+    if (!iso.ok) {
+        decision.kind = journal::kind::denied;
+        decision.decision = "isolation-violation";
+        decision.reason = iso.reason;
+        record(std::move(decision));
+        return make_error(Errc::isolation_violation,
+                          iso.reason + " (rule '" + d.rule + "' requires iommu = \"" +
+                              policy::to_string(d.iommu) + "\"); fix: " + iso.fix);
     }
     // Fail closed: without a journal that can take the grant, nothing is granted.
     if (auto f = flush_pending(); !f) return journal_error(f.error());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/driver/driver.h"
+#include "daemon/host/isolation.h"
 #include "daemon/journal/journal.h"
 #include "daemon/keys/key_authority.h"
 #include "daemon/peer.h"
@@ -88,6 +89,9 @@ struct ManagerConfig {
     // Retention, applied at start and hourly: events older than this, beyond this many.
     std::optional<std::chrono::seconds> retain_age;
     std::optional<std::int64_t> retain_events;
+    // Where isolation checks read the host (fixture trees in tests).
+    std::string sysfs_root = "/sys";
+    std::string proc_root = "/proc";
 };
 
 struct ManagerStatus {
@@ -186,6 +190,7 @@ class BindingManager {
     std::deque<std::variant<journal::Event, PendingEnd>> pending_;
     std::uint64_t dropped_records_ = 0;
     sinks::SinkQueue *sinks_ = nullptr;
+    host::SysfsHost host_;
     std::int64_t last_retention_us_ = 0;
 };
 

@@ -33,6 +33,7 @@ struct Options {
     bool linux_audit = true;
     std::string retain;
     std::int64_t retain_events = 0;
+    std::string sysfs_root = "/sys", proc_root = "/proc";
 };
 
 void log(const std::string &line) {
@@ -179,6 +180,10 @@ int main(int argc, char **argv) {
     app.add_option("--retain", o.retain,
                    "prune journal events older than this (e.g. 180d); default: keep all");
     app.add_option("--retain-events", o.retain_events, "keep at most this many journal events");
+    app.add_option("--sysfs-root", o.sysfs_root, "read IOMMU groups here (tests use fixture trees)")
+        ->capture_default_str();
+    app.add_option("--proc-root", o.proc_root, "read the kernel command line here")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     auto policy = load_policy(o.policy);
@@ -246,6 +251,8 @@ int main(int argc, char **argv) {
         config.retain_age = *age;
     }
     if (o.retain_events > 0) config.retain_events = o.retain_events;
+    config.sysfs_root = o.sysfs_root;
+    config.proc_root = o.proc_root;
     std::vector<std::unique_ptr<knod::sinks::Sink>> sink_list;
     if (o.journald) sink_list.push_back(std::make_unique<knod::sinks::JournaldSink>());
     if (o.linux_audit)

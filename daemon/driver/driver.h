@@ -17,11 +17,13 @@ struct GpuInfo {
     std::string name;               // the name requests use: sim name, PCI address or node
     std::vector<std::string> names; // every name it goes by, for policy matching
     std::uint64_t vram_bytes = 0;
+    std::string pci; // PCI address, for isolation checks; empty for a simulated GPU
 };
 
 struct NetdevInfo {
     std::string name;
     std::uint32_t rx_queues = 0;
+    std::string pci; // the NIC's PCI address; empty for a simulated one
 };
 
 // What the driver needs to set up one binding's data path.

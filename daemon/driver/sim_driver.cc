@@ -51,11 +51,11 @@ Result<NetdevInfo> SimDriver::netdev(const std::string &name) const {
 }
 
 std::vector<GpuInfo> SimDriver::gpus() const {
-    return {{config_.gpu, {config_.gpu}, config_.vram_bytes}};
+    return {{config_.gpu, {config_.gpu}, config_.vram_bytes, {}}}; // simulated: no PCI address
 }
 
 std::vector<NetdevInfo> SimDriver::netdevs() const {
-    return {{config_.netdev, config_.queues}};
+    return {{config_.netdev, config_.queues, {}}};
 }
 
 Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {

@@ -377,3 +377,27 @@ TEST(DaemonRateLimit, BurstsBeyondTheLimitAreQuotaExceeded) {
     EXPECT_GE(limited, 1);
     EXPECT_EQ(granted + limited, 10);
 }
+
+TEST(DaemonIsolation, ARuleRequiringTranslationRefusesTheSimulatedDevices) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
+    Sandbox sb(R"([[rule]]
+name = "strict"
+netdevs = ["knodsim0"]
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000"]
+)"); // iommu defaults to "translated"
+    auto c = sb.client();
+    int fd = make_region(4096);
+    auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {sim_flow});
+    close(fd);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.error().message.find("org.knod.Policy1.Error.IsolationViolation"),
+              std::string::npos)
+        << g.error().message;
+    EXPECT_NE(g.error().message.find("rule 'strict'"), std::string::npos) << g.error().message;
+    EXPECT_NE(g.error().message.find("iommu = \"any\""), std::string::npos) << g.error().message;
+    EXPECT_TRUE(eventually([&] {
+        return sb.sql("SELECT count(*) FROM events WHERE decision = 'isolation-violation'") == "1";
+    }));
+    EXPECT_EQ(sb.sql("SELECT count(*) FROM sessions"), "0");
+}
