@@ -443,6 +443,14 @@ void BindingManager::connection_gone(const std::string &bus_name) {
         end_binding(id, reason::disconnect);
 }
 
+void BindingManager::netdev_gone(const std::string &netdev, const std::string &why) {
+    std::vector<std::string> ids;
+    for (auto &[id, b] : bindings_)
+        if (b.netdev == netdev) ids.push_back(id);
+    for (auto &id : ids)
+        end_binding(id, why);
+}
+
 void BindingManager::tick(std::int64_t now_us) {
     std::vector<std::string> expired;
     for (auto &[id, b] : bindings_)

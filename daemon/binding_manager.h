@@ -135,6 +135,8 @@ class BindingManager {
     void holder_gone(const std::string &id, const std::string &why);
     // Ends every binding of a bus connection (it disconnected).
     void connection_gone(const std::string &bus_name);
+    // Ends every binding on a network device that went down or away (`why`: link-down, ...).
+    void netdev_gone(const std::string &netdev, const std::string &why);
     // Periodic work: expiry, and retrying journal records that could not be written.
     void tick(std::int64_t now_us);
     // Ends every binding (SIGTERM) and records the stop.

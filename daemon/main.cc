@@ -2,6 +2,7 @@
 #include "daemon/binding_manager.h"
 #include "daemon/bus/bus_service.h"
 #include "daemon/driver/sim_driver.h"
+#include "daemon/host/link_monitor.h"
 #include "policy/parser.h"
 
 #include <CLI/CLI.hpp>
@@ -266,6 +267,19 @@ int main(int argc, char **argv) {
         config, driver, std::move(*keys), std::move(*policy), service,
         [&driver_loop](std::function<void()> fn) { driver_loop.post(std::move(fn)); });
     manager.set_sinks(&sinks);
+    // A link that goes down or away takes its bindings with it.
+    auto links = knod::host::LinkMonitor::open(
+        [&manager](const std::string &ifname, const std::string &why) {
+            manager.netdev_gone(ifname, why);
+        });
+    if (!links) {
+        std::cerr << "knod-policyd: " << links.error().message << "\n";
+        return 1;
+    }
+    if (auto w = driver_loop.watch(links->fd(), [&links] { links->drain(); }); !w) {
+        std::cerr << "knod-policyd: " << w.error().message << "\n";
+        return 1;
+    }
     manager.start();
     if (auto pruned = manager.apply_retention(); pruned && *pruned > 0)
         log("journal retention pruned " + std::to_string(*pruned) + " event(s)");

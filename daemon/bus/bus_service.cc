@@ -478,7 +478,7 @@ void BusService::binding_ended(const daemon::Binding &b, const std::string &why)
     }
     std::string path = binding_path(b.id);
     bool revoked = why == daemon::reason::revoke || why == daemon::reason::policy_reload ||
-                   why == daemon::reason::expire;
+                   why == daemon::reason::expire || why.rfind("link-", 0) == 0;
     sd_bus_emit_signal(bus_, manager_path, manager_interface,
                        revoked ? "BindingRevoked" : "BindingReleased", "oss", path.c_str(),
                        b.id.c_str(), why.c_str());

@@ -170,3 +170,19 @@ TEST_F(DatapathTest, RegionIsARingAndHolderExitStopsDelivery) {
     EXPECT_EQ(c.counters(g->id)->rx_bytes, 20u);
     close(fd);
 }
+
+TEST_F(DatapathTest, ALinkGoingDownRevokesItsBindings) {
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5000"});
+    close(fd);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_EQ(std::system(("ip link set " + netdev_ + " down").c_str()), 0);
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 2000));
+    EXPECT_TRUE(eventually([&] {
+        return sandbox_->sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'") ==
+               "link-down";
+    }));
+    ASSERT_EQ(std::system(("ip link set " + netdev_ + " up").c_str()), 0);
+}
