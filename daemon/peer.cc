@@ -6,8 +6,10 @@
 #include <sys/syscall.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace knod::daemon {
@@ -119,13 +121,58 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::vector<gid_t> gids, std::s
     return p;
 }
 
+namespace {
+
+// User and group names change rarely and NSS reads files (or asks a service) each time: names are
+// remembered for a few seconds. The daemon's loop is its only caller.
+class NameCache {
+  public:
+    const std::string &user(uid_t uid) {
+        return lookup(users_, uid, [](unsigned id) {
+            struct passwd *pw = getpwuid(id);
+            return pw ? std::string(pw->pw_name) : std::string();
+        });
+    }
+    const std::string &group(gid_t gid) {
+        return lookup(groups_, gid, [](unsigned id) {
+            struct group *gr = getgrgid(id);
+            return gr ? std::string(gr->gr_name) : std::string();
+        });
+    }
+
+  private:
+    struct Entry {
+        std::string name;
+        std::chrono::steady_clock::time_point at;
+    };
+    template <typename Fn>
+    const std::string &lookup(std::map<unsigned, Entry> &m, unsigned id, Fn fetch) {
+        auto now = std::chrono::steady_clock::now();
+        auto it = m.find(id);
+        if (it == m.end() || now - it->second.at > std::chrono::seconds(5)) {
+            if (m.size() > 4096) m.clear();
+            it = m.insert_or_assign(id, Entry{fetch(id), now}).first;
+        }
+        return it->second.name;
+    }
+    std::map<unsigned, Entry> users_, groups_;
+};
+
+NameCache &names() {
+    static NameCache cache;
+    return cache;
+}
+
+} // namespace
+
 policy::Caller Peer::caller() const {
     policy::Caller c;
     c.uid = uid;
-    if (struct passwd *pw = getpwuid(uid)) c.user = pw->pw_name;
+    c.user = names().user(uid);
     for (gid_t g : gids) {
         c.gids.push_back(g);
-        if (struct group *gr = getgrgid(g)) c.group_names.emplace_back(gr->gr_name);
+        if (const std::string &name = names().group(g); !name.empty())
+            c.group_names.push_back(name);
     }
     c.unit = unit;
     c.cgroup = cgroup;

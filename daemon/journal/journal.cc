@@ -273,20 +273,21 @@ void Journal::open_session_async(Session s, Event grant, Done done) {
 Journal::Work Journal::open_session_work(Session s, Event grant) {
     return [s = std::move(s), e = std::move(grant)](Writer &w) mutable -> Result<std::int64_t> {
         if (s.started_us == 0) s.started_us = now_us();
-        auto st = w.db().prepare("INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, "
-                                 "mode, region_bytes, flows, "
-                                 "key_id, rule, started_us) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
+        auto st = w.db().cached("INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, "
+                                "mode, region_bytes, flows, "
+                                "key_id, rule, started_us) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
         if (!st) return st.error();
-        st->bind(1, s.id)
+        (*st)
+            ->bind(1, s.id)
             .bind(2, std::int64_t{s.uid})
             .bind(3, s.pid)
             .bind(4, s.exe)
             .bind(5, s.unit);
-        st->bind(6, s.netdev).bind(7, s.gpu).bind(8, s.mode);
-        st->bind(9, static_cast<std::int64_t>(s.region_bytes));
-        st->bind(10, nlohmann::json(s.flows).dump()).bind(11, s.key_id).bind(12, s.rule);
-        st->bind(13, s.started_us);
-        if (auto r = st->run(); !r) return std::move(r).error().context("session " + s.id);
+        (*st)->bind(6, s.netdev).bind(7, s.gpu).bind(8, s.mode);
+        (*st)->bind(9, static_cast<std::int64_t>(s.region_bytes));
+        (*st)->bind(10, nlohmann::json(s.flows).dump()).bind(11, s.key_id).bind(12, s.rule);
+        (*st)->bind(13, s.started_us);
+        if (auto r = (*st)->run(); !r) return std::move(r).error().context("session " + s.id);
         e.session_id = s.id;
         e.at_us = s.started_us;
         return w.append(std::move(e));
@@ -297,13 +298,13 @@ namespace {
 
 Result<void> end_session(Database &db, const std::string &id, const std::string &reason,
                          const Counters &c, std::int64_t at) {
-    auto st = db.prepare("UPDATE sessions SET ended_us = ?, end_reason = ?, rx_bytes = ?, "
-                         "rx_packets = ?, dropped_packets = ? WHERE id = ? AND ended_us IS NULL");
+    auto st = db.cached("UPDATE sessions SET ended_us = ?, end_reason = ?, rx_bytes = ?, "
+                        "rx_packets = ?, dropped_packets = ? WHERE id = ? AND ended_us IS NULL");
     if (!st) return st.error();
-    st->bind(1, at).bind(2, reason).bind(3, static_cast<std::int64_t>(c.rx_bytes));
-    st->bind(4, static_cast<std::int64_t>(c.rx_packets));
-    st->bind(5, static_cast<std::int64_t>(c.dropped_packets)).bind(6, id);
-    if (auto r = st->run(); !r) return r.error();
+    (*st)->bind(1, at).bind(2, reason).bind(3, static_cast<std::int64_t>(c.rx_bytes));
+    (*st)->bind(4, static_cast<std::int64_t>(c.rx_packets));
+    (*st)->bind(5, static_cast<std::int64_t>(c.dropped_packets)).bind(6, id);
+    if (auto r = (*st)->run(); !r) return r.error();
     if (sqlite3_changes(db.get()) != 1) return make_error(Errc::not_found, "no open session " + id);
     return {};
 }

@@ -37,15 +37,29 @@ Result<Database> Database::open(const std::string &path, int flags) {
 
 Database &Database::operator=(Database &&o) noexcept {
     if (this != &o) {
+        cache_.clear();
         sqlite3_close(db_);
         db_ = o.db_;
+        cache_ = std::move(o.cache_);
         o.db_ = nullptr;
     }
     return *this;
 }
 
 Database::~Database() {
+    cache_.clear(); // statements first: a connection with live statements does not close
     sqlite3_close(db_);
+}
+
+Result<Statement *> Database::cached(const std::string &sql) {
+    auto it = cache_.find(sql);
+    if (it != cache_.end()) return it->second.get();
+    auto st = prepare(sql);
+    if (!st) return st.error();
+    auto owned = std::make_unique<Statement>(std::move(*st));
+    Statement *raw = owned.get();
+    cache_.emplace(sql, std::move(owned));
+    return raw;
 }
 
 Error Database::error(const std::string &what) const {

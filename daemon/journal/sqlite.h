@@ -6,6 +6,8 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -16,12 +18,15 @@ class Statement;
 class Database {
   public:
     static Result<Database> open(const std::string &path, int flags);
-    Database(Database &&o) noexcept : db_(o.db_) { o.db_ = nullptr; }
+    Database(Database &&o) noexcept : db_(o.db_), cache_(std::move(o.cache_)) { o.db_ = nullptr; }
     Database &operator=(Database &&o) noexcept;
     ~Database();
 
     Result<void> exec(const std::string &sql);
     Result<Statement> prepare(const std::string &sql);
+    // A statement prepared once per connection and reused (reset after each run): for the
+    // writer's hot statements.
+    Result<Statement *> cached(const std::string &sql);
     Result<std::int64_t> scalar(const std::string &sql); // first column of the first row
     Error error(const std::string &what) const;
     sqlite3 *get() const { return db_; }
@@ -29,6 +34,7 @@ class Database {
   private:
     explicit Database(sqlite3 *db) : db_(db) {}
     sqlite3 *db_ = nullptr;
+    std::map<std::string, std::unique_ptr<Statement>> cache_;
 };
 
 class Statement {
