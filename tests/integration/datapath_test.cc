@@ -30,17 +30,10 @@ class DatapathTest : public ::testing::Test {
         netdev_ = unique("knodsim");
         netns_ = unique("knod-simt");
         pin_root_ = "/sys/fs/bpf/" + unique("knoddp");
-        std::string policy = R"([[rule]]
-name = "sim"
-netdevs = ["knodsim*"]
-gpus = ["sim0"]
-max_region = "1MiB"
-flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
-iommu = "any"
-)";
         sandbox_ = std::make_unique<Sandbox>(
-            policy, std::vector<std::string>{"--sim-datapath=true", "--sim-netdev", netdev_,
-                                             "--sim-netns", netns_, "--bpf-pin-root", pin_root_});
+            sim_policy,
+            std::vector<std::string>{"--sim-datapath=true", "--sim-netdev", netdev_, "--sim-netns",
+                                     netns_, "--bpf-pin-root", pin_root_});
     }
     void TearDown() override {
         if (sandbox_ && sandbox_->daemon_pid() > 0) {

@@ -22,14 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char *fault_policy = R"([[rule]]
-name = "sim"
-netdevs = ["knodsim*"]
-gpus = ["sim0"]
-max_region = "1MiB"
-flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
-iommu = "any"
-)";
 const char *flow = "udp 10.99.0.1:* -> 10.99.0.2:5000";
 
 // A child running the test client with stdout on a pipe we read line by line.
@@ -108,8 +100,8 @@ TEST(Faults, SigkillDuringConcurrentRequestsLosesNoGrantedKey) {
     if (geteuid() != 0) GTEST_SKIP() << "needs root";
     std::string id = std::to_string(getpid() % 100000);
     std::string netdev = "knodsimf" + id, netns = "knod-simf" + id, pins = "/sys/fs/bpf/knodf" + id;
-    Sandbox sb(fault_policy, {"--sim-datapath=true", "--sim-netdev", netdev, "--sim-netns", netns,
-                              "--bpf-pin-root", pins, "--rate-limit", "100000"});
+    Sandbox sb(sim_policy, {"--sim-datapath=true", "--sim-netdev", netdev, "--sim-netns", netns,
+                            "--bpf-pin-root", pins, "--rate-limit", "100000"});
     std::vector<std::unique_ptr<Child>> clients;
     for (int i = 0; i < 20; ++i)
         clients.push_back(std::make_unique<Child>(std::vector<std::string>{
@@ -155,7 +147,7 @@ TEST(Faults, SigkillDuringConcurrentRequestsLosesNoGrantedKey) {
 
 TEST(Faults, TenThousandBindingsWhoseHoldersAllExitAreReleasedWithinTwoSeconds) {
     if (geteuid() != 0) GTEST_SKIP() << "needs root";
-    Sandbox sb(fault_policy, {"--rate-limit", "1000000", "--linux-audit=false"});
+    Sandbox sb(sim_policy, {"--rate-limit", "1000000", "--linux-audit=false"});
     std::vector<std::unique_ptr<Child>> holders;
     for (int i = 0; i < 50; ++i)
         holders.push_back(std::make_unique<Child>(std::vector<std::string>{
@@ -182,7 +174,7 @@ TEST(Faults, TenThousandBindingsWhoseHoldersAllExitAreReleasedWithinTwoSeconds) 
 
 TEST(Faults, FuzzingClientGetsNamedErrorsAndLeaksNothing) {
     if (geteuid() != 0) GTEST_SKIP() << "needs root";
-    Sandbox sb(fault_policy, {"--rate-limit", "1000000", "--linux-audit=false"});
+    Sandbox sb(sim_policy, {"--rate-limit", "1000000", "--linux-audit=false"});
     // Warm up allocator and caches, then take the baseline.
     Child warm({KNOD_FUZZ_CLIENT_BIN, "200", "1"}, 65534);
     warm.rest();

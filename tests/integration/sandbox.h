@@ -71,6 +71,16 @@ class Holder {
 // Waits until `pred` holds, up to `ms`; returns whether it did.
 template <typename Pred> bool eventually(Pred pred, int ms = 3000);
 
+// A policy that lets anyone bind any sim NIC (knodsim*) on UDP ports 5000-5999.
+inline const char *sim_policy = R"([[rule]]
+name = "sim"
+netdevs = ["knodsim*"]
+gpus = ["sim0"]
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
+iommu = "any"
+)";
+
 // A sealed memfd of `size` bytes, as the sim's region.
 int make_region(std::size_t size);
 
