@@ -73,6 +73,17 @@ std::uint64_t specificity(const FlowSpec &f) {
            (0xffffffffu - ports);
 }
 
+// The hash key of an exact flow; the address size comes from the key type (4 or 16 bytes).
+template <typename Key> Key exact_key(const FlowSpec &f) {
+    Key k{};
+    k.protocol = static_cast<std::uint8_t>(f.protocol);
+    k.src_port = htons(f.src.ports.lo);
+    k.dst_port = htons(f.dst.ports.lo);
+    std::memcpy(k.src, f.src.prefix.addr.data(), sizeof k.src);
+    std::memcpy(k.dst, f.dst.prefix.addr.data(), sizeof k.dst);
+    return k;
+}
+
 } // namespace
 
 bool is_exact(const FlowSpec &f) {
@@ -95,21 +106,11 @@ Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<Fl
             }
             std::string claimed;
             if (f.family() == Family::ipv4) {
-                knod_exact4_key k{};
-                k.protocol = static_cast<std::uint8_t>(f.protocol);
-                k.src_port = htons(f.src.ports.lo);
-                k.dst_port = htons(f.dst.ports.lo);
-                std::memcpy(k.src, f.src.prefix.addr.data(), 4);
-                std::memcpy(k.dst, f.dst.prefix.addr.data(), 4);
+                auto k = exact_key<knod_exact4_key>(f);
                 claimed = "4" + key_bytes(k);
                 out.exact4.push_back({k, slot});
             } else {
-                knod_exact6_key k{};
-                k.protocol = static_cast<std::uint8_t>(f.protocol);
-                k.src_port = htons(f.src.ports.lo);
-                k.dst_port = htons(f.dst.ports.lo);
-                std::memcpy(k.src, f.src.prefix.addr.data(), 16);
-                std::memcpy(k.dst, f.dst.prefix.addr.data(), 16);
+                auto k = exact_key<knod_exact6_key>(f);
                 claimed = "6" + key_bytes(k);
                 out.exact6.push_back({k, slot});
             }

@@ -159,13 +159,20 @@ Result<void> BindingManager::rate_limit(const std::string &bus_name) {
 }
 
 policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) const {
-    policy::Usage u;
-    for (auto &[id, b] : bindings_) {
-        if (b.owner.uid != uid || id == except_id) continue;
-        ++u.bindings;
-        u.bytes += b.region_id.length;
+    auto it = usage_.find(uid);
+    policy::Usage u = it == usage_.end() ? policy::Usage{} : it->second;
+    if (auto b = bindings_.find(except_id); b != bindings_.end() && b->second.owner.uid == uid) {
+        u.bindings -= 1;
+        u.bytes -= b->second.region_id.length;
     }
     return u;
+}
+
+void BindingManager::count_usage(const Binding &b, int sign) {
+    policy::Usage &u = usage_[b.owner.uid];
+    u.bindings += static_cast<std::uint32_t>(sign);
+    u.bytes += static_cast<std::uint64_t>(sign) * b.region_id.length;
+    if (u.bindings == 0) usage_.erase(b.owner.uid);
 }
 
 void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantDone done) {
@@ -302,6 +309,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     forward(decision, s.netdev, s.gpu);
     Granted g{b.id, b.key_id, key->key, b.rule};
     std::string id = b.id;
+    count_usage(b, +1); // in flight counts: concurrent requests cannot slip past a quota
     inflight_.emplace(id, std::move(b));
     journal_->open_session_async(
         s, decision, [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
@@ -319,6 +327,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
     Binding b = std::move(it->second);
     inflight_.erase(it);
     if (!written) {
+        count_usage(b, -1);
         driver_.detach(b.id);
         keys_.revoke(b.key_id);
         return done(journal_error(written.error()));
@@ -380,6 +389,7 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
         keep(PendingEnd{id, why, c, std::move(e)});
         if (durable) durable({});
     }
+    count_usage(it->second, -1);
     Binding ended = std::move(it->second);
     bindings_.erase(it);
     events_.binding_ended(ended, why);

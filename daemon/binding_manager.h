@@ -165,6 +165,7 @@ class BindingManager {
                       const GrantDone &done);
     Result<void> rate_limit(const std::string &bus_name);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
+    void count_usage(const Binding &b, int sign); // +1 when granted (in flight), -1 when gone
     Result<void> flush_pending();
 
     struct PendingEnd {
@@ -187,6 +188,7 @@ class BindingManager {
     std::unique_ptr<journal::Journal> journal_;
     std::map<std::string, Binding> bindings_;
     std::map<std::string, Binding> inflight_; // granted, waiting for the journal to commit
+    std::map<uid_t, policy::Usage> usage_;    // live and in-flight bindings per uid, for quotas
     Post post_;
     std::map<std::string, Bucket> buckets_;
     std::deque<std::variant<journal::Event, PendingEnd>> pending_;

@@ -63,14 +63,9 @@ Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
         return make_error(Errc::driver_failure, "netdev " + plan.netdev + " has no offload queue");
     // Queue 0 stays with the normal stack, as on a real NIC with steering rules. Bindings go to
     // the least loaded offload queue; bindings sharing a queue are told apart by their flows.
-    std::map<std::uint32_t, std::size_t> load;
-    for (std::uint32_t q = 1; q < config_.queues; ++q)
-        load[q] = 0;
-    for (auto &[id, s] : slots_)
-        ++load[s.queue];
     std::uint32_t best = 1;
-    for (auto &[q, n] : load)
-        if (n < load[best]) best = q;
+    for (std::uint32_t q = 2; q < config_.queues; ++q)
+        if (on_queue_[q].size() < on_queue_[best].size()) best = q;
     std::uint32_t slot = 0;
     if (!free_slots_.empty()) {
         slot = *free_slots_.begin();
@@ -90,7 +85,8 @@ Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
             return make_error(Errc::driver_failure, r.error().message);
         }
     }
-    slots_[plan.id] = Slot{plan, slot, best, false, 0, 0};
+    Slot &placed = slots_[plan.id] = Slot{plan, slot, best, false, 0, 0};
+    on_queue_[best].insert(&placed);
     return std::vector<std::uint32_t>{best};
 }
 
@@ -107,8 +103,8 @@ Result<void> SimDriver::open_queue(std::uint32_t queue) {
 }
 
 void SimDriver::close_queue_if_idle(std::uint32_t queue) {
-    for (auto &[id, s] : slots_)
-        if (s.queue == queue && s.active) return;
+    for (Slot *s : on_queue_[queue])
+        if (s->active) return;
     auto it = xsks_.find(queue);
     if (it == xsks_.end()) return;
     if (loop_) loop_->unwatch(it->second->fd());
@@ -136,6 +132,7 @@ void SimDriver::detach(const std::string &id) {
     // The filter stops matching first; frames already queued find no binding and are dropped.
     if (network_) (void)network_->filter().remove(it->second.slot);
     free_slots_.insert(it->second.slot);
+    on_queue_[queue].erase(&it->second);
     slots_.erase(it);
     if (network_) close_queue_if_idle(queue);
 }
@@ -162,12 +159,12 @@ void SimDriver::receive(XskQueue &q) {
         auto parsed = parse_frame(frame);
         Slot *owner = nullptr;
         if (parsed) {
-            for (auto &[id, s] : slots_) {
-                if (!s.active || s.queue != q.queue()) continue;
-                bool mine = std::any_of(s.plan.flows.begin(), s.plan.flows.end(),
+            for (Slot *s : on_queue_[q.queue()]) {
+                if (!s->active) continue;
+                bool mine = std::any_of(s->plan.flows.begin(), s->plan.flows.end(),
                                         [&](auto &f) { return f.matches(parsed->tuple); });
                 if (mine) {
-                    owner = &s;
+                    owner = s;
                     break;
                 }
             }

@@ -70,6 +70,9 @@ class SimDriver : public Driver {
     EventLoop *loop_;
     std::unique_ptr<SimNetwork> network_;
     std::map<std::string, Slot> slots_;
+    // The bindings on each offload queue, so a received frame and the queue choice look only at
+    // one queue's bindings, not all of them.
+    std::map<std::uint32_t, std::set<Slot *>> on_queue_;
     std::set<std::uint32_t> free_slots_;
     std::uint32_t next_slot_ = 1;
     std::map<std::uint32_t, std::unique_ptr<XskQueue>> xsks_;
