@@ -89,7 +89,8 @@ Runner add_explain(CLI::App &app) {
     cmd->add_option("--held-bindings", o->held_bindings, "bindings the uid already holds (quotas)");
     cmd->add_option("--held-bytes", o->held_bytes, "region bytes the uid already holds (quotas)");
     cmd->add_flag("--json", o->json, "print the decision as JSON");
-    cmd->footer("Example:\n  knod-policy explain --policy packaging/policy.toml --user 1000 \\\n"
+    cmd->footer("Example:\n  knod-policy explain --policy "
+                "/usr/share/doc/knod-policy/examples/policy.example.toml --user 1000 \\\n"
                 "    --netdev knodsim0 --gpu sim0 --flow 'udp 10.99.0.1:* -> 10.99.0.2:5000' "
                 "--bytes 16MiB\nExit 0 when allowed, 1 when denied, 2 on bad input.");
 

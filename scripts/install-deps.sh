@@ -11,13 +11,15 @@ packages=(
   build-essential cmake ninja-build pkg-config clang llvm clang-format
   # libraries
   libbpf-dev bpftool libxdp-dev xdp-tools
-  libnl-3-dev libnl-route-3-dev libnl-genl-3-dev libdrm-dev
+  libnl-3-dev libnl-route-3-dev libnl-genl-3-dev libdrm-dev zlib1g-dev
   libssl-dev libsqlite3-dev libsystemd-dev libcap-dev libaudit-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
   # running: a private bus, namespaces, the journal by hand
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
+  # packaging and its test: the Debian package, its lint, polkit, the unit checks
+  debhelper dpkg-dev lintian polkitd systemd man-db bash-completion git
 )
 export DEBIAN_FRONTEND=noninteractive
 stamp=/var/lib/apt/periodic/update-success-stamp

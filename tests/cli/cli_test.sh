@@ -15,6 +15,8 @@ expect_rc() { # expect_rc WANT DESCRIPTION -- command...
 }
 
 expect_rc 0 "check accepts the shipped example policy" -- "$cli" check "$src/packaging/policy.example.toml"
+expect_rc 0 "check accepts the shipped default policy" -- "$cli" check "$src/packaging/policy.toml"
+expect_rc 1 "the shipped default policy denies everything" -- "$cli" explain --policy "$src/packaging/policy.toml" --user 0 --netdev knodsim0 --gpu sim0 --flow 'udp 10.99.0.1:* -> 10.99.0.2:5000' --bytes 4096
 expect_rc 0 "check accepts every good test policy" -- "$cli" check "$src"/tests/data/policies/good/*.toml
 for f in "$src"/tests/data/policies/bad/*.toml; do
     want=$(head -1 "$f" | sed -n 's/^# expect: \([0-9]*:[0-9]*\): .*/\1/p')

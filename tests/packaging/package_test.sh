@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The Debian package end to end, as root: build it, lint it, install it, check every file is in
+# its place, check the installed unit, then run the installed daemon from its installed paths on
+# a private bus that loads the installed bus policy, with a real polkitd holding the installed
+# actions and a test rule. The rule, the test users and the bus live in a private mount
+# namespace, so the host's polkit and passwd are untouched. Last, purge: files go, the journal
+# stays unless asked.
+# Usage: package_test.sh SOURCE_DIR
+set -uo pipefail
+src=$(cd "${1:?usage: package_test.sh SOURCE_DIR}" && pwd)
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok - $1"; }
+not_ok() { failed=$((failed + 1)); echo "not ok - $1"; }
+check() { if eval "$2"; then ok "$1"; else not_ok "$1"; fi; }
+die() { echo "package_test: $*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "needs root (dpkg -i, users, mount namespaces)"
+if dpkg-query -W -f='${Status}' knod-policy 2>/dev/null | grep -q 'ok installed'; then
+    die "knod-policy is installed on this machine; remove it first (the test installs and purges it)"
+fi
+work=$(mktemp -d /tmp/knod-package.XXXXXX)
+had_user=$(getent passwd knod-policy >/dev/null && echo yes || echo no)
+had_group=$(getent group knod-audit >/dev/null && echo yes || echo no)
+had_state=$([ -e /var/lib/knod-policy ] && echo yes || echo no)
+cleanup() {
+    dpkg --purge knod-policy >/dev/null 2>&1
+    [ "$had_state" = yes ] || rm -rf /var/lib/knod-policy
+    [ "$had_user" = yes ] || userdel knod-policy 2>/dev/null
+    [ "$had_group" = yes ] || groupdel knod-audit 2>/dev/null
+    [ "$had_user" = yes ] || groupdel knod-policy 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# --- build (in a copy: dpkg-buildpackage writes next to the source tree) -------------------
+mkdir "$work/src"
+(cd "$src" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -P -t "$work/src") ||
+    die "cannot copy the source tree"
+echo "# building the package (a few minutes)"
+(cd "$work/src" && dpkg-buildpackage -us -uc -b -j"$(nproc)") >"$work/build.log" 2>&1
+check "dpkg-buildpackage -us -uc -b builds the package" '[ $? -eq 0 ] && [ -f "$work"/knod-policy_*_amd64.deb ]' ||
+    true
+deb=$(ls "$work"/knod-policy_*_"$(dpkg --print-architecture)".deb 2>/dev/null | head -1)
+[ -n "$deb" ] || { tail -30 "$work/build.log"; die "no package built"; }
+lintian "$work"/knod-policy_*.changes >"$work/lintian.log" 2>&1
+check "lintian reports no errors" '! grep -q "^E:" "$work/lintian.log"' || cat "$work/lintian.log"
+
+# --- install ----------------------------------------------------------------------------
+dpkg -i "$deb" >"$work/install.log" 2>&1
+check "the package installs" '[ $? -eq 0 ]' || cat "$work/install.log"
+for f in /usr/sbin/knod-policyd /usr/bin/knod-policy /lib/systemd/system/knod-policyd.service \
+    /usr/share/dbus-1/system.d/org.knod.Policy1.conf \
+    /usr/share/polkit-1/actions/org.knod.policy1.policy /etc/knod/policy.toml \
+    /usr/lib/sysusers.d/knod-policy.conf /usr/lib/tmpfiles.d/knod-policy.conf \
+    /usr/share/man/man8/knod-policyd.8.gz /usr/share/man/man1/knod-policy.1.gz \
+    /usr/share/man/man5/knod-policy.toml.5.gz /usr/share/bash-completion/completions/knod-policy \
+    /usr/share/doc/knod-policy/examples/sim.conf; do
+    check "installed: $f" '[ -s "$f" ]'
+done
+check "/etc/knod/policy.toml is a conffile" 'dpkg-query -W -f="\${Conffiles}" knod-policy | grep -q /etc/knod/policy.toml'
+check "sysusers made the daemon's account" 'getent passwd knod-policy | grep -q nologin'
+check "sysusers made the auditor group" 'getent group knod-audit >/dev/null'
+check "tmpfiles made the state dir 0700 for the daemon" '[ "$(stat -c "%a %U" /var/lib/knod-policy)" = "700 knod-policy" ]'
+check "the installed default policy is valid" 'knod-policy check /etc/knod/policy.toml >/dev/null'
+knod-policy explain --policy /etc/knod --user 0 --netdev eth0 --gpu 0000:c1:00.0 \
+    --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000' --bytes 4096 >/dev/null 2>&1
+check "the installed default policy denies a request" '[ $? -eq 1 ]'
+check "man finds the installed pages" 'man -w knod-policyd >/dev/null && man -w 5 knod-policy.toml >/dev/null'
+check "bash completion offers subcommands" 'bash -c "source /usr/share/bash-completion/bash_completion; source /usr/share/bash-completion/completions/knod-policy; COMP_WORDS=(knod-policy au); COMP_CWORD=1; COMP_LINE=\"knod-policy au\"; COMP_POINT=\${#COMP_LINE}; _knod_policy; [ \"\${COMPREPLY[*]}\" = audit ]"'
+
+# --- the installed unit -----------------------------------------------------------------
+systemd-analyze verify /lib/systemd/system/knod-policyd.service >"$work/verify.log" 2>&1
+check "systemd-analyze verify accepts the installed unit" '[ $? -eq 0 ] && [ ! -s "$work/verify.log" ]' ||
+    cat "$work/verify.log"
+exposure=$(systemd-analyze security --offline=true /lib/systemd/system/knod-policyd.service 2>/dev/null |
+    sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')
+echo "# exposure: ${exposure:-unknown}"
+check "the unit's exposure is at most 1.5" '[ -n "$exposure" ] && awk -v e="$exposure" "BEGIN{exit !(e <= 1.5)}"'
+
+# --- the installed daemon, a private bus, a real polkitd ----------------------------------
+unshare --mount --propagation private bash "$src/tests/packaging/polkit_session.sh" "$work" \
+    >"$work/session.log" 2>&1
+session_rc=$?
+sed 's/^/    /' "$work/session.log"
+passed=$((passed + $(grep -c '^ok - ' "$work/session.log")))
+failed=$((failed + $(grep -c '^not ok - ' "$work/session.log")))
+check "the bus and polkit session ran to the end" '[ $session_rc -eq 0 ]'
+check "the daemon left a journal in the installed state dir" '[ -s /var/lib/knod-policy/journal.db ]'
+
+# --- purge ------------------------------------------------------------------------------
+dpkg --purge knod-policy >"$work/purge.log" 2>&1
+check "the package purges" '[ $? -eq 0 ]' || cat "$work/purge.log"
+check "purge removed the binaries, the unit and the config" \
+    '[ ! -e /usr/sbin/knod-policyd ] && [ ! -e /lib/systemd/system/knod-policyd.service ] && [ ! -e /etc/knod ]'
+check "purge kept the journal" '[ -s /var/lib/knod-policy/journal.db ]'
+check "purge said where the journal is" 'grep -q "kept the journal in /var/lib/knod-policy" "$work/purge.log"'
+dpkg -i "$deb" >/dev/null 2>&1 && KNOD_PURGE_JOURNAL=yes dpkg --purge knod-policy >/dev/null 2>&1
+check "KNOD_PURGE_JOURNAL=yes purges the journal too" '[ ! -e /var/lib/knod-policy ]'
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs inside `unshare --mount` from package_test.sh: the installed knod-policyd, as its own
+# account with the unit's capabilities, on a private bus that loads the installed bus policies,
+# with a real polkitd that reads the installed actions and one test rule. Test users exist only
+# in this namespace's copy of /etc/passwd and /etc/group.
+# Usage: polkit_session.sh WORK_DIR
+set -uo pipefail
+work=$1
+passed=0 failed=0
+check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
+pids=()
+cleanup() {
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null; wait "${pids[i]}" 2>/dev/null; done
+}
+trap cleanup EXIT
+
+# Users: one plain, one in the group the polkit rule names. Bind-mounted copies only.
+cp /etc/passwd "$work/passwd" && cp /etc/group "$work/group"
+echo "knodt-user:x:61001:61001::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
+echo "knodt-admin:x:61002:61002::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
+printf 'knodt-user:x:61001:\nknodt-admin:x:61002:\nknodt-admins:x:61000:knodt-admin\n' >>"$work/group"
+mount --bind "$work/passwd" /etc/passwd && mount --bind "$work/group" /etc/group || exit 1
+
+mkdir -p "$work/rules.d"
+cat >"$work/rules.d/50-knod-test.rules" <<'RULE'
+polkit.addRule(function(action, subject) {
+    if (action.id == "org.knod.policy1.manage" && subject.isInGroup("knodt-admins"))
+        return polkit.Result.YES;
+});
+RULE
+chown -R polkitd "$work/rules.d" && chmod 0700 "$work/rules.d"
+mount --bind "$work/rules.d" /etc/polkit-1/rules.d || exit 1
+
+# The private bus: the system bus's default policy plus every installed service policy.
+mkdir -m 0755 "$work/bus" && chmod 0755 "$work"
+cat >"$work/bus/bus.conf" <<CONF
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$work/bus/socket</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
+  </policy>
+  <includedir>/usr/share/dbus-1/system.d</includedir>
+</busconfig>
+CONF
+dbus-daemon --config-file="$work/bus/bus.conf" --nofork --nopidfile &
+pids+=($!)
+address="unix:path=$work/bus/socket"
+export DBUS_SYSTEM_BUS_ADDRESS=$address
+has_owner() {
+    dbus-send --bus="$address" --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \
+        org.freedesktop.DBus.NameHasOwner "string:$1" 2>/dev/null | grep -q 'boolean true'
+}
+wait_for() { for _ in $(seq 100); do has_owner "$1" && return 0; sleep 0.1; done; return 1; }
+for _ in $(seq 50); do [ -S "$work/bus/socket" ] && break; sleep 0.1; done
+
+# polkitd starts as root and switches to its own user by itself.
+/usr/lib/polkit-1/polkitd --no-debug &
+pids+=($!)
+check "polkitd owns org.freedesktop.PolicyKit1 on the private bus" 'wait_for org.freedesktop.PolicyKit1'
+
+# The installed daemon as the unit runs it: its own account, only the unit's capabilities.
+caps=+net_admin,+bpf,+perfmon,+sys_ptrace,+audit_write
+setpriv --reuid=knod-policy --regid=knod-policy --init-groups --inh-caps="$caps" \
+    --ambient-caps="$caps" --bounding-set=-all,"$caps" --no-new-privs \
+    /usr/sbin/knod-policyd --bus=system --driver=sim --sim-datapath=false --journald=false \
+    >"$work/daemon.log" 2>&1 &
+pids+=($!)
+check "the installed daemon, as knod-policy, owns org.knod.Policy1" 'wait_for org.knod.Policy1' ||
+    cat "$work/daemon.log"
+
+as_user() { setpriv --reuid="$1" --regid="$1" --init-groups "${@:2}"; }
+as_user knodt-user knod-policy status >"$work/out" 2>&1
+check "an unprivileged caller may read the status" '[ $? -eq 0 ]' || cat "$work/out"
+as_user knodt-user dbus-send --bus="$address" --print-reply --dest=org.freedesktop.DBus \
+    /org/freedesktop/DBus org.freedesktop.DBus.RequestName string:org.knod.Policy1 uint32:0 \
+    >"$work/out" 2>&1
+check "the bus policy stops an unprivileged caller owning org.knod.Policy1" 'grep -q AccessDenied "$work/out"'
+as_user knodt-user knod-policy reload >"$work/out" 2>&1
+check "polkit: a caller outside the rule's group is denied the admin method" \
+    '[ $? -eq 1 ] && grep -q Error.Denied "$work/out"' || cat "$work/out"
+as_user knodt-admin knod-policy reload >"$work/out" 2>&1
+check "polkit: a caller in the rule's group is allowed the admin method" \
+    '[ $? -eq 0 ] && grep -q "policy reloaded" "$work/out"' || { cat "$work/out" "$work/daemon.log"; }
+check "the journal records the allowed reload by uid 61002" \
+    'for _ in $(seq 50); do [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind=\"policy-reload\" and reason=\"reloaded by uid 61002\"")" -ge 1 ] && break; sleep 0.1; done; [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind=\"policy-reload\" and reason=\"reloaded by uid 61002\"")" -ge 1 ]'
+
+echo "# session: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
