@@ -1,9 +1,8 @@
-// knod-policy doctor: the host's isolation facts and what each rule requirement would say about
-// a NIC and a GPU, with the fix for each failure. Reads sysfs and /proc; no daemon needed.
+// knod-policy doctor: the host report (GPUs, netdevs, IOMMU groups, PCIe ACS, P2P distance,
+// kernel parameters and configuration, ROCm) with pass/warn/fail and the fix for each check.
+// The same report as the daemon's GetHostReport; reads sysfs and /proc, no daemon needed.
 #include "cli/commands.h"
-#include "daemon/host/isolation.h"
-
-#include <nlohmann/json.hpp>
+#include "daemon/host/report.h"
 
 #include <iostream>
 
@@ -11,74 +10,49 @@ namespace knod::cli {
 namespace {
 
 struct Options {
-    std::string sysfs = "/sys", proc = "/proc", nic, gpu;
+    host::HostPaths paths;
+    std::string host_root;
+    host::PairSelection pairs;
     bool json = false;
 };
 
-nlohmann::json device_json(const host::DeviceIsolation &d) {
-    return {{"pci", d.pci},
-            {"iommu_group", d.group ? nlohmann::json(*d.group) : nlohmann::json()},
-            {"domain", host::to_string(d.type)},
-            {"shares_group_with", d.peers}};
+void print_text(const host::HostReport &r) {
+    std::cout << "GPUs:";
+    if (r.gpus.empty()) std::cout << " none";
+    std::cout << "\n";
+    for (auto &g : r.gpus)
+        std::cout << "  " << g.pci << "  " << (g.model.empty() ? "unknown model" : g.model)
+                  << (g.render_node.empty() ? "" : "  " + g.render_node) << "  "
+                  << host::to_string(g.support) << "\n";
+    std::cout << "Netdevs:\n";
+    for (auto &n : r.netdevs)
+        std::cout << "  " << n.name << "  ifindex " << n.ifindex << "  " << n.state << "  "
+                  << n.rx_queues << " RX queues" << (n.driver.empty() ? "" : "  " + n.driver)
+                  << (n.pci.empty() ? (n.kind.empty() ? "" : "  (" + n.kind + ")") : "  " + n.pci)
+                  << "\n";
+    std::cout << "Kernel " << (r.config.release.empty() ? "unknown" : r.config.release) << ", ROCm "
+              << (r.rocm ? r.rocm->text : "none") << ", " << r.iommu_groups << " IOMMU groups\n\n";
+    for (auto &c : r.checks) {
+        std::cout << host::to_string(c.status) << "  " << c.id
+                  << (c.subject == "host" ? "" : " [" + c.subject + "]") << ": " << c.message
+                  << "\n";
+        if (!c.fix.empty() && c.status != host::CheckStatus::pass)
+            std::cout << "      fix: " << c.fix << "\n";
+    }
 }
 
-int run(const Options &o) {
-    host::SysfsHost h(o.sysfs, o.proc);
-    host::KernelFacts k = h.kernel();
-    host::DeviceIsolation nic = h.device(o.nic), gpu = h.device(o.gpu);
-    nlohmann::json checks = nlohmann::json::array();
-    bool strict_ok = true;
-    for (auto req :
-         {policy::IommuRequirement::translated, policy::IommuRequirement::passthrough_ok}) {
-        host::Verdict v = host::check(req, nic, gpu);
-        if (req == policy::IommuRequirement::translated) strict_ok = v.ok;
-        checks.push_back({{"requirement", policy::to_string(req)},
-                          {"result", v.ok ? "pass" : "fail"},
-                          {"reason", v.reason},
-                          {"fix", v.fix}});
+int run(Options o) {
+    if (!o.host_root.empty()) o.paths = host::HostPaths::under(o.host_root);
+    auto report = host::build_report(o.paths, o.pairs);
+    if (!report) {
+        std::cerr << "knod-policy doctor: " << report.error().message << "\n";
+        return exit_usage;
     }
-    if (o.json) {
-        std::cout << nlohmann::json{{"kernel",
-                                     {{"iommu_pt", k.iommu_passthrough},
-                                      {"amdgpu_knod_enable", k.knod_enabled},
-                                      {"sys_class_knod", k.knod_class}}},
-                                    {"nic", device_json(nic)},
-                                    {"gpu", device_json(gpu)},
-                                    {"checks", checks}}
-                         .dump(2)
-                  << "\n";
-    } else {
-        auto line = [](const char *what, bool ok, const std::string &note) {
-            std::cout << (ok ? "pass " : "warn ") << what << (note.empty() ? "" : ": " + note)
-                      << "\n";
-        };
-        line("kernel: amdgpu.knod_enable=1", k.knod_enabled,
-             k.knod_enabled ? "" : "add it to the kernel command line");
-        line("kernel: /sys/class/knod", k.knod_class,
-             k.knod_class ? "" : "the KNOD module is not loaded");
-        std::cout << "info kernel: iommu=pt "
-                  << (k.iommu_passthrough ? "set (pass-through: fast, but untranslated)"
-                                          : "not set (translated DMA)")
-                  << "\n";
-        for (auto &[name, d] : {std::pair{"NIC", &nic}, std::pair{"GPU", &gpu}})
-            std::cout << "info " << name << " " << (d->pci.empty() ? "(none given)" : d->pci)
-                      << ": "
-                      << (d->group ? "IOMMU group " + std::to_string(*d->group) + ", " +
-                                         host::to_string(d->type)
-                                   : std::string("no IOMMU group"))
-                      << (d->peers.empty() ? ""
-                                           : ", shared with " + nlohmann::json(d->peers).dump())
-                      << "\n";
-        for (auto &c : checks) {
-            std::cout << (c["result"] == "pass" ? "pass " : "fail ") << "iommu = \""
-                      << c["requirement"].get<std::string>() << "\"";
-            if (c["result"] != "pass")
-                std::cout << ": " << c["reason"].get<std::string>()
-                          << "\n     fix: " << c["fix"].get<std::string>();
-            std::cout << "\n";
-        }
-    }
-    return strict_ok ? exit_ok : exit_failed;
+    if (o.json)
+        std::cout << report->to_json().dump(2) << "\n";
+    else
+        print_text(*report);
+    return report->failed() ? exit_failed : exit_ok;
 }
 
 } // namespace
@@ -86,17 +60,27 @@ int run(const Options &o) {
 Runner add_doctor(CLI::App &app) {
     auto o = std::make_shared<Options>();
     auto *cmd = app.add_subcommand(
-        "doctor", "Check the host's IOMMU isolation for a NIC and a GPU, the way knod-policyd does "
-                  "before a binding, and say how to fix what fails.");
-    cmd->add_option("--nic", o->nic, "the NIC's PCI address, e.g. 0000:c2:00.0");
-    cmd->add_option("--gpu", o->gpu, "the GPU's PCI address, e.g. 0000:c1:00.0");
-    cmd->add_option("--sysfs-root", o->sysfs, "read sysfs here (fixture trees in tests)")
+        "doctor", "Check the host for KNOD: GPUs, netdevs, IOMMU groups, PCIe ACS, P2P distance, "
+                  "kernel parameters and configuration, ROCm; say how to fix what fails.");
+    cmd->add_option("--nic", o->pairs.nic,
+                    "check this NIC (netdev name or PCI address) against the GPUs; default: "
+                    "every PCI netdev");
+    cmd->add_option("--gpu", o->pairs.gpu,
+                    "check this GPU (PCI address or render node); default: every GPU");
+    cmd->add_option("--host-root", o->host_root,
+                    "read a fixture tree laid out as DIR/sys, DIR/proc, DIR/boot, DIR/opt/rocm");
+    cmd->add_option("--sysfs-root", o->paths.sysfs, "read sysfs here")->capture_default_str();
+    cmd->add_option("--proc-root", o->paths.proc, "read /proc here")->capture_default_str();
+    cmd->add_option("--boot-root", o->paths.boot, "look for config-RELEASE here")
         ->capture_default_str();
-    cmd->add_option("--proc-root", o->proc, "read /proc here")->capture_default_str();
-    cmd->add_flag("--json", o->json, "print JSON");
-    cmd->footer(
-        "Exit 0 when the pair meets iommu = \"translated\", 1 otherwise. GPU inventory (libdrm), "
-        "netdevs (netlink), PCIe ACS and P2P distance are not checked yet.");
+    cmd->add_option("--rocm-root", o->paths.rocm, "ROCm's install directory")
+        ->capture_default_str();
+    cmd->add_flag("--json", o->json, "print the report as JSON (as GetHostReport's \"host\")");
+    cmd->footer("Every check prints pass, info, warn or fail, with the fix under each one that is "
+                "not a pass.\nACS bits come from PCI config space, which only root reads past 64 "
+                "bytes.\nExit 0 when no check fails, 1 when one does, 2 on bad input.\n\n"
+                "Example:\n  knod-policy doctor --nic eth2 --gpu 0000:03:00.0\n"
+                "  knod-policy doctor --host-root tests/data/hosts/mi250x-cx6 --json");
     return [cmd, o]() -> int { return cmd->parsed() ? run(*o) : -1; };
 }
 

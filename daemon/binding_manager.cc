@@ -52,7 +52,7 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                BindingEvents &events, Post post)
     : config_(std::move(config)), driver_(driver), keys_(std::move(keys)),
       policy_(std::move(policy)), events_(events), post_(std::move(post)),
-      host_(config_.sysfs_root, config_.proc_root) {}
+      host_(config_.host.sysfs, config_.host.proc) {}
 
 BindingManager::~BindingManager() = default;
 

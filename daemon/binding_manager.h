@@ -5,6 +5,7 @@
 
 #include "daemon/driver/driver.h"
 #include "daemon/host/isolation.h"
+#include "daemon/host/paths.h"
 #include "daemon/journal/journal.h"
 #include "daemon/keys/key_authority.h"
 #include "daemon/peer.h"
@@ -89,9 +90,8 @@ struct ManagerConfig {
     // Retention, applied at start and hourly: events older than this, beyond this many.
     std::optional<std::chrono::seconds> retain_age;
     std::optional<std::int64_t> retain_events;
-    // Where isolation checks read the host (fixture trees in tests).
-    std::string sysfs_root = "/sys";
-    std::string proc_root = "/proc";
+    // Where isolation checks and the host report read the host (fixture trees in tests).
+    host::HostPaths host;
 };
 
 struct ManagerStatus {
@@ -148,6 +148,7 @@ class BindingManager {
     ManagerStatus status() const;
     journal::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
+    const host::HostPaths &host_paths() const { return config_.host; }
     // Copies of every event go here too (journald, Linux audit); optional.
     void set_sinks(sinks::SinkQueue *sinks) { sinks_ = sinks; }
     // Applies the retention settings now; returns how many events went.

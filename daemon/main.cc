@@ -1,6 +1,9 @@
 // knod-policyd: wires the policy, keys, journal and driver to the bus, then runs the event loop.
 #include "daemon/binding_manager.h"
 #include "daemon/bus/bus_service.h"
+#include "daemon/driver/devmem_driver.h"
+#include "daemon/driver/knod_driver.h"
+#include "daemon/driver/selection.h"
 #include "daemon/driver/sim_driver.h"
 #include "daemon/host/link_monitor.h"
 #include "policy/parser.h"
@@ -27,14 +30,14 @@ struct Options {
     std::string bus_address;
     std::vector<std::string> policy = {"/etc/knod"};
     std::string state_dir = "/var/lib/knod-policy";
-    std::string driver = "sim";
+    std::string driver = "auto";
     knod::driver::SimConfig sim;
     double rate = 50;
     bool journald = true;
     bool linux_audit = true;
     std::string retain;
     std::int64_t retain_events = 0;
-    std::string sysfs_root = "/sys", proc_root = "/proc";
+    knod::host::HostPaths host;
 };
 
 void log(const std::string &line) {
@@ -113,6 +116,31 @@ knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &p
     return std::move(load.policy);
 }
 
+// The backend the options name; `auto` picks one and logs why.
+knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
+                                                                knod::driver::EventLoop *loop) {
+    std::string which = o.driver;
+    if (which == "auto") {
+        auto choice = knod::driver::choose_driver(o.host);
+        log("driver auto: " + choice.driver + " (" + choice.reason + ")");
+        which = choice.driver;
+    }
+    if (which == "knod") {
+        auto d = knod::driver::KnodDriver::open(o.host);
+        if (!d) return std::move(d).error().context("knod driver");
+        return std::unique_ptr<knod::driver::Driver>(std::move(*d));
+    }
+    if (which == "devmem") {
+        auto d = knod::driver::DevmemDriver::open(o.host);
+        if (!d) return std::move(d).error().context("devmem driver");
+        return std::unique_ptr<knod::driver::Driver>(std::move(*d));
+    }
+    auto sim = std::make_unique<knod::driver::SimDriver>(o.sim, loop);
+    if (auto r = sim->start(); !r) return std::move(r).error().context("sim driver");
+    if (auto note = sim->datapath_note(); !note.empty()) log(note);
+    return std::unique_ptr<knod::driver::Driver>(std::move(sim));
+}
+
 knod::Result<knod::bus::BusPtr> connect_bus(const Options &o) {
     sd_bus *raw = nullptr;
     int r = sd_bus_new(&raw);
@@ -154,8 +182,10 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     app.add_option("--state-dir", o.state_dir, "journal and key secret live here (mode 0700)")
         ->capture_default_str();
-    app.add_option("--driver", o.driver, "driver backend")
-        ->check(CLI::IsMember({"sim"}))
+    app.add_option("--driver", o.driver,
+                   "driver backend: knod, devmem, sim, or auto (knod, then devmem, then sim; the "
+                   "log says which and why)")
+        ->check(CLI::IsMember({"auto", "knod", "devmem", "sim"}))
         ->capture_default_str();
     app.add_option("--sim-netdev", o.sim.netdev, "sim: the simulated NIC's name")
         ->capture_default_str();
@@ -181,10 +211,14 @@ int main(int argc, char **argv) {
     app.add_option("--retain", o.retain,
                    "prune journal events older than this (e.g. 180d); default: keep all");
     app.add_option("--retain-events", o.retain_events, "keep at most this many journal events");
-    app.add_option("--sysfs-root", o.sysfs_root, "read IOMMU groups here (tests use fixture trees)")
+    app.add_option("--sysfs-root", o.host.sysfs,
+                   "read sysfs here: IOMMU groups, PCI, /sys/class/knod (tests use fixture trees)")
         ->capture_default_str();
-    app.add_option("--proc-root", o.proc_root, "read the kernel command line here")
+    app.add_option("--proc-root", o.host.proc, "read the kernel command line and config here")
         ->capture_default_str();
+    app.add_option("--boot-root", o.host.boot, "look for the kernel's config-RELEASE here")
+        ->capture_default_str();
+    app.add_option("--rocm-root", o.host.rocm, "ROCm's install directory")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     auto policy = load_policy(o.policy);
@@ -231,12 +265,12 @@ int main(int argc, char **argv) {
     SdEventLoop driver_loop(event.get());
     o.sim.drop_unmatched =
         policy->settings.unmatched_traffic == knod::policy::UnmatchedTraffic::drop;
-    knod::driver::SimDriver driver(o.sim, &driver_loop);
-    if (auto r = driver.start(); !r) {
-        std::cerr << "knod-policyd: sim driver: " << r.error().message << "\n";
+    auto opened = open_driver(o, &driver_loop);
+    if (!opened) {
+        std::cerr << "knod-policyd: " << opened.error().message << "\n";
         return 1;
     }
-    if (auto note = driver.datapath_note(); !note.empty()) log(note);
+    knod::driver::Driver &driver = **opened;
     auto paths = o.policy;
     knod::bus::BusService service(bus->get(), event.get(), [paths] { return load_policy(paths); });
     knod::daemon::ManagerConfig config;
@@ -252,8 +286,7 @@ int main(int argc, char **argv) {
         config.retain_age = *age;
     }
     if (o.retain_events > 0) config.retain_events = o.retain_events;
-    config.sysfs_root = o.sysfs_root;
-    config.proc_root = o.proc_root;
+    config.host = o.host;
     std::vector<std::unique_ptr<knod::sinks::Sink>> sink_list;
     if (o.journald) sink_list.push_back(std::make_unique<knod::sinks::JournaldSink>());
     if (o.linux_audit)

@@ -44,6 +44,8 @@ bus_pid=$!
 for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.05; done
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
 
+# The sim unless --daemon-arg picks a driver (auto could find real hardware here).
+case " ${daemon_args[*]-} " in *" --driver"*) ;; *) daemon_args+=(--driver=sim) ;; esac
 "$build/daemon/knod-policyd" --bus-address="$DBUS_SYSTEM_BUS_ADDRESS" --policy "$policy" \
     --state-dir "$state" "${daemon_args[@]}" 2>"$work/daemon.log" &
 daemon_pid=$!

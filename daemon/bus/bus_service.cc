@@ -1,6 +1,7 @@
 #include "daemon/bus/bus_service.h"
 
 #include "daemon/bus/names.h"
+#include "daemon/host/report.h"
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -334,6 +335,11 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
     for (auto &g : d.gpus())
         j["gpus"].push_back({{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
     j["datapath"] = d.stats();
+    // Inventory and isolation checks, as `knod-policy doctor --json` prints them.
+    if (auto host = host::build_report(s->manager_->host_paths()))
+        j["host"] = host->to_json();
+    else
+        j["host"] = {{"error", host.error().message}};
     auto st = s->manager_->status();
     j["sinks"] = {{"names", st.sinks}, {"dropped", st.sink_dropped}};
     j["journal"] = {{"available", st.journal_available},

@@ -97,26 +97,23 @@ done
 [ "$(ls -A "$work/ro")" = "journal.db" ] && ok "a read-only copy stays untouched" || { not_ok "files appeared: $(ls -A "$work/ro")"; }
 chmod 755 "$work/ro"
 
-# doctor on fixture trees: a GPU and a NIC in groups of their own pass; a shared group fails.
-fx="$work/fx"
-mkgroup() { # mkgroup GROUP TYPE DEVICE...
-    local g=$1 t=$2; shift 2
-    mkdir -p "$fx/sys/kernel/iommu_groups/$g/devices" "$fx/sys/bus/pci/devices" "$fx/proc"
-    echo "$t" > "$fx/sys/kernel/iommu_groups/$g/type"
-    for d in "$@"; do
-        mkdir -p "$fx/sys/devices/pci0000:00/$d"
-        ln -s "../../../kernel/iommu_groups/$g" "$fx/sys/devices/pci0000:00/$d/iommu_group"
-        ln -s "../../../../devices/pci0000:00/$d" "$fx/sys/kernel/iommu_groups/$g/devices/$d"
-        ln -s "../../../devices/pci0000:00/$d" "$fx/sys/bus/pci/devices/$d"
-    done
-}
-mkgroup 12 DMA-FQ 0000:c1:00.0; mkgroup 13 DMA 0000:c2:00.0; echo "iommu=pt" > "$fx/proc/cmdline"
-"$cli" doctor --sysfs-root "$fx/sys" --proc-root "$fx/proc" --nic 0000:c2:00.0 --gpu 0000:c1:00.0 --json >"$work/d.json"; rc=$?
-py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["gpu"]["iommu_group"]==12 and d["kernel"]["iommu_pt"] and all(c["result"]=="pass" for c in d["checks"]), d' "$work/d.json" \
-    && [ "$rc" -eq 0 ] && ok "doctor passes isolated devices" || { not_ok "doctor on isolated devices (exit $rc)"; cat "$work/d.json"; }
-mkgroup 14 DMA 0000:c3:00.0 0000:c4:00.0
-"$cli" doctor --sysfs-root "$fx/sys" --proc-root "$fx/proc" --nic 0000:c2:00.0 --gpu 0000:c3:00.0 >"$work/out" 2>&1; rc=$?
-[ "$rc" -eq 1 ] && grep -q "shares its group with 0000:c4:00.0" "$work/out" && ok "doctor names the device sharing a group" || { not_ok "doctor shared group (exit $rc)"; cat "$work/out"; }
+# doctor on the fixture machines of tests/data/hosts (make_hosts.py says what each one is).
+hosts="$src/tests/data/hosts"
+"$cli" doctor --host-root "$hosts/mi250x-cx6" --json >"$work/d.json"; rc=$?
+py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["result"]=="pass" and d["gpus"][0]["family"]=="CDNA2" and any(c["id"]=="pair.acs" and c["status"]=="pass" for c in d["checks"]), d' "$work/d.json" \
+    && [ "$rc" -eq 0 ] && ok "doctor passes MI250X + CX6 under one ACS switch" || { not_ok "doctor mi250x-cx6 (exit $rc)"; cat "$work/d.json"; }
+"$cli" doctor --host-root "$hosts/shared-group" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 1 ] && grep -q "^fail  pair.iommu.translated .*shares its group with" "$work/out" \
+    && grep -q "^fail  pair.acs .*0000:02:01.0 (ACS present, all controls off)" "$work/out" \
+    && grep -q "packets land in CPU memory, not VRAM" "$work/out" \
+    && grep -q "^      fix: " "$work/out" && ok "doctor fails a shared group without ACS, with fixes" || { not_ok "doctor shared-group (exit $rc)"; cat "$work/out"; }
+"$cli" doctor --host-root "$hosts/identity" --json >"$work/d.json"; rc=$?
+py 'import json,sys; c={x["id"]:x["status"] for x in json.load(open(sys.argv[1]))["checks"]}; assert c["pair.iommu.translated"]=="fail" and c["pair.iommu.passthrough-ok"]=="pass" and c["kernel.iommu_pt"]=="warn", c' "$work/d.json" \
+    && [ "$rc" -eq 1 ] && ok "doctor: identity domains fail translated, pass passthrough-ok" || { not_ok "doctor identity (exit $rc)"; cat "$work/d.json"; }
+"$cli" doctor --host-root "$hosts/mi250x-cx6" --nic eth9 >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "no netdev or PCI NIC named eth9" "$work/out" && ok "doctor: an unknown NIC is bad input" || { not_ok "doctor unknown nic (exit $rc)"; cat "$work/out"; }
+"$cli" doctor >"$work/out" 2>&1; rc=$?
+[ "$rc" -le 1 ] && grep -q "^Netdevs:" "$work/out" && grep -q "kernel.pci_p2pdma\|kernel.config" "$work/out" && ok "doctor runs on this machine" || { not_ok "doctor live (exit $rc)"; cat "$work/out"; }
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

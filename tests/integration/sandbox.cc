@@ -97,6 +97,10 @@ void Sandbox::start_daemon() {
     std::vector<std::string> argv = {KNOD_DAEMON_BIN, "--bus-address=" + address(),
                                      "--policy",      policy_file(),
                                      "--state-dir",   state_dir_};
+    // The sim unless a test picks a driver: `auto` could find real hardware on a developer's box.
+    if (std::none_of(daemon_args_.begin(), daemon_args_.end(),
+                     [](const std::string &a) { return a.rfind("--driver", 0) == 0; }))
+        argv.push_back("--driver=sim");
     // Control-plane tests run in parallel: no sim network unless a test asks for its own.
     if (std::find(daemon_args_.begin(), daemon_args_.end(), "--sim-datapath=true") ==
         daemon_args_.end())

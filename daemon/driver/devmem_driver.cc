@@ -1,0 +1,71 @@
+#include "daemon/driver/devmem_driver.h"
+
+#include "daemon/driver/ntuple.h"
+
+#include <net/if.h>
+
+#include <algorithm>
+
+namespace knod::driver {
+
+Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths) {
+    auto probe = NetdevGenl::open();
+    if (!probe) return std::move(probe).error();
+    return std::unique_ptr<DevmemDriver>(new DevmemDriver(std::move(paths), std::move(*probe)));
+}
+
+Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan) {
+    int ifindex = static_cast<int>(if_nametoindex(plan.netdev.c_str()));
+    if (ifindex == 0) return make_error(Errc::driver_failure, "devmem: no netdev " + plan.netdev);
+    // Refuse flows the NIC cannot steer now, not at activation.
+    for (auto &f : plan.flows)
+        for (auto family : {policy::Family::ipv4, policy::Family::ipv6})
+            if (f.family() == policy::Family::any || f.family() == family)
+                if (auto fs = to_rx_flow_spec(f, 0, family); !fs)
+                    return std::move(fs).error().context("devmem");
+    auto queues = probe_.queues(ifindex);
+    if (!queues) return std::move(queues).error().context("devmem: " + plan.netdev);
+    // The highest free RX queue: queue 0 keeps the kernel's own traffic, and RSS spreads over
+    // the low queues first. Queues our other bindings reserved count as taken.
+    std::optional<std::uint32_t> chosen;
+    for (auto &q : *queues) {
+        if (q.type != NetdevQueue::Type::rx || q.owned() || q.id == 0) continue;
+        bool ours = std::any_of(bindings_.begin(), bindings_.end(), [&](auto &b) {
+            return b.second.ifindex == ifindex && b.second.queue == q.id;
+        });
+        if (!ours && (!chosen || q.id > *chosen)) chosen = q.id;
+    }
+    if (!chosen)
+        return make_error(Errc::driver_failure,
+                          "devmem: " + plan.netdev +
+                              " has no free RX queue (every queue but 0 is bound to a dma-buf, "
+                              "io_uring or AF_XDP, or held by another binding)");
+    bindings_[plan.id] = Binding{plan, ifindex, *chosen, std::nullopt, {}};
+    return std::vector<std::uint32_t>{*chosen};
+}
+
+Result<void> DevmemDriver::activate(const std::string &id) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return make_error(Errc::not_found, "devmem: no binding " + id);
+    Binding &b = it->second;
+    auto sock = NetdevGenl::open();
+    if (!sock) return std::move(sock).error();
+    auto bound = sock->bind_rx(b.ifindex, {b.queue}, b.plan.region_fd);
+    if (!bound)
+        return std::move(bound).error().context("devmem: " + b.plan.netdev + " queue " +
+                                                std::to_string(b.queue));
+    auto rules = FlowSteering::steer(b.plan.netdev, b.plan.flows, b.queue);
+    if (!rules) return std::move(rules).error(); // the socket closes here: unbound again
+    b.socket = std::move(*sock);
+    b.rules = std::move(*rules);
+    return {};
+}
+
+void DevmemDriver::detach(const std::string &id) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return;
+    FlowSteering::remove(it->second.plan.netdev, it->second.rules);
+    bindings_.erase(it); // closes the binding's netlink socket: the kernel unbinds the dma-buf
+}
+
+} // namespace knod::driver

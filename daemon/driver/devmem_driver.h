@@ -1,0 +1,54 @@
+// The devmem backend: the upstream device-memory TCP interface. A binding reserves one free RX
+// queue at attach; activation (after the holder's key) binds the holder's dma-buf to that queue
+// with netdev bind-rx on a netlink socket of the binding's own, and steers exactly the
+// binding's flows to it with ntuple rules. Detach removes the rules and closes the socket,
+// which makes the kernel unbind.
+#pragma once
+
+#include "daemon/driver/driver.h"
+#include "daemon/driver/hardware_inventory.h"
+#include "daemon/driver/netdev_genl.h"
+
+#include <map>
+#include <optional>
+
+namespace knod::driver {
+
+class DevmemDriver : public Driver {
+  public:
+    // Fails when the kernel has no netdev family.
+    static Result<std::unique_ptr<DevmemDriver>> open(host::HostPaths paths);
+
+    std::string name() const override { return "devmem"; }
+    RegionKind region_kind() const override { return RegionKind::dma_buf; }
+    Result<GpuInfo> gpu(const std::string &name) const override { return inventory_.gpu(name); }
+    Result<NetdevInfo> netdev(const std::string &name) const override {
+        return inventory_.netdev(name);
+    }
+    std::vector<GpuInfo> gpus() const override { return inventory_.gpus(); }
+    std::vector<NetdevInfo> netdevs() const override { return inventory_.netdevs(); }
+
+    Result<std::vector<std::uint32_t>> attach(const BindingPlan &plan) override;
+    Result<void> activate(const std::string &id) override;
+    void detach(const std::string &id) override;
+    // Per-queue statistics (qstats) are not read yet: a devmem binding reports zeros.
+    journal::Counters counters(const std::string &) const override { return {}; }
+
+  private:
+    DevmemDriver(host::HostPaths paths, NetdevGenl probe)
+        : inventory_(std::move(paths)), probe_(std::move(probe)) {}
+
+    struct Binding {
+        BindingPlan plan;
+        int ifindex = 0;
+        std::uint32_t queue = 0;
+        std::optional<NetdevGenl> socket; // set while active: its lifetime is the kernel binding
+        std::vector<std::uint32_t> rules;
+    };
+
+    HardwareInventory inventory_;
+    NetdevGenl probe_; // for queue-get; never binds
+    std::map<std::string, Binding> bindings_;
+};
+
+} // namespace knod::driver

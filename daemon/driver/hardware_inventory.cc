@@ -1,0 +1,50 @@
+#include "daemon/driver/hardware_inventory.h"
+
+#include "daemon/host/gpu_inventory.h"
+#include "daemon/host/netdev_inventory.h"
+
+#include <algorithm>
+
+namespace knod::driver {
+
+std::vector<GpuInfo> HardwareInventory::gpus() const {
+    std::vector<GpuInfo> out;
+    for (auto &g : host::list_gpus(paths_)) {
+        GpuInfo i;
+        i.name = g.pci;
+        i.names = {g.pci};
+        if (!g.render_node.empty()) i.names.push_back(g.render_node);
+        i.vram_bytes = g.vram_bytes;
+        i.pci = g.pci;
+        out.push_back(std::move(i));
+    }
+    return out;
+}
+
+std::vector<NetdevInfo> HardwareInventory::netdevs() const {
+    std::vector<NetdevInfo> out;
+    auto list = host::list_netdevs(paths_);
+    if (!list) return out;
+    for (auto &n : *list)
+        if (n.name != "lo") out.push_back({n.name, n.rx_queues, n.pci});
+    return out;
+}
+
+Result<GpuInfo> HardwareInventory::gpu(const std::string &name) const {
+    auto all = gpus();
+    auto it = std::find_if(all.begin(), all.end(), [&](const GpuInfo &g) {
+        return std::find(g.names.begin(), g.names.end(), name) != g.names.end();
+    });
+    if (it == all.end())
+        return make_error(Errc::invalid_argument,
+                          "gpu: no GPU named '" + name + "' (use a PCI address or render node)");
+    return *it;
+}
+
+Result<NetdevInfo> HardwareInventory::netdev(const std::string &name) const {
+    for (auto &n : netdevs())
+        if (n.name == name) return n;
+    return make_error(Errc::invalid_argument, "netdev: no network device named '" + name + "'");
+}
+
+} // namespace knod::driver

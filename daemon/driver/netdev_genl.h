@@ -1,0 +1,58 @@
+// The kernel's `netdev` generic-netlink family (Documentation/netlink/specs/netdev.yaml),
+// through libnl-genl: the devmem TCP interface. Queue inventory (which RX queues a dma-buf,
+// io_uring or AF_XDP already owns) and bind-rx, whose binding lives exactly as long as the
+// netlink socket that made it. Kernel extack messages travel in the errors.
+#pragma once
+
+#include "knod/result.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+struct nl_sock;
+
+namespace knod::driver {
+
+struct NetdevQueue {
+    std::uint32_t id = 0;
+    enum class Type { rx = 0, tx = 1 } type = Type::rx;
+    std::uint32_t napi_id = 0;
+    std::optional<std::uint32_t> dmabuf; // devmem binding id owning it
+    bool io_uring = false;
+    bool xsk = false;
+    bool owned() const { return dmabuf || io_uring || xsk; }
+};
+
+struct NetdevDevice {
+    int ifindex = 0;
+    std::uint64_t xdp_features = 0;
+};
+
+// One netlink socket speaking the family. Move-only; closing it ends every binding made on it.
+class NetdevGenl {
+  public:
+    // Resolves the family; fails with `unavailable` when the kernel has no netdev family.
+    static Result<NetdevGenl> open();
+    NetdevGenl(NetdevGenl &&) noexcept;
+    NetdevGenl &operator=(NetdevGenl &&) noexcept;
+    ~NetdevGenl();
+
+    int family() const { return family_; }
+    Result<NetdevDevice> device(int ifindex);
+    // Every queue of `ifindex`, RX and TX, in queue order.
+    Result<std::vector<NetdevQueue>> queues(int ifindex);
+    // Binds the dma-buf to the RX queues; returns the kernel's binding id. Errors carry the
+    // kernel's own reason (extack) and errno.
+    Result<std::uint32_t> bind_rx(int ifindex, const std::vector<std::uint32_t> &rx_queues,
+                                  int dmabuf_fd);
+
+  private:
+    NetdevGenl(nl_sock *sock, int family) : sock_(sock), family_(family) {}
+    nl_sock *sock_ = nullptr;
+    int family_ = 0;
+};
+
+} // namespace knod::driver

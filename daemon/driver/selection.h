@@ -1,0 +1,18 @@
+// --driver=auto: knod where the KNOD module offers devices, else devmem where the kernel speaks
+// devmem TCP and a NIC's driver supports it and there is a GPU, else the sim. Says why.
+#pragma once
+
+#include "daemon/host/paths.h"
+
+#include <string>
+
+namespace knod::driver {
+
+struct DriverChoice {
+    std::string driver; // "knod", "devmem" or "sim"
+    std::string reason; // one line a person can act on
+};
+
+DriverChoice choose_driver(const host::HostPaths &paths);
+
+} // namespace knod::driver

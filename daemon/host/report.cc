@@ -1,0 +1,345 @@
+#include "daemon/host/report.h"
+
+#include "daemon/host/sysfs_util.h"
+
+#include <algorithm>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace knod::host {
+namespace {
+
+std::string gib(std::uint64_t bytes) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+    return s;
+}
+
+class Checker {
+  public:
+    Checker(const HostPaths &paths, HostReport &r) : paths_(paths), r_(r), pci_(paths.sysfs) {}
+
+    void add(std::string id, std::string subject, CheckStatus st, std::string msg,
+             std::string fix = {}) {
+        r_.checks.push_back(
+            {std::move(id), std::move(subject), st, std::move(msg), std::move(fix)});
+    }
+
+    void iommu() {
+        if (r_.iommu_groups)
+            add("iommu", "host", CheckStatus::pass,
+                "IOMMU on: " + std::to_string(r_.iommu_groups) + " groups");
+        else
+            add("iommu", "host", CheckStatus::fail,
+                "no IOMMU groups: device DMA is not translated, so a NIC can write anywhere in "
+                "memory",
+                "enable AMD-Vi/VT-d in firmware and amd_iommu=on or intel_iommu=on on the kernel "
+                "command line");
+        if (r_.kernel.iommu_passthrough)
+            add("kernel.iommu_pt", "host", CheckStatus::warn,
+                "iommu=pt: devices get identity domains, DMA is untranslated; rules with iommu = "
+                "\"translated\" will refuse bindings",
+                "drop iommu=pt for translated DMA, or set iommu = \"passthrough-ok\" in the rules "
+                "that may accept it");
+        else
+            add("kernel.iommu_pt", "host", CheckStatus::pass, "no iommu=pt: DMA is translated");
+    }
+
+    void knod() {
+        if (r_.kernel.knod_enabled)
+            add("kernel.knod_enable", "host", CheckStatus::pass, "amdgpu.knod_enable=1 is set");
+        else
+            add("kernel.knod_enable", "host", CheckStatus::warn,
+                "amdgpu.knod_enable=1 is not on the kernel command line: amdgpu offers no KNOD "
+                "queues",
+                "add amdgpu.knod_enable=1 to the kernel command line (only for the knod driver)");
+        if (r_.kernel.knod_class)
+            add("knod.class", "host", CheckStatus::pass, "/sys/class/knod exists: KNOD is loaded");
+        else
+            add("knod.class", "host", CheckStatus::warn,
+                "no /sys/class/knod: the KNOD module is not loaded; knod-policyd uses devmem or "
+                "the sim",
+                "boot a kernel with the knod-v3 patch (CONFIG_AMD_KNOD=y)");
+    }
+
+    void kernel_config() {
+        const auto &c = r_.config;
+        std::string release = c.release.empty() ? "unknown" : c.release;
+        if (c.source.empty()) {
+            add("kernel.config", "host", CheckStatus::warn,
+                "kernel " + release +
+                    ": no configuration found (neither /proc/config.gz nor /boot/config-" +
+                    release + "): cannot tell whether VRAM can be handed to a NIC",
+                "load the configs module (modprobe configs) or install the kernel's config file");
+            return;
+        }
+        struct Need {
+            const char *option, *id, *without;
+        };
+        static const Need needs[] = {
+            {"CONFIG_PCI_P2PDMA", "kernel.pci_p2pdma",
+             "the kernel cannot DMA between a NIC and GPU memory: amdgpu moves an exported VRAM "
+             "dma-buf to system RAM and pins it there, so packets land in CPU memory, not VRAM"},
+            {"CONFIG_DMABUF_MOVE_NOTIFY", "kernel.dmabuf_move_notify",
+             "importers cannot follow a moving buffer, so amdgpu pins every exported buffer, and "
+             "a VRAM buffer bound to a NIC is likely pinned in system RAM, not VRAM"},
+        };
+        for (auto &n : needs) {
+            ConfigValue v = c.get(n.option);
+            if (v == ConfigValue::yes)
+                add(n.id, "host", CheckStatus::pass,
+                    std::string(n.option) + "=y (" + c.source + ")");
+            else
+                add(n.id, "host", CheckStatus::warn,
+                    std::string(n.option) + " is " + to_string(v) + " in " + c.source + ": " +
+                        n.without,
+                    std::string("use a kernel built with ") + n.option + "=y");
+        }
+    }
+
+    void rocm() {
+        if (!r_.rocm)
+            add("rocm", "host", CheckStatus::warn,
+                "ROCm not found (" + paths_.rocm + "/.info/version)", "install ROCm 6.2 or newer");
+        else if (!r_.rocm->at_least(6, 2))
+            add("rocm", "host", CheckStatus::warn,
+                "ROCm " + r_.rocm->text + " is older than 6.2, which KNOD needs",
+                "upgrade ROCm to 6.2 or newer");
+        else
+            add("rocm", "host", CheckStatus::pass, "ROCm " + r_.rocm->text);
+    }
+
+    void gpus() {
+        if (r_.gpus.empty())
+            add("gpu", "host", CheckStatus::warn, "no GPU found (DRM devices / PCI display class)");
+        for (auto &g : r_.gpus) {
+            std::string what =
+                (g.model.empty() ? "GPU" : g.model) + (g.driver.empty() ? "" : ", " + g.driver) +
+                (g.vram_bytes ? ", " + gib(g.vram_bytes) + " VRAM" : "") + ": " + g.support_note;
+            CheckStatus st =
+                g.support == GpuSupport::supported ? CheckStatus::pass : CheckStatus::warn;
+            std::string fix = g.support == GpuSupport::supported
+                                  ? ""
+                                  : "use a CDNA2-or-newer Instinct or a Radeon Pro W7900/W6800";
+            if (g.support == GpuSupport::supported && g.driver != "amdgpu") {
+                st = CheckStatus::warn;
+                what += "; not bound to amdgpu";
+                fix = "bind the device to amdgpu";
+            }
+            add("gpu.support", g.pci, st, what, fix);
+        }
+    }
+
+    void netdevs() {
+        if (!r_.netdev_error.empty())
+            add("netdev", "host", CheckStatus::warn, "cannot list netdevs: " + r_.netdev_error);
+        for (auto &n : r_.netdevs) {
+            if (n.pci.empty()) continue; // virtual devices: nothing to offload to
+            std::string what = n.driver + ", " + std::to_string(n.rx_queues) + " RX queues, " +
+                               n.state + "; " +
+                               (devmem_capable_driver(n.driver) ? "devmem TCP capable driver"
+                                                                : "driver without devmem TCP");
+            add("netdev", n.name + " (" + n.pci + ")",
+                n.state == "up" ? CheckStatus::pass : CheckStatus::warn, what,
+                n.state == "up" ? "" : "bring the link up");
+        }
+    }
+
+    void pair(const std::string &nic, const std::string &gpu, const std::string &nic_label) {
+        std::string subject = nic_label + " -> " + gpu;
+        SysfsHost host(paths_.sysfs, paths_.proc);
+        DeviceIsolation n = host.device(nic), g = host.device(gpu);
+        for (auto req :
+             {policy::IommuRequirement::translated, policy::IommuRequirement::passthrough_ok}) {
+            Verdict v = check(req, n, g);
+            add(std::string("pair.iommu.") + policy::to_string(req), subject,
+                v.ok ? CheckStatus::pass : CheckStatus::fail,
+                v.ok ? std::string("rules with iommu = \"") + policy::to_string(req) +
+                           "\" can bind this pair"
+                     : v.reason,
+                v.fix);
+        }
+        P2pPath path = pci_.path(nic, gpu);
+        std::string via;
+        for (auto &b : path.bridges)
+            via += (via.empty() ? "" : ", ") + b;
+        if (path.distance == P2pDistance::unknown) {
+            add("pair.p2p", subject, CheckStatus::warn,
+                "cannot place both devices in the PCI tree");
+            return;
+        }
+        add("pair.p2p", subject,
+            path.distance == P2pDistance::cross_root ? CheckStatus::warn : CheckStatus::pass,
+            std::string(label(path.distance)) + ": " + to_string(path.distance) +
+                (via.empty() ? "" : " (via " + via + ")"),
+            path.distance == P2pDistance::cross_root
+                ? "peer-to-peer DMA between root complexes is slow or refused on many platforms: "
+                  "put the NIC and the GPU under one root port or switch"
+                : "");
+        acs(subject, path);
+    }
+
+    // Peer-to-peer writes from the NIC may turn around at any bridge below the root complex;
+    // only ACS redirect sends them up to the IOMMU.
+    void acs(const std::string &subject, const P2pPath &path) {
+        std::vector<std::string> off, unreadable;
+        for (auto &b : path.bridges) {
+            if (b == path.turnaround) continue;
+            AcsControl a = pci_.acs(b);
+            if (a.state == AcsControl::State::unreadable)
+                unreadable.push_back(b);
+            else if (a.state != AcsControl::State::enabled)
+                off.push_back(b + " (" + a.describe() + ")");
+        }
+        auto join = [](const std::vector<std::string> &v) {
+            std::string s;
+            for (auto &x : v)
+                s += (s.empty() ? "" : ", ") + x;
+            return s;
+        };
+        if (!off.empty())
+            add("pair.acs", subject, CheckStatus::fail,
+                "ACS does not redirect peer-to-peer requests at " + join(off) +
+                    ": NIC writes can reach the GPU without passing the IOMMU",
+                "enable ACS Source Validation, Request/Completion Redirect and Upstream Forwarding "
+                "on those ports (firmware setting, or a switch that supports it)");
+        else if (!unreadable.empty())
+            add("pair.acs", subject, CheckStatus::warn,
+                "cannot read ACS control of " + join(unreadable) +
+                    ": config space past 64 bytes needs CAP_SYS_ADMIN",
+                "run knod-policy doctor as root");
+        else
+            add("pair.acs", subject, CheckStatus::pass,
+                path.bridges.empty() ? "no bridge between them"
+                                     : "ACS redirects peer-to-peer requests at every port on the "
+                                       "path: the IOMMU sees every NIC write");
+    }
+
+    const HostPaths &paths_;
+    HostReport &r_;
+    PciTopology pci_;
+};
+
+std::size_t count_groups(const HostPaths &paths) {
+    std::error_code ec;
+    std::size_t n = 0;
+    for (auto &e : fs::directory_iterator(fs::path(paths.sysfs) / "kernel/iommu_groups", ec)) {
+        (void)e;
+        ++n;
+    }
+    return n;
+}
+
+} // namespace
+
+const char *to_string(CheckStatus s) {
+    switch (s) {
+    case CheckStatus::pass:
+        return "pass";
+    case CheckStatus::info:
+        return "info";
+    case CheckStatus::warn:
+        return "warn";
+    case CheckStatus::fail:
+        return "fail";
+    }
+    return "?";
+}
+
+bool HostReport::failed() const {
+    return std::any_of(checks.begin(), checks.end(),
+                       [](const HostCheck &c) { return c.status == CheckStatus::fail; });
+}
+
+Result<HostReport> build_report(const HostPaths &paths, const PairSelection &sel) {
+    HostReport r;
+    r.gpus = list_gpus(paths);
+    if (auto n = list_netdevs(paths))
+        r.netdevs = std::move(*n);
+    else
+        r.netdev_error = n.error().message;
+    r.kernel = SysfsHost(paths.sysfs, paths.proc).kernel();
+    r.config = read_kernel_config(paths);
+    r.rocm = rocm_version(paths);
+    r.iommu_groups = count_groups(paths);
+
+    // Resolve the pair selection before checking anything: a name that matches nothing is an
+    // error, not an empty report.
+    std::vector<std::pair<std::string, std::string>> nics; // PCI address, label
+    for (auto &n : r.netdevs)
+        if (!n.pci.empty() && (sel.nic.empty() || sel.nic == n.name || sel.nic == n.pci))
+            if (std::none_of(nics.begin(), nics.end(), [&](auto &x) { return x.first == n.pci; }))
+                nics.emplace_back(n.pci, n.name + " (" + n.pci + ")");
+    if (!sel.nic.empty() && nics.empty()) {
+        if (!is_pci_address(sel.nic))
+            return make_error(Errc::not_found, "no netdev or PCI NIC named " + sel.nic);
+        nics.emplace_back(sel.nic, sel.nic);
+    }
+    std::vector<std::string> gpus;
+    for (auto &g : r.gpus)
+        if (sel.gpu.empty() || sel.gpu == g.pci || sel.gpu == g.render_node) gpus.push_back(g.pci);
+    if (!sel.gpu.empty() && gpus.empty()) {
+        if (!is_pci_address(sel.gpu)) return make_error(Errc::not_found, "no GPU named " + sel.gpu);
+        gpus.push_back(sel.gpu);
+    }
+
+    Checker c(paths, r);
+    c.iommu();
+    c.knod();
+    c.kernel_config();
+    c.rocm();
+    c.gpus();
+    c.netdevs();
+    for (auto &[nic, label] : nics)
+        for (auto &gpu : gpus)
+            c.pair(nic, gpu, label);
+    return r;
+}
+
+nlohmann::json HostReport::to_json() const {
+    using nlohmann::json;
+    json j;
+    j["gpus"] = json::array();
+    for (auto &g : gpus)
+        j["gpus"].push_back({{"pci", g.pci},
+                             {"vendor", g.vendor},
+                             {"device", g.device},
+                             {"model", g.model},
+                             {"family", g.family},
+                             {"driver", g.driver},
+                             {"render_node", g.render_node},
+                             {"vram_bytes", g.vram_bytes},
+                             {"support", to_string(g.support)}});
+    j["netdevs"] = json::array();
+    for (auto &n : netdevs)
+        j["netdevs"].push_back({{"name", n.name},
+                                {"ifindex", n.ifindex},
+                                {"state", n.state},
+                                {"admin_up", n.admin_up},
+                                {"rx_queues", n.rx_queues},
+                                {"kind", n.kind},
+                                {"driver", n.driver},
+                                {"pci", n.pci}});
+    if (!netdev_error.empty()) j["netdev_error"] = netdev_error;
+    j["kernel"] = {{"release", config.release},
+                   {"iommu_pt", kernel.iommu_passthrough},
+                   {"amdgpu_knod_enable", kernel.knod_enabled},
+                   {"sys_class_knod", kernel.knod_class},
+                   {"config_source", config.source},
+                   {"pci_p2pdma", to_string(config.get("CONFIG_PCI_P2PDMA"))},
+                   {"dmabuf_move_notify", to_string(config.get("CONFIG_DMABUF_MOVE_NOTIFY"))}};
+    j["iommu_groups"] = iommu_groups;
+    j["rocm"] = rocm ? json(rocm->text) : json();
+    j["checks"] = json::array();
+    for (auto &c : checks)
+        j["checks"].push_back({{"id", c.id},
+                               {"subject", c.subject},
+                               {"status", to_string(c.status)},
+                               {"message", c.message},
+                               {"fix", c.fix}});
+    j["result"] = failed() ? "fail" : "pass";
+    return j;
+}
+
+} // namespace knod::host
