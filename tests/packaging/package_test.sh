@@ -21,6 +21,7 @@ fi
 work=$(mktemp -d /tmp/knod-package.XXXXXX)
 had_user=$(getent passwd knod-policy >/dev/null && echo yes || echo no)
 had_group=$(getent group knod-audit >/dev/null && echo yes || echo no)
+had_render=$(getent group render >/dev/null && echo yes || echo no)
 had_state=$([ -e /var/lib/knod-policy ] && echo yes || echo no)
 cleanup() {
     dpkg --purge knod-policy >/dev/null 2>&1
@@ -28,6 +29,7 @@ cleanup() {
     [ "$had_user" = yes ] || userdel knod-policy 2>/dev/null
     [ "$had_group" = yes ] || groupdel knod-audit 2>/dev/null
     [ "$had_user" = yes ] || groupdel knod-policy 2>/dev/null
+    [ "$had_render" = yes ] || groupdel render 2>/dev/null
     rm -rf "$work"
 }
 trap cleanup EXIT
