@@ -66,14 +66,13 @@ class Host:
         self.link(os.path.join(self.sys, "bus/pci/devices", bdf), d)
         if driver:
             drv = os.path.join(self.sys, "bus/pci/drivers", driver)
-            os.makedirs(drv, exist_ok=True)
+            self.write(os.path.join(drv, "uevent"), "")
             self.link(os.path.join(d, "driver"), drv)
         return d
 
     def group(self, number, kind, *bdfs):
         g = os.path.join(self.sys, "kernel/iommu_groups", str(number))
         self.write(os.path.join(g, "type"), kind + "\n")
-        os.makedirs(os.path.join(g, "devices"), exist_ok=True)
         for bdf in bdfs:
             self.link(os.path.join(g, "devices", bdf), self.devices[bdf])
             self.link(os.path.join(self.devices[bdf], "iommu_group"), g)
@@ -84,14 +83,15 @@ class Host:
         self.write(os.path.join(n, "ifindex"), "%d\n" % ifindex)
         self.write(os.path.join(n, "operstate"), "up\n")
         self.write(os.path.join(n, "flags"), "0x1003\n")
+        # Git keeps no empty directory: each queue gets the file the kernel puts there.
         for q in range(rx_queues):
-            os.makedirs(os.path.join(n, "queues", "rx-%d" % q), exist_ok=True)
-            os.makedirs(os.path.join(n, "queues", "tx-%d" % q), exist_ok=True)
+            self.write(os.path.join(n, "queues", "rx-%d" % q, "rps_cpus"), "0\n")
+            self.write(os.path.join(n, "queues", "tx-%d" % q, "xps_cpus"), "0\n")
         self.link(os.path.join(n, "device"), dev)
         self.link(os.path.join(self.sys, "class/net", name), n)
         if under is not None and driver:
             drv = os.path.join(self.sys, "bus/virtio/drivers", driver)
-            os.makedirs(drv, exist_ok=True)
+            self.write(os.path.join(drv, "uevent"), "")
             self.link(os.path.join(dev, "driver"), drv)
 
     def gpu_nodes(self, bdf, card, render):
