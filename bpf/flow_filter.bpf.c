@@ -250,26 +250,62 @@ static __always_inline long classify(const struct packet *p, const struct knod_c
     return b ? scan_bucket(b, p) : -1;
 }
 
+/* The IPv4 exact-match hot path, straight from the headers to the key: no intermediate
+ * packet copy, ports stay in network order. Returns the slot, -1 when no exact rule matches a
+ * well-formed TCP/UDP packet, or -2 when the generic path must decide (not a plain IPv4
+ * TCP/UDP packet, malformed, or a fragment), so that the generic path alone keeps every rule
+ * about malformed and fragmented packets. */
+static __always_inline long exact4_fast(void *data, void *end, __u8 gen) {
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP)) return -2;
+    struct iphdr *ip = (void *)(eth + 1);
+    if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->version != 4 ||
+        (ip->frag_off & bpf_htons(0x3fff)))
+        return -2;
+    __be16 *ports = (void *)(ip + 1);
+    if (ip->protocol == IPPROTO_UDP) {
+        if ((void *)ports + sizeof(struct udphdr) > end) return -2;
+    } else if (ip->protocol == IPPROTO_TCP) {
+        struct tcphdr *tcp = (void *)ports;
+        if ((void *)(tcp + 1) > end || tcp->doff < 5) return -2;
+    } else {
+        return -2;
+    }
+    struct knod_exact4_key ek = {
+        .generation = gen,
+        .protocol = ip->protocol,
+        .src_port = ports[0],
+        .dst_port = ports[1],
+    };
+    __builtin_memcpy(ek.src, &ip->saddr, 4);
+    __builtin_memcpy(ek.dst, &ip->daddr, 4);
+    __u32 *slot = bpf_map_lookup_elem(&exact4, &ek);
+    return slot ? (long)*slot : -1;
+}
+
 SEC("xdp")
 int knod_flow_filter(struct xdp_md *ctx) {
     __u32 zero = 0;
     struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
     if (!cfg) return XDP_PASS;
     struct knod_config c = *cfg; /* read once: one generation per packet */
+    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 
-    struct packet p = {};
-    int parsed = parse((void *)(long)ctx->data, (void *)(long)ctx->data_end, &p);
-    if (parsed == PARSE_MALFORMED) {
-        count(KNOD_STAT_MALFORMED);
-        return unmatched(&c);
+    long found = exact4_fast(data, end, c.generation & 1);
+    if (found == -2 || (found == -1 && c.prefixes4)) {
+        struct packet p = {};
+        int parsed = parse(data, end, &p);
+        if (parsed == PARSE_MALFORMED) {
+            count(KNOD_STAT_MALFORMED);
+            return unmatched(&c);
+        }
+        if (parsed == PARSE_FRAGMENT) {
+            count(KNOD_STAT_FRAGMENT);
+            return unmatched(&c);
+        }
+        if (parsed != PARSE_OK) return unmatched(&c);
+        found = classify(&p, &c);
     }
-    if (parsed == PARSE_FRAGMENT) {
-        count(KNOD_STAT_FRAGMENT);
-        return unmatched(&c);
-    }
-    if (parsed != PARSE_OK) return unmatched(&c);
-
-    long found = classify(&p, &c);
     if (found < 0 || found >= KNOD_MAX_BINDINGS) return unmatched(&c);
     __u32 slot_id = found;
     struct knod_slot *slot = bpf_map_lookup_elem(&slots, &slot_id);
