@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <string>
 
 namespace fs = std::filesystem;
 
@@ -77,6 +78,11 @@ void read_amdgpu(Gpu &g) {
         if (amdgpu_query_info(dev, AMDGPU_INFO_VRAM_GTT, sizeof vram, &vram) == 0)
             g.vram_bytes = vram.vram_size;
         if (const char *name = amdgpu_get_marketing_name(dev)) g.model = name;
+        // The id table names the generations KNOD cares about; the kernel's family id says
+        // the rest (141: gfx9, Vega and CDNA; 143: RDNA1/2; 145: RDNA3; 152: RDNA4).
+        amdgpu_gpu_info info{};
+        if (g.family.empty() && amdgpu_query_gpu_info(dev, &info) == 0)
+            g.family = "amdgpu family " + std::to_string(info.family_id);
         amdgpu_device_deinitialize(dev);
     }
     ::close(fd);

@@ -181,3 +181,16 @@ TEST(DriverSelection, PicksKnodThenDevmemThenSim) {
     EXPECT_NE(sim.reason.find("no NIC's driver supports devmem TCP"), std::string::npos)
         << sim.reason;
 }
+
+TEST(GpuInventory, LiveDrmAgreesWithSysfsOnThisMachine) {
+    // libdrm lists what has a DRM driver; sysfs lists PCI display controllers. On a VM both are
+    // empty; on a GPU machine with its driver bound, both name the same devices.
+    std::vector<std::string> drm, pci;
+    for (auto &g : list_gpus(HostPaths{}))
+        drm.push_back(g.pci);
+    HostPaths sysfs_only;
+    sysfs_only.sysfs = "/sys/."; // not "/sys": the sysfs reader, on the live tree
+    for (auto &g : list_gpus(sysfs_only))
+        if (!g.driver.empty()) pci.push_back(g.pci);
+    EXPECT_EQ(drm, pci);
+}
