@@ -17,6 +17,10 @@ step "A broken policy is rejected with file:line:col" \
 step "Explain: uid 1000 asks for the simulated NIC and GPU" \
     $cli explain --policy $policy --user 1000 --netdev knodsim0 --gpu sim0 \
     --flow 'udp 10.99.0.1:* -> 10.99.0.2:5000' --bytes 16MiB
+step "Host checks on a fixture machine (MI250X + ConnectX-6 Dx under one ACS switch)" \
+    $cli doctor --host-root tests/data/hosts/mi250x-cx6 --nic eth2
+step "... and on this machine (a VM: no IOMMU, no GPU, so hardware bindings would be refused)" \
+    $cli doctor
 
 printf '\n\033[1m== knod-policyd with the sim driver on a private bus\033[0m\n'
 scripts/knod-sandbox.sh -- bash -c '
