@@ -20,31 +20,61 @@ bool Authorizer::is_auditor(const Credentials &c, const policy::Settings &s) con
     return c.uid == 0 || in_group(c, s.admin_group) || in_group(c, s.auditor_group);
 }
 
-bool Authorizer::is_admin(const Credentials &c, const policy::Settings &s) const {
-    if (c.uid == 0 || in_group(c, s.admin_group)) return true;
-    return polkit_allows(c.sender);
+void Authorizer::check_admin(const Credentials &c, const policy::Settings &s,
+                             std::function<void(bool)> done) const {
+    if (c.uid == 0 || in_group(c, s.admin_group)) return done(true);
+    ask_polkit(c.sender, std::move(done));
 }
 
-bool Authorizer::polkit_allows(const std::string &sender) const {
+namespace {
+
+struct PolkitQuestion {
+    std::function<void(bool)> done;
+    bool answered = false;
+};
+
+int on_polkit_answer(sd_bus_message *reply, void *userdata, sd_bus_error *) {
+    auto *q = static_cast<PolkitQuestion *>(userdata);
+    int authorized = 0, challenge = 0;
+    bool ok = !sd_bus_message_is_method_error(reply, nullptr) &&
+              sd_bus_message_enter_container(reply, 'r', "bba{ss}") >= 0 &&
+              sd_bus_message_read(reply, "bb", &authorized, &challenge) >= 0 && authorized;
+    q->answered = true;
+    q->done(ok);
+    return 0;
+}
+
+// The slot is floating: the bus owns it, and frees the question when the call is over,
+// answered or not (a bus going away answers no).
+void forget_question(void *userdata) {
+    auto *q = static_cast<PolkitQuestion *>(userdata);
+    if (!q->answered) q->done(false);
+    delete q;
+}
+
+} // namespace
+
+void Authorizer::ask_polkit(const std::string &sender, std::function<void(bool)> done) const {
     sd_bus_message *raw = nullptr;
     if (sd_bus_message_new_method_call(
             bus_, &raw, "org.freedesktop.PolicyKit1", "/org/freedesktop/PolicyKit1/Authority",
             "org.freedesktop.PolicyKit1.Authority", "CheckAuthorization") < 0)
-        return false;
+        return done(false);
     MessagePtr call(raw);
     // Subject: the caller's bus name, which polkit resolves through the bus itself.
     if (sd_bus_message_append(call.get(), "(sa{sv})sa{ss}us", "system-bus-name", 1, "name", "s",
                               sender.c_str(), manage_action, 0, 0u, "") < 0)
-        return false;
-    BusError error;
-    sd_bus_message *reply_raw = nullptr;
-    if (sd_bus_call(bus_, call.get(), 2'000'000, error.get(), &reply_raw) < 0) return false;
-    MessagePtr reply(reply_raw);
-    int authorized = 0, challenge = 0;
-    if (sd_bus_message_enter_container(reply.get(), 'r', "bba{ss}") < 0 ||
-        sd_bus_message_read(reply.get(), "bb", &authorized, &challenge) < 0)
-        return false;
-    return authorized != 0;
+        return done(false);
+    auto *q = new PolkitQuestion{std::move(done)};
+    sd_bus_slot *slot = nullptr;
+    if (sd_bus_call_async(bus_, &slot, call.get(), on_polkit_answer, q, 5'000'000) < 0) {
+        q->done(false);
+        delete q;
+        return;
+    }
+    sd_bus_slot_set_destroy_callback(slot, forget_question);
+    sd_bus_slot_set_floating(slot, 1);
+    sd_bus_slot_unref(slot);
 }
 
 } // namespace knod::bus

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 #include <systemd/sd-bus.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,15 @@ class Authorizer {
     explicit Authorizer(sd_bus *bus) : bus_(bus) {}
 
     bool is_auditor(const Credentials &c, const policy::Settings &s) const;
-    // May ask polkit, synchronously with a short timeout.
-    bool is_admin(const Credentials &c, const policy::Settings &s) const;
+    // Calls `done` with the answer: at once for root and the admin group, otherwise when
+    // polkit answers (asynchronously: the daemon serves others meanwhile; no answer within
+    // 5 s, or no polkit on the bus, means no).
+    void check_admin(const Credentials &c, const policy::Settings &s,
+                     std::function<void(bool)> done) const;
 
   private:
     bool in_group(const Credentials &c, const std::string &group) const;
-    bool polkit_allows(const std::string &sender) const;
+    void ask_polkit(const std::string &sender, std::function<void(bool)> done) const;
     sd_bus *bus_;
 };
 

@@ -296,12 +296,19 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
     auto caller = s->peer(m);
     if (!caller) return fail(err, caller.error());
     Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name};
-    if (!s->authorizer_.is_admin(c, s->manager_->policy().settings))
-        return fail(err, make_error(Errc::denied, "revoking a binding needs root, the admin group, "
-                                                  "or polkit action org.knod.policy1.manage"));
-    if (!*why) return fail(err, make_error(Errc::invalid_argument, "reason: say why you revoke"));
-    s->manager_->revoke(id, why, *caller, reply_when_done(m));
-    return 1;
+    auto done = reply_when_done(m);
+    s->authorizer_.check_admin(
+        c, s->manager_->policy().settings,
+        [s, done, id = std::string(id), why = std::string(why), peer = *caller](bool admin) {
+            if (!admin)
+                return done(make_error(Errc::denied,
+                                       "revoking a binding needs root, the admin group, or "
+                                       "polkit action org.knod.policy1.manage"));
+            if (why.empty())
+                return done(make_error(Errc::invalid_argument, "reason: say why you revoke"));
+            s->manager_->revoke(id, why, peer, done);
+        });
+    return 1; // replied, or will be
 }
 
 Result<std::size_t> BusService::reload(const std::string &by) {
@@ -314,14 +321,21 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
     auto *s = service(self);
     auto c = s->credentials(m);
     if (!c) return fail(err, c.error());
-    if (!s->authorizer_.is_admin(*c, s->manager_->policy().settings))
-        return fail(err, make_error(Errc::denied, "reloading policy needs root, the admin group, "
-                                                  "or polkit action org.knod.policy1.manage"));
-    auto revoked = s->reload("uid " + std::to_string(c->uid));
-    if (!revoked) return fail(err, revoked.error());
-    return sd_bus_reply_method_return(
-        m, "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
-        static_cast<std::uint32_t>(*revoked));
+    std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+    s->authorizer_.check_admin(
+        *c, s->manager_->policy().settings, [s, call, uid = c->uid](bool admin) {
+            if (!admin)
+                return reply_error(call.get(), make_error(Errc::denied,
+                                                          "reloading policy needs root, the admin "
+                                                          "group, or polkit action "
+                                                          "org.knod.policy1.manage"));
+            auto revoked = s->reload("uid " + std::to_string(uid));
+            if (!revoked) return reply_error(call.get(), revoked.error());
+            sd_bus_reply_method_return(
+                call.get(), "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
+                static_cast<std::uint32_t>(*revoked));
+        });
+    return 1; // replied, or will be
 }
 
 int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
@@ -371,11 +385,17 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
     daemon::Peer by;
     by.uid = c->uid;
     by.bus_name = c->sender;
-    bool admin = false;
-    const daemon::Binding *b = s->manager_->find(id_of(sd_bus_message_get_path(m)));
-    if (b && b->owner.uid != c->uid)
-        admin = s->authorizer_.is_admin(*c, s->manager_->policy().settings);
-    s->manager_->release(id_of(sd_bus_message_get_path(m)), by, admin, reply_when_done(m));
+    std::string id = id_of(sd_bus_message_get_path(m));
+    const daemon::Binding *b = s->manager_->find(id);
+    if (!b || b->owner.uid == c->uid) {
+        s->manager_->release(id, by, false, reply_when_done(m));
+        return 1;
+    }
+    // Someone else's binding: only an admin may release it (polkit may take a while).
+    auto done = reply_when_done(m);
+    s->authorizer_.check_admin(*c, s->manager_->policy().settings, [s, id, by, done](bool admin) {
+        s->manager_->release(id, by, admin, done);
+    });
     return 1;
 }
 
