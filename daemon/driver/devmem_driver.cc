@@ -40,6 +40,7 @@ Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan)
                           "devmem: " + plan.netdev +
                               " has no free RX queue (every queue but 0 is bound to a dma-buf, "
                               "io_uring or AF_XDP, or held by another binding)");
+    if (auto rss = FlowSteering::check_not_in_rss(plan.netdev, *chosen); !rss) return rss.error();
     bindings_[plan.id] = Binding{plan, ifindex, *chosen, std::nullopt, {}};
     return std::vector<std::uint32_t>{*chosen};
 }

@@ -1,8 +1,8 @@
 // The devmem backend: the upstream device-memory TCP interface. A binding reserves one free RX
-// queue at attach; activation (after the holder's key) binds the holder's dma-buf to that queue
-// with netdev bind-rx on a netlink socket of the binding's own, and steers exactly the
-// binding's flows to it with ntuple rules. Detach removes the rules and closes the socket,
-// which makes the kernel unbind.
+// queue at attach (one RSS does not spread other traffic onto); activation (after the holder's key)
+// binds the holder's dma-buf to that queue with netdev bind-rx on a netlink socket of the binding's
+// own, and steers exactly the binding's flows to it with ntuple rules. Detach removes the rules and
+// closes the socket, which makes the kernel unbind.
 #pragma once
 
 #include "daemon/driver/driver.h"

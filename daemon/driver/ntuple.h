@@ -27,6 +27,12 @@ class FlowSteering {
                                                     const std::vector<policy::FlowSpec> &flows,
                                                     std::uint32_t queue);
     static void remove(const std::string &ifname, const std::vector<std::uint32_t> &locations);
+    // Refuses a queue that RSS spreads other traffic onto: every flow hashed to it would land
+    // in the binding's memory. A device without an RSS table (EOPNOTSUPP) spreads nothing.
+    static Result<void> check_not_in_rss(const std::string &ifname, std::uint32_t queue);
 };
+
+// Whether the RSS indirection table sends any hash bucket to `queue`.
+bool rss_reaches(const std::vector<std::uint32_t> &table, std::uint32_t queue);
 
 } // namespace knod::driver

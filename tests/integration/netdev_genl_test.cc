@@ -215,3 +215,16 @@ TEST(FlowSteering, RulesCarryPrefixMasksAndExactPorts) {
     ASSERT_TRUE(any);
     EXPECT_EQ(any->flow_type, static_cast<__u32>(IPV6_USER_FLOW));
 }
+
+TEST(FlowSteering, RssTableDecidesWhetherAQueueIsPrivate) {
+    EXPECT_TRUE(rss_reaches({0, 1, 2, 3, 0, 1, 2, 3}, 3));
+    EXPECT_FALSE(rss_reaches({0, 1, 2, 0, 1, 2}, 3)) << "ethtool -X DEV equal 3";
+    EXPECT_FALSE(rss_reaches({}, 0));
+    // veth has no RSS table: nothing spreads onto its queues.
+    TestNamespace ns;
+    ASSERT_TRUE(ns.ok());
+    EXPECT_TRUE(FlowSteering::check_not_in_rss("knodq0", 3));
+    auto missing = FlowSteering::check_not_in_rss("knod-nonexistent", 1);
+    ASSERT_FALSE(missing) << "an unreadable table fails closed";
+    EXPECT_NE(missing.error().message.find("cannot read the RSS table"), std::string::npos);
+}
