@@ -30,10 +30,18 @@ struct {
 
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, KNOD_MAX_EXACT);
+    __uint(max_entries, KNOD_MAX_EXACT / 2); /* both generations share an entry */
     __type(key, struct knod_exact4_key);
-    __type(value, __u32); /* binding slot */
+    __type(value, struct knod_exact4_value);
 } exact4 SEC(".maps");
+
+/* The slot an exact IPv4 rule gives this protocol in generation `gen`, or -1. */
+static __always_inline long exact4_slot(__u8 protocol, const struct knod_exact4_key *k, __u8 gen) {
+    struct knod_exact4_value *v = bpf_map_lookup_elem(&exact4, k);
+    if (!v) return -1;
+    __u32 slot = v->slot[protocol == IPPROTO_TCP][gen & 1];
+    return slot == KNOD_NO_SLOT ? -1 : (long)slot;
+}
 
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
@@ -215,15 +223,14 @@ static __always_inline long scan_bucket(const struct knod_bucket *b, const struc
 static __always_inline long classify(const struct packet *p, const struct knod_config *c) {
     __u8 gen = c->generation & 1;
     if (p->family == 4) {
-        struct knod_exact4_key ek = {};
-        ek.generation = gen;
-        ek.protocol = p->protocol;
-        ek.src_port = bpf_htons(p->src_port);
-        ek.dst_port = bpf_htons(p->dst_port);
+        struct knod_exact4_key ek = {
+            .src_port = bpf_htons(p->src_port),
+            .dst_port = bpf_htons(p->dst_port),
+        };
         __builtin_memcpy(ek.src, p->src, 4);
         __builtin_memcpy(ek.dst, p->dst, 4);
-        __u32 *slot = bpf_map_lookup_elem(&exact4, &ek);
-        if (slot) return *slot;
+        long slot = exact4_slot(p->protocol, &ek, gen);
+        if (slot >= 0) return slot;
         if (!c->prefixes4) return -1;
         struct knod_lpm4_key lk = {};
         lk.prefixlen = 32 + 32;
@@ -271,16 +278,10 @@ static __always_inline long exact4_fast(void *data, void *end, __u8 gen) {
     } else {
         return -2;
     }
-    struct knod_exact4_key ek = {
-        .generation = gen,
-        .protocol = ip->protocol,
-        .src_port = ports[0],
-        .dst_port = ports[1],
-    };
+    struct knod_exact4_key ek = {.src_port = ports[0], .dst_port = ports[1]};
     __builtin_memcpy(ek.src, &ip->saddr, 4);
     __builtin_memcpy(ek.dst, &ip->daddr, 4);
-    __u32 *slot = bpf_map_lookup_elem(&exact4, &ek);
-    return slot ? (long)*slot : -1;
+    return exact4_slot(ip->protocol, &ek, gen);
 }
 
 SEC("xdp")

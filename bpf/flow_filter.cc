@@ -7,14 +7,17 @@
 #include <linux/if_link.h>
 #include <linux/magic.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -223,6 +226,52 @@ Result<void> sync(bpf_map *map, std::map<std::string, Value> &held,
     return {};
 }
 
+// Makes generation `gen` of the IPv4 exact map equal `entries`, leaving the other generation's
+// slots as they are. An entry no protocol and no generation uses is deleted.
+Result<void> sync4(bpf_map *map, std::map<std::string, knod_exact4_value> &held,
+                   const std::vector<Exact4Entry> &entries, std::uint8_t gen) {
+    constexpr knod_exact4_value empty{{{KNOD_NO_SLOT, KNOD_NO_SLOT}, {KNOD_NO_SLOT, KNOD_NO_SLOT}}};
+    // What generation `gen` should say for each key: one slot per protocol.
+    std::map<std::string, std::array<std::uint32_t, 2>> wanted;
+    for (auto &e : entries) {
+        auto [it, fresh] = wanted.try_emplace(key_bytes(e.key));
+        if (fresh) it->second = {KNOD_NO_SLOT, KNOD_NO_SLOT};
+        it->second[e.protocol == IPPROTO_TCP ? KNOD_EXACT4_TCP : KNOD_EXACT4_UDP] = e.slot;
+    }
+    auto unused = [](const knod_exact4_value &v) {
+        for (auto &proto : v.slot)
+            for (auto s : proto)
+                if (s != KNOD_NO_SLOT) return false;
+        return true;
+    };
+    std::set<std::string> keys;
+    for (auto &[k, _] : wanted)
+        keys.insert(k);
+    for (auto &[k, _] : held)
+        keys.insert(k);
+    for (auto &key : keys) {
+        auto h = held.find(key);
+        knod_exact4_value v = h != held.end() ? h->second : empty;
+        auto w = wanted.find(key);
+        std::array<std::uint32_t, 2> want =
+            w != wanted.end() ? w->second
+                              : std::array<std::uint32_t, 2>{KNOD_NO_SLOT, KNOD_NO_SLOT};
+        if (h != held.end() && v.slot[0][gen] == want[0] && v.slot[1][gen] == want[1]) continue;
+        v.slot[0][gen] = want[0];
+        v.slot[1][gen] = want[1];
+        if (unused(v)) {
+            bpf_map__delete_elem(map, key.data(), key.size(), 0);
+            held.erase(key);
+            continue;
+        }
+        if (bpf_map__update_elem(map, key.data(), key.size(), &v, sizeof v, 0) != 0)
+            return make_error(Errc::io, std::string("rule map ") + bpf_map__name(map) +
+                                            " is full or refused an entry: " + err(errno));
+        held[key] = v;
+    }
+    return {};
+}
+
 } // namespace
 
 // Brings the idle generation to the new rule set with only the writes that differ from what it
@@ -232,12 +281,11 @@ Result<void> FlowFilter::publish() {
     if (!c) return c.error();
     std::uint32_t next = config_.generation ^ 1;
     auto gen = static_cast<std::uint8_t>(next);
-    using E4 = ExactEntry<knod_exact4_key>;
     using E6 = ExactEntry<knod_exact6_key>;
     using B4 = BucketEntry<knod_lpm4_key>;
     using B6 = BucketEntry<knod_lpm6_key>;
     Result<void> r;
-    if (!(r = sync(skel_->maps.exact4, exact4_.generation[next], c->exact4, gen, &E4::slot)) ||
+    if (!(r = sync4(skel_->maps.exact4, exact4_, c->exact4, gen)) ||
         !(r = sync(skel_->maps.exact6, exact6_.generation[next], c->exact6, gen, &E6::slot)) ||
         !(r = sync(skel_->maps.prefixes4, buckets4_.generation[next], c->buckets4, gen,
                    &B4::bucket)) ||

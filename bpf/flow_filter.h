@@ -89,7 +89,9 @@ class FlowFilter {
     // What each generation of one map holds, by key bytes, so publishing writes only what
     // changed since that generation was last written.
     template <typename Value> struct Held { std::map<std::string, Value> generation[2]; };
-    Held<std::uint32_t> exact4_, exact6_;
+    Held<std::uint32_t> exact6_;
+    // The IPv4 exact map holds both generations in one value: what the kernel has, by key.
+    std::map<std::string, knod_exact4_value> exact4_;
     Held<knod_bucket> buckets4_, buckets6_;
     knod_config config_{};
 };

@@ -29,16 +29,24 @@ struct knod_config {
     __u32 prefixes6;
 };
 
-/* Exact 5-tuples, one map per family so IPv4 keys stay small (cheaper to hash). */
+/* IPv4 exact 5-tuples: protocol and generation live in the value, so the key is the packet's
+ * own 12 bytes (three words to hash, no copying or swapping of ports). The loader writes only
+ * the idle generation's slots; a packet reads the slot of its protocol and generation. */
 struct knod_exact4_key {
-    __u8 generation;
-    __u8 protocol; /* IPPROTO_TCP or IPPROTO_UDP */
     __be16 src_port;
     __be16 dst_port;
-    __u8 pad[2];
     __u8 src[4];
     __u8 dst[4];
 };
+
+#define KNOD_NO_SLOT 0xffffffffu /* no rule for this protocol in this generation */
+#define KNOD_EXACT4_UDP 0
+#define KNOD_EXACT4_TCP 1
+struct knod_exact4_value {
+    __u32 slot[2][2]; /* [KNOD_EXACT4_UDP or _TCP][generation] */
+};
+
+/* IPv6 exact 5-tuples: generation and protocol in the key. */
 
 struct knod_exact6_key {
     __u8 generation;

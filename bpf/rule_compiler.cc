@@ -76,7 +76,7 @@ std::uint64_t specificity(const FlowSpec &f) {
 // The hash key of an exact flow; the address size comes from the key type (4 or 16 bytes).
 template <typename Key> Key exact_key(const FlowSpec &f) {
     Key k{};
-    k.protocol = static_cast<std::uint8_t>(f.protocol);
+    if constexpr (requires { k.protocol; }) k.protocol = static_cast<std::uint8_t>(f.protocol);
     k.src_port = htons(f.src.ports.lo);
     k.dst_port = htons(f.dst.ports.lo);
     std::memcpy(k.src, f.src.prefix.addr.data(), sizeof k.src);
@@ -107,8 +107,9 @@ Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<Fl
             std::string claimed;
             if (f.family() == Family::ipv4) {
                 auto k = exact_key<knod_exact4_key>(f);
-                claimed = "4" + key_bytes(k);
-                out.exact4.push_back({k, slot});
+                auto protocol = static_cast<std::uint8_t>(f.protocol);
+                claimed = "4" + std::to_string(protocol) + ":" + key_bytes(k);
+                out.exact4.push_back({protocol, k, slot});
             } else {
                 auto k = exact_key<knod_exact6_key>(f);
                 claimed = "6" + key_bytes(k);

@@ -14,7 +14,7 @@
 
 namespace knod::bpf {
 
-// Keys without the generation bit: the loader adds it when it writes a generation.
+// IPv6 keys without the generation bit: the loader adds it when it writes a generation.
 template <typename Key> struct ExactEntry {
     Key key;
     std::uint32_t slot;
@@ -25,8 +25,15 @@ template <typename Key> struct BucketEntry {
     knod_bucket bucket;
 };
 
+// IPv4 exact rules: the protocol goes into the value, not the key.
+struct Exact4Entry {
+    std::uint8_t protocol; // IPPROTO_UDP or IPPROTO_TCP
+    knod_exact4_key key;
+    std::uint32_t slot;
+};
+
 struct CompiledRules {
-    std::vector<ExactEntry<knod_exact4_key>> exact4;
+    std::vector<Exact4Entry> exact4;
     std::vector<ExactEntry<knod_exact6_key>> exact6;
     std::vector<BucketEntry<knod_lpm4_key>> buckets4;
     std::vector<BucketEntry<knod_lpm6_key>> buckets6;
