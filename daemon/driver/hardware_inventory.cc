@@ -7,8 +7,7 @@
 
 namespace knod::driver {
 
-std::vector<GpuInfo> HardwareInventory::gpus() const {
-    std::vector<GpuInfo> out;
+HardwareInventory::HardwareInventory(host::HostPaths paths) : paths_(std::move(paths)) {
     for (auto &g : host::list_gpus(paths_)) {
         GpuInfo i;
         i.name = g.pci;
@@ -16,9 +15,8 @@ std::vector<GpuInfo> HardwareInventory::gpus() const {
         if (!g.render_node.empty()) i.names.push_back(g.render_node);
         i.vram_bytes = g.vram_bytes;
         i.pci = g.pci;
-        out.push_back(std::move(i));
+        gpus_.push_back(std::move(i));
     }
-    return out;
 }
 
 std::vector<NetdevInfo> HardwareInventory::netdevs() const {
@@ -31,11 +29,10 @@ std::vector<NetdevInfo> HardwareInventory::netdevs() const {
 }
 
 Result<GpuInfo> HardwareInventory::gpu(const std::string &name) const {
-    auto all = gpus();
-    auto it = std::find_if(all.begin(), all.end(), [&](const GpuInfo &g) {
+    auto it = std::find_if(gpus_.begin(), gpus_.end(), [&](const GpuInfo &g) {
         return std::find(g.names.begin(), g.names.end(), name) != g.names.end();
     });
-    if (it == all.end())
+    if (it == gpus_.end())
         return make_error(Errc::invalid_argument,
                           "gpu: no GPU named '" + name + "' (use a PCI address or render node)");
     return *it;

@@ -1,21 +1,15 @@
 #include "daemon/host/isolation.h"
 
+#include "daemon/host/sysfs_util.h"
+
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 namespace fs = std::filesystem;
 
 namespace knod::host {
 namespace {
-
-std::string first_line(const fs::path &p) {
-    std::ifstream in(p);
-    std::string line;
-    std::getline(in, line);
-    return line;
-}
 
 DomainType parse_type(const std::string &t) {
     if (t == "identity") return DomainType::identity;
@@ -103,7 +97,7 @@ DeviceIsolation SysfsHost::device(const std::string &pci) const {
     } catch (...) {
         return d;
     }
-    d.type = parse_type(first_line(group_dir / "type"));
+    d.type = parse_type(read_line(group_dir / "type"));
     for (auto &member : fs::directory_iterator(group_dir / "devices", ec)) {
         std::string name = member.path().filename().string();
         if (!same_device(name, pci)) d.peers.push_back(name);
@@ -114,7 +108,7 @@ DeviceIsolation SysfsHost::device(const std::string &pci) const {
 
 KernelFacts SysfsHost::kernel() const {
     KernelFacts k;
-    std::istringstream cmdline(first_line(fs::path(proc_) / "cmdline"));
+    std::istringstream cmdline(read_line(fs::path(proc_) / "cmdline"));
     for (std::string word; cmdline >> word;) {
         if (word == "iommu=pt") k.iommu_passthrough = true;
         if (word == "amdgpu.knod_enable=1") k.knod_enabled = true;
