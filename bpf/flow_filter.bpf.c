@@ -3,8 +3,8 @@
  * A packet that matches an active binding's flows is redirected to the AF_XDP socket of that
  * binding's queue; one that matches an inactive binding is dropped; everything else, and every
  * fragment or malformed packet, never reaches an offload queue (passed to the stack or dropped,
- * per the config). Per-packet cost: one hash lookup, then at most one LPM lookup and a bounded
- * scan of one bucket, whatever the number of rules. */
+ * per the config). Per-packet cost: at most two bucket reads of the exact table, then at most one
+ * LPM lookup and a bounded scan of one bucket, whatever the number of rules. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -29,19 +29,40 @@ struct {
 } config SEC(".maps");
 
 struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    /* Both generations share an entry, so this is twice what the rules need: short chains. */
-    __uint(max_entries, KNOD_MAX_EXACT);
-    __type(key, struct knod_exact4_key);
-    __type(value, struct knod_exact4_value);
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 2 * KNOD_EXACT4_BUCKETS);
+    __type(key, __u32);
+    __type(value, struct knod_exact4_bucket);
 } exact4 SEC(".maps");
 
-/* The slot an exact IPv4 rule gives this protocol in generation `gen`, or -1. */
-static __always_inline long exact4_slot(__u8 protocol, const struct knod_exact4_key *k, __u8 gen) {
-    struct knod_exact4_value *v = bpf_map_lookup_elem(&exact4, k);
-    if (!v) return -1;
-    __u32 slot = v->slot[protocol == IPPROTO_TCP][gen & 1];
-    return slot == KNOD_NO_SLOT ? -1 : (long)slot;
+/* The two hash functions' keys, drawn by the loader before it loads the program. */
+const volatile struct knod_exact4_hash exact4_hash[2];
+
+/* The slot of the entry for (ports, src, dst, protocol) in bucket `bucket` of generation `gen`,
+ * or -1. Words are compared in network order, straight from the packet. */
+static __always_inline long exact4_in_bucket(__u32 bucket, __u8 gen, __u32 ports, __u32 src,
+                                             __u32 dst, __u32 tag) {
+    __u32 index = (__u32)gen << KNOD_EXACT4_BUCKET_BITS | bucket;
+    struct knod_exact4_bucket *b = bpf_map_lookup_elem(&exact4, &index);
+    if (!b) return -1;
+#pragma unroll
+    for (int i = 0; i < KNOD_EXACT4_WAYS; i++) {
+        const struct knod_exact4_entry *e = &b->way[i];
+        if (e->src == src && e->ports == ports && e->dst == dst && (e->meta >> 16) == tag)
+            return e->meta & 0xffff;
+    }
+    return -1;
+}
+
+/* The slot an exact IPv4 rule gives this packet in generation `gen`, or -1. */
+static __always_inline long exact4_slot(__u32 ports, __u32 src, __u32 dst, __u8 protocol,
+                                        __u8 gen) {
+    __u32 tag = KNOD_EXACT4_USED >> 16 | protocol;
+    long slot = exact4_in_bucket(knod_exact4_bucket_of(&exact4_hash[0], ports, src, dst, protocol),
+                                 gen, ports, src, dst, tag);
+    if (slot >= 0) return slot;
+    return exact4_in_bucket(knod_exact4_bucket_of(&exact4_hash[1], ports, src, dst, protocol), gen,
+                            ports, src, dst, tag);
 }
 
 struct {
@@ -224,13 +245,12 @@ static __always_inline long scan_bucket(const struct knod_bucket *b, const struc
 static __always_inline long classify(const struct packet *p, const struct knod_config *c) {
     __u8 gen = c->generation & 1;
     if (p->family == 4) {
-        struct knod_exact4_key ek = {
-            .src_port = bpf_htons(p->src_port),
-            .dst_port = bpf_htons(p->dst_port),
-        };
-        __builtin_memcpy(ek.src, p->src, 4);
-        __builtin_memcpy(ek.dst, p->dst, 4);
-        long slot = exact4_slot(p->protocol, &ek, gen);
+        __be16 ports[2] = {bpf_htons(p->src_port), bpf_htons(p->dst_port)};
+        __u32 pw, src, dst;
+        __builtin_memcpy(&pw, ports, 4);
+        __builtin_memcpy(&src, p->src, 4);
+        __builtin_memcpy(&dst, p->dst, 4);
+        long slot = exact4_slot(pw, src, dst, p->protocol, gen);
         if (slot >= 0) return slot;
         if (!c->prefixes4) return -1;
         struct knod_lpm4_key lk = {};
@@ -279,10 +299,7 @@ static __always_inline long exact4_fast(void *data, void *end, __u8 gen) {
     } else {
         return -2;
     }
-    struct knod_exact4_key ek = {.src_port = ports[0], .dst_port = ports[1]};
-    __builtin_memcpy(ek.src, &ip->saddr, 4);
-    __builtin_memcpy(ek.dst, &ip->daddr, 4);
-    return exact4_slot(ip->protocol, &ek, gen);
+    return exact4_slot(*(__u32 *)ports, ip->saddr, ip->daddr, ip->protocol, gen);
 }
 
 SEC("xdp")

@@ -9,6 +9,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -65,6 +66,20 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::load(const FilterOptions &option
     f->skel_ = flow_filter_bpf__open();
     if (!f->skel_)
         return make_error(Errc::unavailable, "cannot open the flow filter object: " + err(errno));
+    // Fresh hash keys for each loaded filter: nobody can choose rules that pile into one bucket.
+    std::array<knod_exact4_hash, 2> hash{};
+    if (getrandom(hash.data(), sizeof hash, 0) != static_cast<ssize_t>(sizeof hash))
+        return make_error(Errc::unavailable, "cannot draw the filter's hash keys: " + err(errno));
+    for (auto &h : hash)
+        for (auto &m : h.mul)
+            m |= 1; // odd multipliers keep every input bit
+    for (std::size_t i = 0; i < hash.size(); ++i) {
+        for (int m = 0; m < 3; ++m)
+            f->skel_->rodata->exact4_hash[i].mul[m] = hash[i].mul[m];
+        f->skel_->rodata->exact4_hash[i].seed = hash[i].seed;
+    }
+    for (auto &table : f->exact4_)
+        table = std::make_unique<Exact4Table>(hash);
     int r = flow_filter_bpf__load(f->skel_);
     if (r != 0)
         return make_error(Errc::unavailable, "the kernel refused the flow filter: " + err(r) +
@@ -226,53 +241,46 @@ Result<void> sync(bpf_map *map, std::map<std::string, Value> &held,
     return {};
 }
 
-// Makes generation `gen` of the IPv4 exact map equal `entries`, leaving the other generation's
-// slots as they are. An entry no protocol and no generation uses is deleted.
-Result<void> sync4(bpf_map *map, std::map<std::string, knod_exact4_value> &held,
-                   const std::vector<Exact4Entry> &entries, std::uint8_t gen) {
-    constexpr knod_exact4_value empty{{{KNOD_NO_SLOT, KNOD_NO_SLOT}, {KNOD_NO_SLOT, KNOD_NO_SLOT}}};
-    // What generation `gen` should say for each key: one slot per protocol.
-    std::map<std::string, std::array<std::uint32_t, 2>> wanted;
-    for (auto &e : entries) {
-        auto [it, fresh] = wanted.try_emplace(key_bytes(e.key));
-        if (fresh) it->second = {KNOD_NO_SLOT, KNOD_NO_SLOT};
-        it->second[e.protocol == IPPROTO_TCP ? KNOD_EXACT4_TCP : KNOD_EXACT4_UDP] = e.slot;
+} // namespace
+
+// Makes generation `gen` of the IPv4 exact table hold `entries`, writing the buckets that
+// changed in one batch (bucket by bucket where the kernel has no batch update for arrays).
+Result<void> FlowFilter::sync_exact4(std::uint32_t gen,
+                                     const std::vector<knod_exact4_entry> &entries) {
+    Exact4Table &table = *exact4_[gen];
+    auto changed = table.assign(entries);
+    if (!changed) return changed.error();
+    std::vector<std::uint32_t> buckets;
+    if (exact4_unsynced_[gen]) {
+        buckets.resize(KNOD_EXACT4_BUCKETS);
+        for (std::uint32_t b = 0; b < KNOD_EXACT4_BUCKETS; ++b)
+            buckets[b] = b;
+    } else {
+        buckets = std::move(*changed);
     }
-    auto unused = [](const knod_exact4_value &v) {
-        for (auto &proto : v.slot)
-            for (auto s : proto)
-                if (s != KNOD_NO_SLOT) return false;
-        return true;
-    };
-    std::set<std::string> keys;
-    for (auto &[k, _] : wanted)
-        keys.insert(k);
-    for (auto &[k, _] : held)
-        keys.insert(k);
-    for (auto &key : keys) {
-        auto h = held.find(key);
-        knod_exact4_value v = h != held.end() ? h->second : empty;
-        auto w = wanted.find(key);
-        std::array<std::uint32_t, 2> want =
-            w != wanted.end() ? w->second
-                              : std::array<std::uint32_t, 2>{KNOD_NO_SLOT, KNOD_NO_SLOT};
-        if (h != held.end() && v.slot[0][gen] == want[0] && v.slot[1][gen] == want[1]) continue;
-        v.slot[0][gen] = want[0];
-        v.slot[1][gen] = want[1];
-        if (unused(v)) {
-            bpf_map__delete_elem(map, key.data(), key.size(), 0);
-            held.erase(key);
-            continue;
+    if (buckets.empty()) return {};
+    std::vector<__u32> keys;
+    std::vector<knod_exact4_bucket> values;
+    keys.reserve(buckets.size());
+    values.reserve(buckets.size());
+    for (std::uint32_t b : buckets) {
+        keys.push_back(gen << KNOD_EXACT4_BUCKET_BITS | b);
+        values.push_back(table.bucket(b));
+    }
+    int fd = bpf_map__fd(skel_->maps.exact4);
+    __u32 count = static_cast<__u32>(keys.size());
+    if (bpf_map_update_batch(fd, keys.data(), values.data(), &count, nullptr) == 0) {
+        exact4_unsynced_[gen] = false;
+        return {};
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i)
+        if (bpf_map_update_elem(fd, &keys[i], &values[i], 0) != 0) {
+            exact4_unsynced_[gen] = true;
+            return make_error(Errc::io, "cannot write the exact IPv4 rule table: " + err(errno));
         }
-        if (bpf_map__update_elem(map, key.data(), key.size(), &v, sizeof v, 0) != 0)
-            return make_error(Errc::io, std::string("rule map ") + bpf_map__name(map) +
-                                            " is full or refused an entry: " + err(errno));
-        held[key] = v;
-    }
+    exact4_unsynced_[gen] = false;
     return {};
 }
-
-} // namespace
 
 // Brings the idle generation to the new rule set with only the writes that differ from what it
 // held, then flips the config: from that instant packets use the new set as a whole.
@@ -285,7 +293,7 @@ Result<void> FlowFilter::publish() {
     using B4 = BucketEntry<knod_lpm4_key>;
     using B6 = BucketEntry<knod_lpm6_key>;
     Result<void> r;
-    if (!(r = sync4(skel_->maps.exact4, exact4_, c->exact4, gen)) ||
+    if (!(r = sync_exact4(next, c->exact4)) ||
         !(r = sync(skel_->maps.exact6, exact6_.generation[next], c->exact6, gen, &E6::slot)) ||
         !(r = sync(skel_->maps.prefixes4, buckets4_.generation[next], c->buckets4, gen,
                    &B4::bucket)) ||

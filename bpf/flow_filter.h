@@ -3,9 +3,11 @@
 // Rule changes are double-buffered, so a packet sees the old rule set or the new one.
 #pragma once
 
+#include "bpf/exact4_table.h"
 #include "bpf/rule_compiler.h"
 #include "knod/result.h"
 
+#include <array>
 #include <map>
 #include <memory>
 #include <set>
@@ -76,6 +78,7 @@ class FlowFilter {
   private:
     FlowFilter() = default;
     Result<void> publish();
+    Result<void> sync_exact4(std::uint32_t gen, const std::vector<knod_exact4_entry> &entries);
     Result<void> write_config();
     void detach();
 
@@ -90,8 +93,10 @@ class FlowFilter {
     // changed since that generation was last written.
     template <typename Value> struct Held { std::map<std::string, Value> generation[2]; };
     Held<std::uint32_t> exact6_;
-    // The IPv4 exact map holds both generations in one value: what the kernel has, by key.
-    std::map<std::string, knod_exact4_value> exact4_;
+    // Each generation of the IPv4 exact table as the kernel holds it, and whether a failed write
+    // left the kernel's copy unknown (the next publish then rewrites every bucket).
+    std::array<std::unique_ptr<Exact4Table>, 2> exact4_;
+    std::array<bool, 2> exact4_unsynced_{};
     Held<knod_bucket> buckets4_, buckets6_;
     knod_config config_{};
 };

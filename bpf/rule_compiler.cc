@@ -1,5 +1,7 @@
 #include "bpf/rule_compiler.h"
 
+#include "bpf/exact4_table.h"
+
 #include <netinet/in.h>
 
 #include <algorithm>
@@ -96,7 +98,7 @@ bool is_exact(const FlowSpec &f) {
 
 Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<FlowSpec>> &flows) {
     CompiledRules out;
-    std::set<std::string> exact_seen;
+    std::map<std::string, std::uint32_t> exact_claims; // key bytes -> the binding's slot
     std::vector<PrefixRule> prefix_rules;
     for (auto &[slot, specs] : flows) {
         for (auto &f : specs) {
@@ -104,20 +106,24 @@ Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<Fl
                 prefix_rules.push_back({slot, f});
                 continue;
             }
-            std::string claimed;
-            if (f.family() == Family::ipv4) {
-                auto k = exact_key<knod_exact4_key>(f);
-                auto protocol = static_cast<std::uint8_t>(f.protocol);
-                claimed = "4" + std::to_string(protocol) + ":" + key_bytes(k);
-                out.exact4.push_back({protocol, k, slot});
-            } else {
-                auto k = exact_key<knod_exact6_key>(f);
-                claimed = "6" + key_bytes(k);
-                out.exact6.push_back({k, slot});
-            }
-            if (!exact_seen.insert(claimed).second)
+            // The 40-byte key holds either family's addresses; the IPv4 entry is built from it.
+            auto k = exact_key<knod_exact6_key>(f);
+            bool v4 = f.family() == Family::ipv4;
+            auto [claim, fresh] = exact_claims.try_emplace((v4 ? "4" : "6") + key_bytes(k), slot);
+            if (!fresh) {
+                if (claim->second == slot) continue; // listed twice by one binding
                 return make_error(Errc::invalid_argument,
                                   "flow '" + f.to_string() + "' is claimed by two bindings");
+            }
+            if (v4) {
+                std::uint8_t src[4], dst[4];
+                std::memcpy(src, k.src, 4);
+                std::memcpy(dst, k.dst, 4);
+                out.exact4.push_back(
+                    make_exact4_entry(k.protocol, k.src_port, k.dst_port, src, dst, slot));
+            } else {
+                out.exact6.push_back({k, slot});
+            }
         }
     }
     std::set<Dst> dsts;

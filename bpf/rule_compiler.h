@@ -25,15 +25,8 @@ template <typename Key> struct BucketEntry {
     knod_bucket bucket;
 };
 
-// IPv4 exact rules: the protocol goes into the value, not the key.
-struct Exact4Entry {
-    std::uint8_t protocol; // IPPROTO_UDP or IPPROTO_TCP
-    knod_exact4_key key;
-    std::uint32_t slot;
-};
-
 struct CompiledRules {
-    std::vector<Exact4Entry> exact4;
+    std::vector<knod_exact4_entry> exact4; // placed into buckets by Exact4Table
     std::vector<ExactEntry<knod_exact6_key>> exact6;
     std::vector<BucketEntry<knod_lpm4_key>> buckets4;
     std::vector<BucketEntry<knod_lpm6_key>> buckets6;

@@ -244,6 +244,31 @@ TEST_F(FlowFilterTest, RuleChangesAndRemoval) {
     check({"wrong queue", v4("10.9.9.9", 7, "10.1.2.3", 7000), Want::binding_drop, 3});
 }
 
+TEST_F(FlowFilterTest, ExactRulesKeepProtocolAndOwnerThroughGenerations) {
+    const char *prefix5 = "udp 10.0.5.0/24:* -> 10.1.2.3:5000-5100";
+    install(5, SlotState::active, {prefix5, "udp 10.3.3.3:53 -> 10.4.4.4:53"});
+    install(9, SlotState::active, {"tcp 10.3.3.3:53 -> 10.4.4.4:53"});
+    check({"udp tuple", v4("10.3.3.3", 53, "10.4.4.4", 53, 17), Want::offload, 5});
+    check({"tcp on the same tuple", v4("10.3.3.3", 53, "10.4.4.4", 53, 6), Want::offload, 9});
+    check({"ports swapped", v4("10.3.3.3", 53, "10.4.4.4", 54, 17), Want::pass});
+    check({"addresses swapped", v4("10.4.4.4", 53, "10.3.3.3", 53, 17), Want::pass});
+    // One binding cannot take a flow another holds.
+    auto taken = filter_->set_flows(9, {spec("udp 10.3.3.3:53 -> 10.4.4.4:53")});
+    ASSERT_FALSE(taken.ok());
+    check({"refusal changes nothing", v4("10.3.3.3", 53, "10.4.4.4", 53, 17), Want::offload, 5});
+    // Handed over: released by 5, then granted to 9. Each publish flips the generation, so the
+    // checks below read both generations' tables.
+    install(5, SlotState::active, {prefix5});
+    check({"released", v4("10.3.3.3", 53, "10.4.4.4", 53, 17), Want::pass});
+    install(9, SlotState::active,
+            {"tcp 10.3.3.3:53 -> 10.4.4.4:53", "udp 10.3.3.3:53 -> 10.4.4.4:53"});
+    check({"handed over", v4("10.3.3.3", 53, "10.4.4.4", 53, 17), Want::offload, 9});
+    check({"tcp kept", v4("10.3.3.3", 53, "10.4.4.4", 53, 6), Want::offload, 9});
+    install(9, SlotState::active,
+            {"tcp 10.3.3.3:53 -> 10.4.4.4:53", "udp 10.3.3.3:53 -> 10.4.4.4:53"});
+    check({"the same set again", v4("10.3.3.3", 53, "10.4.4.4", 53, 17), Want::offload, 9});
+}
+
 TEST_F(FlowFilterTest, ManyExactRulesStayCorrect) {
     std::vector<policy::FlowSpec> many;
     for (int i = 0; i < 2000; ++i)

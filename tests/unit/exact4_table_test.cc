@@ -1,0 +1,131 @@
+// The loader's IPv4 exact-rule table, without the kernel: placement, lookups as the BPF program
+// does them, the buckets it reports changed, and refusals that leave it as it was.
+#include "bpf/exact4_table.h"
+
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+
+#include <random>
+#include <set>
+
+using knod::Errc;
+using knod::bpf::Exact4Table;
+using knod::bpf::make_exact4_entry;
+
+namespace {
+
+std::array<knod_exact4_hash, 2> random_hash(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::array<knod_exact4_hash, 2> h{};
+    for (auto &f : h) {
+        for (auto &m : f.mul)
+            m = rng() | 1;
+        f.seed = rng();
+    }
+    return h;
+}
+
+knod_exact4_entry entry(std::uint32_t i, std::uint32_t slot, std::uint8_t protocol = IPPROTO_UDP) {
+    std::uint8_t src[4] = {10, static_cast<std::uint8_t>(i >> 16),
+                           static_cast<std::uint8_t>(i >> 8), static_cast<std::uint8_t>(i)};
+    std::uint8_t dst[4] = {10, 60, 0, 1};
+    return make_exact4_entry(protocol, htons(1000), htons(2000), src, dst, slot);
+}
+
+std::optional<std::uint32_t> find(const Exact4Table &t, const knod_exact4_entry &e) {
+    return t.find(e.ports, e.src, e.dst, knod::bpf::exact4_protocol(e));
+}
+
+std::vector<knod_exact4_entry> entries(std::uint32_t n, std::uint32_t slot = 1) {
+    std::vector<knod_exact4_entry> out;
+    for (std::uint32_t i = 0; i < n; ++i)
+        out.push_back(entry(i, slot));
+    return out;
+}
+
+} // namespace
+
+TEST(Exact4Table, FindsWhatItHoldsAndNothingElse) {
+    Exact4Table t(random_hash(1));
+    std::vector<knod_exact4_entry> want;
+    for (std::uint32_t i = 0; i < 5000; ++i)
+        want.push_back(entry(i, i % 300));
+    auto changed = t.assign(want);
+    ASSERT_TRUE(changed.ok()) << changed.error().message;
+    EXPECT_EQ(t.size(), 5000u);
+    for (std::uint32_t i = 0; i < 5000; ++i)
+        ASSERT_EQ(find(t, entry(i, 0)), i % 300) << i;
+    EXPECT_EQ(find(t, entry(5000, 0)), std::nullopt);
+    EXPECT_EQ(find(t, entry(7, 0, IPPROTO_TCP)), std::nullopt) << "protocol is part of the match";
+}
+
+TEST(Exact4Table, OneTupleMayHaveAUdpAndATcpRule) {
+    Exact4Table t(random_hash(2));
+    ASSERT_TRUE(t.assign({entry(1, 5, IPPROTO_UDP), entry(1, 6, IPPROTO_TCP)}).ok());
+    EXPECT_EQ(find(t, entry(1, 0, IPPROTO_UDP)), 5u);
+    EXPECT_EQ(find(t, entry(1, 0, IPPROTO_TCP)), 6u);
+}
+
+TEST(Exact4Table, ReportsOnlyTheBucketsThatChanged) {
+    Exact4Table t(random_hash(3));
+    auto first = t.assign(entries(1000));
+    ASSERT_TRUE(first.ok());
+    EXPECT_GE(first->size(), 900u); // 1,000 entries over 65,536 buckets rarely share one
+    auto again = t.assign(entries(1000));
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(again->empty()) << "the same rules again write nothing";
+
+    // One rule gone, one moved to another binding: at most the buckets of those two change.
+    auto next = entries(1000);
+    next.erase(next.begin() + 10);
+    next[20] = entry(21, 7);
+    auto changed = t.assign(next);
+    ASSERT_TRUE(changed.ok());
+    EXPECT_GE(changed->size(), 1u);
+    EXPECT_LE(changed->size(), 2u);
+    EXPECT_EQ(find(t, entry(10, 0)), std::nullopt);
+    EXPECT_EQ(find(t, entry(21, 0)), 7u);
+    EXPECT_EQ(t.size(), 999u);
+}
+
+TEST(Exact4Table, FillsToNinetyPercentOfItsCapacity) {
+    Exact4Table t(random_hash(4));
+    std::uint32_t n = Exact4Table::capacity * 9 / 10;
+    auto r = t.assign(entries(n));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(t.size(), n);
+    for (std::uint32_t i = 0; i < n; i += 97)
+        ASSERT_EQ(find(t, entry(i, 0)), 1u) << i;
+    // Every entry sits in one of its own two buckets, so the BPF program's two reads find it.
+    std::set<std::uint32_t> seen;
+    for (std::uint32_t b = 0; b < KNOD_EXACT4_BUCKETS; ++b)
+        for (auto &w : t.bucket(b).way)
+            if (w.meta & KNOD_EXACT4_USED) seen.insert(w.src);
+    EXPECT_EQ(seen.size(), n) << "each entry is held exactly once";
+}
+
+TEST(Exact4Table, MoreThanItCanHoldIsRefusedAndChangesNothing) {
+    Exact4Table t(random_hash(5));
+    ASSERT_TRUE(t.assign(entries(100)).ok());
+    auto r = t.assign(entries(Exact4Table::capacity + 1));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, Errc::quota_exceeded);
+    EXPECT_EQ(t.size(), 100u);
+    EXPECT_EQ(find(t, entry(99, 0)), 1u);
+    EXPECT_EQ(find(t, entry(100, 0)), std::nullopt);
+}
+
+TEST(Exact4Table, ANoPlaceRefusalRollsBackEveryMove) {
+    // All-zero keys send every entry to bucket 0 by both hashes: four ways, then no place.
+    Exact4Table t(std::array<knod_exact4_hash, 2>{});
+    ASSERT_TRUE(t.assign(entries(3, 2)).ok());
+    auto r = t.assign(entries(5, 3));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, Errc::quota_exceeded);
+    EXPECT_NE(r.error().message.find("no place"), std::string::npos) << r.error().message;
+    EXPECT_EQ(t.size(), 3u);
+    for (std::uint32_t i = 0; i < 3; ++i)
+        EXPECT_EQ(find(t, entry(i, 0)), 2u) << "slot updates are rolled back too";
+    EXPECT_EQ(find(t, entry(3, 0)), std::nullopt);
+}
