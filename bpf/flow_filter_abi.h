@@ -33,7 +33,8 @@ struct knod_config {
  * one-cache-line buckets, each rule in one of two buckets its hashes choose (two-choice,
  * cuckoo-style placement by the loader). A lookup is two inlined array reads and at most eight
  * compares, whatever the number of rules; a kernel hash lookup measured about 12 ns, this about
- * 5. The map holds both generations: index = generation << KNOD_EXACT4_BUCKET_BITS | bucket. */
+ * 4 (docs/flow-filter.md). The map holds both generations: index = generation <<
+ * KNOD_EXACT4_BUCKET_BITS | bucket. */
 #define KNOD_EXACT4_BUCKET_BITS 16
 #define KNOD_EXACT4_BUCKETS (1u << KNOD_EXACT4_BUCKET_BITS) /* per generation */
 #define KNOD_EXACT4_WAYS 4                                  /* entries per bucket */
