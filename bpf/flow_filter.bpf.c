@@ -302,38 +302,70 @@ static __always_inline long exact4_fast(void *data, void *end, __u8 gen) {
     return exact4_slot(*(__u32 *)ports, ip->saddr, ip->daddr, ip->protocol, gen);
 }
 
+/* What the filter decided for a packet, before anything is counted or sent. */
+#define DECIDED_UNMATCHED 0
+#define DECIDED_MALFORMED 1
+#define DECIDED_FRAGMENT 2
+#define DECIDED_OFFLOAD 3
+#define DECIDED_BINDING_DROP 4
+
+/* Decides against the rule set `c` names, touching nothing, so the decision can be dropped and
+ * made again if the rules changed meanwhile. Sets *slot_id for the binding decisions. */
+static __always_inline int decide(struct xdp_md *ctx, const struct knod_config *c, __u32 *slot_id) {
+    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+    long found = exact4_fast(data, end, c->generation & 1);
+    if (found == -2 || (found == -1 && c->prefixes4)) {
+        struct packet p = {};
+        int parsed = parse(data, end, &p);
+        if (parsed == PARSE_MALFORMED) return DECIDED_MALFORMED;
+        if (parsed == PARSE_FRAGMENT) return DECIDED_FRAGMENT;
+        if (parsed != PARSE_OK) return DECIDED_UNMATCHED;
+        found = classify(&p, c);
+    }
+    if (found < 0 || found >= KNOD_MAX_BINDINGS) return DECIDED_UNMATCHED;
+    *slot_id = found;
+    struct knod_slot *slot = bpf_map_lookup_elem(&slots, slot_id);
+    if (!slot) return DECIDED_UNMATCHED;
+    struct knod_slot s = *slot;
+    if (s.state == KNOD_SLOT_FREE) return DECIDED_UNMATCHED;
+    /* An inactive binding's traffic, or traffic on a queue other than the binding's, is
+     * dropped: it must not reach the stack or another binding's socket. */
+    if (s.state != KNOD_SLOT_ACTIVE || s.queue != ctx->rx_queue_index) return DECIDED_BINDING_DROP;
+    return DECIDED_OFFLOAD;
+}
+
 SEC("xdp")
 int knod_flow_filter(struct xdp_md *ctx) {
     __u32 zero = 0;
     struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
     if (!cfg) return XDP_PASS;
-    struct knod_config c = *cfg; /* read once: one generation per packet */
-    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-
-    long found = exact4_fast(data, end, c.generation & 1);
-    if (found == -2 || (found == -1 && c.prefixes4)) {
-        struct packet p = {};
-        int parsed = parse(data, end, &p);
-        if (parsed == PARSE_MALFORMED) {
-            count(KNOD_STAT_MALFORMED);
+    struct knod_config c = *cfg; /* read once: one generation per decision */
+    __u32 slot_id = 0;
+    int decided = decide(ctx, &c, &slot_id);
+    /* x86 keeps loads in order: if this decision saw anything the loader wrote after a bump, it
+     * sees the bump here too. */
+    if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
+        count(KNOD_STAT_REDECIDED);
+        c = *cfg;
+        decided = decide(ctx, &c, &slot_id);
+        if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
+            count(KNOD_STAT_RACED);
             return unmatched(&c);
         }
-        if (parsed == PARSE_FRAGMENT) {
-            count(KNOD_STAT_FRAGMENT);
-            return unmatched(&c);
-        }
-        if (parsed != PARSE_OK) return unmatched(&c);
-        found = classify(&p, &c);
     }
-    if (found < 0 || found >= KNOD_MAX_BINDINGS) return unmatched(&c);
-    __u32 slot_id = found;
-    struct knod_slot *slot = bpf_map_lookup_elem(&slots, &slot_id);
-    if (!slot || slot->state == KNOD_SLOT_FREE) return unmatched(&c);
+    switch (decided) {
+    case DECIDED_MALFORMED:
+        count(KNOD_STAT_MALFORMED);
+        return unmatched(&c);
+    case DECIDED_FRAGMENT:
+        count(KNOD_STAT_FRAGMENT);
+        return unmatched(&c);
+    case DECIDED_UNMATCHED:
+        return unmatched(&c);
+    }
     struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &slot_id);
     if (!cnt) return XDP_DROP;
-    /* An inactive binding's traffic, or traffic on a queue other than the binding's, is
-     * dropped: it must not reach the stack or another binding's socket. */
-    if (slot->state != KNOD_SLOT_ACTIVE || slot->queue != ctx->rx_queue_index) {
+    if (decided == DECIDED_BINDING_DROP) {
         cnt->drops += 1;
         count(KNOD_STAT_BINDING_DROP);
         return XDP_DROP;

@@ -289,6 +289,10 @@ Result<void> FlowFilter::publish() {
     if (!c) return c.error();
     std::uint32_t next = config_.generation ^ 1;
     auto gen = static_cast<std::uint8_t>(next);
+    // Packets that read the config before the last flip may still be reading this generation:
+    // the bump makes them decide again (see knod_config).
+    config_.epoch += 1;
+    if (auto w = write_config(); !w) return w;
     using E6 = ExactEntry<knod_exact6_key>;
     using B4 = BucketEntry<knod_lpm4_key>;
     using B6 = BucketEntry<knod_lpm6_key>;
@@ -348,8 +352,9 @@ FilterStats FlowFilter::stats() const {
                 sum += v;
         return sum;
     };
-    return {read(KNOD_STAT_PASSED), read(KNOD_STAT_DROPPED), read(KNOD_STAT_MALFORMED),
-            read(KNOD_STAT_FRAGMENT), read(KNOD_STAT_BINDING_DROP)};
+    return {read(KNOD_STAT_PASSED),   read(KNOD_STAT_DROPPED),      read(KNOD_STAT_MALFORMED),
+            read(KNOD_STAT_FRAGMENT), read(KNOD_STAT_BINDING_DROP), read(KNOD_STAT_REDECIDED),
+            read(KNOD_STAT_RACED)};
 }
 
 int FlowFilter::program_fd() const {

@@ -19,14 +19,20 @@
 #define KNOD_UNMATCHED_PASS 0
 #define KNOD_UNMATCHED_DROP 1
 
-/* Rule sets are double-buffered: every key carries a generation bit, the config says which
+/* Rule sets are double-buffered: every rule exists per generation, the config says which
  * generation packets use, and the loader flips it only once the new generation is complete.
- * A packet reads the generation once, so it sees the old rule set or the new one. */
+ * The loader rewrites a generation at the next change after it stopped being live, so a packet
+ * that read the config before a flip and was held up (an interrupt, a preempted vCPU) could meet
+ * a half-written bucket, or a slot already given to another binding. `epoch` closes that: the
+ * loader bumps it before it writes a generation that was live, and a packet whose decision
+ * straddles a bump (epoch reread at the end differs) decides again, or is left unmatched. */
 struct knod_config {
     __u32 generation; /* 0 or 1 */
+    __u32 epoch;      /* bumped before the loader writes a generation packets may still read */
     __u32 unmatched;  /* KNOD_UNMATCHED_* */
     __u32 prefixes4;  /* buckets in the IPv4 trie for this generation; 0 skips the lookup */
     __u32 prefixes6;
+    __u32 pad;
 };
 
 /* IPv4 exact 5-tuples live in a table of our own rather than a kernel hash map: an ARRAY of
@@ -132,6 +138,8 @@ struct knod_counters {
 #define KNOD_STAT_MALFORMED 2 /* truncated or malformed headers */
 #define KNOD_STAT_FRAGMENT 3  /* IP fragments: never offloaded */
 #define KNOD_STAT_BINDING_DROP 4
-#define KNOD_STAT_COUNT 5
+#define KNOD_STAT_REDECIDED 5 /* rules changed while deciding: decided again */
+#define KNOD_STAT_RACED 6     /* ... and again: left unmatched */
+#define KNOD_STAT_COUNT 7
 
 #endif

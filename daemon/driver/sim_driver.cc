@@ -148,10 +148,15 @@ journal::Counters SimDriver::counters(const std::string &id) const {
 std::map<std::string, std::uint64_t> SimDriver::stats() const {
     if (!network_) return {};
     bpf::FilterStats f = network_->filter().stats();
-    return {{"unmatched_passed", f.passed},    {"unmatched_dropped", f.dropped},
-            {"malformed", f.malformed},        {"fragments", f.fragments},
-            {"delivered_packets", delivered_}, {"binding_drops", f.binding_drops},
-            {"undeliverable", undeliverable_}};
+    return {{"unmatched_passed", f.passed},
+            {"unmatched_dropped", f.dropped},
+            {"malformed", f.malformed},
+            {"fragments", f.fragments},
+            {"delivered_packets", delivered_},
+            {"binding_drops", f.binding_drops},
+            {"undeliverable", undeliverable_},
+            {"redecided", f.redecided},
+            {"raced", f.raced}};
 }
 
 void SimDriver::receive(XskQueue &q) {

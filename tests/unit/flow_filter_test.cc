@@ -8,6 +8,9 @@
 #include <linux/bpf.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
+
 using namespace knod;
 using namespace knod::bpf;
 using knod::test::build_packet;
@@ -294,4 +297,51 @@ TEST_F(FlowFilterTest, TooManyRulesOnOnePrefixIsAClearError) {
     EXPECT_NE(r.error().message.find("at most 16"), std::string::npos) << r.error().message;
     check({"old rules intact after the refusal", v4("10.0.1.1", 999, "10.1.2.3", 5000),
            Want::offload, 1});
+}
+
+// Rule changes under real concurrent traffic: one thread runs a binding's packet through the
+// program without pause while this one frees the binding's slot, gives the slot to another
+// binding on another queue, and back, hundreds of times. A decision that mixed the old rules
+// with the new slot would drop the packet as the other binding's (a binding drop); the epoch
+// check must redo such decisions instead, and must be seen doing so. (The program cannot be
+// paused mid-decision, so the binding-drop check only catches a mix that really happened; the
+// redecided count is what shows the check at work.)
+TEST_F(FlowFilterTest, RuleChangesUnderTrafficAreNeverHalfSeen) {
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs two CPUs";
+    const char *mine = "udp 10.20.0.1:1000 -> 10.20.0.2:2000";
+    const char *theirs = "udp 10.30.0.1:1000 -> 10.30.0.2:2000";
+    install(5, SlotState::active, {mine});
+    auto packet = build_packet(v4("10.20.0.1", 1000, "10.20.0.2", 2000));
+    FilterStats before = filter_->stats();
+
+    std::atomic<bool> stop{false};
+    std::atomic<int> failures{0};
+    std::thread traffic([&] {
+        std::vector<std::uint8_t> out(packet.size() + 256);
+        while (!stop) {
+            LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = packet.data(), .data_out = out.data(),
+                        .data_size_in = static_cast<__u32>(packet.size()),
+                        .data_size_out = static_cast<__u32>(out.size()), .repeat = 2000);
+            if (bpf_prog_test_run_opts(filter_->program_fd(), &opts) != 0) ++failures;
+        }
+    });
+    int rounds = 0;
+    for (; rounds < 3000; ++rounds) {
+        if (rounds >= 200 && filter_->stats().redecided > before.redecided) break;
+        ASSERT_TRUE(filter_->remove(5).ok());
+        ASSERT_TRUE(filter_->set_slot(5, SlotState::active, 7).ok()); // theirs, on queue 7
+        ASSERT_TRUE(filter_->set_flows(5, {spec(theirs)}).ok());
+        ASSERT_TRUE(filter_->remove(5).ok());
+        ASSERT_TRUE(filter_->set_slot(5, SlotState::active, 0).ok()); // mine again, queue 0
+        ASSERT_TRUE(filter_->set_flows(5, {spec(mine)}).ok());
+    }
+    stop = true;
+    traffic.join();
+    FilterStats after = filter_->stats();
+    EXPECT_EQ(failures, 0);
+    EXPECT_EQ(after.binding_drops, before.binding_drops)
+        << "a packet was decided with one binding's rules and another's slot";
+    EXPECT_GT(after.redecided, before.redecided)
+        << "no decision met a rule change in " << rounds << " rounds";
+    check({"mine after the storm", v4("10.20.0.1", 1000, "10.20.0.2", 2000), Want::offload, 5});
 }
