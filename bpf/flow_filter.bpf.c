@@ -302,6 +302,17 @@ static __always_inline long exact4_fast(void *data, void *end, __u8 gen) {
     return exact4_slot(*(__u32 *)ports, ip->saddr, ip->daddr, ip->protocol, gen);
 }
 
+/* A copy of the config, epoch first, every field read exactly once where it stands: the
+ * compiler may neither drop the copy nor move these reads past the rule reads that follow. */
+static __always_inline void read_config(const struct knod_config *cfg, struct knod_config *c) {
+    const volatile struct knod_config *v = cfg;
+    c->epoch = v->epoch;
+    c->generation = v->generation;
+    c->unmatched = v->unmatched;
+    c->prefixes4 = v->prefixes4;
+    c->prefixes6 = v->prefixes6;
+}
+
 /* What the filter decided for a packet, before anything is counted or sent. */
 #define DECIDED_UNMATCHED 0
 #define DECIDED_MALFORMED 1
@@ -339,14 +350,15 @@ int knod_flow_filter(struct xdp_md *ctx) {
     __u32 zero = 0;
     struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
     if (!cfg) return XDP_PASS;
-    struct knod_config c = *cfg; /* read once: one generation per decision */
+    struct knod_config c;
+    read_config(cfg, &c); /* one generation per decision */
     __u32 slot_id = 0;
     int decided = decide(ctx, &c, &slot_id);
     /* x86 keeps loads in order: if this decision saw anything the loader wrote after a bump, it
      * sees the bump here too. */
     if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
         count(KNOD_STAT_REDECIDED);
-        c = *cfg;
+        read_config(cfg, &c);
         decided = decide(ctx, &c, &slot_id);
         if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
             count(KNOD_STAT_RACED);
@@ -384,7 +396,8 @@ int knod_steer(struct __sk_buff *skb) {
     __u32 zero = 0;
     struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
     if (!cfg) return TC_ACT_OK;
-    struct knod_config c = *cfg;
+    struct knod_config c;
+    read_config(cfg, &c);
     struct packet p = {};
     if (parse((void *)(long)skb->data, (void *)(long)skb->data_end, &p) != PARSE_OK)
         return TC_ACT_OK;
