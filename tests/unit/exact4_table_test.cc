@@ -6,6 +6,7 @@
 
 #include <netinet/in.h>
 
+#include <map>
 #include <random>
 #include <set>
 
@@ -128,4 +129,57 @@ TEST(Exact4Table, ANoPlaceRefusalRollsBackEveryMove) {
     for (std::uint32_t i = 0; i < 3; ++i)
         EXPECT_EQ(find(t, entry(i, 0)), 2u) << "slot updates are rolled back too";
     EXPECT_EQ(find(t, entry(3, 0)), std::nullopt);
+}
+
+// Random assignments against a plain map, with hash keys that crowd 320 possible rules into
+// about 80 buckets, so that most placements move others and some find no place. After each
+// assignment, accepted or refused, every rule is found exactly where the model says, and the
+// table's own count agrees with the buckets.
+TEST(Exact4Table, RandomAssignmentsMatchAModelThroughMovesAndRefusals) {
+    std::array<knod_exact4_hash, 2> crowded{};
+    crowded[0].mul[1] = 1ULL << 48; // bucket = src mod 65,536
+    crowded[1].mul[1] = 3ULL << 48; // bucket = 3 * src mod 65,536
+    Exact4Table t(crowded);
+    auto rule = [](std::uint32_t src, std::uint32_t port, std::uint32_t slot) {
+        return knod_exact4_entry{port, src, 7, KNOD_EXACT4_USED | IPPROTO_UDP << 16 | slot};
+    };
+    std::mt19937 rng(42);
+    std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint32_t> model;
+    int refused = 0;
+    for (int round = 0; round < 300; ++round) {
+        std::vector<knod_exact4_entry> want;
+        std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint32_t> next;
+        int percent = 30 + static_cast<int>(rng() % 70);
+        for (std::uint32_t src = 0; src < 40; ++src)
+            for (std::uint32_t port = 0; port < 8; ++port)
+                if (static_cast<int>(rng() % 100) < percent) {
+                    std::uint32_t slot = rng() % 5;
+                    want.push_back(rule(src, port, slot));
+                    next[{src, port}] = slot;
+                }
+        auto r = t.assign(want);
+        if (r.ok()) {
+            model = next;
+        } else {
+            ++refused;
+            EXPECT_EQ(r.error().code, Errc::quota_exceeded);
+        }
+        std::size_t used_ways = 0;
+        for (std::uint32_t b = 0; b < KNOD_EXACT4_BUCKETS; ++b)
+            for (auto &w : t.bucket(b).way)
+                used_ways += (w.meta & KNOD_EXACT4_USED) != 0;
+        ASSERT_EQ(t.size(), model.size()) << "round " << round;
+        ASSERT_EQ(used_ways, model.size()) << "round " << round;
+        for (std::uint32_t src = 0; src < 40; ++src)
+            for (std::uint32_t port = 0; port < 8; ++port) {
+                auto it = model.find({src, port});
+                auto found = t.find(port, src, 7, IPPROTO_UDP);
+                if (it == model.end())
+                    ASSERT_EQ(found, std::nullopt) << "round " << round;
+                else
+                    ASSERT_EQ(found, it->second) << "round " << round;
+            }
+    }
+    EXPECT_GT(refused, 0) << "the crowded table never refused: the test lost its edge";
+    EXPECT_LT(refused, 300);
 }
