@@ -183,6 +183,11 @@ Result<void> FlowFilter::write_config() {
     return {};
 }
 
+Result<void> FlowFilter::bump_epoch() {
+    config_.epoch += 1;
+    return write_config();
+}
+
 Result<void> FlowFilter::set_unmatched_drop(bool drop) {
     config_.unmatched = drop ? KNOD_UNMATCHED_DROP : KNOD_UNMATCHED_PASS;
     return write_config();
@@ -191,6 +196,10 @@ Result<void> FlowFilter::set_unmatched_drop(bool drop) {
 Result<void> FlowFilter::set_slot(std::uint32_t slot, SlotState state, std::uint32_t queue) {
     if (slot >= KNOD_MAX_BINDINGS) return make_error(Errc::invalid_argument, "slot out of range");
     knod_slot v{static_cast<__u32>(state), queue};
+    // Slots are not per generation: a packet that matched this slot's old rules must not act on
+    // its new state (a freed slot given to another binding, a revoked one). The bump makes such
+    // a packet decide again (see knod_config).
+    if (auto w = bump_epoch(); !w) return w;
     if (bpf_map__update_elem(skel_->maps.slots, &slot, sizeof slot, &v, sizeof v, 0) != 0)
         return make_error(Errc::io,
                           "cannot write slot " + std::to_string(slot) + ": " + err(errno));
@@ -291,8 +300,7 @@ Result<void> FlowFilter::publish() {
     auto gen = static_cast<std::uint8_t>(next);
     // Packets that read the config before the last flip may still be reading this generation:
     // the bump makes them decide again (see knod_config).
-    config_.epoch += 1;
-    if (auto w = write_config(); !w) return w;
+    if (auto w = bump_epoch(); !w) return w;
     using E6 = ExactEntry<knod_exact6_key>;
     using B4 = BucketEntry<knod_lpm4_key>;
     using B6 = BucketEntry<knod_lpm6_key>;

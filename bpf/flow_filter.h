@@ -82,6 +82,8 @@ class FlowFilter {
     Result<void> publish();
     Result<void> sync_exact4(std::uint32_t gen, const std::vector<knod_exact4_entry> &entries);
     Result<void> write_config();
+    // Before any write a decision already under way might read: see knod_config.
+    Result<void> bump_epoch();
     void detach();
 
     flow_filter_bpf *skel_ = nullptr;

@@ -24,11 +24,12 @@
  * The loader rewrites a generation at the next change after it stopped being live, so a packet
  * that read the config before a flip and was held up (an interrupt, a preempted vCPU) could meet
  * a half-written bucket, or a slot already given to another binding. `epoch` closes that: the
- * loader bumps it before it writes a generation that was live, and a packet whose decision
- * straddles a bump (epoch reread at the end differs) decides again, or is left unmatched. */
+ * loader bumps it before it writes a generation that was live and before every slot write
+ * (slots are not per generation), and a packet whose decision straddles a bump (epoch reread
+ * at the end differs) decides again, or is left unmatched. */
 struct knod_config {
     __u32 generation; /* 0 or 1 */
-    __u32 epoch;      /* bumped before the loader writes a generation packets may still read */
+    __u32 epoch;      /* bumped before the loader writes anything a decision may be reading */
     __u32 unmatched;  /* KNOD_UNMATCHED_* */
     __u32 prefixes4;  /* buckets in the IPv4 trie for this generation; 0 skips the lookup */
     __u32 prefixes6;
