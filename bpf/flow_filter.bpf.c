@@ -361,8 +361,9 @@ int knod_flow_filter(struct xdp_md *ctx) {
         read_config(cfg, &c);
         decided = decide(ctx, &c, &slot_id);
         if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
+            /* Undecidable while the rules keep changing: fail closed. */
             count(KNOD_STAT_RACED);
-            return unmatched(&c);
+            return XDP_DROP;
         }
     }
     switch (decided) {

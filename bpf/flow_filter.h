@@ -34,7 +34,7 @@ struct FilterStats {
     // Offloaded packets are the slots' own counters; the hot path counts nothing twice.
     std::uint64_t passed = 0, dropped = 0, malformed = 0, fragments = 0, binding_drops = 0;
     std::uint64_t redecided = 0; // the rules changed while a packet was decided: decided again
-    std::uint64_t raced = 0;     // ... and changed again: left unmatched
+    std::uint64_t raced = 0;     // ... and changed again: dropped (fail closed)
 };
 
 struct FilterOptions {

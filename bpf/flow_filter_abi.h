@@ -26,7 +26,7 @@
  * a half-written bucket, or a slot already given to another binding. `epoch` closes that: the
  * loader bumps it before it writes a generation that was live and before every slot write
  * (slots are not per generation), and a packet whose decision straddles a bump (epoch reread
- * at the end differs) decides again, or is left unmatched. */
+ * at the end differs) decides again, or is dropped if the rules changed again meanwhile. */
 struct knod_config {
     __u32 generation; /* 0 or 1 */
     __u32 epoch;      /* bumped before the loader writes anything a decision may be reading */
@@ -140,7 +140,7 @@ struct knod_counters {
 #define KNOD_STAT_FRAGMENT 3  /* IP fragments: never offloaded */
 #define KNOD_STAT_BINDING_DROP 4
 #define KNOD_STAT_REDECIDED 5 /* rules changed while deciding: decided again */
-#define KNOD_STAT_RACED 6     /* ... and again: left unmatched */
+#define KNOD_STAT_RACED 6     /* ... and again: dropped */
 #define KNOD_STAT_COUNT 7
 
 #endif
