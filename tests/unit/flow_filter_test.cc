@@ -268,8 +268,10 @@ TEST_F(FlowFilterTest, ExactRulesKeepProtocolAndOwnerThroughGenerations) {
             {"tcp 10.3.3.3:53 -> 10.4.4.4:53", "udp 10.3.3.3:53 -> 10.4.4.4:53"});
     check({"handed over", v4("10.3.3.3", 53, "10.4.4.4", 53, 17), Want::offload, 9});
     check({"tcp kept", v4("10.3.3.3", 53, "10.4.4.4", 53, 6), Want::offload, 9});
+    // The same set again, with one flow listed twice by its own binding: not a conflict.
     install(9, SlotState::active,
-            {"tcp 10.3.3.3:53 -> 10.4.4.4:53", "udp 10.3.3.3:53 -> 10.4.4.4:53"});
+            {"tcp 10.3.3.3:53 -> 10.4.4.4:53", "udp 10.3.3.3:53 -> 10.4.4.4:53",
+             "udp 10.3.3.3:53 -> 10.4.4.4:53"});
     check({"the same set again", v4("10.3.3.3", 53, "10.4.4.4", 53, 17), Want::offload, 9});
 }
 
