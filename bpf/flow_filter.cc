@@ -14,6 +14,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -73,11 +74,7 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::load(const FilterOptions &option
     for (auto &h : hash)
         for (auto &m : h.mul)
             m |= 1; // odd multipliers keep every input bit
-    for (std::size_t i = 0; i < hash.size(); ++i) {
-        for (int m = 0; m < 3; ++m)
-            f->skel_->rodata->exact4_hash[i].mul[m] = hash[i].mul[m];
-        f->skel_->rodata->exact4_hash[i].seed = hash[i].seed;
-    }
+    std::copy(hash.begin(), hash.end(), f->skel_->rodata->exact4_hash);
     for (auto &table : f->exact4_)
         table = std::make_unique<Exact4Table>(hash);
     int r = flow_filter_bpf__load(f->skel_);

@@ -75,10 +75,10 @@ std::uint64_t specificity(const FlowSpec &f) {
            (0xffffffffu - ports);
 }
 
-// The hash key of an exact flow; the address size comes from the key type (4 or 16 bytes).
-template <typename Key> Key exact_key(const FlowSpec &f) {
-    Key k{};
-    if constexpr (requires { k.protocol; }) k.protocol = static_cast<std::uint8_t>(f.protocol);
+// The 40-byte key of an exact flow of either family (an IPv4 address fills the first 4 bytes).
+knod_exact6_key exact_key(const FlowSpec &f) {
+    knod_exact6_key k{};
+    k.protocol = static_cast<std::uint8_t>(f.protocol);
     k.src_port = htons(f.src.ports.lo);
     k.dst_port = htons(f.dst.ports.lo);
     std::memcpy(k.src, f.src.prefix.addr.data(), sizeof k.src);
@@ -106,8 +106,8 @@ Result<CompiledRules> compile_rules(const std::map<std::uint32_t, std::vector<Fl
                 prefix_rules.push_back({slot, f});
                 continue;
             }
-            // The 40-byte key holds either family's addresses; the IPv4 entry is built from it.
-            auto k = exact_key<knod_exact6_key>(f);
+            // The IPv4 entry is built from the same key.
+            knod_exact6_key k = exact_key(f);
             bool v4 = f.family() == Family::ipv4;
             auto [claim, fresh] = exact_claims.try_emplace((v4 ? "4" : "6") + key_bytes(k), slot);
             if (!fresh) {
