@@ -63,8 +63,7 @@ int main(int argc, char **argv) {
         if (!rx) {
             // Revoked, expired, its NIC gone...: the daemon told us why; nothing to release.
             if (auto end = client->end_of(granted->id); end && *end) {
-                std::cout << "binding " << granted->id << " ended: " << (*end)->reason
-                          << std::endl;
+                std::cout << "binding " << granted->id << " ended: " << (*end)->reason << std::endl;
                 return 3;
             }
             std::cout << "no more data: " << rx.error().message << std::endl;
