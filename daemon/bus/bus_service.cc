@@ -542,6 +542,30 @@ void BusService::emit_state_changed(const daemon::Binding &b) {
                  });
 }
 
+int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const {
+    std::string path = binding_path(b.id);
+    int r = sd_bus_message_append(m, "o", path.c_str());
+    if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sa{sv}}");
+    for (const char *iface : standard_interfaces)
+        if (r >= 0) r = sd_bus_message_append(m, "{sa{sv}}", iface, 0);
+    if (r >= 0) r = sd_bus_message_open_container(m, 'e', "sa{sv}");
+    if (r >= 0) r = sd_bus_message_append(m, "s", binding_interface);
+    if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sv}");
+    // Every property of the vtable, through the getter Get uses.
+    for (const sd_bus_vtable *v = binding_vtable; r >= 0 && v->type != _SD_BUS_VTABLE_END; ++v) {
+        if (v->type != _SD_BUS_VTABLE_PROPERTY) continue;
+        r = sd_bus_message_open_container(m, 'e', "sv");
+        if (r >= 0) r = sd_bus_message_append(m, "s", v->x.property.member);
+        if (r >= 0) r = sd_bus_message_open_container(m, 'v', v->x.property.signature);
+        if (r >= 0) r = append_property(m, b, v->x.property.member);
+        if (r >= 0) r = sd_bus_message_close_container(m); // variant
+        if (r >= 0) r = sd_bus_message_close_container(m); // entry
+    }
+    for (int level = 0; level < 3 && r >= 0; ++level) // properties, interface entry, interfaces
+        r = sd_bus_message_close_container(m);
+    return r;
+}
+
 void BusService::binding_created(const daemon::Binding &b) {
     std::string path = binding_path(b.id);
     auto holder = std::make_pair(b.owner.pid, b.owner.start_time);
@@ -557,30 +581,7 @@ void BusService::binding_created(const daemon::Binding &b) {
     });
     // InterfacesAdded by hand: sd_bus_emit_object_added can only broadcast.
     signal_about(b, {manager_path, "org.freedesktop.DBus.ObjectManager", "InterfacesAdded"},
-                 [&](sd_bus_message *m) {
-                     int r = sd_bus_message_append(m, "o", path.c_str());
-                     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sa{sv}}");
-                     for (const char *iface : standard_interfaces)
-                         if (r >= 0) r = sd_bus_message_append(m, "{sa{sv}}", iface, 0);
-                     if (r >= 0) r = sd_bus_message_open_container(m, 'e', "sa{sv}");
-                     if (r >= 0) r = sd_bus_message_append(m, "s", binding_interface);
-                     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sv}");
-                     // Every property of the vtable, through the getter Get uses.
-                     for (const sd_bus_vtable *v = binding_vtable;
-                          r >= 0 && v->type != _SD_BUS_VTABLE_END; ++v) {
-                         if (v->type != _SD_BUS_VTABLE_PROPERTY) continue;
-                         r = sd_bus_message_open_container(m, 'e', "sv");
-                         if (r >= 0) r = sd_bus_message_append(m, "s", v->x.property.member);
-                         if (r >= 0)
-                             r = sd_bus_message_open_container(m, 'v', v->x.property.signature);
-                         if (r >= 0) r = append_property(m, b, v->x.property.member);
-                         if (r >= 0) r = sd_bus_message_close_container(m);
-                         if (r >= 0) r = sd_bus_message_close_container(m);
-                     }
-                     for (int level = 0; level < 3 && r >= 0; ++level)
-                         r = sd_bus_message_close_container(m);
-                     return r;
-                 });
+                 [&](sd_bus_message *m) { return append_interfaces_added(m, b); });
 }
 
 void BusService::binding_ended(const daemon::Binding &b, const std::string &why,

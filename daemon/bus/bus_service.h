@@ -62,6 +62,8 @@ class BusService : public daemon::BindingEvents {
     // One property of a binding, as Get and InterfacesAdded carry it (no visibility check).
     int append_property(sd_bus_message *reply, const daemon::Binding &b,
                         const std::string &property) const;
+    // The ObjectManager's InterfacesAdded arguments for a binding, as GetManagedObjects shows it.
+    int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const;
 
     // Signals about a binding go only to the connections that may list it: the one that
     // requested it, and subscribers (Subscribe) of the owner's uid, auditors and admins.
