@@ -6,6 +6,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -63,6 +66,47 @@ Result<T> property(sd_bus *bus, const std::string &path, const char *iface, cons
 
 } // namespace
 
+// The daemon unicasts BindingReleased/BindingRevoked to the holder's connection; a filter (no
+// match rule on the bus is needed for a unicast signal) records them as sd_bus_process meets
+// them. Only signals from the connection that answered our calls as org.knod.Policy1 count:
+// sd-bus cannot match a well-known sender name, and anyone may send us a signal.
+struct Client::Ends {
+    static constexpr std::size_t max_kept = 4096; // bounded for long-lived subscribers
+    sd_bus_slot *slot = nullptr;
+    std::set<std::string> daemons;
+    std::map<std::string, BindingEnd> ended;
+    std::deque<std::string> order;
+
+    ~Ends() { sd_bus_slot_unref(slot); }
+
+    void trust_sender_of(sd_bus_message *reply) {
+        if (const char *sender = reply ? sd_bus_message_get_sender(reply) : nullptr)
+            daemons.insert(sender);
+    }
+
+    static int on_message(sd_bus_message *m, void *self, sd_bus_error *) {
+        auto *e = static_cast<Ends *>(self);
+        bool revoked = sd_bus_message_is_signal(m, manager_interface, "BindingRevoked") > 0;
+        if (!revoked && sd_bus_message_is_signal(m, manager_interface, "BindingReleased") <= 0)
+            return 0;
+        const char *sender = sd_bus_message_get_sender(m);
+        if (!sender || !e->daemons.count(sender)) return 0;
+        const char *path = nullptr, *id = nullptr, *reason = nullptr;
+        if (sd_bus_message_read(m, "oss", &path, &id, &reason) < 0) return 0;
+        if (e->ended.emplace(id, BindingEnd{revoked, reason}).second) e->order.emplace_back(id);
+        if (e->order.size() > max_kept) {
+            e->ended.erase(e->order.front());
+            e->order.pop_front();
+        }
+        return 0; // others may want it too
+    }
+};
+
+Client::Client(sd_bus *bus) : bus_(bus), ends_(std::make_unique<Ends>()) {
+    // Without the filter the client still works; it only cannot say why a binding ended.
+    sd_bus_add_filter(bus_, &ends_->slot, Ends::on_message, ends_.get());
+}
+
 Result<Client> Client::connect(const std::string &address) {
     sd_bus *bus = nullptr;
     int r = 0;
@@ -81,13 +125,57 @@ Result<Client> Client::connect(const std::string &address) {
     return Client(bus);
 }
 
-Client::Client(Client &&o) noexcept : bus_(std::exchange(o.bus_, nullptr)) {}
+Client::Client(Client &&o) noexcept
+    : bus_(std::exchange(o.bus_, nullptr)), ends_(std::move(o.ends_)) {}
 Client &Client::operator=(Client &&o) noexcept {
     std::swap(bus_, o.bus_);
+    std::swap(ends_, o.ends_);
     return *this;
 }
 Client::~Client() {
+    ends_.reset(); // the filter's slot holds a reference on the bus: drop it first
     sd_bus_flush_close_unref(bus_);
+}
+
+Result<void> Client::drain() {
+    int r;
+    while ((r = sd_bus_process(bus_, nullptr)) > 0) {
+    }
+    if (r < 0) return make_error(Errc::io, std::string("reading the bus: ") + std::strerror(-r));
+    return {};
+}
+
+Result<std::optional<BindingEnd>> Client::end_of(const std::string &id) {
+    if (auto r = drain(); !r) return r.error();
+    auto it = ends_->ended.find(id);
+    if (it == ends_->ended.end()) return std::optional<BindingEnd>();
+    return std::optional<BindingEnd>(it->second);
+}
+
+Result<BindingEnd> Client::wait_for_end(const std::string &id, int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+        auto end = end_of(id);
+        if (!end) return end.error();
+        if (*end) return **end;
+        auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0)
+            return make_error(Errc::expired, "binding " + id + " still alive after " +
+                                                 std::to_string(timeout_ms) + " ms");
+        int r = sd_bus_wait(bus_, static_cast<std::uint64_t>(left.count()));
+        if (r < 0)
+            return make_error(Errc::io, std::string("waiting on the bus: ") + std::strerror(-r));
+    }
+}
+
+Result<void> Client::subscribe() {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "Subscribe",
+                               &reply.e, &reply.m, "");
+    if (r < 0) return bus_failure(reply.e, r, "Subscribe");
+    ends_->trust_sender_of(reply.m);
+    return {};
 }
 
 Result<GrantedBinding> Client::request_binding(const std::string &netdev, const std::string &gpu,
@@ -109,6 +197,7 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
         r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
     sd_bus_message_unref(call);
     if (r < 0) return bus_failure(reply.e, r, "RequestBinding");
+    ends_->trust_sender_of(reply.m);
     const char *path = nullptr, *key_id = nullptr;
     const void *key = nullptr;
     size_t size = 0;
@@ -165,7 +254,14 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         auto rx = property<std::uint64_t>(bus_, path_of(id), binding_interface, "RxBytes", 't');
-        if (!rx) return rx.error();
+        if (!rx) {
+            // Gone: the end signal came before this reply, so it is here to be read.
+            auto end = end_of(id);
+            if (end && *end)
+                return make_error((*end)->revoked ? Errc::revoked : Errc::not_found,
+                                  "binding " + id + " ended: " + (*end)->reason);
+            return rx.error();
+        }
         if (*rx > seen) return *rx;
         if (std::chrono::steady_clock::now() >= deadline)
             return make_error(Errc::expired,

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,13 @@ struct BindingCounters {
     std::uint64_t dropped_packets = 0;
 };
 
+// Why a binding ended, as the daemon told this connection (it tells the holder's connection, and
+// subscribers that may list the binding).
+struct BindingEnd {
+    bool revoked = false; // BindingRevoked: ended by someone or something other than its holder
+    std::string reason;   // "release", "revoke: <the admin's reason>", "expire", "link-down", ...
+};
+
 struct ManagerStatus {
     std::string version;
     std::string driver;
@@ -67,9 +75,18 @@ class Client {
     Result<BindingCounters> counters(const std::string &id);
     // Waits until the binding's RxBytes passes `seen` (the article's wait_for_data), polling the
     // daemon every few milliseconds, for at most `timeout_ms`. Returns the new RxBytes; byte i
-    // of the stream is at offset + (i mod length) in the region. Times out with Errc::expired.
+    // of the stream is at offset + (i mod length) in the region. Times out with Errc::expired;
+    // a binding that ended is Errc::revoked (or not_found after a release), saying why.
     Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
     Result<std::string> state(const std::string &id);
+    // Why the binding ended, if the daemon has said so to this connection; nullopt while it
+    // lives (or if the end was never signalled here). Does not wait.
+    Result<std::optional<BindingEnd>> end_of(const std::string &id);
+    // Waits up to `timeout_ms` for the binding's end; Errc::expired if it is still alive.
+    Result<BindingEnd> wait_for_end(const std::string &id, int timeout_ms);
+    // Asks for signals about every binding this caller may list (Manager.Subscribe); without
+    // it a connection hears only about the bindings it requested.
+    Result<void> subscribe();
     Result<std::string> rule(const std::string &id); // the policy rule that granted it
     Result<std::vector<BindingSummary>> list();
     Result<void> revoke(const std::string &id, const std::string &reason);
@@ -82,8 +99,12 @@ class Client {
     Result<void> ping();
 
   private:
-    explicit Client(sd_bus *bus) : bus_(bus) {}
+    struct Ends; // the end signals received so far
+    explicit Client(sd_bus *bus);
+    // Dispatches what has arrived (end signals among it) without waiting.
+    Result<void> drain();
     sd_bus *bus_ = nullptr;
+    std::unique_ptr<Ends> ends_;
 };
 
 } // namespace knod::client

@@ -362,7 +362,8 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
     return {};
 }
 
-void BindingManager::end_binding(const std::string &id, const std::string &why, Done durable) {
+void BindingManager::end_binding(const std::string &id, const std::string &why, Done durable,
+                                 const std::string &note) {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;
     // Stop the data path and kill the key first: security does not wait for the disk.
@@ -392,7 +393,7 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
     count_usage(it->second, -1);
     Binding ended = std::move(it->second);
     bindings_.erase(it);
-    events_.binding_ended(ended, why);
+    events_.binding_ended(ended, why, note);
 }
 
 void BindingManager::release(const std::string &id, const Peer &by, bool privileged, Done done) {
@@ -412,7 +413,7 @@ void BindingManager::revoke(const std::string &id, const std::string &why, const
     e.session_id = id;
     e.reason = why;
     record(std::move(e));
-    end_binding(id, reason::revoke, std::move(done));
+    end_binding(id, reason::revoke, std::move(done), why);
 }
 
 Result<std::size_t> BindingManager::reload(policy::Policy next, const std::string &by) {

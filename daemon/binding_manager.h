@@ -61,7 +61,9 @@ class BindingEvents {
   public:
     virtual ~BindingEvents() = default;
     virtual void binding_created(const Binding &b) = 0;
-    virtual void binding_ended(const Binding &b, const std::string &why) = 0;
+    // `why` is the journaled end reason; `note` what the ender said (an admin's revoke reason).
+    virtual void binding_ended(const Binding &b, const std::string &why,
+                               const std::string &note) = 0;
     virtual void policy_reloaded(std::size_t rules, std::size_t revoked) = 0;
 };
 
@@ -160,7 +162,8 @@ class BindingManager {
                  const std::string &gpu = {});
     // Writes an event now, or keeps it to write once the journal is back.
     void record(journal::Event e);
-    void end_binding(const std::string &id, const std::string &why, Done durable = {});
+    void end_binding(const std::string &id, const std::string &why, Done durable = {},
+                     const std::string &note = {});
     Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
     void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                       const GrantDone &done);

@@ -6,6 +6,8 @@
 // Here the "VRAM buffer" is a sealed memfd (the sim); on hardware it is a dma-buf.
 //   knod-example-receive --netdev knodsim0 --gpu sim0 --bytes 4096
 //       --flow 'udp 10.99.0.0/24:* -> 10.99.0.2:5000' --packets 3
+// Exit status: 0 after receiving and releasing; 1 on failure; 3 when the binding ended under it
+// (revoked, expired, its NIC gone: the reason is printed).
 #include "client/client.h"
 
 #include <CLI/CLI.hpp>
@@ -59,6 +61,11 @@ int main(int argc, char **argv) {
     for (;;) {
         auto rx = client->wait_for_data(granted->id, seen, timeout_ms);
         if (!rx) {
+            // Revoked, expired, its NIC gone...: the daemon told us why; nothing to release.
+            if (auto end = client->end_of(granted->id); end && *end) {
+                std::cout << "binding " << granted->id << " ended: " << (*end)->reason << std::endl;
+                return 3;
+            }
             std::cout << "no more data: " << rx.error().message << std::endl;
             break;
         }

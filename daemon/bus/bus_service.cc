@@ -8,6 +8,7 @@
 #include <sys/epoll.h>
 
 #include <cstring>
+#include <iostream>
 
 namespace knod::bus {
 namespace {
@@ -71,6 +72,9 @@ const sd_bus_vtable manager_vtable[] = {
     // Anyone: the host's inventory is not secret from its own users.
     SD_BUS_METHOD_WITH_NAMES("GetHostReport", "", "", "s", SD_BUS_PARAM(report_json),
                              BusService::host_report, SD_BUS_VTABLE_UNPRIVILEGED),
+    // Anyone: binding signals are unicast; this asks for those about the bindings the caller
+    // may list (its own uid's; all for auditors and admins) until its connection closes.
+    SD_BUS_METHOD("Subscribe", "", "", BusService::subscribe, SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_SIGNAL_WITH_NAMES("BindingCreated", "os", SD_BUS_PARAM(binding) SD_BUS_PARAM(id), 0),
     SD_BUS_SIGNAL_WITH_NAMES("BindingReleased", "oss",
                              SD_BUS_PARAM(binding) SD_BUS_PARAM(id) SD_BUS_PARAM(reason), 0),
@@ -106,6 +110,11 @@ const sd_bus_vtable binding_vtable[] = {
     // The owner, or an admin: checked in the handler.
     SD_BUS_METHOD("Release", "", "", BusService::release, SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_VTABLE_END};
+
+// What an object at a binding's path implements, as sd-bus lists it in GetManagedObjects.
+constexpr const char *standard_interfaces[] = {"org.freedesktop.DBus.Peer",
+                                               "org.freedesktop.DBus.Introspectable",
+                                               "org.freedesktop.DBus.Properties"};
 
 std::string id_of(const char *path) {
     std::string p = path ? path : "";
@@ -373,8 +382,7 @@ int BusService::activate(sd_bus_message *m, void *self, sd_bus_error *err) {
     std::string id = id_of(sd_bus_message_get_path(m));
     auto done = s->manager_->activate(id, *caller, {static_cast<const std::uint8_t *>(key), size});
     if (!done) return fail(err, done.error());
-    sd_bus_emit_properties_changed(s->bus_, binding_path(id).c_str(), binding_interface, "State",
-                                   nullptr);
+    if (const daemon::Binding *b = s->manager_->find(id)) s->emit_state_changed(*b);
     return sd_bus_reply_method_return(m, "");
 }
 
@@ -426,7 +434,12 @@ int BusService::binding_property(sd_bus *, const char *path, const char *, const
     auto *s = service(self);
     const daemon::Binding *b = s->binding_at(path);
     if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
-    std::string p = property;
+    return s->append_property(reply, *b, property);
+}
+
+int BusService::append_property(sd_bus_message *reply, const daemon::Binding &binding,
+                                const std::string &p) const {
+    const daemon::Binding *b = &binding;
     if (p == "Id") return sd_bus_message_append(reply, "s", b->id.c_str());
     if (p == "Netdev") return sd_bus_message_append(reply, "s", b->netdev.c_str());
     if (p == "Gpu") return sd_bus_message_append(reply, "s", b->gpu.c_str());
@@ -451,7 +464,7 @@ int BusService::binding_property(sd_bus *, const char *path, const char *, const
     if (p == "Queues")
         return sd_bus_message_append_array(reply, 'u', b->queues.data(),
                                            b->queues.size() * sizeof(std::uint32_t));
-    auto c = s->manager_->counters(b->id);
+    auto c = manager_->counters(b->id);
     if (p == "RxBytes") return sd_bus_message_append(reply, "t", c.rx_bytes);
     if (p == "RxPackets") return sd_bus_message_append(reply, "t", c.rx_packets);
     if (p == "DroppedPackets") return sd_bus_message_append(reply, "t", c.dropped_packets);
@@ -463,6 +476,7 @@ int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *
     if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
     if (name[0] == ':' && new_owner[0] == '\0') {
         service(self)->creds_cache_.erase(name);
+        service(self)->subscribers_.erase(name);
         service(self)->manager_->connection_gone(name);
     }
     return 0;
@@ -481,6 +495,77 @@ int BusService::holder_exited(sd_event_source *src, int, uint32_t, void *self) {
     return 0;
 }
 
+int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    auto c = s->credentials(m);
+    if (!c) return fail(err, c.error());
+    if (c->sender.empty())
+        return fail(err, make_error(Errc::denied, "the bus did not name the caller's connection"));
+    s->subscribers_[c->sender] = Subscriber{*c, {}, false}; // decided at the next signal
+    return sd_bus_reply_method_return(m, "");
+}
+
+std::set<std::string> BusService::entitled(const daemon::Binding &b) {
+    std::set<std::string> to;
+    if (!b.owner.bus_name.empty()) to.insert(b.owner.bus_name);
+    const auto &settings = manager_->policy().settings;
+    std::string groups = settings.admin_group + "\n" + settings.auditor_group + "\n";
+    for (auto &[name, sub] : subscribers_) {
+        if (sub.groups != groups) {
+            sub.sees_all = authorizer_.is_auditor(sub.creds, settings);
+            sub.groups = groups;
+        }
+        // The same test as visible(): what ListBindings would show this subscriber.
+        if (sub.sees_all || sub.creds.uid == b.owner.uid) to.insert(name);
+    }
+    return to;
+}
+
+void BusService::signal_about(const daemon::Binding &b, const SignalName &name,
+                              const SignalBody &body) {
+    // A lost signal costs a listener an update, never a binding: log it and go on.
+    if (auto r = send_unicast(bus_, entitled(b), name, body); !r)
+        std::cerr << "knod-policyd: binding " << b.id << ": " << r.error().message << std::endl;
+}
+
+void BusService::emit_state_changed(const daemon::Binding &b) {
+    std::string path = binding_path(b.id);
+    signal_about(b, {path.c_str(), "org.freedesktop.DBus.Properties", "PropertiesChanged"},
+                 [&](sd_bus_message *m) {
+                     int r = sd_bus_message_append(m, "s", binding_interface);
+                     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sv}");
+                     if (r >= 0)
+                         r = sd_bus_message_append(m, "{sv}", "State", "s",
+                                                   daemon::to_string(b.state));
+                     if (r >= 0) r = sd_bus_message_close_container(m);
+                     return r < 0 ? r : sd_bus_message_append(m, "as", 0);
+                 });
+}
+
+int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const {
+    std::string path = binding_path(b.id);
+    int r = sd_bus_message_append(m, "o", path.c_str());
+    if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sa{sv}}");
+    for (const char *iface : standard_interfaces)
+        if (r >= 0) r = sd_bus_message_append(m, "{sa{sv}}", iface, 0);
+    if (r >= 0) r = sd_bus_message_open_container(m, 'e', "sa{sv}");
+    if (r >= 0) r = sd_bus_message_append(m, "s", binding_interface);
+    if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sv}");
+    // Every property of the vtable, through the getter Get uses.
+    for (const sd_bus_vtable *v = binding_vtable; r >= 0 && v->type != _SD_BUS_VTABLE_END; ++v) {
+        if (v->type != _SD_BUS_VTABLE_PROPERTY) continue;
+        r = sd_bus_message_open_container(m, 'e', "sv");
+        if (r >= 0) r = sd_bus_message_append(m, "s", v->x.property.member);
+        if (r >= 0) r = sd_bus_message_open_container(m, 'v', v->x.property.signature);
+        if (r >= 0) r = append_property(m, b, v->x.property.member);
+        if (r >= 0) r = sd_bus_message_close_container(m); // variant
+        if (r >= 0) r = sd_bus_message_close_container(m); // entry
+    }
+    for (int level = 0; level < 3 && r >= 0; ++level) // properties, interface entry, interfaces
+        r = sd_bus_message_close_container(m);
+    return r;
+}
+
 void BusService::binding_created(const daemon::Binding &b) {
     std::string path = binding_path(b.id);
     auto holder = std::make_pair(b.owner.pid, b.owner.start_time);
@@ -491,12 +576,16 @@ void BusService::binding_created(const daemon::Binding &b) {
             it = holders_.emplace(holder, HolderWatch{SourcePtr(src), b.owner.pidfd, {}}).first;
     }
     if (it != holders_.end()) it->second.bindings.insert(b.id);
-    sd_bus_emit_signal(bus_, manager_path, manager_interface, "BindingCreated", "os", path.c_str(),
-                       b.id.c_str());
-    sd_bus_emit_object_added(bus_, path.c_str());
+    signal_about(b, {manager_path, manager_interface, "BindingCreated"}, [&](sd_bus_message *m) {
+        return sd_bus_message_append(m, "os", path.c_str(), b.id.c_str());
+    });
+    // InterfacesAdded by hand: sd_bus_emit_object_added can only broadcast.
+    signal_about(b, {manager_path, "org.freedesktop.DBus.ObjectManager", "InterfacesAdded"},
+                 [&](sd_bus_message *m) { return append_interfaces_added(m, b); });
 }
 
-void BusService::binding_ended(const daemon::Binding &b, const std::string &why) {
+void BusService::binding_ended(const daemon::Binding &b, const std::string &why,
+                               const std::string &note) {
     auto holder = holders_.find(std::make_pair(b.owner.pid, b.owner.start_time));
     if (holder != holders_.end()) {
         holder->second.bindings.erase(b.id);
@@ -505,12 +594,25 @@ void BusService::binding_ended(const daemon::Binding &b, const std::string &why)
     std::string path = binding_path(b.id);
     bool revoked = why == daemon::reason::revoke || why == daemon::reason::policy_reload ||
                    why == daemon::reason::expire || why.rfind("link-", 0) == 0;
-    sd_bus_emit_signal(bus_, manager_path, manager_interface,
-                       revoked ? "BindingRevoked" : "BindingReleased", "oss", path.c_str(),
-                       b.id.c_str(), why.c_str());
-    sd_bus_emit_interfaces_removed(bus_, path.c_str(), binding_interface, nullptr);
+    // The holder learns why: the journaled reason, then what the admin said ("revoke: ...").
+    std::string reason = note.empty() ? why : why + ": " + note;
+    signal_about(
+        b, {manager_path, manager_interface, revoked ? "BindingRevoked" : "BindingReleased"},
+        [&](sd_bus_message *m) {
+            return sd_bus_message_append(m, "oss", path.c_str(), b.id.c_str(), reason.c_str());
+        });
+    signal_about(b, {manager_path, "org.freedesktop.DBus.ObjectManager", "InterfacesRemoved"},
+                 [&](sd_bus_message *m) {
+                     int r = sd_bus_message_append(m, "o", path.c_str());
+                     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "s");
+                     for (const char *iface : standard_interfaces)
+                         if (r >= 0) r = sd_bus_message_append(m, "s", iface);
+                     if (r >= 0) r = sd_bus_message_append(m, "s", binding_interface);
+                     return r < 0 ? r : sd_bus_message_close_container(m);
+                 });
 }
 
+// No binding's details: every listener may know that the policy changed.
 void BusService::policy_reloaded(std::size_t rules, std::size_t revoked) {
     sd_bus_emit_signal(bus_, manager_path, manager_interface, "PolicyReloaded", "uu",
                        static_cast<std::uint32_t>(rules), static_cast<std::uint32_t>(revoked));

@@ -5,6 +5,7 @@
 #include "daemon/binding_manager.h"
 #include "daemon/bus/authorizer.h"
 #include "daemon/bus/bus_ptr.h"
+#include "daemon/bus/unicast.h"
 
 #include <functional>
 #include <map>
@@ -26,7 +27,8 @@ class BusService : public daemon::BindingEvents {
     Result<std::size_t> reload(const std::string &by);
 
     void binding_created(const daemon::Binding &b) override;
-    void binding_ended(const daemon::Binding &b, const std::string &why) override;
+    void binding_ended(const daemon::Binding &b, const std::string &why,
+                       const std::string &note) override;
     void policy_reloaded(std::size_t rules, std::size_t revoked) override;
 
     // sd-bus callbacks; public only so the vtables in bus_service.cc can name them.
@@ -35,6 +37,7 @@ class BusService : public daemon::BindingEvents {
     static int revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err);
     static int reload_policy(sd_bus_message *m, void *self, sd_bus_error *err);
     static int host_report(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int subscribe(sd_bus_message *m, void *self, sd_bus_error *err);
     static int activate(sd_bus_message *m, void *self, sd_bus_error *err);
     static int release(sd_bus_message *m, void *self, sd_bus_error *err);
     static int manager_property(sd_bus *bus, const char *path, const char *interface,
@@ -56,6 +59,17 @@ class BusService : public daemon::BindingEvents {
     // May the sender of the message being handled see this binding?
     bool visible(const daemon::Binding &b) const;
     const daemon::Binding *binding_at(const char *path) const;
+    // One property of a binding, as Get and InterfacesAdded carry it (no visibility check).
+    int append_property(sd_bus_message *reply, const daemon::Binding &b,
+                        const std::string &property) const;
+    // The ObjectManager's InterfacesAdded arguments for a binding, as GetManagedObjects shows it.
+    int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const;
+
+    // Signals about a binding go only to the connections that may list it: the one that
+    // requested it, and subscribers (Subscribe) of the owner's uid, auditors and admins.
+    std::set<std::string> entitled(const daemon::Binding &b);
+    void signal_about(const daemon::Binding &b, const SignalName &name, const SignalBody &body);
+    void emit_state_changed(const daemon::Binding &b);
 
     sd_bus *bus_;
     sd_event *event_;
@@ -75,6 +89,15 @@ class BusService : public daemon::BindingEvents {
     // pid never change, so one GetConnectionCredentials round trip per connection is enough.
     // Dropped when the connection goes.
     mutable std::map<std::string, Credentials> creds_cache_;
+    // Connections that called Subscribe, by unique name; dropped when the connection goes.
+    // Whether one sees every binding is decided once per admin/auditor group setting, so that a
+    // signal costs no user-database lookups however many subscribers there are.
+    struct Subscriber {
+        Credentials creds;
+        std::string groups; // the admin and auditor groups `sees_all` was decided under
+        bool sees_all = false;
+    };
+    std::map<std::string, Subscriber> subscribers_;
 };
 
 std::string binding_path(const std::string &id);

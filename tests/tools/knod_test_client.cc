@@ -7,12 +7,22 @@
 //                                   min(RXBYTES, BYTES) bytes)
 //   request-many N NETDEV GPU FLOW  request N bindings (one sealed memfd), printing "key KEYID"
 //                                   for each grant as it arrives, then wait until stdin closes
+//   hold-until-end NETDEV GPU BYTES FLOW...  request and activate, print "ok ID KEYHEX", then
+//                                   wait (30 s at most) for the daemon to say the binding ended:
+//                                   "ended revoked|released REASON"
+//   watch                           subscribe (Manager.Subscribe; a refusal is printed and
+//                                   ignored) and add a plain match rule for the daemon's
+//                                   signals, print "ready", then one line per signal received
+//                                   ("signal MEMBER PATH ARGS...") until stdin closes
 //   activate ID KEYHEX | release ID | list | revoke ID REASON | reload
 #include "client/client.h"
 #include "knod/hex.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <systemd/sd-bus.h>
 #include <unistd.h>
 
 #include <iostream>
@@ -35,6 +45,58 @@ std::vector<std::uint8_t> from_hex(const std::string &hex) {
     return out;
 }
 
+// What an ordinary listener gets: its match rule (no eavesdropping) plus whatever is addressed
+// to it. Each signal is printed on one line with its arguments, as sd-bus dumps them.
+int watch() {
+    sd_bus *bus = nullptr;
+    if (sd_bus_open_system(&bus) < 0) {
+        std::cout << "error cannot connect" << std::endl;
+        return 1;
+    }
+    sd_bus_error e = SD_BUS_ERROR_NULL;
+    if (sd_bus_call_method(bus, "org.knod.Policy1", "/org/knod/Policy1", "org.knod.Policy1.Manager",
+                           "Subscribe", &e, nullptr, "") < 0)
+        std::cout << "subscribe-failed " << (e.name ? e.name : "?") << std::endl;
+    sd_bus_error_free(&e);
+    if (sd_bus_add_match(bus, nullptr, "type='signal',sender='org.knod.Policy1'", nullptr,
+                         nullptr) < 0) {
+        std::cout << "error cannot add the match" << std::endl;
+        return 1;
+    }
+    std::cout << "ready" << std::endl;
+    for (;;) {
+        sd_bus_message *m = nullptr;
+        int r = sd_bus_process(bus, &m);
+        if (r < 0) return 1;
+        if (m && sd_bus_message_is_signal(m, nullptr, nullptr) > 0) {
+            char *text = nullptr;
+            size_t size = 0;
+            FILE *f = open_memstream(&text, &size);
+            if (f) {
+                sd_bus_message_dump(m, f, 0);
+                fclose(f);
+            }
+            std::string args(text ? text : "", size);
+            free(text);
+            for (char &c : args)
+                if (c == '\n') c = ' ';
+            std::cout << "signal " << sd_bus_message_get_member(m) << " "
+                      << sd_bus_message_get_path(m) << " " << args << std::endl;
+        }
+        sd_bus_message_unref(m);
+        if (r > 0) continue;
+        struct pollfd fds[2] = {{sd_bus_get_fd(bus), static_cast<short>(sd_bus_get_events(bus)), 0},
+                                {STDIN_FILENO, POLLIN, 0}};
+        if (poll(fds, 2, -1) < 0) return 1;
+        if (fds[1].revents) {
+            char c;
+            if (read(STDIN_FILENO, &c, 1) <= 0) break;
+        }
+    }
+    sd_bus_flush_close_unref(bus);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -43,6 +105,7 @@ int main(int argc, char **argv) {
         std::cerr << "usage: see the header of tests/tools/knod_test_client.cc\n";
         return 2;
     }
+    if (args[0] == "watch") return watch();
     auto client = knod::client::Client::connect();
     if (!client) {
         std::cout << "error " << client.error().message << std::endl;
@@ -78,6 +141,23 @@ int main(int argc, char **argv) {
             std::cout << "data " << (rx ? rx->rx_bytes : 0) << " " << knod::to_hex(buf)
                       << std::endl;
         }
+        return 0;
+    }
+    if (cmd == "hold-until-end" && args.size() >= 5) {
+        std::uint64_t bytes = std::stoull(args[3]);
+        int fd = memfd_create("knod-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+            return 1;
+        std::vector<std::string> flows(args.begin() + 4, args.end());
+        auto g = client->request_binding(args[1], args[2], "rx-only", fd, 0, bytes, flows);
+        if (!g) return report(g.error());
+        if (auto a = client->activate(g->id, g->key); !a) return report(a);
+        std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
+        auto end = client->wait_for_end(g->id, 30000);
+        if (!end) return report(end.error());
+        std::cout << "ended " << (end->revoked ? "revoked " : "released ") << end->reason
+                  << std::endl;
         return 0;
     }
     if (cmd == "request-many" && args.size() == 5) {

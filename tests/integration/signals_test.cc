@@ -1,0 +1,304 @@
+// Signals about a binding reach only those who may list it (its owner, auditors, admins), and
+// its holder learns why it ended. Real dbus-daemon with the shipped bus policy, real daemon,
+// listeners that are other processes and other uids: a subscriber with a plain match rule (the
+// test client's `watch`) and dbus-monitor, which an ordinary user may run (its eavesdropping
+// is refused by the bus, so it sees what a match rule gets).
+#include "tests/integration/sandbox.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+using namespace knod;
+using namespace knod::test;
+
+namespace {
+
+const uid_t nobody = 65534;
+const uid_t auditor = 33;     // www-data: in the auditor group below only by its process
+const gid_t auditor_gid = 38; // "list" on Debian: any group that exists will do
+
+const std::string policy_text = R"(
+[settings]
+auditor_group = "list"
+
+[[rule]]
+name = "root-rule"
+users = [0]
+netdevs = ["knodsim0"]
+gpus = ["sim0"]
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
+iommu = "any"
+
+[[rule]]
+name = "sim-everyone"
+netdevs = ["knodsim0"]
+gpus = ["sim0"]
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
+iommu = "any"
+)";
+
+// A child process as `uid` (with exactly `groups` as its supplementary groups), whose output
+// the test reads as it comes. Killed when it goes.
+class Process {
+  public:
+    Process(const std::vector<std::string> &argv, uid_t uid, std::vector<gid_t> groups = {}) {
+        std::vector<std::string> full;
+        if (uid != 0) {
+            full = {"setpriv", "--reuid=" + std::to_string(uid), "--regid=" + std::to_string(uid)};
+            if (groups.empty()) {
+                full.push_back("--clear-groups");
+            } else {
+                std::string list;
+                for (gid_t g : groups)
+                    list += (list.empty() ? "" : ",") + std::to_string(g);
+                full.push_back("--groups=" + list);
+            }
+        }
+        full.insert(full.end(), argv.begin(), argv.end());
+        int in[2], out[2];
+        if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
+        pid_ = fork();
+        if (pid_ == 0) {
+            dup2(in[0], 0);
+            dup2(out[1], 1);
+            dup2(out[1], 2);
+            std::vector<char *> args;
+            for (auto &a : full)
+                args.push_back(const_cast<char *>(a.c_str()));
+            args.push_back(nullptr);
+            execvp(args[0], args.data());
+            _exit(127);
+        }
+        close(in[0]);
+        close(out[1]);
+        stdin_ = in[1];
+        stdout_ = out[0];
+    }
+    ~Process() {
+        if (stdin_ >= 0) close(stdin_);
+        if (stdout_ >= 0) close(stdout_);
+        if (pid_ > 0) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+    }
+
+    // Reads until `needle` has appeared `times` times in the output, or `ms` pass.
+    bool wait_for(const std::string &needle, int times = 1, int ms = 5000) {
+        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        while (count(needle) < static_cast<std::size_t>(times)) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            end - std::chrono::steady_clock::now())
+                            .count();
+            if (left <= 0 || stdout_ < 0) return false;
+            struct pollfd p = {stdout_, POLLIN, 0};
+            if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+            char buf[4096];
+            ssize_t n = read(stdout_, buf, sizeof buf);
+            if (n <= 0) {
+                close(stdout_);
+                stdout_ = -1;
+            } else {
+                out_.append(buf, static_cast<std::size_t>(n));
+            }
+        }
+        return true;
+    }
+    // Waits for the process to exit (within `ms`); its exit status, or -1.
+    int wait_exit(int ms = 5000) {
+        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        int status = -1;
+        while (std::chrono::steady_clock::now() < end) {
+            if (waitpid(pid_, &status, WNOHANG) == pid_) {
+                pid_ = -1;
+                wait_for("\x01never", 1, 200); // what it wrote last
+                return status;
+            }
+            wait_for("\x01never", 1, 20);
+        }
+        return -1;
+    }
+    std::size_t count(const std::string &needle) const {
+        std::size_t n = 0;
+        for (auto at = out_.find(needle); at != std::string::npos; at = out_.find(needle, at + 1))
+            ++n;
+        return n;
+    }
+    bool saw(const std::string &needle) const { return count(needle) > 0; }
+    // The word after `prefix` in the output ("granted binding ID ..." -> ID).
+    std::string word_after(const std::string &prefix) const {
+        auto at = out_.find(prefix);
+        if (at == std::string::npos) return {};
+        std::istringstream in(out_.substr(at + prefix.size()));
+        std::string w;
+        in >> w;
+        return w;
+    }
+    const std::string &output() const { return out_; }
+
+  private:
+    pid_t pid_ = -1;
+    int stdin_ = -1, stdout_ = -1;
+    std::string out_;
+};
+
+std::vector<std::string> watch() {
+    return {KNOD_TEST_CLIENT_BIN, "watch"};
+}
+
+Result<client::GrantedBinding> request(client::Client &c, const std::string &flow) {
+    int fd = make_region(4096);
+    auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
+    close(fd);
+    return g;
+}
+
+} // namespace
+
+TEST(BindingSignals, ReachOnlyTheOwnerAuditorsAndAdmins) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they use setpriv)";
+    Sandbox sb(policy_text);
+    Process nobody_sub(watch(), nobody);
+    Process nobody_monitor({"dbus-monitor", "--address", sb.address()}, nobody);
+    Process root_sub(watch(), 0);
+    Process auditor_sub(watch(), auditor, {auditor_gid});
+    for (auto *p : {&nobody_sub, &root_sub, &auditor_sub})
+        ASSERT_TRUE(p->wait_for("ready")) << (p == &root_sub     ? "root"
+                                              : p == &nobody_sub ? "nobody"
+                                                                 : "auditor")
+                                          << p->output();
+    auto c = sb.client();
+    // PolicyReloaded is for everyone: once each listener has seen one, its match rule is in
+    // place (dbus-monitor adds its own a while after it starts), and once it has seen the last,
+    // it has received everything the daemon sent before.
+    std::vector<Process *> listeners = {&nobody_sub, &nobody_monitor, &root_sub, &auditor_sub};
+    auto all_heard = [&](int ms) {
+        for (auto *p : listeners)
+            if (!p->wait_for("PolicyReloaded", 1, ms)) return false;
+        return true;
+    };
+    for (int i = 0; i < 50 && !all_heard(0); ++i) {
+        ASSERT_TRUE(c.reload().ok());
+        all_heard(200);
+    }
+    for (auto *p : listeners)
+        ASSERT_TRUE(p->saw("PolicyReloaded")) << p->output();
+    std::map<Process *, int> heard;
+    for (auto *p : listeners)
+        heard[p] = static_cast<int>(p->count("PolicyReloaded"));
+
+    // Root binds, activates and releases one binding; an admin revokes another.
+    auto g1 = request(c, "udp 10.99.0.1:* -> 10.99.0.2:5000");
+    ASSERT_TRUE(g1.ok()) << g1.error().message;
+    ASSERT_TRUE(c.activate(g1->id, g1->key).ok());
+    ASSERT_TRUE(c.release(g1->id).ok());
+    auto g2 = request(c, "udp 10.99.0.1:* -> 10.99.0.2:5001");
+    ASSERT_TRUE(g2.ok()) << g2.error().message;
+    // Whether the daemon counts the auditor-group member as an auditor (its supplementary groups
+    // must come from its process): the signals must agree with what it may list.
+    Process auditor_list({KNOD_TEST_CLIENT_BIN, "list"}, auditor, {auditor_gid});
+    ASSERT_TRUE(auditor_list.wait_for("ok")) << auditor_list.output();
+    auditor_list.wait_exit();
+    bool auditor_lists_all = auditor_list.saw(g2->id);
+    ASSERT_TRUE(c.revoke(g2->id, "maintenance window").ok());
+    // nobody's own binding, from another of its processes.
+    Holder own(sb, {"knodsim0", "sim0", "4096", "udp 10.99.0.3:* -> 10.99.0.2:5002"}, nobody);
+    ASSERT_TRUE(own.ok()) << own.line();
+    ASSERT_TRUE(c.reload().ok());
+    for (auto *p : listeners)
+        ASSERT_TRUE(p->wait_for("PolicyReloaded", heard[p] + 1)) << p->output();
+
+    // Nothing of root's bindings reaches uid 65534, subscribed or monitoring.
+    for (auto *p : {&nobody_sub, &nobody_monitor})
+        for (const std::string &secret :
+             {g1->id, g2->id, g1->key_id, g2->key_id, std::string("10.99.0.1"),
+              std::string("root-rule"), std::string("maintenance window")})
+            EXPECT_FALSE(p->saw(secret)) << "uid 65534 learnt '" << secret << "':\n" << p->output();
+    // ... but its own binding's news do (to the subscribed connection).
+    EXPECT_TRUE(nobody_sub.saw(own.id())) << nobody_sub.output();
+    EXPECT_TRUE(nobody_sub.saw("10.99.0.3")) << nobody_sub.output();
+
+    // Root and the auditor-group member see every step, with the details Get would show them.
+    if (!auditor_lists_all) {
+        for (const std::string &secret : {g1->id, g1->key_id, std::string("root-rule")})
+            EXPECT_FALSE(auditor_sub.saw(secret)) << "signals show more than ListBindings does";
+        // Until the daemon takes groups from the calling process (issue 14, item 5), it cannot
+        // tell an auditor-group member; then this branch goes unused.
+        std::cerr << "note: uid " << auditor << " with group " << auditor_gid
+                  << " is not an auditor to the daemon; checked that it sees nothing\n";
+    }
+    for (auto *p : {&root_sub, &auditor_sub}) {
+        if (p == &auditor_sub && !auditor_lists_all) continue;
+        const std::string &out = p->output();
+        EXPECT_TRUE(p->saw("signal BindingCreated")) << out;
+        EXPECT_TRUE(p->saw("signal InterfacesAdded")) << out;
+        EXPECT_TRUE(p->saw(g1->key_id)) << out;
+        EXPECT_TRUE(p->saw("10.99.0.1:* -> 10.99.0.2:5000")) << out;
+        EXPECT_TRUE(p->saw("OwnerUid")) << out;
+        EXPECT_TRUE(p->saw("root-rule")) << out;
+        EXPECT_TRUE(p->saw("signal PropertiesChanged /org/knod/Policy1/bindings/" + g1->id)) << out;
+        EXPECT_TRUE(p->saw("\"active\"")) << out;
+        EXPECT_TRUE(p->saw("signal BindingReleased")) << out;
+        EXPECT_TRUE(p->saw("\"revoke: maintenance window\"")) << out;
+        EXPECT_TRUE(p->saw("signal InterfacesRemoved")) << out;
+        EXPECT_TRUE(p->saw(own.id())) << "others' bindings too: " << out;
+    }
+}
+
+TEST(BindingSignals, TheHolderLearnsWhyItsBindingEnded) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they use setpriv)";
+    Sandbox sb(policy_text);
+    auto admin = sb.client();
+    // The example client, as an ordinary user, waiting for data when an admin revokes it.
+    Process example(
+        {KNOD_EXAMPLE_BIN, "--flow", "udp 10.99.0.1:* -> 10.99.0.2:5000", "--timeout-ms", "20000"},
+        nobody);
+    ASSERT_TRUE(example.wait_for("waiting for data")) << example.output();
+    std::string id = example.word_after("granted binding ");
+    ASSERT_FALSE(id.empty()) << example.output();
+    ASSERT_TRUE(admin.revoke(id, "maintenance window").ok());
+    EXPECT_TRUE(example.wait_for("binding " + id + " ended: revoke: maintenance window"))
+        << example.output();
+    int status = example.wait_exit();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+
+    // A holder whose binding a reload no longer allows is told so, as revoked.
+    Process holder({KNOD_TEST_CLIENT_BIN, "hold-until-end", "knodsim0", "sim0", "4096",
+                    "udp 10.99.0.1:* -> 10.99.0.2:5001"},
+                   nobody);
+    ASSERT_TRUE(holder.wait_for("ok ")) << holder.output();
+    sb.write_policy(R"([[rule]]
+name = "root-only"
+users = [0]
+netdevs = ["knodsim0"]
+gpus = ["sim0"]
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
+iommu = "any"
+)");
+    ASSERT_TRUE(admin.reload().ok());
+    EXPECT_TRUE(holder.wait_for("ended revoked policy-reload")) << holder.output();
+
+    // The library tells its own holder (no subscription needed), through end_of.
+    auto mine = request(admin, "udp 10.99.0.1:* -> 10.99.0.2:5002");
+    ASSERT_TRUE(mine.ok()) << mine.error().message;
+    auto before = admin.end_of(mine->id);
+    ASSERT_TRUE(before.ok());
+    EXPECT_FALSE(before->has_value());
+    ASSERT_TRUE(admin.release(mine->id).ok());
+    auto end = admin.wait_for_end(mine->id, 5000);
+    ASSERT_TRUE(end.ok()) << end.error().message;
+    EXPECT_FALSE(end->revoked);
+    EXPECT_EQ(end->reason, "release");
+}
