@@ -153,6 +153,21 @@ FlowFilter::~FlowFilter() {
     flow_filter_bpf__destroy(skel_);
 }
 
+namespace {
+
+// Detaches a pinned filter's program and unpins everything in its directory.
+void unpin_dir(const fs::path &dir) {
+    int link = bpf_obj_get((dir / "link").c_str());
+    if (link >= 0) {
+        bpf_link_detach(link); // the program leaves the interface even if others hold it
+        close(link);
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec); // unlinking pins is how bpffs removes them
+}
+
+} // namespace
+
 Result<std::vector<std::string>> FlowFilter::reconcile(const std::string &pin_root,
                                                        const std::set<std::string> &keep) {
     if (auto b = ensure_bpffs(pin_root); !b) return b.error();
@@ -161,15 +176,19 @@ Result<std::vector<std::string>> FlowFilter::reconcile(const std::string &pin_ro
     for (auto &entry : fs::directory_iterator(pin_root, ec)) {
         std::string name = entry.path().filename().string();
         if (keep.count(name)) continue;
-        int link = bpf_obj_get((entry.path() / "link").c_str());
-        if (link >= 0) {
-            bpf_link_detach(link); // the program leaves the interface even if others hold it
-            close(link);
-        }
-        fs::remove_all(entry.path(), ec);
+        unpin_dir(entry.path());
         removed.push_back(name);
     }
     return removed;
+}
+
+Result<bool> FlowFilter::remove_pinned(const std::string &pin_root, const std::string &ifname) {
+    if (auto b = ensure_bpffs(pin_root); !b) return b.error();
+    fs::path dir = fs::path(pin_root) / ifname;
+    std::error_code ec;
+    if (!fs::is_directory(fs::symlink_status(dir, ec))) return false;
+    unpin_dir(dir);
+    return true;
 }
 
 Result<void> FlowFilter::write_config() {

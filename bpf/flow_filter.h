@@ -54,6 +54,9 @@ class FlowFilter {
     // Returns the interfaces it cleaned up. Mounts bpffs first if needed.
     static Result<std::vector<std::string>> reconcile(const std::string &pin_root,
                                                       const std::set<std::string> &keep);
+    // Removes the filter pinned for one interface (a crash's leftover), and nothing else under
+    // `pin_root`. Returns whether there was one.
+    static Result<bool> remove_pinned(const std::string &pin_root, const std::string &ifname);
     static Result<void> ensure_bpffs(const std::string &pin_root);
 
     ~FlowFilter(); // detaches and unpins

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 
 namespace knod::daemon {
 namespace {
@@ -123,7 +124,41 @@ void BindingManager::keep(std::variant<journal::Event, PendingEnd> record) {
     pending_.push_back(std::move(record));
 }
 
-Result<void> BindingManager::flush_pending() {
+void BindingManager::flush_pending_async() {
+    if (flushing_ || pending_.empty() || !journal_ready()) return;
+    // One record in flight at a time, in order, on the writer thread: a locked or slow journal
+    // costs the writer its busy timeout, never the event loop.
+    auto outcome = std::make_shared<std::atomic<int>>(flush_running);
+    flushing_ = outcome;
+    auto done = [this, outcome](Result<std::int64_t> r) {
+        bool ok = r || r.error().code == Errc::not_found; // a session row already gone
+        outcome->store(ok ? flush_written : flush_failed);
+        post_([this, outcome] {
+            if (flushing_ != outcome) return; // shutdown took this one over
+            flushing_.reset();
+            if (outcome->load() != flush_written) return; // the next tick tries again
+            pending_.pop_front();
+            flush_pending_async();
+        });
+    };
+    auto &next = pending_.front();
+    if (auto *e = std::get_if<journal::Event>(&next)) {
+        journal_->append_async(*e, done);
+    } else {
+        auto &end = std::get<PendingEnd>(next);
+        journal_->close_session_async(end.id, end.reason, end.counters, end.event, done);
+    }
+}
+
+Result<void> BindingManager::flush_pending_now() {
+    if (flushing_) {
+        // The record in flight: wait for its outcome (bounded by SQLite's busy timeout) so it is
+        // neither lost nor written twice.
+        while (flushing_->load() == flush_running)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (flushing_->load() == flush_written) pending_.pop_front();
+        flushing_.reset();
+    }
     if (pending_.empty()) return {};
     if (!journal_ready()) return make_error(Errc::journal_unavailable, "journal not open");
     while (!pending_.empty()) {
@@ -253,8 +288,17 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           iso.reason + " (rule '" + d.rule + "' requires iommu = \"" +
                               policy::to_string(d.iommu) + "\"); fix: " + iso.fix);
     }
-    // Fail closed: without a journal that can take the grant, nothing is granted.
-    if (auto f = flush_pending(); !f) return journal_error(f.error());
+    // Fail closed: without a journal that can take the grant, nothing is granted. Records still
+    // waiting for the disk mean it is not taking writes now: refuse at once, never wait here.
+    if (!journal_ready())
+        return journal_error(make_error(Errc::journal_unavailable, "the journal cannot be opened"));
+    if (!pending_.empty()) {
+        flush_pending_async();
+        return journal_error(
+            make_error(Errc::journal_unavailable,
+                       std::to_string(pending_.size()) +
+                           " earlier record(s) are still waiting for the disk; retry in a second"));
+    }
 
     Binding b;
     b.id = new_binding_id();
@@ -322,6 +366,15 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
 
 void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                                   const GrantDone &done) {
+    if (auto gone = abandoned_.find(id); gone != abandoned_.end()) {
+        // The caller left while its grant was in flight: the data path, key, quota and flows
+        // went at once (abandon_grant); here the session, if it reached the disk, is closed.
+        Abandoned a = std::move(gone->second);
+        abandoned_.erase(gone);
+        if (written) close_session(a.binding, a.why, {}, {});
+        return done(make_error(Errc::denied, "the caller went away (" + a.why +
+                                                 ") before its grant was durable"));
+    }
     auto it = inflight_.find(id);
     if (it == inflight_.end()) return done(make_error(Errc::unavailable, "the daemon is stopping"));
     Binding b = std::move(it->second);
@@ -353,13 +406,42 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
-    if (auto r = driver_.activate(id); !r)
+    if (auto r = driver_.activate(id); !r) {
+        journal::Event e = event_for("activate-failed", presenter);
+        e.session_id = id;
+        e.reason = r.error().message;
+        record(std::move(e));
         return make_error(Errc::driver_failure, r.error().message);
+    }
     b.state = BindingState::active;
     journal::Event e = event_for("activated", presenter);
     e.session_id = id;
     record(std::move(e));
     return {};
+}
+
+void BindingManager::close_session(const Binding &b, const std::string &why,
+                                   const journal::Counters &c, Done durable) {
+    journal::Event e = event_for(journal::kind::ended, b.owner);
+    e.reason = why;
+    e.detail = nlohmann::json{{"rx_bytes", c.rx_bytes},
+                              {"rx_packets", c.rx_packets},
+                              {"dropped_packets", c.dropped_packets}}
+                   .dump();
+    forward(e, b.netdev, b.gpu);
+    if (pending_.empty() && journal_ready()) {
+        PendingEnd end{b.id, why, c, e};
+        journal_->close_session_async(b.id, why, c, std::move(e),
+                                      [this, end, durable](Result<std::int64_t> r) {
+                                          post_([this, end, durable, ok = r.ok()] {
+                                              if (!ok) keep(end);
+                                              if (durable) durable({});
+                                          });
+                                      });
+    } else {
+        keep(PendingEnd{b.id, why, c, std::move(e)});
+        if (durable) durable({});
+    }
 }
 
 void BindingManager::end_binding(const std::string &id, const std::string &why, Done durable,
@@ -370,26 +452,7 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
     journal::Counters c = driver_.counters(id);
     driver_.detach(id);
     keys_.revoke(it->second.key_id);
-    journal::Event e = event_for(journal::kind::ended, it->second.owner);
-    e.reason = why;
-    e.detail = nlohmann::json{{"rx_bytes", c.rx_bytes},
-                              {"rx_packets", c.rx_packets},
-                              {"dropped_packets", c.dropped_packets}}
-                   .dump();
-    forward(e, it->second.netdev, it->second.gpu);
-    if (pending_.empty() && journal_ready()) {
-        PendingEnd end{id, why, c, e};
-        journal_->close_session_async(id, why, c, std::move(e),
-                                      [this, end, durable](Result<std::int64_t> r) {
-                                          post_([this, end, durable, ok = r.ok()] {
-                                              if (!ok) keep(end);
-                                              if (durable) durable({});
-                                          });
-                                      });
-    } else {
-        keep(PendingEnd{id, why, c, std::move(e)});
-        if (durable) durable({});
-    }
+    close_session(it->second, why, c, std::move(durable));
     count_usage(it->second, -1);
     Binding ended = std::move(it->second);
     bindings_.erase(it);
@@ -445,8 +508,23 @@ void BindingManager::holder_gone(const std::string &id, const std::string &why) 
     end_binding(id, why);
 }
 
+void BindingManager::abandon_grant(const std::string &id, const std::string &why) {
+    auto it = inflight_.find(id);
+    if (it == inflight_.end()) return;
+    driver_.detach(id);
+    keys_.revoke(it->second.key_id);
+    count_usage(it->second, -1);
+    abandoned_.emplace(id, Abandoned{std::move(it->second), why});
+    inflight_.erase(it);
+}
+
 void BindingManager::connection_gone(const std::string &bus_name) {
     buckets_.erase(bus_name);
+    std::vector<std::string> gone;
+    for (auto &[id, b] : inflight_)
+        if (b.owner.bus_name == bus_name) gone.push_back(id);
+    for (auto &id : gone)
+        abandon_grant(id, reason::disconnect);
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         if (b.owner.bus_name == bus_name) ids.push_back(id);
@@ -470,7 +548,7 @@ void BindingManager::tick(std::int64_t now_us) {
         end_binding(id, reason::expire);
     keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
     if (now_us - last_retention_us_ >= 3600ll * 1000000) (void)apply_retention();
-    (void)flush_pending();
+    flush_pending_async();
 }
 
 void BindingManager::shutdown() {
@@ -482,7 +560,7 @@ void BindingManager::shutdown() {
     journal::Event e;
     e.kind = journal::kind::daemon_stop;
     record(std::move(e));
-    (void)flush_pending();
+    (void)flush_pending_now();
 }
 
 const Binding *BindingManager::find(const std::string &id) const {

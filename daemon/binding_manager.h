@@ -12,6 +12,7 @@
 #include "daemon/sinks/sinks.h"
 #include "policy/engine.h"
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -164,13 +165,22 @@ class BindingManager {
     void record(journal::Event e);
     void end_binding(const std::string &id, const std::string &why, Done durable = {},
                      const std::string &note = {});
+    // Journals a session's end (now, or kept for when the journal is back).
+    void close_session(const Binding &b, const std::string &why, const journal::Counters &c,
+                       Done durable);
+    // A grant in flight whose caller left: everything it held goes now; finish_grant closes
+    // its session instead of handing out the key.
+    void abandon_grant(const std::string &id, const std::string &why);
     Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
     void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                       const GrantDone &done);
     Result<void> rate_limit(const std::string &bus_name);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
     void count_usage(const Binding &b, int sign); // +1 when granted (in flight), -1 when gone
-    Result<void> flush_pending();
+    // Retries kept records on the journal's writer thread, one at a time, in order.
+    void flush_pending_async();
+    // Writes them now, waiting (shutdown only).
+    Result<void> flush_pending_now();
 
     struct PendingEnd {
         std::string id;
@@ -192,10 +202,18 @@ class BindingManager {
     std::unique_ptr<journal::Journal> journal_;
     std::map<std::string, Binding> bindings_;
     std::map<std::string, Binding> inflight_; // granted, waiting for the journal to commit
-    std::map<uid_t, policy::Usage> usage_;    // live and in-flight bindings per uid, for quotas
+    struct Abandoned {
+        Binding binding;
+        std::string why;
+    };
+    std::map<std::string, Abandoned> abandoned_; // in flight, caller gone: nothing to hand out
+    std::map<uid_t, policy::Usage> usage_;       // live and in-flight bindings per uid, for quotas
     Post post_;
     std::map<std::string, Bucket> buckets_;
     std::deque<std::variant<journal::Event, PendingEnd>> pending_;
+    // The outcome of the kept record being retried now (pending_.front()); null when none is.
+    enum { flush_running, flush_written, flush_failed };
+    std::shared_ptr<std::atomic<int>> flushing_;
     std::uint64_t dropped_records_ = 0;
     sinks::SinkQueue *sinks_ = nullptr;
     host::SysfsHost host_;

@@ -1,11 +1,13 @@
 // knod-policyd: wires the policy, keys, journal and driver to the bus, then runs the event loop.
 #include "daemon/binding_manager.h"
 #include "daemon/bus/bus_service.h"
+#include "daemon/bus/names.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/knod_driver.h"
 #include "daemon/driver/selection.h"
 #include "daemon/driver/sim_driver.h"
 #include "daemon/host/link_monitor.h"
+#include "knod/file_lock.h"
 #include "policy/parser.h"
 
 #include <CLI/CLI.hpp>
@@ -201,6 +203,9 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     app.add_option("--bpf-pin-root", o.sim.pin_root, "where the flow filter is pinned")
         ->capture_default_str();
+    app.add_option("--runtime-dir", o.sim.lock_dir,
+                   "sim: where the per-netdev lock lives (one daemon per sim netdev)")
+        ->capture_default_str();
     app.add_option("--rate-limit", o.rate, "requests per second per bus connection")
         ->capture_default_str();
     app.add_option("--journald", o.journald, "copy events to the system journal")
@@ -229,6 +234,18 @@ int main(int argc, char **argv) {
     }
     if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
         std::cerr << "knod-policyd: cannot create " << o.state_dir << ": " << std::strerror(errno)
+                  << "\n";
+        return 1;
+    }
+    // One daemon per state dir, decided before anything is touched: a second one started by
+    // mistake must not reconcile, rebuild or journal over the first.
+    auto state_lock = knod::FileLock::acquire(o.state_dir, true);
+    if (!state_lock) {
+        std::cerr << "knod-policyd: "
+                  << (state_lock.error().code == knod::Errc::unavailable
+                          ? "another knod-policyd is running with state dir " + o.state_dir +
+                                "; stop it first, or give this one its own --state-dir"
+                          : state_lock.error().message)
                   << "\n";
         return 1;
     }
@@ -261,6 +278,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     sd_bus_attach_event(bus->get(), event.get(), SD_EVENT_PRIORITY_NORMAL);
+    // The name before the network, BPF or journal: a second daemon on the same bus stops here.
+    // Calls that arrive before the vtables exist wait in the queue until the loop runs.
+    if (int rc = sd_bus_request_name(bus->get(), knod::bus::service_name, 0); rc < 0) {
+        std::cerr << "knod-policyd: cannot own " << knod::bus::service_name << ": "
+                  << std::strerror(-rc)
+                  << (rc == -EEXIST ? " (another knod-policyd serves this bus; stop it first)"
+                                    : " (does the bus policy let this user own the name?)")
+                  << "\n";
+        return 1;
+    }
 
     SdEventLoop driver_loop(event.get());
     o.sim.drop_unmatched =

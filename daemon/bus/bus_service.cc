@@ -162,8 +162,9 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
                                       name_owner_changed, this),
                   "NameOwnerChanged match")))
         return r;
+    // main() takes the name before it touches the network; EALREADY means it did.
     int rc = sd_bus_request_name(bus_, service_name, 0);
-    if (rc < 0)
+    if (rc < 0 && rc != -EALREADY)
         return make_error(Errc::denied, std::string("cannot own ") + service_name + ": " +
                                             std::strerror(-rc) +
                                             " (is another knod-policyd running, and does the bus "

@@ -2,7 +2,12 @@
 
 #include "daemon/driver/frame.h"
 
+#include <net/if.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 
@@ -19,6 +24,22 @@ SimDriver::~SimDriver() {
 
 Result<void> SimDriver::start() {
     if (!config_.datapath) return {};
+    // Before anything is removed or built: a second daemon with the same sim names must leave
+    // the first one's network, filter and pins alone.
+    mkdir(config_.lock_dir.c_str(), 0700);
+    std::string lock_path = config_.lock_dir + "/sim-" + config_.netdev + ".lock";
+    auto lock = FileLock::acquire(lock_path, false);
+    if (!lock) {
+        if (lock.error().code == Errc::unavailable)
+            return make_error(Errc::unavailable,
+                              "sim netdev " + config_.netdev +
+                                  " is already served by another knod-policyd (it holds " +
+                                  lock_path +
+                                  "); stop it, or give this one other --sim-netdev, "
+                                  "--sim-netns and --bpf-pin-root names");
+        return lock.error();
+    }
+    netdev_lock_ = std::move(*lock);
     SimNetworkConfig n;
     n.netns = config_.netns;
     n.nic = config_.netdev;
@@ -47,6 +68,12 @@ Result<NetdevInfo> SimDriver::netdev(const std::string &name) const {
     if (name != config_.netdev)
         return make_error(Errc::invalid_argument, "netdev: no device named '" + name +
                                                       "' (the sim has '" + config_.netdev + "')");
+    // Its link may have been deleted under the daemon: nothing could ever be delivered.
+    if (network_ && if_nametoindex(config_.netdev.c_str()) == 0)
+        return make_error(Errc::invalid_argument,
+                          "netdev: " + config_.netdev +
+                              " no longer exists (No such device); restart knod-policyd to "
+                              "rebuild the sim network");
     return netdevs().front();
 }
 
@@ -92,7 +119,17 @@ Result<std::vector<std::uint32_t>> SimDriver::attach(const BindingPlan &plan) {
 
 Result<void> SimDriver::open_queue(std::uint32_t queue) {
     if (xsks_.count(queue)) return {};
+    // The kernel releases a closed AF_XDP socket's queue asynchronously, so a bind right after a
+    // close (another process's, or a daemon restart) can meet EBUSY: retry a few times with a
+    // short backoff. Bounded: at most ~30 ms on the loop, once per queue per daemon life,
+    // because sockets stay open once made (see park_queue_if_idle).
     auto x = XskQueue::open(config_.netdev, queue, network_->filter().xsks_fd());
+    for (int wait_ms = 2;
+         !x && x.error().message.find(std::strerror(EBUSY)) != std::string::npos && wait_ms <= 16;
+         wait_ms *= 2) {
+        usleep(static_cast<useconds_t>(wait_ms) * 1000);
+        x = XskQueue::open(config_.netdev, queue, network_->filter().xsks_fd());
+    }
     if (!x) return x.error();
     XskQueue *raw = x->get();
     if (loop_) {
@@ -102,13 +139,15 @@ Result<void> SimDriver::open_queue(std::uint32_t queue) {
     return {};
 }
 
-void SimDriver::close_queue_if_idle(std::uint32_t queue) {
+void SimDriver::park_queue_if_idle(std::uint32_t queue) {
     for (Slot *s : on_queue_[queue])
         if (s->active) return;
     auto it = xsks_.find(queue);
     if (it == xsks_.end()) return;
-    if (loop_) loop_->unwatch(it->second->fd());
-    xsks_.erase(it);
+    // The socket stays open: closing it would make the next activation on this queue race the
+    // kernel's asynchronous release (EBUSY). Frames already received belonged to bindings that
+    // are gone; they are discarded so a later binding with the same flows never sees them.
+    it->second->drain([](std::span<const std::uint8_t>) {});
 }
 
 Result<void> SimDriver::activate(const std::string &id) {
@@ -134,7 +173,7 @@ void SimDriver::detach(const std::string &id) {
     free_slots_.insert(it->second.slot);
     on_queue_[queue].erase(&it->second);
     slots_.erase(it);
-    if (network_) close_queue_if_idle(queue);
+    if (network_) park_queue_if_idle(queue);
 }
 
 journal::Counters SimDriver::counters(const std::string &id) const {

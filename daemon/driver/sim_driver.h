@@ -9,8 +9,10 @@
 #include "daemon/driver/event_loop.h"
 #include "daemon/driver/sim_network.h"
 #include "daemon/driver/xsk_queue.h"
+#include "knod/file_lock.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 namespace knod::driver {
@@ -24,6 +26,9 @@ struct SimConfig {
     std::string netns = "knod-sim";
     std::string pin_root = "/sys/fs/bpf/knod";
     bool drop_unmatched = false;
+    // Where the per-netdev lock lives (sim-NETDEV.lock): two daemons never build, reconcile or
+    // tear down the same sim network.
+    std::string lock_dir = "/run/knod-policy";
 };
 
 class SimDriver : public Driver {
@@ -64,10 +69,11 @@ class SimDriver : public Driver {
     void receive(XskQueue &q);
     void deliver(Slot &s, std::span<const std::uint8_t> payload);
     Result<void> open_queue(std::uint32_t queue);
-    void close_queue_if_idle(std::uint32_t queue);
+    void park_queue_if_idle(std::uint32_t queue);
 
     SimConfig config_;
     EventLoop *loop_;
+    std::optional<FileLock> netdev_lock_; // held while network_ lives (declared first: freed last)
     std::unique_ptr<SimNetwork> network_;
     std::map<std::string, Slot> slots_;
     // The bindings on each offload queue, so a received frame and the queue choice look only at

@@ -97,8 +97,9 @@ Result<std::string> run_ip(const std::vector<std::string> &args) {
 void SimNetwork::remove(const SimNetworkConfig &c) {
     (void)run_ip({"link", "del", c.nic}); // takes the wire end with it
     (void)run_ip({"netns", "del", c.netns});
-    std::set<std::string> none;
-    (void)bpf::FlowFilter::reconcile(c.filter.pin_root, none);
+    // Only this network's own pins: other daemons may pin other netdevs' filters under the same
+    // root.
+    (void)bpf::FlowFilter::remove_pinned(c.filter.pin_root, c.nic);
 }
 
 Result<std::unique_ptr<SimNetwork>> SimNetwork::create(const SimNetworkConfig &c) {

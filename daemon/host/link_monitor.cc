@@ -1,5 +1,7 @@
 #include "daemon/host/link_monitor.h"
 
+#include <net/if.h>
+
 #include <linux/if.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -37,7 +39,11 @@ void LinkMonitor::drain() {
             for (auto *a = IFLA_RTA(ifi); RTA_OK(a, len); a = RTA_NEXT(a, len))
                 if (a->rta_type == IFLA_IFNAME) name = static_cast<const char *>(RTA_DATA(a));
             if (name.empty()) continue;
-            if (h->nlmsg_type == RTM_DELLINK)
+            // A deleted link is first reported down; by the time we read that, it may already
+            // be gone, and then its bindings end as removed, not down.
+            bool gone = h->nlmsg_type == RTM_DELLINK ||
+                        if_nametoindex(name.c_str()) != static_cast<unsigned>(ifi->ifi_index);
+            if (gone)
                 handler_(name, "link-removed");
             else if (!(ifi->ifi_flags & IFF_UP))
                 handler_(name, "link-down");
