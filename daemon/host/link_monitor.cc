@@ -7,8 +7,12 @@
 #include <linux/rtnetlink.h>
 #include <sys/socket.h>
 
+#include <poll.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 namespace knod::host {
 
@@ -26,10 +30,24 @@ Result<LinkMonitor> LinkMonitor::open(Handler handler) {
 }
 
 void LinkMonitor::drain() {
+    // A deleted link is reported down first and removed a moment later: gather what arrives,
+    // waiting briefly (at most 20 ms, only when a link went down) for a removal to follow, so
+    // its bindings end as removed, not down.
+    std::map<std::string, std::string> verdicts;
+    bool waited = false;
     alignas(nlmsghdr) char buf[16384];
     for (;;) {
         ssize_t n = recv(fd_.get(), buf, sizeof buf, 0);
-        if (n <= 0) return; // EAGAIN: all read (ENOBUFS: overrun; the next event resyncs)
+        if (n <= 0) {
+            // EAGAIN: all read (ENOBUFS: overrun; the next event resyncs).
+            bool down = std::any_of(verdicts.begin(), verdicts.end(),
+                                    [](auto &v) { return v.second == "link-down"; });
+            if (!down || waited) break;
+            waited = true;
+            pollfd p{fd_.get(), POLLIN, 0};
+            if (poll(&p, 1, 20) <= 0) break;
+            continue;
+        }
         for (auto *h = reinterpret_cast<nlmsghdr *>(buf); NLMSG_OK(h, static_cast<unsigned>(n));
              h = NLMSG_NEXT(h, n)) {
             if (h->nlmsg_type != RTM_NEWLINK && h->nlmsg_type != RTM_DELLINK) continue;
@@ -37,18 +55,20 @@ void LinkMonitor::drain() {
             std::string name;
             int len = static_cast<int>(IFLA_PAYLOAD(h));
             for (auto *a = IFLA_RTA(ifi); RTA_OK(a, len); a = RTA_NEXT(a, len))
-                if (a->rta_type == IFLA_IFNAME) name = static_cast<const char *>(RTA_DATA(a));
+                if (a->rta_type == IFLA_IFNAME)
+                    name.assign(static_cast<const char *>(RTA_DATA(a)),
+                                strnlen(static_cast<const char *>(RTA_DATA(a)), RTA_PAYLOAD(a)));
             if (name.empty()) continue;
-            // A deleted link is first reported down; by the time we read that, it may already
-            // be gone, and then its bindings end as removed, not down.
             bool gone = h->nlmsg_type == RTM_DELLINK ||
                         if_nametoindex(name.c_str()) != static_cast<unsigned>(ifi->ifi_index);
             if (gone)
-                handler_(name, "link-removed");
-            else if (!(ifi->ifi_flags & IFF_UP))
-                handler_(name, "link-down");
+                verdicts[name] = "link-removed";
+            else if (!(ifi->ifi_flags & IFF_UP) && !verdicts.count(name))
+                verdicts[name] = "link-down";
         }
     }
+    for (auto &[name, why] : verdicts)
+        handler_(name, why);
 }
 
 } // namespace knod::host
