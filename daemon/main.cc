@@ -11,6 +11,7 @@
 #include "policy/parser.h"
 
 #include <CLI/CLI.hpp>
+#include <net/if.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -327,11 +328,33 @@ int main(int argc, char **argv) {
         config, driver, std::move(*keys), std::move(*policy), service,
         [&driver_loop](std::function<void()> fn) { driver_loop.post(std::move(fn)); });
     manager.set_sinks(&sinks);
-    // A link that goes down or away takes its bindings with it.
-    auto links = knod::host::LinkMonitor::open(
-        [&manager](const std::string &ifname, const std::string &why) {
+    // A link that goes down or away takes its bindings with it. A deleted link is reported down
+    // before it is gone: "down" is judged again 200 ms later (a down link delivers nothing
+    // meanwhile), so a removal is recorded as link-removed.
+    struct DownCheck {
+        knod::daemon::BindingManager *manager;
+        std::string ifname;
+    };
+    auto links = knod::host::LinkMonitor::open([&manager, &event](const std::string &ifname,
+                                                                  const std::string &why) {
+        if (why != "link-down") return manager.netdev_gone(ifname, why);
+        auto *check = new DownCheck{&manager, ifname};
+        auto later = [](sd_event_source *src, uint64_t, void *ud) -> int {
+            std::unique_ptr<DownCheck> c(static_cast<DownCheck *>(ud));
+            c->manager->netdev_gone(
+                c->ifname, if_nametoindex(c->ifname.c_str()) == 0 ? "link-removed" : "link-down");
+            sd_event_source_unref(src);
+            return 0;
+        };
+        uint64_t now = 0;
+        sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
+        sd_event_source *src = nullptr; // unreferenced by `later` when it has run
+        if (sd_event_add_time(event.get(), &src, CLOCK_MONOTONIC, now + 200'000, 10'000, later,
+                              check) < 0) {
+            delete check;
             manager.netdev_gone(ifname, why);
-        });
+        }
+    });
     if (!links) {
         std::cerr << "knod-policyd: " << links.error().message << "\n";
         return 1;

@@ -7,9 +7,6 @@
 #include <linux/rtnetlink.h>
 #include <sys/socket.h>
 
-#include <poll.h>
-
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -30,24 +27,13 @@ Result<LinkMonitor> LinkMonitor::open(Handler handler) {
 }
 
 void LinkMonitor::drain() {
-    // A deleted link is reported down first and removed a moment later: gather what arrives,
-    // waiting briefly (at most 20 ms, only when a link went down) for a removal to follow, so
-    // its bindings end as removed, not down.
+    // A deleted link is reported down first and removed a moment later: one verdict per name
+    // per batch, removal winning.
     std::map<std::string, std::string> verdicts;
-    bool waited = false;
     alignas(nlmsghdr) char buf[16384];
     for (;;) {
         ssize_t n = recv(fd_.get(), buf, sizeof buf, 0);
-        if (n <= 0) {
-            // EAGAIN: all read (ENOBUFS: overrun; the next event resyncs).
-            bool down = std::any_of(verdicts.begin(), verdicts.end(),
-                                    [](auto &v) { return v.second == "link-down"; });
-            if (!down || waited) break;
-            waited = true;
-            pollfd p{fd_.get(), POLLIN, 0};
-            if (poll(&p, 1, 20) <= 0) break;
-            continue;
-        }
+        if (n <= 0) break; // EAGAIN: all read (ENOBUFS: overrun; the next event resyncs)
         for (auto *h = reinterpret_cast<nlmsghdr *>(buf); NLMSG_OK(h, static_cast<unsigned>(n));
              h = NLMSG_NEXT(h, n)) {
             if (h->nlmsg_type != RTM_NEWLINK && h->nlmsg_type != RTM_DELLINK) continue;
