@@ -226,6 +226,22 @@ Result<void> Client::activate(const std::string &id, const std::vector<std::uint
     return {};
 }
 
+Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std::uint8_t> &key) {
+    sd_bus_message *call = nullptr;
+    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
+                                           binding_interface, "Renew");
+    if (r < 0) return make_error(Errc::io, "Renew: cannot build the call");
+    Reply reply;
+    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
+        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
+    sd_bus_message_unref(call);
+    if (r < 0) return bus_failure(reply.e, r, "Renew");
+    std::uint64_t until = 0;
+    if (sd_bus_message_read(reply.m, "t", &until) < 0)
+        return make_error(Errc::io, "Renew: unexpected reply");
+    return until;
+}
+
 Result<void> Client::release(const std::string &id) {
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, path_of(id).c_str(), binding_interface,

@@ -71,6 +71,9 @@ class Client {
                                            std::uint64_t offset, std::uint64_t length,
                                            const std::vector<std::string> &flows);
     Result<void> activate(const std::string &id, const std::vector<std::uint8_t> &key);
+    // Extends the binding's key by the policy's key lifetime from now (long jobs call it before
+    // Expires); returns the new expiry in microseconds since the epoch.
+    Result<std::uint64_t> renew(const std::string &id, const std::vector<std::uint8_t> &key);
     Result<void> release(const std::string &id);
     Result<BindingCounters> counters(const std::string &id);
     // Waits until the binding's RxBytes passes `seen` (the article's wait_for_data), polling the

@@ -77,6 +77,13 @@ bool BindingManager::journal_ready() {
     return true;
 }
 
+Result<void> BindingManager::apply_settings() {
+    bool drop = policy_.settings.unmatched_traffic == policy::UnmatchedTraffic::drop;
+    if (auto r = driver_.set_unmatched_drop(drop); !r)
+        return make_error(Errc::invalid_policy, "settings.unmatched_traffic: " + r.error().message);
+    return {};
+}
+
 void BindingManager::start() {
     if (journal_ready()) {
         // Sessions a crash left open end now; their bindings did not survive the process.
@@ -420,6 +427,47 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
     return {};
 }
 
+Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &presenter,
+                                           std::span<const std::uint8_t> key) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return make_error(Errc::not_found, "no binding " + id);
+    Binding &b = it->second;
+    auto refuse = [&](Errc code, const std::string &why) -> Error {
+        journal::Event e = event_for("renew-refused", presenter);
+        e.session_id = id;
+        e.reason = why;
+        record(std::move(e));
+        return make_error(code, why);
+    };
+    if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
+        return refuse(Errc::denied, "key refused: " + ok.error().message);
+    policy::Request req;
+    req.caller = b.owner.caller();
+    req.netdev = b.netdev;
+    req.gpu_names = b.gpu_names;
+    req.mode = b.mode;
+    req.region_bytes = b.region_id.length;
+    req.flows = b.flows;
+    policy::Decision d = policy::decide(policy_, req, usage_of(b.owner.uid, id));
+    if (!d.granted())
+        return refuse(Errc::denied,
+                      "the current policy no longer grants this binding: " + d.reason);
+    std::int64_t until =
+        journal::now_us() +
+        std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime).count();
+    until = std::max(until, b.expires_us); // renewing never shortens
+    if (auto r = keys_.extend(b.key_id, keys::Clock::time_point(std::chrono::microseconds(until)));
+        !r)
+        return refuse(r.error().code, r.error().message);
+    b.expires_us = until;
+    journal::Event e = event_for("renewed", presenter);
+    e.session_id = id;
+    e.rule = d.rule;
+    e.detail = nlohmann::json{{"expires_us", until}}.dump();
+    record(std::move(e));
+    return until;
+}
+
 void BindingManager::close_session(const Binding &b, const std::string &why,
                                    const journal::Counters &c, Done durable) {
     journal::Event e = event_for(journal::kind::ended, b.owner);
@@ -480,6 +528,11 @@ void BindingManager::revoke(const std::string &id, const std::string &why, const
 }
 
 Result<std::size_t> BindingManager::reload(policy::Policy next, const std::string &by) {
+    // Every setting takes effect now, or the reload is refused and the old policy stays.
+    bool drop = next.settings.unmatched_traffic == policy::UnmatchedTraffic::drop;
+    if (auto r = driver_.set_unmatched_drop(drop); !r)
+        return make_error(Errc::invalid_policy, "settings.unmatched_traffic: " + r.error().message +
+                                                    "; the old policy stays");
     policy_ = std::move(next);
     std::vector<std::string> doomed;
     for (auto &[id, b] : bindings_) {

@@ -121,6 +121,9 @@ class BindingManager {
     // Opens the journal, closes sessions a crash left open, records the start. A journal that
     // cannot be opened is not fatal: requests are refused until it can be.
     void start();
+    // Hands the policy's settings to the driver (unmatched traffic); fails if it cannot honour
+    // them. Called before start(); reload() does the same for the next policy.
+    Result<void> apply_settings();
 
     // Decides and prepares at once; `done` gets the key only once the session row and grant
     // event are durable (or the error). Concurrent requests share one commit. Immediate
@@ -128,6 +131,11 @@ class BindingManager {
     void request(const Peer &caller, const RequestArgs &args, GrantDone done);
     Result<void> activate(const std::string &id, const Peer &presenter,
                           std::span<const std::uint8_t> key);
+    // The holder extends its key (and binding) by the current policy's key lifetime, counted
+    // from now, if the current policy still grants the binding. Returns the new expiry (us
+    // since the epoch). Journaled; refused like Activate for a wrong key.
+    Result<std::int64_t> renew(const std::string &id, const Peer &presenter,
+                               std::span<const std::uint8_t> key);
     // The owner, or anyone `privileged` (an admin), may release. The data path stops at once;
     // `done` runs once the end is on disk (or kept to write when the disk is back).
     void release(const std::string &id, const Peer &by, bool privileged, Done done);

@@ -363,6 +363,10 @@ int main(int argc, char **argv) {
         std::cerr << "knod-policyd: " << w.error().message << "\n";
         return 1;
     }
+    if (auto r = manager.apply_settings(); !r) {
+        std::cerr << "knod-policyd: " << r.error().message << "\n";
+        return 1;
+    }
     manager.start();
     if (auto pruned = manager.apply_retention(); pruned && *pruned > 0)
         log("journal retention pruned " + std::to_string(*pruned) + " event(s)");

@@ -98,13 +98,17 @@ const sd_bus_vtable binding_vtable[] = {
     SD_BUS_PROPERTY("KeyId", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("Rule", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("Created", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Expires", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    // Moves when the holder renews.
+    SD_BUS_PROPERTY("Expires", "t", BusService::binding_property, 0, 0),
     SD_BUS_PROPERTY("State", "s", BusService::binding_property, 0,
                     SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
     SD_BUS_PROPERTY("RxBytes", "t", BusService::binding_property, 0, 0),
     SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property, 0, 0),
     SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property, 0, 0),
     // Anyone who can see the object; the key is checked against the caller's own process.
+    // The holder only (the key is checked against the caller's own process): extends the key.
+    SD_BUS_METHOD_WITH_NAMES("Renew", "ay", SD_BUS_PARAM(key), "t", SD_BUS_PARAM(expires_us),
+                             BusService::renew, SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_METHOD_WITH_NAMES("Activate", "ay", SD_BUS_PARAM(key), "", "", BusService::activate,
                              SD_BUS_VTABLE_UNPRIVILEGED),
     // The owner, or an admin: checked in the handler.
@@ -385,6 +389,20 @@ int BusService::activate(sd_bus_message *m, void *self, sd_bus_error *err) {
     if (!done) return fail(err, done.error());
     if (const daemon::Binding *b = s->manager_->find(id)) s->emit_state_changed(*b);
     return sd_bus_reply_method_return(m, "");
+}
+
+int BusService::renew(sd_bus_message *m, void *self, sd_bus_error *err) {
+    auto *s = service(self);
+    const void *key = nullptr;
+    size_t size = 0;
+    int r = sd_bus_message_read_array(m, 'y', &key, &size);
+    if (r < 0) return r;
+    auto caller = s->peer(m);
+    if (!caller) return fail(err, caller.error());
+    std::string id = id_of(sd_bus_message_get_path(m));
+    auto until = s->manager_->renew(id, *caller, {static_cast<const std::uint8_t *>(key), size});
+    if (!until) return fail(err, until.error());
+    return sd_bus_reply_method_return(m, "t", static_cast<std::uint64_t>(*until));
 }
 
 int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {

@@ -58,6 +58,15 @@ class Driver {
     virtual journal::Counters counters(const std::string &id) const = 0;
     // Driver-wide counters for the host report (traffic no binding claimed, and so on).
     virtual std::map<std::string, std::uint64_t> stats() const { return {}; }
+    // What happens to traffic no binding claims (policy setting unmatched_traffic), applied at
+    // start and on every reload. A backend without a filter of its own can only pass it to the
+    // normal stack: dropping is Errc::unsupported there, never silently ignored.
+    virtual Result<void> set_unmatched_drop(bool drop) {
+        if (!drop) return {};
+        return make_error(Errc::unsupported,
+                          "unmatched_traffic = \"drop\" needs the XDP flow filter, which the " +
+                              name() + " driver does not run; set unmatched_traffic = \"pass\"");
+    }
 };
 
 } // namespace knod::driver

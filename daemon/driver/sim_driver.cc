@@ -198,6 +198,14 @@ std::map<std::string, std::uint64_t> SimDriver::stats() const {
             {"raced", f.raced}};
 }
 
+Result<void> SimDriver::set_unmatched_drop(bool drop) {
+    config_.drop_unmatched = drop;
+    if (!network_) return {};
+    if (auto r = network_->filter().set_unmatched_drop(drop); !r)
+        return make_error(Errc::driver_failure, r.error().message);
+    return {};
+}
+
 void SimDriver::receive(XskQueue &q) {
     q.drain([&](std::span<const std::uint8_t> frame) {
         auto parsed = parse_frame(frame);

@@ -56,6 +56,7 @@ class SimDriver : public Driver {
     // Filter-wide counts: unmatched traffic passed or dropped, malformed, fragments, and frames
     // that reached a socket but no active binding.
     std::map<std::string, std::uint64_t> stats() const override;
+    Result<void> set_unmatched_drop(bool drop) override;
 
   private:
     struct Slot {

@@ -145,6 +145,15 @@ void KeyAuthority::revoke(const std::string &key_id) {
     if (it != entries_.end()) it->second.state = KeyState::revoked;
 }
 
+Result<void> KeyAuthority::extend(const std::string &key_id, Clock::time_point expires) {
+    auto it = entries_.find(key_id);
+    if (it == entries_.end()) return make_error(Errc::not_found, "no key " + key_id);
+    if (it->second.state == KeyState::revoked)
+        return make_error(Errc::revoked, "key " + key_id + " was revoked");
+    it->second.grant.expires = expires;
+    return {};
+}
+
 std::vector<std::string> KeyAuthority::expire(Clock::time_point now) {
     std::vector<std::string> gone;
     for (auto it = entries_.begin(); it != entries_.end();) {
