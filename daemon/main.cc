@@ -337,6 +337,7 @@ int main(int argc, char **argv) {
     };
     auto links = knod::host::LinkMonitor::open([&manager, &event](const std::string &ifname,
                                                                   const std::string &why) {
+        if (!manager.driver().netdevs_are_links()) return;
         if (why != "link-down") return manager.netdev_gone(ifname, why);
         auto *check = new DownCheck{&manager, ifname};
         auto later = [](sd_event_source *src, uint64_t, void *ud) -> int {

@@ -58,6 +58,10 @@ class Driver {
     virtual journal::Counters counters(const std::string &id) const = 0;
     // Driver-wide counters for the host report (traffic no binding claimed, and so on).
     virtual std::map<std::string, std::uint64_t> stats() const { return {}; }
+    // Whether netdevs() are real links whose going down or away ends their bindings (the sim
+    // without its data path names a netdev that does not exist; a real link of the same name,
+    // someone else's, is none of its business).
+    virtual bool netdevs_are_links() const { return true; }
     // What happens to traffic no binding claims (policy setting unmatched_traffic), applied at
     // start and on every reload. A backend without a filter of its own can only pass it to the
     // normal stack: dropping is Errc::unsupported there, never silently ignored.

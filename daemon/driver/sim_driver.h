@@ -57,6 +57,7 @@ class SimDriver : public Driver {
     // that reached a socket but no active binding.
     std::map<std::string, std::uint64_t> stats() const override;
     Result<void> set_unmatched_drop(bool drop) override;
+    bool netdevs_are_links() const override { return network_ != nullptr; }
 
   private:
     struct Slot {

@@ -24,6 +24,13 @@ namespace {
 
 const char *flow = "udp 10.99.0.1:* -> 10.99.0.2:5000";
 
+std::string read_file(const std::string &path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
 std::string unique(const char *stem) {
     return stem + std::to_string(getpid() % 100000);
 }
@@ -287,16 +294,17 @@ TEST_F(ControlPlane, DisconnectDuringGrantLeavesNoOrphan) {
 TEST_F(ControlPlane, LockedJournalNeverStallsTheLoop) {
     auto c = sandbox_->client();
     ASSERT_TRUE(eventually([&] { return c.status()->journal_available; }));
-    FILE *locker = popen(("sqlite3 " + sandbox_->journal() + " >/dev/null 2>&1").c_str(), "w");
+    // The locker says "locked" only once its BEGIN IMMEDIATE went through (-bail: a failed one
+    // ends it).
+    std::string said = sandbox_->dir() + "/locker.out";
+    FILE *locker =
+        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
     ASSERT_NE(locker, nullptr);
-    fputs("BEGIN IMMEDIATE;\n", locker);
+    fputs(".timeout 10000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
     fflush(locker);
-    // Held once another writer cannot get in.
-    ASSERT_TRUE(eventually([&] {
-        return system(("sqlite3 " + sandbox_->journal() +
-                       " 'BEGIN IMMEDIATE; ROLLBACK;' >/dev/null 2>&1")
-                          .c_str()) != 0;
-    }));
+    ASSERT_TRUE(
+        eventually([&] { return read_file(said).find("locked") != std::string::npos; }, 10000))
+        << read_file(said);
 
     sd_bus *bus = open_bus(sandbox_->address());
     ASSERT_NE(bus, nullptr);
