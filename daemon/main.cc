@@ -327,7 +327,8 @@ int main(int argc, char **argv) {
     struct Loop {
         knod::daemon::BindingManager *manager;
         knod::bus::BusService *service;
-    } loop{&manager, &service};
+        sd_event *event;
+    } loop{&manager, &service, event.get()};
     auto on_signal = [](sd_event_source *s, const struct signalfd_siginfo *si, void *ud) -> int {
         return knod::bus::guarded("signal", nullptr, [&] {
             auto *l = static_cast<Loop *>(ud);
@@ -346,12 +347,13 @@ int main(int argc, char **argv) {
         sd_event_add_signal(event.get(), nullptr, sig, on_signal, &loop);
     // Off the bus (dbus-daemon gone, or it dropped us) nobody can reach us or release: end every
     // binding as on SIGTERM and exit non-zero, so systemd restarts the daemon and says why.
-    auto on_disconnect = [](sd_bus_message *m, void *ud, sd_bus_error *) -> int {
+    auto on_disconnect = [](sd_bus_message *, void *ud, sd_bus_error *) -> int {
         return knod::bus::guarded("bus disconnect", nullptr, [&] {
+            auto *l = static_cast<Loop *>(ud);
             log("knod-policyd: lost the connection to the bus; ending every binding and exiting");
             sd_notify(0, "STOPPING=1\nSTATUS=Lost the bus; releasing every binding");
-            static_cast<Loop *>(ud)->manager->shutdown();
-            return sd_event_exit(sd_bus_get_event(sd_bus_message_get_bus(m)), 2);
+            l->manager->shutdown();
+            return sd_event_exit(l->event, 2);
         });
     };
     if (int rc = sd_bus_match_signal(bus->get(), nullptr, "org.freedesktop.DBus.Local",
