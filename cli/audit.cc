@@ -9,6 +9,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <iomanip>
 #include <iostream>
 
@@ -285,8 +286,11 @@ int verify(const Options &o) {
     bool tty = !o.json && isatty(STDERR_FILENO);
     auto progress = [tty](std::int64_t done, std::int64_t total) {
         if (!tty || total == 0) return;
-        std::cerr << "\rverifying: " << done << "/" << total << " events (" << (done * 100 / total)
-                  << "%)" << std::flush;
+        // Straight to stdio: the CR that redraws the line is ours, and std::cerr escapes CRs.
+        std::cerr << std::flush;
+        std::fprintf(stderr, "\rverifying: %lld/%lld events (%lld%%)", static_cast<long long>(done),
+                     static_cast<long long>(total), static_cast<long long>(done * 100 / total));
+        std::fflush(stderr);
     };
     auto report = journal::verify_chain(o.db, progress, o.anchor);
     if (tty) std::cerr << "\n";
