@@ -4,10 +4,12 @@
 #include "cli/commands.h"
 #include "daemon/journal/reader.h"
 #include "daemon/journal/verify.h"
+#include "knod/json.h"
 
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <iomanip>
 #include <iostream>
 
@@ -114,7 +116,7 @@ class Printer {
     void add(const nlohmann::json &j, const std::vector<std::string> &fields) {
         ++count_;
         if (o_.json)
-            std::cout << (count_ > 1 ? ",\n" : "\n") << j.dump();
+            std::cout << (count_ > 1 ? ",\n" : "\n") << knod::dump_json(j);
         else if (o_.csv)
             std::cout << csv_row(fields) << "\n";
         else
@@ -188,7 +190,7 @@ int show(const Options &o) {
         j["events"] = nlohmann::json::array();
         for (auto &e : events)
             j["events"].push_back(event_json(e));
-        std::cout << j.dump(2) << "\n";
+        std::cout << knod::dump_json(j, 2) << "\n";
         return exit_ok;
     }
     auto row = session_row(**s);
@@ -222,16 +224,16 @@ int report(const Options &o) {
     for (auto &[rule, n] : rep->top_denied_rules)
         top.push_back({{"rule", rule}, {"denials", n}});
     if (o.json) {
-        std::cout << nlohmann::json{{"since", o.since.empty()
-                                                  ? nlohmann::json()
-                                                  : nlohmann::json(format_time(f->since_us))},
-                                    {"until", o.until.empty()
-                                                  ? nlohmann::json()
-                                                  : nlohmann::json(format_time(f->until_us))},
-                                    {"by_user", tallies(rep->by_user)},
-                                    {"by_netdev", tallies(rep->by_netdev)},
-                                    {"top_denied_rules", top}}
-                         .dump(2)
+        std::cout << knod::dump_json(
+                         nlohmann::json{
+                             {"since", o.since.empty() ? nlohmann::json()
+                                                       : nlohmann::json(format_time(f->since_us))},
+                             {"until", o.until.empty() ? nlohmann::json()
+                                                       : nlohmann::json(format_time(f->until_us))},
+                             {"by_user", tallies(rep->by_user)},
+                             {"by_netdev", tallies(rep->by_netdev)},
+                             {"top_denied_rules", top}},
+                         2)
                   << "\n";
         return exit_ok;
     }
@@ -263,14 +265,14 @@ int export_rows(const Options &o) {
     if (o.table == "sessions") {
         if (csv) std::cout << csv_row(session_columns) << "\n";
         done = r->sessions(*f, [&](const journal::Session &s) {
-            std::cout << (csv ? csv_row(session_row(s)) : session_json(s).dump()) << "\n";
+            std::cout << (csv ? csv_row(session_row(s)) : knod::dump_json(session_json(s))) << "\n";
             ++n;
             return true;
         });
     } else {
         if (csv) std::cout << csv_row(event_columns) << "\n";
         done = r->events(*f, [&](const journal::StoredEvent &e) {
-            std::cout << (csv ? csv_row(event_row(e)) : event_json(e).dump()) << "\n";
+            std::cout << (csv ? csv_row(event_row(e)) : knod::dump_json(event_json(e))) << "\n";
             ++n;
             return true;
         });
@@ -284,23 +286,26 @@ int verify(const Options &o) {
     bool tty = !o.json && isatty(STDERR_FILENO);
     auto progress = [tty](std::int64_t done, std::int64_t total) {
         if (!tty || total == 0) return;
-        std::cerr << "\rverifying: " << done << "/" << total << " events (" << (done * 100 / total)
-                  << "%)" << std::flush;
+        // Straight to stdio: the CR that redraws the line is ours, and std::cerr escapes CRs.
+        std::cerr << std::flush;
+        std::fprintf(stderr, "\rverifying: %lld/%lld events (%lld%%)", static_cast<long long>(done),
+                     static_cast<long long>(total), static_cast<long long>(done * 100 / total));
+        std::fflush(stderr);
     };
     auto report = journal::verify_chain(o.db, progress, o.anchor);
     if (tty) std::cerr << "\n";
     if (!report) return fail("verify", report.error());
     if (o.json) {
-        std::cout << nlohmann::json{{"ok", report->ok},
-                                    {"events_checked", report->events_checked},
-                                    {"total_events", report->total_events},
-                                    {"first_seq", report->first_seq},
-                                    {"first_bad_event", report->first_bad_seq},
-                                    {"problem", report->problem},
-                                    {"head_hash", report->head_hash},
-                                    {"anchor_checked", report->anchor_checked},
-                                    {"anchor_seq", report->anchor_seq}}
-                         .dump(2)
+        std::cout << knod::dump_json(nlohmann::json{{"ok", report->ok},
+                                                    {"events_checked", report->events_checked},
+                                                    {"total_events", report->total_events},
+                                                    {"first_seq", report->first_seq},
+                                                    {"first_bad_event", report->first_bad_seq},
+                                                    {"problem", report->problem},
+                                                    {"head_hash", report->head_hash},
+                                                    {"anchor_checked", report->anchor_checked},
+                                                    {"anchor_seq", report->anchor_seq}},
+                                     2)
                   << "\n";
     } else if (report->ok) {
         std::cout << "ok: " << report->events_checked << " event(s) chain correctly";

@@ -3,6 +3,7 @@
 #include "policy/parser.h"
 
 #include <ctime>
+#include <string_view>
 
 namespace knod::cli {
 
@@ -41,7 +42,12 @@ std::optional<std::int64_t> parse_time(const std::string &text, std::int64_t now
     return std::nullopt;
 }
 
-std::string csv_field(const std::string &v) {
+std::string csv_field(const std::string &raw) {
+    // A cell a spreadsheet would read as a formula (OWASP's "CSV injection") starts with ' so it
+    // stays text: unit names, executable paths and reasons come from other users.
+    std::string v = raw;
+    if (!v.empty() && std::string_view("=+-@\t\r").find(v[0]) != std::string_view::npos)
+        v.insert(0, 1, '\'');
     if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
     std::string out = "\"";
     for (char c : v) {

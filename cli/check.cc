@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 #include "policy/parser.h"
 
+#include "knod/json.h"
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -57,7 +58,7 @@ Runner add_check(CLI::App &app) {
                      {"line", d.where.line},
                      {"column", d.where.column},
                      {"message", d.message}});
-            std::cout << out.dump(2) << "\n";
+            std::cout << knod::dump_json(out, 2) << "\n";
         } else {
             for (auto &d : load.diagnostics)
                 (d.severity == policy::Severity::error ? std::cerr : std::cout)

@@ -2,6 +2,7 @@
 #include "cli/commands.h"
 #include "client/client.h"
 
+#include "knod/json.h"
 #include <nlohmann/json.hpp>
 
 #include <iomanip>
@@ -63,17 +64,18 @@ Runner add_daemon_commands(CLI::App &app) {
                 if (j.is_object() && j.contains("sinks")) sinks = j["sinks"];
             }
             if (common->json) {
-                std::cout << nlohmann::json{{"version", st->version},
-                                            {"driver", st->driver},
-                                            {"bindings", st->bindings},
-                                            {"rules", st->rules},
-                                            {"permissive", st->permissive},
-                                            {"journal_available", st->journal_available},
-                                            {"pending_journal_records",
-                                             st->pending_journal_records},
-                                            {"datapath", datapath},
-                                            {"sinks", sinks}}
-                                 .dump(2)
+                std::cout << knod::dump_json(
+                                 nlohmann::json{
+                                     {"version", st->version},
+                                     {"driver", st->driver},
+                                     {"bindings", st->bindings},
+                                     {"rules", st->rules},
+                                     {"permissive", st->permissive},
+                                     {"journal_available", st->journal_available},
+                                     {"pending_journal_records", st->pending_journal_records},
+                                     {"datapath", datapath},
+                                     {"sinks", sinks}},
+                                 2)
                           << "\n";
             } else {
                 std::cout << "knod-policyd " << st->version << ", driver " << st->driver << "\n"
@@ -89,7 +91,7 @@ Runner add_daemon_commands(CLI::App &app) {
                 if (!sinks.empty())
                     std::cout << "sinks:    "
                               << (sinks["names"].empty() ? std::string("none")
-                                                         : sinks["names"].dump())
+                                                         : knod::dump_json(sinks["names"]))
                               << ", " << sinks["dropped"] << " record(s) dropped\n";
                 if (!datapath.empty()) {
                     std::cout << "datapath:";
@@ -115,7 +117,7 @@ Runner add_daemon_commands(CLI::App &app) {
                                    {"uid", b.uid},
                                    {"pid", b.pid},
                                    {"region_bytes", b.region_bytes}});
-                std::cout << out.dump(2) << "\n";
+                std::cout << knod::dump_json(out, 2) << "\n";
             } else if (list->empty()) {
                 std::cout << "no bindings\n";
             } else {

@@ -3,6 +3,7 @@
 // The same report as the daemon's GetHostReport; reads sysfs and /proc, no daemon needed.
 #include "cli/commands.h"
 #include "daemon/host/report.h"
+#include "knod/json.h"
 
 #include <iostream>
 
@@ -49,7 +50,7 @@ int run(Options o) {
         return exit_usage;
     }
     if (o.json)
-        std::cout << report->to_json().dump(2) << "\n";
+        std::cout << knod::dump_json(report->to_json(), 2) << "\n";
     else
         print_text(*report);
     return report->failed() ? exit_failed : exit_ok;

@@ -3,6 +3,7 @@
 #include "policy/engine.h"
 #include "policy/parser.h"
 
+#include "knod/json.h"
 #include <nlohmann/json.hpp>
 
 #include <iostream>
@@ -38,7 +39,7 @@ int report(const policy::Decision &d, bool json) {
         for (auto &m : d.misses)
             out["earlier_rules"].push_back(
                 {{"rule", m.rule}, {"location", m.where.to_string()}, {"why_not", m.why_not}});
-        std::cout << out.dump(2) << "\n";
+        std::cout << knod::dump_json(out, 2) << "\n";
     } else {
         std::cout << "decision: " << policy::to_string(d.verdict)
                   << (d.would_deny ? " (permissive; would deny)" : "") << "\n";

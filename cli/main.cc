@@ -1,10 +1,13 @@
 // knod-policy: the admin's and auditor's tool. Policy checks run locally on files; audit
 // commands read journal files; daemon commands talk to knod-policyd over D-Bus.
 #include "cli/commands.h"
+#include "cli/terminal_output.h"
 
 #include <iostream>
 
 int main(int argc, char **argv) {
+    // Nothing another user put in the journal or the daemon's replies reaches the terminal raw.
+    knod::cli::EscapeOutput safe_out(std::cout), safe_err(std::cerr);
     CLI::App app{
         "knod-policy: check and explain KNOD binding policy, audit the session journal, and "
         "manage knod-policyd.\n"

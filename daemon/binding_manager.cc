@@ -1,7 +1,10 @@
 #include "daemon/binding_manager.h"
 
+#include "daemon/request_limits.h"
 #include "knod/hex.h"
+#include "knod/untrusted.h"
 
+#include "knod/json.h"
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <openssl/rand.h>
@@ -39,7 +42,7 @@ std::string flows_text(const std::vector<policy::FlowSpec> &flows) {
     nlohmann::json j = nlohmann::json::array();
     for (auto &f : flows)
         j.push_back(f.to_string());
-    return j.dump();
+    return knod::dump_json(j);
 }
 
 } // namespace
@@ -70,7 +73,7 @@ bool BindingManager::journal_ready() {
         last->store(now);
         journal::Event e;
         e.kind = journal::kind::anchor;
-        e.detail = nlohmann::json{{"seq", seq}, {"hash", journal::to_hex(head)}}.dump();
+        e.detail = knod::dump_json(nlohmann::json{{"seq", seq}, {"hash", journal::to_hex(head)}});
         e.reason = "chain head " + std::to_string(seq) + " " + journal::to_hex(head);
         sinks_->offer({e, {}, {}});
     });
@@ -91,7 +94,8 @@ void BindingManager::start() {
     }
     journal::Event e;
     e.kind = journal::kind::daemon_start;
-    e.detail = nlohmann::json{{"driver", driver_.name()}, {"rules", policy_.rules.size()}}.dump();
+    e.detail = knod::dump_json(
+        nlohmann::json{{"driver", driver_.name()}, {"rules", policy_.rules.size()}});
     record(std::move(e));
 }
 
@@ -226,6 +230,20 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                                          GrantDone &done) {
     if (auto r = rate_limit(caller.bus_name); !r) return r.error();
 
+    // Sizes first: nothing below copies, parses or quotes more than these.
+    for (auto check : {limits::check_length("netdev", args.netdev, limits::netdev),
+                       limits::check_length("gpu", args.gpu, limits::gpu),
+                       limits::check_length("mode", args.mode, limits::mode)})
+        if (!check) return check.error();
+    if (args.flows.size() > config_.max_flows)
+        return make_error(Errc::invalid_argument,
+                          "flows: at most " + std::to_string(config_.max_flows) + " per binding");
+    for (std::size_t i = 0; i < args.flows.size(); ++i)
+        if (auto c = limits::check_length("flows[" + std::to_string(i) + "]", args.flows[i],
+                                          limits::flow);
+            !c)
+            return c.error();
+
     policy::Request req;
     req.caller = caller.caller();
     auto mode = policy::parse_mode(args.mode);
@@ -233,9 +251,6 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     req.mode = *mode;
     if (args.flows.empty())
         return make_error(Errc::invalid_argument, "flows: at least one flow spec is needed");
-    if (args.flows.size() > config_.max_flows)
-        return make_error(Errc::invalid_argument,
-                          "flows: at most " + std::to_string(config_.max_flows) + " per binding");
     for (std::size_t i = 0; i < args.flows.size(); ++i) {
         auto f = policy::parse_flow_spec(args.flows[i]);
         if (!f)
@@ -271,9 +286,9 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           {"mode", args.mode},
                           {"region_bytes", args.length},
                           {"flows", flows_text(req.flows)},
-                          {"exe", caller.executable},
-                          {"unit", caller.unit}};
-    decision.detail = detail.dump();
+                          {"exe", escape_untrusted(caller.executable)},
+                          {"unit", escape_untrusted(caller.unit)}};
+    decision.detail = knod::dump_json(detail);
     if (!d.granted()) {
         record(std::move(decision));
         // Say why each rule missed, so the caller can act without an admin's help.
@@ -346,8 +361,8 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     s.id = b.id;
     s.uid = caller.uid;
     s.pid = caller.pid;
-    s.exe = caller.executable;
-    s.unit = caller.unit;
+    s.exe = escape_untrusted(caller.executable); // bytes from /proc: kept readable, never raw
+    s.unit = escape_untrusted(caller.unit);
     s.netdev = b.netdev;
     s.gpu = b.gpu;
     s.mode = args.mode;
@@ -402,7 +417,8 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
 Result<void> BindingManager::activate(const std::string &id, const Peer &presenter,
                                       std::span<const std::uint8_t> key) {
     auto it = bindings_.find(id);
-    if (it == bindings_.end()) return make_error(Errc::not_found, "no binding " + id);
+    if (it == bindings_.end())
+        return make_error(Errc::not_found, "no binding " + quote_untrusted(id));
     Binding &b = it->second;
     auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id);
     if (!ok) {
@@ -463,7 +479,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     journal::Event e = event_for("renewed", presenter);
     e.session_id = id;
     e.rule = d.rule;
-    e.detail = nlohmann::json{{"expires_us", until}}.dump();
+    e.detail = knod::dump_json(nlohmann::json{{"expires_us", until}});
     record(std::move(e));
     return until;
 }
@@ -472,10 +488,9 @@ void BindingManager::close_session(const Binding &b, const std::string &why,
                                    const journal::Counters &c, Done durable) {
     journal::Event e = event_for(journal::kind::ended, b.owner);
     e.reason = why;
-    e.detail = nlohmann::json{{"rx_bytes", c.rx_bytes},
-                              {"rx_packets", c.rx_packets},
-                              {"dropped_packets", c.dropped_packets}}
-                   .dump();
+    e.detail = knod::dump_json(nlohmann::json{{"rx_bytes", c.rx_bytes},
+                                              {"rx_packets", c.rx_packets},
+                                              {"dropped_packets", c.dropped_packets}});
     forward(e, b.netdev, b.gpu);
     if (pending_.empty() && journal_ready()) {
         PendingEnd end{b.id, why, c, e};
@@ -509,7 +524,8 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
 
 void BindingManager::release(const std::string &id, const Peer &by, bool privileged, Done done) {
     auto it = bindings_.find(id);
-    if (it == bindings_.end()) return done(make_error(Errc::not_found, "no binding " + id));
+    if (it == bindings_.end())
+        return done(make_error(Errc::not_found, "no binding " + quote_untrusted(id)));
     if (!privileged && it->second.owner.uid != by.uid)
         return done(make_error(Errc::denied, "binding " + id + " belongs to uid " +
                                                  std::to_string(it->second.owner.uid) +
@@ -519,10 +535,11 @@ void BindingManager::release(const std::string &id, const Peer &by, bool privile
 
 void BindingManager::revoke(const std::string &id, const std::string &why, const Peer &by,
                             Done done) {
-    if (!bindings_.count(id)) return done(make_error(Errc::not_found, "no binding " + id));
+    if (!bindings_.count(id))
+        return done(make_error(Errc::not_found, "no binding " + quote_untrusted(id)));
     journal::Event e = event_for(journal::kind::revoked, by);
     e.session_id = id;
-    e.reason = why;
+    e.reason = escape_untrusted(why.substr(0, limits::reason), Escape::message);
     record(std::move(e));
     end_binding(id, reason::revoke, std::move(done), why);
 }
@@ -549,7 +566,8 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const std::strin
     journal::Event e;
     e.kind = journal::kind::reload;
     e.reason = "reloaded by " + by;
-    e.detail = nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}}.dump();
+    e.detail =
+        knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}});
     record(std::move(e));
     for (auto &id : doomed)
         end_binding(id, reason::policy_reload);

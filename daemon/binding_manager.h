@@ -160,6 +160,7 @@ class BindingManager {
     journal::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
     const host::HostPaths &host_paths() const { return config_.host; }
+    std::size_t max_flows() const { return config_.max_flows; }
     // Copies of every event go here too (journald, Linux audit); optional.
     void set_sinks(sinks::SinkQueue *sinks) { sinks_ = sinks; }
     // Applies the retention settings now; returns how many events went.

@@ -1,6 +1,7 @@
 // knod-policyd: wires the policy, keys, journal and driver to the bus, then runs the event loop.
 #include "daemon/binding_manager.h"
 #include "daemon/bus/bus_service.h"
+#include "daemon/bus/guard.h"
 #include "daemon/bus/names.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/knod_driver.h"
@@ -57,8 +58,10 @@ class SdEventLoop : public knod::driver::EventLoop {
         int r = sd_event_add_io(
             event_, &src, fd, EPOLLIN,
             [](sd_event_source *, int, uint32_t, void *ud) -> int {
-                (*static_cast<std::function<void()> *>(ud))();
-                return 0;
+                return knod::bus::guarded("event", nullptr, [ud] {
+                    (*static_cast<std::function<void()> *>(ud))();
+                    return 0;
+                });
             },
             cb.get());
         if (r < 0)
@@ -379,26 +382,50 @@ int main(int argc, char **argv) {
     struct Loop {
         knod::daemon::BindingManager *manager;
         knod::bus::BusService *service;
-    } loop{&manager, &service};
+        sd_event *event;
+    } loop{&manager, &service, event.get()};
     auto on_signal = [](sd_event_source *s, const struct signalfd_siginfo *si, void *ud) -> int {
-        auto *l = static_cast<Loop *>(ud);
-        if (si->ssi_signo == SIGHUP) {
-            auto r = l->service->reload("SIGHUP");
-            log(r ? "policy reloaded; " + std::to_string(*r) + " binding(s) revoked"
-                  : "policy reload refused, keeping the old policy:\n" + r.error().message);
-            return 0;
-        }
-        sd_notify(0, "STOPPING=1\nSTATUS=Releasing every binding");
-        l->manager->shutdown();
-        return sd_event_exit(sd_event_source_get_event(s), 0);
+        return knod::bus::guarded("signal", nullptr, [&] {
+            auto *l = static_cast<Loop *>(ud);
+            if (si->ssi_signo == SIGHUP) {
+                auto r = l->service->reload("SIGHUP");
+                log(r ? "policy reloaded; " + std::to_string(*r) + " binding(s) revoked"
+                      : "policy reload refused, keeping the old policy:\n" + r.error().message);
+                return 0;
+            }
+            sd_notify(0, "STOPPING=1\nSTATUS=Releasing every binding");
+            l->manager->shutdown();
+            return sd_event_exit(sd_event_source_get_event(s), 0);
+        });
     };
     for (int sig : {SIGTERM, SIGINT, SIGHUP})
         sd_event_add_signal(event.get(), nullptr, sig, on_signal, &loop);
+    // Off the bus (dbus-daemon gone, or it dropped us) nobody can reach us or release: end every
+    // binding as on SIGTERM and exit non-zero, so systemd restarts the daemon and says why.
+    auto on_disconnect = [](sd_bus_message *, void *ud, sd_bus_error *) -> int {
+        return knod::bus::guarded("bus disconnect", nullptr, [&] {
+            auto *l = static_cast<Loop *>(ud);
+            log("knod-policyd: lost the connection to the bus; ending every binding and exiting");
+            sd_notify(0, "STOPPING=1\nSTATUS=Lost the bus; releasing every binding");
+            l->manager->shutdown();
+            return sd_event_exit(l->event, 2);
+        });
+    };
+    if (int rc = sd_bus_match_signal(bus->get(), nullptr, "org.freedesktop.DBus.Local",
+                                     "/org/freedesktop/DBus/Local", "org.freedesktop.DBus.Local",
+                                     "Disconnected", on_disconnect, &loop);
+        rc < 0) {
+        std::cerr << "knod-policyd: cannot watch the bus connection: " << std::strerror(-rc)
+                  << "\n";
+        return 1;
+    }
 
     auto on_tick = [](sd_event_source *s, uint64_t usec, void *ud) -> int {
-        static_cast<Loop *>(ud)->manager->tick(knod::journal::now_us());
         sd_event_source_set_time(s, usec + 1'000'000);
-        return 0;
+        return knod::bus::guarded("tick", nullptr, [ud] {
+            static_cast<Loop *>(ud)->manager->tick(knod::journal::now_us());
+            return 0;
+        });
     };
     uint64_t now = 0;
     sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
@@ -414,5 +441,6 @@ int main(int argc, char **argv) {
     sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
     int r = sd_event_loop(event.get());
     sd_event_source_unref(tick);
-    return r < 0 ? 1 : 0;
+    if (r < 0) log("knod-policyd: event loop failed: " + std::string(std::strerror(-r)));
+    return r == 0 ? 0 : 1;
 }

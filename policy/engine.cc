@@ -1,5 +1,7 @@
 #include "policy/engine.h"
 
+#include "knod/untrusted.h"
+
 #include <fnmatch.h>
 
 #include <algorithm>
@@ -67,24 +69,28 @@ std::string mismatch(const Rule &rule, const Request &r) {
     const Caller &c = r.caller;
     if (!rule.users.empty() &&
         std::none_of(rule.users.begin(), rule.users.end(), [&](auto &p) { return is_user(p, c); }))
-        return "caller uid " + std::to_string(c.uid) + (c.user.empty() ? "" : " (" + c.user + ")") +
+        return "caller uid " + std::to_string(c.uid) +
+               (c.user.empty() ? "" : " (" + escape_untrusted(c.user, Escape::value, 64) + ")") +
                " is not one of users [" + join_principals(rule.users) + "]";
     if (!rule.groups.empty() && std::none_of(rule.groups.begin(), rule.groups.end(),
                                              [&](auto &p) { return in_group(p, c); }))
         return "caller is in none of groups [" + join_principals(rule.groups) + "]";
     if (!rule.units.empty() && !any_glob(rule.units, c.unit))
-        return "caller unit '" + c.unit + "' matches none of [" + join(rule.units) + "]";
+        return "caller unit " + quote_untrusted(c.unit, 256) + " matches none of [" +
+               join(rule.units) + "]";
     if (!rule.cgroups.empty() && !any_glob(rule.cgroups, c.cgroup))
-        return "caller cgroup '" + c.cgroup + "' matches none of [" + join(rule.cgroups) + "]";
+        return "caller cgroup " + quote_untrusted(c.cgroup, 256) + " matches none of [" +
+               join(rule.cgroups) + "]";
     if (!rule.executables.empty() && !any_glob(rule.executables, c.executable))
-        return "caller executable '" + c.executable + "' matches none of [" +
+        return "caller executable " + quote_untrusted(c.executable, 256) + " matches none of [" +
                join(rule.executables) + "]";
     if (!rule.netdevs.empty() && !any_glob(rule.netdevs, r.netdev))
-        return "netdev '" + r.netdev + "' is not one of [" + join(rule.netdevs) + "]";
+        return "netdev " + quote_untrusted(r.netdev) + " is not one of [" + join(rule.netdevs) +
+               "]";
     if (!rule.gpus.empty() && std::none_of(r.gpu_names.begin(), r.gpu_names.end(),
                                            [&](auto &g) { return any_glob(rule.gpus, g); }))
-        return "gpu '" + (r.gpu_names.empty() ? std::string() : r.gpu_names.front()) +
-               "' is not one of [" + join(rule.gpus) + "]";
+        return "gpu " + quote_untrusted(r.gpu_names.empty() ? std::string() : r.gpu_names.front()) +
+               " is not one of [" + join(rule.gpus) + "]";
     if (std::find(rule.modes.begin(), rule.modes.end(), r.mode) == rule.modes.end())
         return std::string("mode ") + to_string(r.mode) + " is not granted";
     if (rule.max_region_bytes && r.region_bytes > *rule.max_region_bytes)

@@ -1,5 +1,7 @@
 #include "policy/flow_spec.h"
 
+#include "knod/untrusted.h"
+
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -117,7 +119,7 @@ bool parse_prefix(std::string_view text, std::size_t at, Family family, Prefix &
     std::string addr_copy(addr);
     int af = family == Family::ipv4 ? AF_INET : AF_INET6;
     if (inet_pton(af, addr_copy.c_str(), out.addr.data()) != 1) {
-        fail = {at, std::string("'") + addr_copy + "' is not an " +
+        fail = {at, quote_untrusted(addr_copy) + " is not an " +
                         (family == Family::ipv4 ? "IPv4" : "IPv6") + " address"};
         return false;
     }
@@ -133,7 +135,7 @@ bool parse_prefix(std::string_view text, std::size_t at, Family family, Prefix &
     }
     out.length = static_cast<std::uint8_t>(length);
     if (!host_bits_clear(out)) {
-        fail = {at, "prefix " + std::string(text) + " has host bits set beyond /" +
+        fail = {at, "prefix " + quote_untrusted(text) + " has host bits set beyond /" +
                         std::to_string(length) + " (did you mean " + out.to_string() + "?)"};
         // to_string prints the masked network so the hint is right.
         return false;
@@ -180,7 +182,8 @@ bool parse(std::string_view text, FlowSpec &spec, Failure &fail) {
     } else if (proto == "any" || proto == "*") {
         spec.protocol = Protocol::any;
     } else {
-        fail = {proto_at, "unknown protocol '" + std::string(proto) + "' (use udp, tcp or any)"};
+        fail = {proto_at,
+                "unknown protocol " + quote_untrusted(proto, 16) + " (use udp, tcp or any)"};
         return false;
     }
     c.skip_space();
@@ -291,7 +294,8 @@ FlowSpecParse parse_flow_spec_at(std::string_view text) {
 Result<FlowSpec> parse_flow_spec(std::string_view text) {
     auto parsed = parse_flow_spec_at(text);
     if (!parsed.ok)
-        return make_error(Errc::invalid_argument, "flow '" + std::string(text) + "' at character " +
+        return make_error(Errc::invalid_argument, "flow " + quote_untrusted(text, 128) +
+                                                      " at character " +
                                                       std::to_string(parsed.error.offset + 1) +
                                                       ": " + parsed.error.message);
     return parsed.spec;

@@ -1,18 +1,113 @@
 #include "policy/parser.h"
 
+#include "knod/untrusted.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 namespace fs = std::filesystem;
 
 namespace knod::policy {
 namespace {
+
+// Bounds on a policy file, checked on the raw text before toml++ sees it: toml++ recurses per
+// nesting level and per dotted key part, and a key with tens of thousands of parts overflows the
+// stack. Policy files are small and flat, so these are generous.
+constexpr std::size_t max_policy_bytes = 1 << 20;
+constexpr std::size_t max_nesting = 32;   // open [ and { at once
+constexpr std::size_t max_key_parts = 32; // a.b.c has 3
+
+// A cheap, conservative pass over TOML text: skips comments and strings, counts open brackets,
+// and counts the dots in each run of key characters (a dotted key, a [table.header], or a float,
+// which has at most one). Returns the first limit crossed, if any.
+std::optional<std::pair<SourceLocation, std::string>> scan_limits(std::string_view text,
+                                                                  const std::string &file) {
+    if (text.size() > max_policy_bytes)
+        return std::pair{SourceLocation{file, 1, 1}, "policy file is over the limit of " +
+                                                         std::to_string(max_policy_bytes) +
+                                                         " bytes"};
+    std::uint32_t line = 1, col = 1;
+    std::size_t depth = 0, dots = 0;
+    auto is_key_char = [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == ' ' ||
+               c == '\t';
+    };
+    // Advances past the string that starts at text[i]; keeps line and column right.
+    auto skip_string = [&](std::size_t &i) {
+        char quote = text[i];
+        bool multi = text.substr(i, 3) == std::string(3, quote);
+        bool escapes = quote == '"';
+        std::size_t n = multi ? 3 : 1;
+        i += n;
+        col += static_cast<std::uint32_t>(n);
+        while (i < text.size()) {
+            char c = text[i];
+            if (escapes && c == '\\' && i + 1 < text.size()) {
+                if (text[i + 1] == '\n') {
+                    ++line;
+                    col = 0;
+                }
+                i += 2;
+                col += 2;
+                continue;
+            }
+            if (multi ? text.substr(i, 3) == std::string(3, quote) : c == quote) {
+                i += n;
+                col += static_cast<std::uint32_t>(n);
+                return;
+            }
+            if (c == '\n') {
+                if (!multi) return; // an unterminated string: toml++ reports it
+                ++line;
+                col = 0;
+            }
+            ++i;
+            ++col;
+        }
+    };
+    for (std::size_t i = 0; i < text.size();) {
+        char c = text[i];
+        if (c == '"' || c == '\'') {
+            skip_string(i); // a quoted key part stays part of its run
+            continue;
+        }
+        if (c == '#') {
+            while (i < text.size() && text[i] != '\n')
+                ++i;
+            continue;
+        }
+        if (c == '.') {
+            if (++dots >= max_key_parts)
+                return std::pair{SourceLocation{file, line, col},
+                                 "key has more than " + std::to_string(max_key_parts) +
+                                     " dotted parts"};
+        } else if (!is_key_char(c)) {
+            dots = 0;
+        }
+        if (c == '[' || c == '{') {
+            if (++depth > max_nesting)
+                return std::pair{SourceLocation{file, line, col},
+                                 "arrays, tables and inline tables nest deeper than " +
+                                     std::to_string(max_nesting) + " levels"};
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+        if (c == '\n') {
+            ++line;
+            col = 1;
+        } else {
+            ++col;
+        }
+        ++i;
+    }
+    return std::nullopt;
+}
 
 SourceLocation at(const std::string &file, const toml::source_region &src) {
     return {file, src.begin.line, src.begin.column};
@@ -53,6 +148,33 @@ class FileReader {
                                         "' (expected [settings] or [[rule]])");
             }
         }
+    }
+
+    // Policy strings are names, globs and flows: a NUL would cut a glob short for fnmatch (and
+    // widen the rule), and other control characters hide text from whoever reads it. Returns
+    // false if any key or string holds one.
+    bool check_text(const toml::node &node) {
+        bool clean = true;
+        if (auto *t = node.as_table()) {
+            for (auto &&[key, value] : *t) {
+                if (!is_clean_text(key.str())) {
+                    error(key.source(),
+                          "key " + quote_untrusted(key.str()) + " holds a control character");
+                    clean = false;
+                }
+                clean = check_text(value) && clean;
+            }
+        } else if (auto *a = node.as_array()) {
+            for (auto &&el : *a)
+                clean = check_text(el) && clean;
+        } else if (auto *v = node.as_string()) {
+            if (!is_clean_text(v->get())) {
+                error(node.source(), "string " + quote_untrusted(v->get()) +
+                                         " holds a control character; policy strings may not");
+                clean = false;
+            }
+        }
+        return clean;
     }
 
   private:
@@ -396,9 +518,10 @@ std::optional<std::chrono::seconds> parse_duration(std::string_view text) {
 void PolicyParser::add_text(std::string_view text, const std::string &file) {
     load_.policy.files.push_back(file);
     FileReader reader(load_, file);
+    if (auto over = scan_limits(text, file)) return reader.error_at(over->first, over->second);
     try {
         toml::table doc = toml::parse(text, file);
-        reader.read_document(doc);
+        if (reader.check_text(doc)) reader.read_document(doc);
     } catch (const toml::parse_error &e) {
         reader.error(e.source(), std::string(e.description()));
     }
@@ -413,9 +536,11 @@ void PolicyParser::add_file(const std::string &path) {
              "cannot read policy file: " + std::string(std::strerror(errno))});
         return;
     }
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    add_text(buffer.str(), path);
+    // One byte over the cap is enough to refuse the file; the rest is never read.
+    std::string text(max_policy_bytes + 1, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    add_text(text, path);
 }
 
 PolicyLoad PolicyParser::finish() {

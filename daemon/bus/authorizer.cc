@@ -1,5 +1,7 @@
 #include "daemon/bus/authorizer.h"
 
+#include "daemon/bus/guard.h"
+
 #include "daemon/bus/bus_ptr.h"
 #include "daemon/bus/names.h"
 
@@ -40,15 +42,21 @@ int on_polkit_answer(sd_bus_message *reply, void *userdata, sd_bus_error *) {
               sd_bus_message_enter_container(reply, 'r', "bba{ss}") >= 0 &&
               sd_bus_message_read(reply, "bb", &authorized, &challenge) >= 0 && authorized;
     q->answered = true;
-    q->done(ok);
-    return 0;
+    return guarded("polkit answer", nullptr, [&] {
+        q->done(ok);
+        return 0;
+    });
 }
 
 // The slot is floating: the bus owns it, and frees the question when the call is over,
 // answered or not (a bus going away answers no).
 void forget_question(void *userdata) {
     auto *q = static_cast<PolkitQuestion *>(userdata);
-    if (!q->answered) q->done(false);
+    if (!q->answered)
+        (void)guarded("polkit question", nullptr, [&] {
+            q->done(false);
+            return 0;
+        });
     delete q;
 }
 

@@ -1,22 +1,34 @@
 #include "daemon/bus/bus_service.h"
 
+#include "daemon/bus/guard.h"
 #include "daemon/bus/names.h"
 #include "daemon/host/report.h"
+#include "daemon/request_limits.h"
 
+#include "knod/json.h"
+#include "knod/untrusted.h"
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <sys/epoll.h>
 
 #include <cstring>
 #include <iostream>
+#include <string_view>
 
 namespace knod::bus {
+namespace limits = daemon::limits;
 namespace {
 
 constexpr const char *version = "0.1.0";
 
+// What a caller reads: valid UTF-8 without control characters (sd-bus refuses to send anything
+// else, and the caller might print it), and short, whatever the error quoted.
+std::string reply_text(const Error &e) {
+    return escape_untrusted(e.message, Escape::message, limits::error_message);
+}
+
 int fail(sd_bus_error *err, const Error &e) {
-    return sd_bus_error_set(err, error_name(e.code), e.message.c_str());
+    return sd_bus_error_set(err, error_name(e.code), reply_text(e).c_str());
 }
 
 BusService *service(void *self) {
@@ -25,7 +37,7 @@ BusService *service(void *self) {
 
 // Replies to `call` with the error's D-Bus name and message, later than the handler returned.
 void reply_error(sd_bus_message *call, const Error &e) {
-    sd_bus_reply_method_errorf(call, error_name(e.code), "%s", e.message.c_str());
+    sd_bus_reply_method_errorf(call, error_name(e.code), "%s", reply_text(e).c_str());
 }
 
 // A completion that answers `m` with an empty reply or the error, whenever it runs.
@@ -224,105 +236,131 @@ const daemon::Binding *BusService::binding_at(const char *path) const {
 
 int BusService::find_binding(sd_bus *, const char *path, const char *, void *self, void **found,
                              sd_bus_error *) {
-    if (!service(self)->binding_at(path)) return 0; // others' bindings do not exist for you
-    *found = self;
-    return 1;
+    return guarded("find binding", nullptr, [&]() -> int {
+        if (!service(self)->binding_at(path)) return 0; // others' bindings do not exist for you
+        *found = self;
+        return 1;
+    });
 }
 
 int BusService::enumerate_bindings(sd_bus *, const char *, void *self, char ***nodes,
                                    sd_bus_error *) {
-    auto *s = service(self);
-    std::vector<std::string> paths;
-    for (auto *b : s->manager_->bindings())
-        if (s->visible(*b)) paths.push_back(binding_path(b->id));
-    char **out = static_cast<char **>(calloc(paths.size() + 1, sizeof(char *)));
-    if (!out) return -ENOMEM;
-    for (std::size_t i = 0; i < paths.size(); ++i)
-        out[i] = strdup(paths[i].c_str());
-    *nodes = out;
-    return 0;
+    return guarded("enumerate bindings", nullptr, [&]() -> int {
+        auto *s = service(self);
+        std::vector<std::string> paths;
+        for (auto *b : s->manager_->bindings())
+            if (s->visible(*b)) paths.push_back(binding_path(b->id));
+        char **out = static_cast<char **>(calloc(paths.size() + 1, sizeof(char *)));
+        if (!out) return -ENOMEM;
+        for (std::size_t i = 0; i < paths.size(); ++i)
+            out[i] = strdup(paths[i].c_str());
+        *nodes = out;
+        return 0;
+    });
 }
 
 int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    daemon::RequestArgs a;
-    const char *netdev = nullptr, *gpu = nullptr, *mode = nullptr;
-    int r =
-        sd_bus_message_read(m, "ssshtt", &netdev, &gpu, &mode, &a.region_fd, &a.offset, &a.length);
-    if (r < 0) return r;
-    char **flows = nullptr;
-    if ((r = sd_bus_message_read_strv(m, &flows)) < 0) return r;
-    for (char **f = flows; f && *f; ++f) {
-        a.flows.emplace_back(*f);
-        free(*f);
-    }
-    free(flows);
-    a.netdev = netdev;
-    a.gpu = gpu;
-    a.mode = mode;
-    auto caller = s->peer(m);
-    if (!caller) return fail(err, caller.error());
-    // The reply goes once the grant is durable; meanwhile the loop serves other callers.
-    std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
-    s->manager_->request(*caller, a, [call](Result<daemon::Granted> granted) {
-        if (!granted) return reply_error(call.get(), granted.error());
-        sd_bus_message *reply_raw = nullptr;
-        if (sd_bus_message_new_method_return(call.get(), &reply_raw) < 0) return;
-        MessagePtr reply(reply_raw);
-        std::string path = binding_path(granted->id);
-        if (sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str()) < 0 ||
-            sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
-                                        granted->key.size()) < 0)
-            return;
-        sd_bus_send(nullptr, reply.get(), nullptr);
+    return guarded("RequestBinding", err, [&]() -> int {
+        auto *s = service(self);
+        daemon::RequestArgs a;
+        const char *netdev = nullptr, *gpu = nullptr, *mode = nullptr;
+        int r = sd_bus_message_read(m, "ssshtt", &netdev, &gpu, &mode, &a.region_fd, &a.offset,
+                                    &a.length);
+        if (r < 0) return r;
+        // Sizes are checked on sd-bus's own copy of the message, before anything is copied.
+        for (auto check : {limits::check_length("netdev", netdev, limits::netdev),
+                           limits::check_length("gpu", gpu, limits::gpu),
+                           limits::check_length("mode", mode, limits::mode)})
+            if (!check) return fail(err, check.error());
+        if ((r = sd_bus_message_enter_container(m, 'a', "s")) < 0) return r;
+        const char *flow = nullptr;
+        while ((r = sd_bus_message_read(m, "s", &flow)) > 0) {
+            if (a.flows.size() == s->manager_->max_flows())
+                return fail(err, make_error(Errc::invalid_argument,
+                                            "flows: at most " +
+                                                std::to_string(s->manager_->max_flows()) +
+                                                " per binding"));
+            std::string name = "flows[" + std::to_string(a.flows.size()) + "]";
+            if (auto c = limits::check_length(name, flow, limits::flow); !c)
+                return fail(err, c.error());
+            a.flows.emplace_back(flow);
+        }
+        if (r < 0 || (r = sd_bus_message_exit_container(m)) < 0) return r;
+        a.netdev = netdev;
+        a.gpu = gpu;
+        a.mode = mode;
+        auto caller = s->peer(m);
+        if (!caller) return fail(err, caller.error());
+        // The reply goes once the grant is durable; meanwhile the loop serves other callers.
+        std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+        s->manager_->request(*caller, a, [call](Result<daemon::Granted> granted) {
+            if (!granted) return reply_error(call.get(), granted.error());
+            sd_bus_message *reply_raw = nullptr;
+            if (sd_bus_message_new_method_return(call.get(), &reply_raw) < 0) return;
+            MessagePtr reply(reply_raw);
+            std::string path = binding_path(granted->id);
+            if (sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str()) <
+                    0 ||
+                sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
+                                            granted->key.size()) < 0)
+                return;
+            sd_bus_send(nullptr, reply.get(), nullptr);
+        });
+        return 1; // replied, or will be
     });
-    return 1; // replied, or will be
 }
 
 int BusService::list_bindings(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    auto c = s->credentials(m);
-    if (!c) return fail(err, c.error());
-    bool all = s->authorizer_.is_auditor(*c, s->manager_->policy().settings);
-    sd_bus_message *reply_raw = nullptr;
-    int r = sd_bus_message_new_method_return(m, &reply_raw);
-    if (r < 0) return r;
-    MessagePtr reply(reply_raw);
-    if ((r = sd_bus_message_open_container(reply.get(), 'a', "(osssssuut)")) < 0) return r;
-    for (auto *b : s->manager_->bindings()) {
-        if (!all && b->owner.uid != c->uid) continue;
-        std::string path = binding_path(b->id);
-        r = sd_bus_message_append(reply.get(), "(osssssuut)", path.c_str(), b->id.c_str(),
-                                  b->netdev.c_str(), b->gpu.c_str(), policy::to_string(b->mode),
-                                  daemon::to_string(b->state), b->owner.uid,
-                                  static_cast<std::uint32_t>(b->owner.pid), b->region_id.length);
+    return guarded("ListBindings", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        bool all = s->authorizer_.is_auditor(*c, s->manager_->policy().settings);
+        sd_bus_message *reply_raw = nullptr;
+        int r = sd_bus_message_new_method_return(m, &reply_raw);
         if (r < 0) return r;
-    }
-    if ((r = sd_bus_message_close_container(reply.get())) < 0) return r;
-    return sd_bus_send(nullptr, reply.get(), nullptr);
+        MessagePtr reply(reply_raw);
+        if ((r = sd_bus_message_open_container(reply.get(), 'a', "(osssssuut)")) < 0) return r;
+        for (auto *b : s->manager_->bindings()) {
+            if (!all && b->owner.uid != c->uid) continue;
+            std::string path = binding_path(b->id);
+            r = sd_bus_message_append(
+                reply.get(), "(osssssuut)", path.c_str(), b->id.c_str(), b->netdev.c_str(),
+                b->gpu.c_str(), policy::to_string(b->mode), daemon::to_string(b->state),
+                b->owner.uid, static_cast<std::uint32_t>(b->owner.pid), b->region_id.length);
+            if (r < 0) return r;
+        }
+        if ((r = sd_bus_message_close_container(reply.get())) < 0) return r;
+        return sd_bus_send(nullptr, reply.get(), nullptr);
+    });
 }
 
 int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    const char *id = nullptr, *why = nullptr;
-    int r = sd_bus_message_read(m, "ss", &id, &why);
-    if (r < 0) return r;
-    auto caller = s->peer(m);
-    if (!caller) return fail(err, caller.error());
-    Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name};
-    auto done = reply_when_done(m);
-    s->authorizer_.check_admin(
-        c, s->manager_->policy().settings,
-        [s, done, id = std::string(id), why = std::string(why), peer = *caller](bool admin) {
-            if (!admin)
-                return done(make_error(Errc::denied,
-                                       "revoking a binding needs root, the admin group, or "
-                                       "polkit action org.knod.policy1.manage"));
-            if (why.empty())
-                return done(make_error(Errc::invalid_argument, "reason: say why you revoke"));
-            s->manager_->revoke(id, why, peer, done);
-        });
-    return 1; // replied, or will be
+    return guarded("RevokeBinding", err, [&]() -> int {
+        auto *s = service(self);
+        const char *id = nullptr, *why = nullptr;
+        int r = sd_bus_message_read(m, "ss", &id, &why);
+        if (r < 0) return r;
+        for (auto check : {limits::check_length("id", id, limits::binding_id),
+                           limits::check_length("reason", why, limits::reason)})
+            if (!check) return fail(err, check.error());
+        auto caller = s->peer(m);
+        if (!caller) return fail(err, caller.error());
+        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name};
+        auto done = reply_when_done(m);
+        s->authorizer_.check_admin(
+            c, s->manager_->policy().settings,
+            [s, done, id = std::string(id), why = std::string(why), peer = *caller](bool admin) {
+                if (!admin)
+                    return done(make_error(Errc::denied,
+                                           "revoking a binding needs root, the admin group, or "
+                                           "polkit action org.knod.policy1.manage"));
+                if (why.empty())
+                    return done(make_error(Errc::invalid_argument, "reason: say why you revoke"));
+                s->manager_->revoke(id, why, peer, done);
+            });
+        return 1; // replied, or will be
+    });
 }
 
 Result<std::size_t> BusService::reload(const std::string &by) {
@@ -332,128 +370,154 @@ Result<std::size_t> BusService::reload(const std::string &by) {
 }
 
 int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    auto c = s->credentials(m);
-    if (!c) return fail(err, c.error());
-    std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
-    s->authorizer_.check_admin(
-        *c, s->manager_->policy().settings, [s, call, uid = c->uid](bool admin) {
-            if (!admin)
-                return reply_error(call.get(), make_error(Errc::denied,
-                                                          "reloading policy needs root, the admin "
-                                                          "group, or polkit action "
-                                                          "org.knod.policy1.manage"));
-            auto revoked = s->reload("uid " + std::to_string(uid));
-            if (!revoked) return reply_error(call.get(), revoked.error());
-            sd_bus_reply_method_return(
-                call.get(), "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
-                static_cast<std::uint32_t>(*revoked));
-        });
-    return 1; // replied, or will be
+    return guarded("ReloadPolicy", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+        s->authorizer_.check_admin(
+            *c, s->manager_->policy().settings, [s, call, uid = c->uid](bool admin) {
+                if (!admin)
+                    return reply_error(call.get(),
+                                       make_error(Errc::denied,
+                                                  "reloading policy needs root, the admin "
+                                                  "group, or polkit action "
+                                                  "org.knod.policy1.manage"));
+                auto revoked = s->reload("uid " + std::to_string(uid));
+                if (!revoked) return reply_error(call.get(), revoked.error());
+                sd_bus_reply_method_return(
+                    call.get(), "uu",
+                    static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
+                    static_cast<std::uint32_t>(*revoked));
+            });
+        return 1; // replied, or will be
+    });
 }
 
 int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
-    auto *s = service(self);
-    const auto &d = s->manager_->driver();
-    nlohmann::json j{{"driver", d.name()}};
-    j["netdevs"] = nlohmann::json::array();
-    for (auto &n : d.netdevs())
-        j["netdevs"].push_back({{"name", n.name}, {"rx_queues", n.rx_queues}});
-    j["gpus"] = nlohmann::json::array();
-    for (auto &g : d.gpus())
-        j["gpus"].push_back({{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
-    j["datapath"] = d.stats();
-    // Inventory and isolation checks, as `knod-policy doctor --json` prints them.
-    if (auto host = host::build_report(s->manager_->host_paths()))
-        j["host"] = host->to_json();
-    else
-        j["host"] = {{"error", host.error().message}};
-    auto st = s->manager_->status();
-    j["sinks"] = {{"names", st.sinks}, {"dropped", st.sink_dropped}};
-    j["journal"] = {{"available", st.journal_available},
-                    {"pending_records", st.pending_records},
-                    {"dropped_records", st.journal_dropped}};
-    return sd_bus_reply_method_return(m, "s", j.dump().c_str());
+    return guarded("GetHostReport", nullptr, [&]() -> int {
+        auto *s = service(self);
+        const auto &d = s->manager_->driver();
+        nlohmann::json j{{"driver", d.name()}};
+        j["netdevs"] = nlohmann::json::array();
+        for (auto &n : d.netdevs())
+            j["netdevs"].push_back({{"name", n.name}, {"rx_queues", n.rx_queues}});
+        j["gpus"] = nlohmann::json::array();
+        for (auto &g : d.gpus())
+            j["gpus"].push_back(
+                {{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
+        j["datapath"] = d.stats();
+        // Inventory and isolation checks, as `knod-policy doctor --json` prints them.
+        if (auto host = host::build_report(s->manager_->host_paths()))
+            j["host"] = host->to_json();
+        else
+            j["host"] = {{"error", host.error().message}};
+        auto st = s->manager_->status();
+        j["sinks"] = {{"names", st.sinks}, {"dropped", st.sink_dropped}};
+        j["journal"] = {{"available", st.journal_available},
+                        {"pending_records", st.pending_records},
+                        {"dropped_records", st.journal_dropped}};
+        return sd_bus_reply_method_return(m, "s", knod::dump_json(j).c_str());
+    });
 }
 
 int BusService::activate(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    const void *key = nullptr;
-    size_t size = 0;
-    int r = sd_bus_message_read_array(m, 'y', &key, &size);
-    if (r < 0) return r;
-    auto caller = s->peer(m);
-    if (!caller) return fail(err, caller.error());
-    std::string id = id_of(sd_bus_message_get_path(m));
-    auto done = s->manager_->activate(id, *caller, {static_cast<const std::uint8_t *>(key), size});
-    if (!done) return fail(err, done.error());
-    if (const daemon::Binding *b = s->manager_->find(id)) s->emit_state_changed(*b);
-    return sd_bus_reply_method_return(m, "");
+    return guarded("Activate", err, [&]() -> int {
+        auto *s = service(self);
+        const void *key = nullptr;
+        size_t size = 0;
+        int r = sd_bus_message_read_array(m, 'y', &key, &size);
+        if (r < 0) return r;
+        if (size > limits::key)
+            return fail(err, make_error(Errc::invalid_argument,
+                                        "key: at most " + std::to_string(limits::key) + " bytes"));
+        auto caller = s->peer(m);
+        if (!caller) return fail(err, caller.error());
+        std::string id = id_of(sd_bus_message_get_path(m));
+        auto done =
+            s->manager_->activate(id, *caller, {static_cast<const std::uint8_t *>(key), size});
+        if (!done) return fail(err, done.error());
+        if (const daemon::Binding *b = s->manager_->find(id)) s->emit_state_changed(*b);
+        return sd_bus_reply_method_return(m, "");
+    });
 }
 
 int BusService::renew(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    const void *key = nullptr;
-    size_t size = 0;
-    int r = sd_bus_message_read_array(m, 'y', &key, &size);
-    if (r < 0) return r;
-    auto caller = s->peer(m);
-    if (!caller) return fail(err, caller.error());
-    std::string id = id_of(sd_bus_message_get_path(m));
-    auto until = s->manager_->renew(id, *caller, {static_cast<const std::uint8_t *>(key), size});
-    if (!until) return fail(err, until.error());
-    return sd_bus_reply_method_return(m, "t", static_cast<std::uint64_t>(*until));
+    return guarded("Renew", err, [&]() -> int {
+        auto *s = service(self);
+        const void *key = nullptr;
+        size_t size = 0;
+        int r = sd_bus_message_read_array(m, 'y', &key, &size);
+        if (r < 0) return r;
+        if (size > limits::key)
+            return fail(err, make_error(Errc::invalid_argument,
+                                        "key: at most " + std::to_string(limits::key) + " bytes"));
+        auto caller = s->peer(m);
+        if (!caller) return fail(err, caller.error());
+        std::string id = id_of(sd_bus_message_get_path(m));
+        auto until =
+            s->manager_->renew(id, *caller, {static_cast<const std::uint8_t *>(key), size});
+        if (!until) return fail(err, until.error());
+        return sd_bus_reply_method_return(m, "t", static_cast<std::uint64_t>(*until));
+    });
 }
 
 int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    auto c = s->credentials(m);
-    if (!c) return fail(err, c.error());
-    daemon::Peer by;
-    by.uid = c->uid;
-    by.bus_name = c->sender;
-    std::string id = id_of(sd_bus_message_get_path(m));
-    const daemon::Binding *b = s->manager_->find(id);
-    if (!b || b->owner.uid == c->uid) {
-        s->manager_->release(id, by, false, reply_when_done(m));
+    return guarded("Release", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        daemon::Peer by;
+        by.uid = c->uid;
+        by.bus_name = c->sender;
+        std::string id = id_of(sd_bus_message_get_path(m));
+        const daemon::Binding *b = s->manager_->find(id);
+        if (!b || b->owner.uid == c->uid) {
+            s->manager_->release(id, by, false, reply_when_done(m));
+            return 1;
+        }
+        // Someone else's binding: only an admin may release it (polkit may take a while).
+        auto done = reply_when_done(m);
+        s->authorizer_.check_admin(
+            *c, s->manager_->policy().settings,
+            [s, id, by, done](bool admin) { s->manager_->release(id, by, admin, done); });
         return 1;
-    }
-    // Someone else's binding: only an admin may release it (polkit may take a while).
-    auto done = reply_when_done(m);
-    s->authorizer_.check_admin(*c, s->manager_->policy().settings, [s, id, by, done](bool admin) {
-        s->manager_->release(id, by, admin, done);
     });
-    return 1;
 }
 
 int BusService::manager_property(sd_bus *, const char *, const char *, const char *property,
                                  sd_bus_message *reply, void *self, sd_bus_error *) {
-    auto *s = service(self);
-    std::string p = property;
-    auto st = s->manager_->status();
-    if (p == "Version") return sd_bus_message_append(reply, "s", version);
-    if (p == "Driver")
-        return sd_bus_message_append(reply, "s", s->manager_->driver().name().c_str());
-    if (p == "BindingCount")
-        return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(st.bindings));
-    if (p == "Rules")
-        return sd_bus_message_append(
-            reply, "u", static_cast<std::uint32_t>(s->manager_->policy().rules.size()));
-    if (p == "Permissive")
-        return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
-    if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
-    if (p == "SinkDroppedRecords") return sd_bus_message_append(reply, "t", st.sink_dropped);
-    if (p == "PendingJournalRecords")
-        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(st.pending_records));
-    return -ENOENT;
+    return guarded("manager property", nullptr, [&]() -> int {
+        auto *s = service(self);
+        std::string p = property;
+        auto st = s->manager_->status();
+        if (p == "Version") return sd_bus_message_append(reply, "s", version);
+        if (p == "Driver")
+            return sd_bus_message_append(reply, "s", s->manager_->driver().name().c_str());
+        if (p == "BindingCount")
+            return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(st.bindings));
+        if (p == "Rules")
+            return sd_bus_message_append(
+                reply, "u", static_cast<std::uint32_t>(s->manager_->policy().rules.size()));
+        if (p == "Permissive")
+            return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
+        if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
+        if (p == "SinkDroppedRecords") return sd_bus_message_append(reply, "t", st.sink_dropped);
+        if (p == "PendingJournalRecords")
+            return sd_bus_message_append(reply, "t",
+                                         static_cast<std::uint64_t>(st.pending_records));
+        return -ENOENT;
+    });
 }
 
 int BusService::binding_property(sd_bus *, const char *path, const char *, const char *property,
                                  sd_bus_message *reply, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    const daemon::Binding *b = s->binding_at(path);
-    if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
-    return s->append_property(reply, *b, property);
+    return guarded("binding property", err, [&]() -> int {
+        auto *s = service(self);
+        const daemon::Binding *b = s->binding_at(path);
+        if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
+        return s->append_property(reply, *b, property);
+    });
 }
 
 int BusService::append_property(sd_bus_message *reply, const daemon::Binding &binding,
@@ -491,37 +555,44 @@ int BusService::append_property(sd_bus_message *reply, const daemon::Binding &bi
 }
 
 int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
-    const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
-    if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
-    if (name[0] == ':' && new_owner[0] == '\0') {
-        service(self)->creds_cache_.erase(name);
-        service(self)->subscribers_.erase(name);
-        service(self)->manager_->connection_gone(name);
-    }
-    return 0;
+    return guarded("NameOwnerChanged", nullptr, [&]() -> int {
+        const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
+        if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
+        if (name[0] == ':' && new_owner[0] == '\0') {
+            service(self)->creds_cache_.erase(name);
+            service(self)->subscribers_.erase(name);
+            service(self)->manager_->connection_gone(name);
+        }
+        return 0;
+    });
 }
 
 int BusService::holder_exited(sd_event_source *src, int, uint32_t, void *self) {
-    auto *s = service(self);
-    for (auto &[holder, watch] : s->holders_) {
-        if (watch.source.get() != src) continue;
-        // Ending a binding edits the watch (and erases it with the last one): work on a copy.
-        std::set<std::string> ids = watch.bindings;
-        for (auto &id : ids)
-            s->manager_->holder_gone(id, daemon::reason::process_exit);
-        break;
-    }
-    return 0;
+    return guarded("holder exit", nullptr, [&]() -> int {
+        auto *s = service(self);
+        for (auto &[holder, watch] : s->holders_) {
+            if (watch.source.get() != src) continue;
+            // Ending a binding edits the watch (and erases it with the last one): work on a copy.
+            std::set<std::string> ids = watch.bindings;
+            for (auto &id : ids)
+                s->manager_->holder_gone(id, daemon::reason::process_exit);
+            break;
+        }
+        return 0;
+    });
 }
 
 int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
-    auto *s = service(self);
-    auto c = s->credentials(m);
-    if (!c) return fail(err, c.error());
-    if (c->sender.empty())
-        return fail(err, make_error(Errc::denied, "the bus did not name the caller's connection"));
-    s->subscribers_[c->sender] = Subscriber{*c, {}, false}; // decided at the next signal
-    return sd_bus_reply_method_return(m, "");
+    return guarded("Subscribe", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        if (c->sender.empty())
+            return fail(err,
+                        make_error(Errc::denied, "the bus did not name the caller's connection"));
+        s->subscribers_[c->sender] = Subscriber{*c, {}, false}; // decided at the next signal
+        return sd_bus_reply_method_return(m, "");
+    });
 }
 
 std::set<std::string> BusService::entitled(const daemon::Binding &b) {

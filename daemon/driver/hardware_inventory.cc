@@ -1,5 +1,7 @@
 #include "daemon/driver/hardware_inventory.h"
 
+#include "knod/untrusted.h"
+
 #include "daemon/host/gpu_inventory.h"
 #include "daemon/host/netdev_inventory.h"
 
@@ -33,15 +35,16 @@ Result<GpuInfo> HardwareInventory::gpu(const std::string &name) const {
         return std::find(g.names.begin(), g.names.end(), name) != g.names.end();
     });
     if (it == gpus_.end())
-        return make_error(Errc::invalid_argument,
-                          "gpu: no GPU named '" + name + "' (use a PCI address or render node)");
+        return make_error(Errc::invalid_argument, "gpu: no GPU named " + quote_untrusted(name) +
+                                                      " (use a PCI address or render node)");
     return *it;
 }
 
 Result<NetdevInfo> HardwareInventory::netdev(const std::string &name) const {
     for (auto &n : netdevs())
         if (n.name == name) return n;
-    return make_error(Errc::invalid_argument, "netdev: no network device named '" + name + "'");
+    return make_error(Errc::invalid_argument,
+                      "netdev: no network device named " + quote_untrusted(name));
 }
 
 } // namespace knod::driver

@@ -1,5 +1,7 @@
 #include "daemon/driver/knod_driver.h"
 
+#include "knod/untrusted.h"
+
 #include "daemon/host/sysfs_util.h"
 
 #include <algorithm>
@@ -62,15 +64,17 @@ std::vector<NetdevInfo> KnodDriver::netdevs() const {
 Result<GpuInfo> KnodDriver::gpu(const std::string &name) const {
     for (auto &g : gpus())
         if (std::find(g.names.begin(), g.names.end(), name) != g.names.end()) return g;
-    return make_error(Errc::invalid_argument,
-                      "gpu: no KNOD-paired GPU named '" + name + "' (see /sys/class/knod/*/gpu)");
+    return make_error(Errc::invalid_argument, "gpu: no KNOD-paired GPU named " +
+                                                  quote_untrusted(name) +
+                                                  " (see /sys/class/knod/*/gpu)");
 }
 
 Result<NetdevInfo> KnodDriver::netdev(const std::string &name) const {
     for (auto &n : netdevs())
         if (n.name == name) return n;
-    return make_error(Errc::invalid_argument, "netdev: no KNOD-offloaded netdev named '" + name +
-                                                  "' (see /sys/class/knod/*/netdev)");
+    return make_error(Errc::invalid_argument, "netdev: no KNOD-offloaded netdev named " +
+                                                  quote_untrusted(name) +
+                                                  " (see /sys/class/knod/*/netdev)");
 }
 
 const KnodDevice *KnodDriver::device_for(const std::string &netdev, const std::string &gpu) const {

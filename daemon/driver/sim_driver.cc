@@ -1,5 +1,7 @@
 #include "daemon/driver/sim_driver.h"
 
+#include "knod/untrusted.h"
+
 #include "daemon/driver/frame.h"
 
 #include <net/if.h>
@@ -59,15 +61,16 @@ std::string SimDriver::datapath_note() const {
 
 Result<GpuInfo> SimDriver::gpu(const std::string &name) const {
     if (name != config_.gpu)
-        return make_error(Errc::invalid_argument,
-                          "gpu: no GPU named '" + name + "' (the sim has '" + config_.gpu + "')");
+        return make_error(Errc::invalid_argument, "gpu: no GPU named " + quote_untrusted(name) +
+                                                      " (the sim has '" + config_.gpu + "')");
     return gpus().front();
 }
 
 Result<NetdevInfo> SimDriver::netdev(const std::string &name) const {
     if (name != config_.netdev)
-        return make_error(Errc::invalid_argument, "netdev: no device named '" + name +
-                                                      "' (the sim has '" + config_.netdev + "')");
+        return make_error(Errc::invalid_argument, "netdev: no device named " +
+                                                      quote_untrusted(name) + " (the sim has '" +
+                                                      config_.netdev + "')");
     // Its link may have been deleted under the daemon: nothing could ever be delivered.
     if (network_ && if_nametoindex(config_.netdev.c_str()) == 0)
         return make_error(Errc::invalid_argument,

@@ -2,6 +2,7 @@
 
 #include "daemon/journal/migrations.h"
 
+#include "knod/json.h"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -116,7 +117,8 @@ class Journal::Writer {
         std::string tmp = anchor_ + ".tmp";
         {
             std::ofstream out(tmp, std::ios::trunc);
-            out << nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}}.dump() << "\n";
+            out << knod::dump_json(nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}})
+                << "\n";
             if (!out) return;
         }
         std::rename(tmp.c_str(), anchor_.c_str());
@@ -285,7 +287,10 @@ Journal::Work Journal::open_session_work(Session s, Event grant) {
             .bind(5, s.unit);
         (*st)->bind(6, s.netdev).bind(7, s.gpu).bind(8, s.mode);
         (*st)->bind(9, static_cast<std::int64_t>(s.region_bytes));
-        (*st)->bind(10, nlohmann::json(s.flows).dump()).bind(11, s.key_id).bind(12, s.rule);
+        (*st)
+            ->bind(10, knod::dump_json(nlohmann::json(s.flows)))
+            .bind(11, s.key_id)
+            .bind(12, s.rule);
         (*st)->bind(13, s.started_us);
         if (auto r = (*st)->run(); !r) return std::move(r).error().context("session " + s.id);
         e.session_id = s.id;
@@ -419,11 +424,10 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
         if (auto r = db.exec(del); !r) return r.error();
         Event e;
         e.kind = kind::prune;
-        e.detail = nlohmann::json{
-            {"pruned_through", cut},
-            {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
-            {"events",
-             removed}}.dump();
+        e.detail = knod::dump_json(
+            nlohmann::json{{"pruned_through", cut},
+                           {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
+                           {"events", removed}});
         auto seq = w.append(std::move(e));
         if (!seq) return seq.error();
         return removed;

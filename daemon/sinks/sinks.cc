@@ -1,5 +1,7 @@
 #include "daemon/sinks/sinks.h"
 
+#include "knod/untrusted.h"
+
 #include <libaudit.h>
 #include <systemd/sd-journal.h>
 #include <unistd.h>
@@ -57,8 +59,10 @@ void LinuxAuditSink::write(const SinkRecord &r) {
     const journal::Event &e = r.event;
     bool granted = e.kind == journal::kind::granted;
     if (!granted && e.kind != journal::kind::denied && e.kind != journal::kind::revoked) return;
-    // Values are quoted the way auditd expects free text: spaces become underscores.
-    auto clean = [](std::string v) {
+    // Values are quoted the way auditd expects free text: spaces become underscores, and control
+    // characters and bytes that are not UTF-8 are escaped (a newline would start a forged field).
+    auto clean = [](const std::string &raw) {
+        std::string v = escape_untrusted(raw);
         for (char &c : v)
             if (c == ' ' || c == '"' || c == '=') c = '_';
         return v;

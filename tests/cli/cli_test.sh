@@ -97,6 +97,48 @@ done
 [ "$(ls -A "$work/ro")" = "journal.db" ] && ok "a read-only copy stays untouched" || { not_ok "files appeared: $(ls -A "$work/ro")"; }
 chmod 755 "$work/ro"
 
+# Output injection: other users' bytes in the journal (a unit named like a spreadsheet formula,
+# an executable path with terminal escapes, one that is not UTF-8) reach no terminal raw, CSV
+# cells cannot start a formula, and JSON stays JSON.
+"$fill" "$work/evil.db" 3 >/dev/null || not_ok "journal_fill evil"
+sqlite3 "$work/evil.db" "UPDATE sessions SET unit='=cmd|'' /C calc''!A0', exe='/tmp/'||char(27)||']0;pwned'||char(7)||'/x' WHERE id='b1';
+    UPDATE sessions SET exe=CAST(x'2f746d702fff2f78' AS TEXT), gpu='+1', netdev='@SUM(A1)' WHERE id='b2';
+    DROP TRIGGER events_no_update; UPDATE events SET reason='-2+3'||char(27)||'[2J'||char(13) WHERE seq=2;"
+for cmd in "audit sessions" "audit sessions --csv" "audit events" "audit events --csv" "audit show b1" "audit show b2" \
+           "audit export --format csv --table sessions" "audit export --format csv --table events" \
+           "audit sessions --json" "audit show b2 --json"; do
+    # shellcheck disable=SC2086
+    "$cli" $cmd --db "$work/evil.db" >"$work/evil.out" 2>&1
+    if LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$work/evil.out"; then
+        not_ok "$cmd prints a raw control byte"; od -c "$work/evil.out" | head -20
+    elif ! iconv -f UTF-8 -t UTF-8 "$work/evil.out" >/dev/null 2>&1; then
+        not_ok "$cmd prints bytes that are not UTF-8"
+    else ok "$cmd prints no raw control byte and valid UTF-8"; fi
+done
+"$cli" audit sessions --csv --db "$work/evil.db" >"$work/evil.csv"
+py 'import csv,sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for r in rows:
+    for k, v in r.items():
+        assert not v or v[0] not in "=+-@\t\r", (k, v)
+b1 = [r for r in rows if r["id"] == "b1"][0]
+assert b1["unit"] == "'"'"'=cmd|'"'"' /C calc'"'"'!A0", b1["unit"]
+assert "\\x1b]0;pwned\\x07" in b1["exe"], b1["exe"]' "$work/evil.csv" \
+    && ok "audit --csv neutralises formula cells and escapes ESC" || { not_ok "audit --csv injection"; cat "$work/evil.csv"; }
+"$cli" audit sessions --json --db "$work/evil.db" >"$work/evil.json"
+py 'import json,sys; d=json.load(open(sys.argv[1])); assert any("pwned" in s["exe"] for s in d)' "$work/evil.json" \
+    && ok "audit --json stays valid JSON with hostile values" || { not_ok "audit --json hostile"; cat "$work/evil.json"; }
+
+# Policy files that crashed toml++ (a 50,000-part dotted key overflowed its stack: exit 139)
+# or nested without bound are refused with file:line:col.
+py 'import sys; open(sys.argv[1],"w").write("[settings]\na" + ".a"*50000 + " = 1\n")' "$work/dotted.toml"
+expect_rc 1 "check refuses a key with 50,000 dotted parts" -- "$cli" check "$work/dotted.toml"
+grep -q "dotted.toml:2:64: error: key has more than 32 dotted parts" "$work/out" && ok "and says where" || { not_ok "dotted position"; cat "$work/out"; }
+py 'import sys; open(sys.argv[1],"w").write("x = " + "["*100000 + "]"*100000 + "\n")' "$work/deep.toml"
+expect_rc 1 "check refuses arrays nested 100,000 deep" -- "$cli" check "$work/deep.toml"
+py 'import sys; open(sys.argv[1],"w").write(("# " + "x"*1022 + "\n") * 2048)' "$work/big.toml"
+expect_rc 1 "check refuses a policy file over 1 MiB" -- "$cli" check "$work/big.toml"
+
 # doctor on the fixture machines of tests/data/hosts (make_hosts.py says what each one is).
 hosts="$src/tests/data/hosts"
 "$cli" doctor --host-root "$hosts/mi250x-cx6" --json >"$work/d.json"; rc=$?

@@ -1,5 +1,8 @@
-// libFuzzer target: any bytes as a policy file. The parser must never crash, and whatever it
-// accepts must be a policy the engine can evaluate.
+// libFuzzer target: any bytes as a policy file. The parser must never crash (deep nesting and
+// long dotted keys included: the corpus in tests/fuzz/corpus/policy seeds them), whatever it
+// accepts must be a policy the engine can evaluate, and no accepted string holds a control
+// character (a NUL would cut a glob short).
+#include "knod/untrusted.h"
 #include "policy/engine.h"
 #include "policy/parser.h"
 
@@ -10,6 +13,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
     std::string_view text(reinterpret_cast<const char *>(data), size);
     auto load = knod::policy::parse_policy_text(text, "fuzz.toml");
     if (load.ok()) {
+        for (auto &rule : load.policy.rules) {
+            bool clean = knod::is_clean_text(rule.name);
+            for (auto *globs :
+                 {&rule.units, &rule.cgroups, &rule.executables, &rule.netdevs, &rule.gpus})
+                for (auto &g : *globs)
+                    clean = clean && knod::is_clean_text(g);
+            if (!clean) __builtin_trap();
+        }
         knod::policy::Request r;
         r.caller.uid = 1000;
         r.netdev = "eth2";

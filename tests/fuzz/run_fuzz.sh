@@ -25,7 +25,8 @@ run)
     corpus=$(mktemp -d)
     trap 'rm -rf "$corpus"' EXIT
     if [ "$target" = policy ]; then
-        seeds=("$src/tests/data/policies/good" "$src/tests/data/policies/bad" "$src/packaging")
+        seeds=("$src/tests/data/policies/good" "$src/tests/data/policies/bad" "$src/packaging"
+               "$src/tests/fuzz/corpus/policy")
     else
         seeds=("$src/tests/fuzz/corpus/flow_spec")
     fi

@@ -133,6 +133,26 @@ client::Client Sandbox::client() const {
 Output Sandbox::run_client(const std::vector<std::string> &args, uid_t uid) const {
     std::vector<std::string> argv = {KNOD_TEST_CLIENT_BIN};
     argv.insert(argv.end(), args.begin(), args.end());
+    return run_program(argv, uid);
+}
+
+void Sandbox::kill_bus() {
+    if (bus_pid_ <= 0) return;
+    kill(bus_pid_, SIGKILL);
+    waitpid(bus_pid_, nullptr, 0);
+    bus_pid_ = -1;
+}
+
+int Sandbox::wait_daemon_exit(int ms) {
+    int status = -1;
+    bool gone =
+        eventually([&] { return waitpid(daemon_pid_, &status, WNOHANG) == daemon_pid_; }, ms);
+    if (!gone) return -1;
+    daemon_pid_ = -1;
+    return status;
+}
+
+Output Sandbox::run_program(const std::vector<std::string> &argv, uid_t uid) const {
     int out[2];
     if (pipe2(out, O_CLOEXEC) != 0) return {};
     int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);

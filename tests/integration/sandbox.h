@@ -36,6 +36,12 @@ class Sandbox {
 
     // Runs the test client once, as `uid` (via setpriv) when uid != 0.
     Output run_client(const std::vector<std::string> &args, uid_t uid = 0) const;
+    // Runs any program once the same way (argv[0] is its path).
+    Output run_program(const std::vector<std::string> &argv, uid_t uid = 0) const;
+    // Kills the private dbus-daemon (the daemon loses its bus).
+    void kill_bus();
+    // Waits up to `ms` for the daemon to exit by itself; its wait status, or -1 if it did not.
+    int wait_daemon_exit(int ms);
     // Runs an SQL query on the journal with the sqlite3 CLI; returns its output trimmed.
     std::string sql(const std::string &query) const;
 

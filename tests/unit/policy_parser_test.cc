@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 using namespace knod::policy;
 namespace fs = std::filesystem;
@@ -130,6 +131,72 @@ TEST(PolicyParser, MissingFileIsAnError) {
     PolicyLoad load = load_policy_files({"/nonexistent/knod.toml"});
     EXPECT_FALSE(load.ok());
     EXPECT_NE(load.errors_text().find("cannot read policy file"), std::string::npos);
+}
+
+// The diagnostic at LINE:COL whose message holds `text`, if any.
+bool has_error(const PolicyLoad &load, std::uint32_t line, std::uint32_t column,
+               const std::string &text) {
+    for (auto &d : load.diagnostics)
+        if (d.severity == Severity::error && d.where.line == line && d.where.column == column &&
+            d.message.find(text) != std::string::npos)
+            return true;
+    return false;
+}
+
+std::string repeat(const std::string &piece, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i)
+        out += piece;
+    return out;
+}
+
+// Hostile shapes toml++ would recurse on once per level or part (50,000 dotted parts overflowed
+// its stack): each is refused with a position before toml++ sees it.
+TEST(PolicyParser, DottedKeysAndNestingAreBoundedBeforeParsing) {
+    // The 32nd dot (the 33rd part) is at column 64.
+    auto dotted = parse_policy_text("[settings]\na" + repeat(".a", 50000) + " = 1\n", "d.toml");
+    EXPECT_TRUE(has_error(dotted, 2, 64, "more than 32 dotted parts")) << dotted.errors_text();
+    auto header = parse_policy_text("[a" + repeat(".a", 50000) + "]\n", "h.toml");
+    EXPECT_TRUE(has_error(header, 1, 65, "more than 32 dotted parts")) << header.errors_text();
+    auto quoted = parse_policy_text("\"a\"" + repeat(".'a'", 50000) + " = 1\n", "q.toml");
+    EXPECT_FALSE(quoted.ok());
+    auto arrays = parse_policy_text("x = " + repeat("[", 100000) + repeat("]", 100000), "a.toml");
+    EXPECT_TRUE(has_error(arrays, 1, 37, "nest deeper than 32")) << arrays.errors_text();
+    auto tables = parse_policy_text("x = " + repeat("{a=", 100000) + "1" + repeat("}", 100000));
+    EXPECT_FALSE(tables.ok());
+    EXPECT_NE(tables.errors_text().find("nest deeper than 32"), std::string::npos);
+}
+
+TEST(PolicyParser, DotsInStringsCommentsAndFlatFilesStayAccepted) {
+    std::string text = "# " + repeat("a.", 100) + "\n[[rule]]\nname = \"" + repeat("v.", 100) +
+                       "\"\niommu = \"any\"\nmax_region = 4096\n" +
+                       "flows = [\"udp 10.0.0.1:* -> 10.0.0.2:5000\"]\n" + "executables = '''" +
+                       repeat("/x.y", 100) + "'''\n";
+    auto load = parse_policy_text(text);
+    EXPECT_TRUE(load.ok()) << load.errors_text();
+}
+
+TEST(PolicyParser, PolicyFilesOverOneMebibyteAreNotRead) {
+    auto path = fs::temp_directory_path() / ("knod-big-" + std::to_string(getpid()) + ".toml");
+    {
+        std::ofstream out(path);
+        out << repeat("# " + std::string(1022, 'x') + "\n", 2048);
+    }
+    PolicyLoad load = load_policy_files({path.string()});
+    fs::remove(path);
+    EXPECT_TRUE(has_error(load, 1, 1, "over the limit of 1048576 bytes")) << load.errors_text();
+}
+
+// toml++ decodes \u0000 into the string; fnmatch would then see only "*".
+TEST(PolicyParser, ControlCharactersInStringsAndKeysAreErrorsWithPositions) {
+    auto load = parse_policy_text("[[rule]]\nname = \"r\"\nexecutables = [\"/ok\", "
+                                  "\"*\\u0000/opt/app/bin/trainer\"]\n");
+    EXPECT_TRUE(has_error(load, 3, 23, "'*\\x00/opt/app/bin/trainer' holds a control character"))
+        << load.errors_text();
+    EXPECT_TRUE(load.policy.rules.empty()); // nothing of the file is used
+    for (const char *text : {"[settings]\nadmin_group = \"adm\\u001b[2J\"\n",
+                             "[settings]\n\"adm\\u0085\" = 1\n", "x = \"tab\\there\"\n"})
+        EXPECT_FALSE(parse_policy_text(text).ok()) << text;
 }
 
 TEST(PolicyParser, SizesAndDurations) {
