@@ -58,15 +58,20 @@ class DaemonTest : public ::testing::Test {
     }
     Sandbox &sb() { return *sandbox_; }
 
-    Result<client::GrantedBinding> request(client::Client &c, const std::string &flow = sim_flow,
+    // Without a flow, each request gets one of its own (5100 and up): flows are exclusive.
+    Result<client::GrantedBinding> request(client::Client &c, const std::string &flow = {},
                                            std::size_t bytes = 65536) {
         int fd = make_region(bytes);
-        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, bytes, {flow});
+        std::string f = flow.empty()
+                            ? "udp 10.99.0.1:* -> 10.99.0.2:" + std::to_string(5100 + next_port_++)
+                            : flow;
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, bytes, {f});
         close(fd);
         return g;
     }
 
     std::unique_ptr<Sandbox> sandbox_;
+    int next_port_ = 0;
 };
 
 } // namespace
