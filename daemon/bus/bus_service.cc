@@ -195,6 +195,12 @@ Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     return daemon::identify_peer(c->uid, c->pid, c->gids, c->sender);
 }
 
+Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
+    auto c = credentials(m);
+    if (!c) return c.error();
+    return manager_->throttle(c->uid, c->pid, method);
+}
+
 bool BusService::visible(const daemon::Binding &b) const {
     sd_bus_message *m = sd_bus_get_current_message(bus_);
     if (!m) return true; // our own emissions (InterfacesAdded)
@@ -269,8 +275,7 @@ int BusService::list_bindings(sd_bus_message *m, void *self, sd_bus_error *err) 
     auto *s = service(self);
     auto c = s->credentials(m);
     if (!c) return fail(err, c.error());
-    if (auto t = s->manager_->throttle(c->uid, c->pid, "ListBindings"); !t)
-        return fail(err, t.error());
+    if (auto t = s->throttle(m, "ListBindings"); !t) return fail(err, t.error());
     bool all = s->authorizer_.is_auditor(*c, s->manager_->policy().settings);
     sd_bus_message *reply_raw = nullptr;
     int r = sd_bus_message_new_method_return(m, &reply_raw);
@@ -295,10 +300,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
     const char *id = nullptr, *why = nullptr;
     int r = sd_bus_message_read(m, "ss", &id, &why);
     if (r < 0) return r;
-    if (auto c = s->credentials(m); !c)
-        return fail(err, c.error());
-    else if (auto t = s->manager_->throttle(c->uid, c->pid, "RevokeBinding"); !t)
-        return fail(err, t.error());
+    if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
     auto caller = s->peer(m);
     if (!caller) return fail(err, caller.error());
     Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name};
@@ -327,8 +329,7 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
     auto *s = service(self);
     auto c = s->credentials(m);
     if (!c) return fail(err, c.error());
-    if (auto t = s->manager_->throttle(c->uid, c->pid, "ReloadPolicy"); !t)
-        return fail(err, t.error());
+    if (auto t = s->throttle(m, "ReloadPolicy"); !t) return fail(err, t.error());
     std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
     s->authorizer_.check_admin(
         *c, s->manager_->policy().settings, [s, call, uid = c->uid](bool admin) {
@@ -348,10 +349,7 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
 
 int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
     auto *s = service(self);
-    auto c = s->credentials(m);
-    if (!c) return fail(err, c.error());
-    if (auto t = s->manager_->throttle(c->uid, c->pid, "GetHostReport"); !t)
-        return fail(err, t.error());
+    if (auto t = s->throttle(m, "GetHostReport"); !t) return fail(err, t.error());
     const auto &d = s->manager_->driver();
     nlohmann::json j{{"driver", d.name()}};
     j["netdevs"] = nlohmann::json::array();
@@ -394,7 +392,7 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
     auto *s = service(self);
     auto c = s->credentials(m);
     if (!c) return fail(err, c.error());
-    if (auto t = s->manager_->throttle(c->uid, c->pid, "Release"); !t) return fail(err, t.error());
+    if (auto t = s->throttle(m, "Release"); !t) return fail(err, t.error());
     daemon::Peer by;
     by.uid = c->uid;
     by.bus_name = c->sender;
