@@ -17,7 +17,6 @@ class RateLimiter {
 
     // Takes one token for `key`; false when there is none (the call is refused).
     bool admit(std::uint32_t key, Clock::time_point now);
-    void forget(std::uint32_t key) { buckets_.erase(key); }
     std::size_t size() const { return buckets_.size(); }
     double per_second() const { return per_second_; }
     double burst() const { return burst_; }
