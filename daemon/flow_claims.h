@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace knod::daemon {
@@ -30,18 +31,30 @@ class FlowClaims {
                std::vector<policy::FlowSpec> flows);
     void release(const std::string &binding);
     // The first held flow on `netdev` that some packet could match together with one of
-    // `flows`; O(flows held on that device).
+    // `flows`. At worst O(flows held on that device); a flow with few destination ports is
+    // compared only with held flows on those ports and with held flows of wide port ranges.
     std::optional<FlowConflict> conflict(const std::string &netdev,
                                          const std::vector<policy::FlowSpec> &flows) const;
     std::size_t size() const { return where_.size(); }
 
   private:
-    struct Claim {
+    struct Held {
+        std::string binding;
         uid_t owner;
-        std::vector<policy::FlowSpec> flows;
+        policy::FlowSpec flow;
     };
-    std::map<std::string, std::map<std::string, Claim>> by_netdev_;
-    std::map<std::string, std::string> where_; // binding -> netdev
+    struct Device {
+        // Flows of at most `narrow` destination ports, filed under each of their ports.
+        std::unordered_map<std::uint16_t, std::vector<Held>> by_port;
+        std::vector<Held> wide; // the rest
+        std::size_t bindings = 0;
+    };
+    static constexpr int narrow = 16;
+    static bool is_narrow(const policy::PortRange &r) { return r.hi - r.lo < narrow; }
+
+    std::map<std::string, Device> devices_;
+    std::map<std::string, std::pair<std::string, std::vector<policy::FlowSpec>>>
+        where_; // binding -> netdev, flows
 };
 
 } // namespace knod::daemon
