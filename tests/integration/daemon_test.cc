@@ -535,16 +535,23 @@ TEST(DaemonRateLimit, AFloodFromOneUidIsThrottledAndJournaledWithinTheBound) {
 
 TEST(DaemonRateLimit, EveryMethodCountsAgainstTheUidAndRootIsNotLimited) {
     if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
-    Sandbox sb(policy_text, {"--rate-limit", "1"}); // bursts of 2, then 1 per second
+    // One call, then one per 100 s; one refusal window for the whole test.
+    Sandbox sb(policy_text, {"--rate-limit", "0.01", "--refusal-window", "3600"});
     // Separate processes (connections) of one uid share the bucket.
+    // The one token goes to a request; then every method is refused.
+    Holder h(sb, {"knodsim0", "sim0", "4096", sim_flow}, nobody);
+    ASSERT_TRUE(h.ok()) << h.line();
     int limited = 0;
-    for (auto *method : {"list", "reload", "list", "list", "list", "list"}) {
-        Output o = sb.run_client({method}, nobody);
+    const std::vector<std::vector<std::string>> calls = {
+        {"list"}, {"reload"}, {"release", h.id()}, {"revoke", h.id(), "why"}, {"list"}};
+    for (auto &call : calls) {
+        Output o = sb.run_client(call, nobody);
         if (o.out.find("QuotaExceeded") != std::string::npos &&
             o.out.find("too many requests from uid 65534") != std::string::npos)
             ++limited;
     }
-    EXPECT_GE(limited, 1) << "six calls from one uid at 1 per second, bursts of 2";
+    EXPECT_EQ(limited, 5) << "each from a process of its own";
+    EXPECT_EQ(sb.run_client({"list"}, 1000).out, "ok") << "another uid has its own bucket";
     auto c = sb.client();
     for (int i = 0; i < 20; ++i)
         ASSERT_TRUE(c.list().ok()) << "root is not limited";
