@@ -46,7 +46,11 @@ long rss_kib(const char *pid) {
     return -1;
 }
 
-const char *flow = "udp 10.99.0.1:* -> 10.99.0.2:5000";
+// Flows are exclusive: binding k gets source host 1 + k % 250 and port 5000 + k / 250.
+std::string flow(int k) {
+    return "udp 10.99.0." + std::to_string(1 + k % 250) +
+           ":* -> 10.99.0.2:" + std::to_string(5000 + k / 250);
+}
 
 struct Result {
     std::vector<double> pair_us, ping_us;
@@ -72,7 +76,7 @@ Result run(int clients, double seconds, bool ping) {
                     continue;
                 }
                 auto g =
-                    client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
+                    client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow(c)});
                 if (!g || !client->activate(g->id, g->key) || !client->release(g->id)) {
                     ++r.errors;
                     continue;
@@ -138,7 +142,8 @@ int main(int argc, char **argv) {
         auto t = Clock::now();
         int held = 0;
         for (int i = 0; i < live; ++i)
-            if (client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow})) ++held;
+            if (client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow(i)}))
+                ++held;
         double s = std::chrono::duration<double>(Clock::now() - t).count();
         std::printf("%d live bindings held (%d asked) in %.1f s; daemon RSS: %ld KiB\n", held, live,
                     s, pid ? rss_kib(pid) : -1L);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <thread>
 
 namespace knod::daemon {
@@ -56,6 +57,9 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                BindingEvents &events, Post post)
     : config_(std::move(config)), driver_(driver), keys_(std::move(keys)),
       policy_(std::move(policy)), events_(events), post_(std::move(post)),
+      limiter_(config_.requests_per_second, config_.request_burst),
+      refusals_(
+          std::chrono::duration_cast<std::chrono::microseconds>(config_.refusal_window).count()),
       host_(config_.host.sysfs, config_.host.proc) {}
 
 BindingManager::~BindingManager() = default;
@@ -187,21 +191,45 @@ Result<void> BindingManager::flush_pending_now() {
     return {};
 }
 
-Result<void> BindingManager::rate_limit(const std::string &bus_name) {
-    auto now = std::chrono::steady_clock::now();
-    auto [it, fresh] = buckets_.try_emplace(bus_name, Bucket{config_.request_burst, now});
-    Bucket &b = it->second;
-    double elapsed = std::chrono::duration<double>(now - b.last).count();
-    b.tokens = std::min(config_.request_burst, b.tokens + elapsed * config_.requests_per_second);
-    b.last = now;
-    if (b.tokens < 1)
-        return make_error(Errc::quota_exceeded,
-                          "too many requests from this connection; at most " +
-                              std::to_string(static_cast<int>(config_.requests_per_second)) +
-                              " per second");
-    b.tokens -= 1;
-    if (buckets_.size() > 4096) buckets_.clear(); // forget idle connections now and then
-    return {};
+Result<void> BindingManager::throttle(uid_t uid, pid_t pid, const char *method) {
+    if (uid == 0 || limiter_.admit(uid, std::chrono::steady_clock::now())) return {};
+    journal::Event e;
+    e.kind = journal::kind::rate_limited;
+    e.uid = uid;
+    e.pid = pid;
+    e.reason = std::string(method) + " refused: over the per-user rate limit";
+    e.detail = knod::dump_json(nlohmann::json{{"method", method}});
+    refuse(std::move(e));
+    char rate[64];
+    std::snprintf(rate, sizeof rate, "%g per second (bursts of %g)", limiter_.per_second(),
+                  limiter_.burst());
+    return make_error(Errc::quota_exceeded, "too many requests from uid " + std::to_string(uid) +
+                                                ": at most " + rate +
+                                                " per user, over all its connections; retry later");
+}
+
+void BindingManager::refuse(journal::Event e) {
+    // Root's refusals are kept one by one: root could write the journal directly anyway.
+    bool full = !e.uid || *e.uid == 0 ||
+                refusals_.admit(static_cast<std::uint32_t>(*e.uid), e.kind, journal::now_us());
+    if (full) record(std::move(e)); // otherwise counted; the window's record says how many
+}
+
+void BindingManager::record_coalesced(std::int64_t now_us, bool all) {
+    for (auto &s : all ? refusals_.close_all(now_us) : refusals_.close(now_us)) {
+        journal::Event e;
+        e.kind = journal::kind::coalesced;
+        if (s.uid) e.uid = *s.uid;
+        e.decision = s.kind;
+        e.reason = std::to_string(s.count) + " more " + s.kind + " refusals of " +
+                   (s.uid ? "uid " + std::to_string(*s.uid) : std::string("many uids")) +
+                   ", journaled as this count only";
+        e.detail = knod::dump_json(nlohmann::json{{"kind", s.kind},
+                                                  {"count", s.count},
+                                                  {"since_us", s.since_us},
+                                                  {"until_us", s.until_us}});
+        record(std::move(e));
+    }
 }
 
 policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) const {
@@ -228,7 +256,7 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
 
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
-    if (auto r = rate_limit(caller.bus_name); !r) return r.error();
+    if (auto r = throttle(caller.uid, caller.pid, "RequestBinding"); !r) return r.error();
 
     // Sizes first: nothing below copies, parses or quotes more than these.
     for (auto check : {limits::check_length("netdev", args.netdev, limits::netdev),
@@ -290,7 +318,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           {"unit", escape_untrusted(caller.unit)}};
     decision.detail = knod::dump_json(detail);
     if (!d.granted()) {
-        record(std::move(decision));
+        refuse(std::move(decision));
         // Say why each rule missed, so the caller can act without an admin's help.
         std::string why = d.reason;
         for (std::size_t i = 0; i < d.misses.size() && i < 5; ++i)
@@ -305,10 +333,32 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         decision.kind = journal::kind::denied;
         decision.decision = "isolation-violation";
         decision.reason = iso.reason;
-        record(std::move(decision));
+        refuse(std::move(decision));
         return make_error(Errc::isolation_violation,
                           iso.reason + " (rule '" + d.rule + "' requires iommu = \"" +
                               policy::to_string(d.iommu) + "\"); fix: " + iso.fix);
+    }
+    // Flows are exclusive on a device: the first claimant (live, or granted and waiting for
+    // the journal) keeps its traffic, whoever asks, so no binding silently takes another's.
+    if (auto c = claims_.conflict(req.netdev, req.flows)) {
+        std::string mine = "flows[" + std::to_string(c->requested) + "] '" +
+                           req.flows[c->requested].to_string() + "'";
+        decision.kind = journal::kind::denied;
+        decision.decision = "flow-conflict";
+        decision.reason = mine + " overlaps flow '" + c->held.to_string() + "' of binding " +
+                          c->binding + " (uid " + std::to_string(c->owner) + ")";
+        detail["conflicts_with"] = c->binding;
+        decision.detail = knod::dump_json(detail);
+        refuse(std::move(decision));
+        // Another user's binding is not named: the caller may not see it.
+        std::string theirs = c->owner == caller.uid
+                                 ? "flow '" + c->held.to_string() + "' of your binding " +
+                                       c->binding + " on " + req.netdev +
+                                       " (release it first, or ask for flows that do not overlap)"
+                                 : "a flow of another user's binding on " + req.netdev;
+        return make_error(Errc::flow_conflict, mine + " overlaps " + theirs +
+                                                   "; flows on a device are exclusive and the "
+                                                   "first binding keeps its traffic");
     }
     // Fail closed: without a journal that can take the grant, nothing is granted. Records still
     // waiting for the disk mean it is not taking writes now: refuse at once, never wait here.
@@ -352,7 +402,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         decision.kind = journal::kind::denied;
         decision.decision = "driver-failure";
         decision.reason = queues.error().message;
-        record(std::move(decision));
+        refuse(std::move(decision));
         return make_error(Errc::driver_failure, queues.error().message);
     }
     b.queues = *queues;
@@ -376,6 +426,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     Granted g{b.id, b.key_id, key->key, b.rule};
     std::string id = b.id;
     count_usage(b, +1); // in flight counts: concurrent requests cannot slip past a quota
+    claims_.claim(b.netdev, id, b.owner.uid, b.flows);
     inflight_.emplace(id, std::move(b));
     journal_->open_session_async(
         s, decision, [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
@@ -403,6 +454,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
     inflight_.erase(it);
     if (!written) {
         count_usage(b, -1);
+        claims_.release(b.id);
         driver_.detach(b.id);
         keys_.revoke(b.key_id);
         return done(journal_error(written.error()));
@@ -416,16 +468,17 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
 
 Result<void> BindingManager::activate(const std::string &id, const Peer &presenter,
                                       std::span<const std::uint8_t> key) {
+    if (auto r = throttle(presenter.uid, presenter.pid, "Activate"); !r) return r.error();
     auto it = bindings_.find(id);
     if (it == bindings_.end())
         return make_error(Errc::not_found, "no binding " + quote_untrusted(id));
     Binding &b = it->second;
     auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id);
     if (!ok) {
-        journal::Event e = event_for("activate-refused", presenter);
+        journal::Event e = event_for(journal::kind::activate_refused, presenter);
         e.session_id = id;
         e.reason = ok.error().message;
-        record(std::move(e));
+        refuse(std::move(e));
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
@@ -517,6 +570,7 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
     keys_.revoke(it->second.key_id);
     close_session(it->second, why, c, std::move(durable));
     count_usage(it->second, -1);
+    claims_.release(id);
     Binding ended = std::move(it->second);
     bindings_.erase(it);
     events_.binding_ended(ended, why, note);
@@ -585,12 +639,12 @@ void BindingManager::abandon_grant(const std::string &id, const std::string &why
     driver_.detach(id);
     keys_.revoke(it->second.key_id);
     count_usage(it->second, -1);
+    claims_.release(id);
     abandoned_.emplace(id, Abandoned{std::move(it->second), why});
     inflight_.erase(it);
 }
 
 void BindingManager::connection_gone(const std::string &bus_name) {
-    buckets_.erase(bus_name);
     std::vector<std::string> gone;
     for (auto &[id, b] : inflight_)
         if (b.owner.bus_name == bus_name) gone.push_back(id);
@@ -619,6 +673,7 @@ void BindingManager::tick(std::int64_t now_us) {
         end_binding(id, reason::expire);
     keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
     if (now_us - last_retention_us_ >= 3600ll * 1000000) (void)apply_retention();
+    record_coalesced(now_us, false);
     flush_pending_async();
 }
 
@@ -628,6 +683,7 @@ void BindingManager::shutdown() {
         ids.push_back(id);
     for (auto &id : ids)
         end_binding(id, reason::daemon_stop);
+    record_coalesced(journal::now_us(), true);
     journal::Event e;
     e.kind = journal::kind::daemon_stop;
     record(std::move(e));

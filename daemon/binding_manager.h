@@ -4,11 +4,14 @@
 #pragma once
 
 #include "daemon/driver/driver.h"
+#include "daemon/flow_claims.h"
 #include "daemon/host/isolation.h"
 #include "daemon/host/paths.h"
 #include "daemon/journal/journal.h"
 #include "daemon/keys/key_authority.h"
 #include "daemon/peer.h"
+#include "daemon/rate_limiter.h"
+#include "daemon/refusal_coalescer.h"
 #include "daemon/sinks/sinks.h"
 #include "policy/engine.h"
 
@@ -87,8 +90,11 @@ struct Granted {
 
 struct ManagerConfig {
     std::string journal_path;
-    double requests_per_second = 50; // per bus connection
+    // Calls per second per uid, over every method (uid 0 is not limited), with bursts.
+    double requests_per_second = 50;
     double request_burst = 100;
+    // Repeated refusals of one uid and kind are journaled once per window, with a count.
+    std::chrono::seconds refusal_window{10};
     std::size_t max_flows = 64;
     // Retention, applied at start and hourly: events older than this, beyond this many.
     std::optional<std::chrono::seconds> retain_age;
@@ -136,6 +142,10 @@ class BindingManager {
     // since the epoch). Journaled; refused like Activate for a wrong key.
     Result<std::int64_t> renew(const std::string &id, const Peer &presenter,
                                std::span<const std::uint8_t> key);
+    // The per-uid rate limit, for every method (the bus adaptor calls it for those that do not
+    // come in here): QuotaExceeded when `uid` has no token left; refusals are journaled,
+    // coalesced. Root is not limited: it can stop the daemon or edit the journal anyway.
+    Result<void> throttle(uid_t uid, pid_t pid, const char *method);
     // The owner, or anyone `privileged` (an admin), may release. The data path stops at once;
     // `done` runs once the end is on disk (or kept to write when the disk is back).
     void release(const std::string &id, const Peer &by, bool privileged, Done done);
@@ -183,7 +193,9 @@ class BindingManager {
     Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
     void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                       const GrantDone &done);
-    Result<void> rate_limit(const std::string &bus_name);
+    // Journals a refusal unless its (uid, kind) already has a record in the current window.
+    void refuse(journal::Event e);
+    void record_coalesced(std::int64_t now_us, bool all);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
     void count_usage(const Binding &b, int sign); // +1 when granted (in flight), -1 when gone
     // Retries kept records on the journal's writer thread, one at a time, in order.
@@ -198,10 +210,6 @@ class BindingManager {
         journal::Event event;
     };
     void keep(std::variant<journal::Event, PendingEnd> record);
-    struct Bucket {
-        double tokens;
-        std::chrono::steady_clock::time_point last;
-    };
 
     ManagerConfig config_;
     driver::Driver &driver_;
@@ -218,7 +226,9 @@ class BindingManager {
     std::map<std::string, Abandoned> abandoned_; // in flight, caller gone: nothing to hand out
     std::map<uid_t, policy::Usage> usage_;       // live and in-flight bindings per uid, for quotas
     Post post_;
-    std::map<std::string, Bucket> buckets_;
+    RateLimiter limiter_;
+    RefusalCoalescer refusals_;
+    FlowClaims claims_; // flows of live and in-flight bindings, per netdev
     std::deque<std::variant<journal::Event, PendingEnd>> pending_;
     // The outcome of the kept record being retried now (pending_.front()); null when none is.
     enum { flush_running, flush_written, flush_failed };

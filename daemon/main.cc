@@ -37,6 +37,7 @@ struct Options {
     std::string driver = "auto";
     knod::driver::SimConfig sim;
     double rate = 50;
+    int refusal_window = 10;
     bool journald = true;
     bool linux_audit = true;
     std::string retain;
@@ -210,8 +211,14 @@ int main(int argc, char **argv) {
     app.add_option("--runtime-dir", o.sim.lock_dir,
                    "sim: where the per-netdev lock lives (one daemon per sim netdev)")
         ->capture_default_str();
-    app.add_option("--rate-limit", o.rate, "requests per second per bus connection")
+    app.add_option("--rate-limit", o.rate,
+                   "calls per second per uid (bursts of twice that; root is not limited)")
         ->capture_default_str();
+    app.add_option("--refusal-window", o.refusal_window,
+                   "seconds: a user's repeated refusals of one kind are journaled once per window, "
+                   "with a count")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 3600));
     app.add_option("--journald", o.journald, "copy events to the system journal")
         ->capture_default_str();
     app.add_option("--linux-audit", o.linux_audit,
@@ -308,6 +315,7 @@ int main(int argc, char **argv) {
     config.journal_path = o.state_dir + "/journal.db";
     config.requests_per_second = o.rate;
     config.request_burst = o.rate * 2;
+    config.refusal_window = std::chrono::seconds(o.refusal_window);
     if (!o.retain.empty()) {
         auto age = knod::policy::parse_duration(o.retain);
         if (!age) {

@@ -27,6 +27,7 @@ enum class Errc {
     driver_failure,
     journal_unavailable,
     invalid_policy,
+    flow_conflict, // a requested flow overlaps a live or in-flight binding's on the same NIC
 };
 
 struct Error {

@@ -221,6 +221,12 @@ Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     return daemon::identify_peer(c->uid, c->pid, c->gids, c->sender);
 }
 
+Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
+    auto c = credentials(m);
+    if (!c) return c.error();
+    return manager_->throttle(c->uid, c->pid, method);
+}
+
 bool BusService::visible(const daemon::Binding &b) const {
     sd_bus_message *m = sd_bus_get_current_message(bus_);
     if (!m) return true; // our own emissions (InterfacesAdded)
@@ -315,6 +321,7 @@ int BusService::list_bindings(sd_bus_message *m, void *self, sd_bus_error *err) 
         auto *s = service(self);
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "ListBindings"); !t) return fail(err, t.error());
         bool all = s->authorizer_.is_auditor(*c, s->manager_->policy().settings);
         sd_bus_message *reply_raw = nullptr;
         int r = sd_bus_message_new_method_return(m, &reply_raw);
@@ -344,6 +351,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         for (auto check : {limits::check_length("id", id, limits::binding_id),
                            limits::check_length("reason", why, limits::reason)})
             if (!check) return fail(err, check.error());
+        if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
         Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name};
@@ -374,6 +382,7 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
         auto *s = service(self);
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "ReloadPolicy"); !t) return fail(err, t.error());
         std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
         s->authorizer_.check_admin(
             *c, s->manager_->policy().settings, [s, call, uid = c->uid](bool admin) {
@@ -394,9 +403,10 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
     });
 }
 
-int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *) {
-    return guarded("GetHostReport", nullptr, [&]() -> int {
+int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("GetHostReport", err, [&]() -> int {
         auto *s = service(self);
+        if (auto t = s->throttle(m, "GetHostReport"); !t) return fail(err, t.error());
         const auto &d = s->manager_->driver();
         nlohmann::json j{{"driver", d.name()}};
         j["netdevs"] = nlohmann::json::array();
@@ -455,6 +465,7 @@ int BusService::renew(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
         std::string id = id_of(sd_bus_message_get_path(m));
+        if (auto t = s->throttle(m, "Renew"); !t) return fail(err, t.error());
         auto until =
             s->manager_->renew(id, *caller, {static_cast<const std::uint8_t *>(key), size});
         if (!until) return fail(err, until.error());
@@ -467,6 +478,7 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto *s = service(self);
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "Release"); !t) return fail(err, t.error());
         daemon::Peer by;
         by.uid = c->uid;
         by.bus_name = c->sender;
@@ -587,6 +599,7 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto *s = service(self);
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "Subscribe"); !t) return fail(err, t.error());
         if (c->sender.empty())
             return fail(err,
                         make_error(Errc::denied, "the bus did not name the caller's connection"));

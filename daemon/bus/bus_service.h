@@ -57,6 +57,9 @@ class BusService : public daemon::BindingEvents {
   private:
     Result<Credentials> credentials(sd_bus_message *m) const;
     Result<daemon::Peer> peer(sd_bus_message *m) const;
+    // The per-uid rate limit for methods the core does not see (RequestBinding and Activate
+    // are limited there).
+    Result<void> throttle(sd_bus_message *m, const char *method) const;
     // May the sender of the message being handled see this binding?
     bool visible(const daemon::Binding &b) const;
     const daemon::Binding *binding_at(const char *path) const;

@@ -20,6 +20,7 @@ const std::pair<Errc, const char *> table[] = {
     {Errc::unsupported, error::driver_failure},
     {Errc::journal_unavailable, error::journal_unavailable},
     {Errc::invalid_policy, error::invalid_policy},
+    {Errc::flow_conflict, error::flow_conflict},
 };
 
 } // namespace

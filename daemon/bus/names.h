@@ -23,6 +23,7 @@ inline constexpr const char *isolation_violation = "org.knod.Policy1.Error.Isola
 inline constexpr const char *driver_failure = "org.knod.Policy1.Error.DriverFailure";
 inline constexpr const char *journal_unavailable = "org.knod.Policy1.Error.JournalUnavailable";
 inline constexpr const char *invalid_policy = "org.knod.Policy1.Error.InvalidPolicy";
+inline constexpr const char *flow_conflict = "org.knod.Policy1.Error.FlowConflict";
 inline constexpr const char *failed = "org.knod.Policy1.Error.Failed";
 } // namespace error
 

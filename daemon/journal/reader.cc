@@ -175,7 +175,9 @@ Result<Report> JournalReader::report(const Filter &f) {
         auto st = db_.prepare(
             "SELECT " + key_sql +
             " AS k, sum(kind = 'request-granted'), coalesce(sum(CASE WHEN kind = 'session-ended' "
-            "THEN json_extract(detail, '$.rx_bytes') END), 0), sum(kind = 'request-denied'), "
+            "THEN json_extract(detail, '$.rx_bytes') END), 0), sum(CASE WHEN kind = "
+            "'request-denied' THEN 1 WHEN kind = 'refusals-coalesced' AND decision = "
+            "'request-denied' THEN json_extract(detail, '$.count') ELSE 0 END), "
             "sum(kind = 'revoke') FROM (SELECT e.*, s.netdev AS s_netdev, s.uid AS s_uid FROM "
             "events e "
             "LEFT JOIN sessions s ON s.id = e.session_id" +
@@ -187,6 +189,7 @@ Result<Report> JournalReader::report(const Filter &f) {
         return {};
     };
     // A session's events count for its owner (a revoke is done by an admin, but to the owner).
+    // Denials include those only counted in a refusals-coalesced event.
     if (auto t = tally("CAST(coalesce(s_uid, uid) AS TEXT)", r.by_user); !t) return t.error();
     if (auto t = tally("coalesce(s_netdev, json_extract(detail, '$.netdev'))", r.by_netdev); !t)
         return t.error();

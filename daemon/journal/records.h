@@ -21,6 +21,10 @@ inline constexpr const char *reload = "policy-reload";
 inline constexpr const char *daemon_start = "daemon-start";
 inline constexpr const char *daemon_stop = "daemon-stop";
 inline constexpr const char *prune = "retention-prune";
+inline constexpr const char *activate_refused = "activate-refused";
+inline constexpr const char *rate_limited = "rate-limited"; // a call over the per-uid rate limit
+// How many refusals of one uid and kind were counted, not journaled one by one, in a window.
+inline constexpr const char *coalesced = "refusals-coalesced";
 inline constexpr const char *anchor =
     "journal-anchor"; // sinks only: the chain head, never in the chain
 } // namespace kind

@@ -12,9 +12,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <regex>
+#include <sstream>
+#include <thread>
 
 using namespace knod;
 using namespace knod::test;
@@ -53,15 +58,20 @@ class DaemonTest : public ::testing::Test {
     }
     Sandbox &sb() { return *sandbox_; }
 
-    Result<client::GrantedBinding> request(client::Client &c, const std::string &flow = sim_flow,
+    // Without a flow, each request gets one of its own (5100 and up): flows are exclusive.
+    Result<client::GrantedBinding> request(client::Client &c, const std::string &flow = {},
                                            std::size_t bytes = 65536) {
         int fd = make_region(bytes);
-        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, bytes, {flow});
+        std::string f = flow.empty()
+                            ? "udp 10.99.0.1:* -> 10.99.0.2:" + std::to_string(5100 + next_port_++)
+                            : flow;
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, bytes, {f});
         close(fd);
         return g;
     }
 
     std::unique_ptr<Sandbox> sandbox_;
+    int next_port_ = 0;
 };
 
 } // namespace
@@ -125,6 +135,86 @@ TEST_F(DaemonTest, UnprivilegedCallerCannotTouchRootsBinding) {
     ASSERT_TRUE(h.ok()) << h.line();
     EXPECT_EQ(sb().run_client({"list"}, nobody).out, "ok " + h.id());
     EXPECT_EQ(c.list()->size(), 2u) << "root sees all";
+}
+
+TEST_F(DaemonTest, AnotherUsersOverlappingFlowIsAFlowConflict) {
+    // Root is active on a /24; the first claimant keeps its traffic.
+    auto c = sb().client();
+    auto root = request(c, "udp 10.99.0.0/24:* -> 10.99.0.2:5000");
+    ASSERT_TRUE(root.ok()) << root.error().message;
+    ASSERT_TRUE(c.activate(root->id, root->key).ok());
+    // A host inside root's prefix, and the identical prefix, from uid 65534: refused, without
+    // naming root's binding.
+    for (auto *flow : {"udp 10.99.0.1:* -> 10.99.0.2:5000", "udp 10.99.0.0/24:* -> 10.99.0.2:5000",
+                       "udp 10.99.0.0/24:* -> 10.99.0.2:5000-5010"}) {
+        Output o = sb().run_client({"hold", "knodsim0", "sim0", "4096", flow}, nobody);
+        EXPECT_NE(o.out.find("org.knod.Policy1.Error.FlowConflict"), std::string::npos)
+            << flow << ": " << o.out;
+        EXPECT_NE(o.out.find("another user's binding"), std::string::npos) << o.out;
+        EXPECT_EQ(o.out.find(root->id), std::string::npos) << "root's binding is not named";
+        EXPECT_EQ(o.out.find("' of "), std::string::npos) << "nor its flow: " << o.out;
+    }
+    // Other ports and other sources do not overlap.
+    Holder apart(sb(), {"knodsim0", "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5001"}, nobody);
+    ASSERT_TRUE(apart.ok()) << apart.line();
+    // The same uid is refused too ("most specific wins" would split its own traffic), and is
+    // told which of its bindings holds the flow.
+    auto again = request(c, "udp 10.99.0.7:* -> 10.99.0.2:5000");
+    ASSERT_FALSE(again.ok());
+    EXPECT_NE(again.error().message.find("FlowConflict"), std::string::npos)
+        << again.error().message;
+    EXPECT_NE(again.error().message.find(root->id), std::string::npos) << again.error().message;
+    // One binding may list a flow twice, or flows that overlap each other.
+    int fd = make_region(4096);
+    auto twice =
+        c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096,
+                          {"udp 10.99.0.3:* -> 10.99.0.2:5100", "udp 10.99.0.3:* -> 10.99.0.2:5100",
+                           "udp 10.99.0.0/24:* -> 10.99.0.2:5100-5101"});
+    close(fd);
+    EXPECT_TRUE(twice.ok()) << twice.error().message;
+    // Refusals are journaled like other denials, naming the holder for the auditor.
+    EXPECT_TRUE(eventually([&] {
+        return sb().sql("SELECT count(*) FROM events WHERE decision = 'flow-conflict' AND "
+                        "json_extract(detail, '$.conflicts_with') = '" +
+                        root->id + "' AND uid = 0") == "1";
+    }));
+    EXPECT_GE(std::stol(sb().sql("SELECT count(*) FROM events WHERE decision = 'flow-conflict' "
+                                 "AND uid = 65534 AND json_extract(detail, '$.conflicts_with') "
+                                 "= '" +
+                                 root->id + "'")),
+              1)
+        << "nobody's first refusal in full (the next ones may be counted in its window)";
+    EXPECT_EQ(sb().sql("SELECT count(*) FROM sessions WHERE uid = 65534"), "1");
+    // Once root releases, the flow is free for the other uid.
+    ASSERT_TRUE(c.release(root->id).ok());
+    Holder after(sb(), {"knodsim0", "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5000"}, nobody);
+    EXPECT_TRUE(after.ok()) << after.line();
+}
+
+TEST_F(DaemonTest, ConcurrentRequestsForOneFlowGrantExactlyOne) {
+    // Requests that arrive while the first grant waits for the journal see it in flight.
+    std::vector<std::thread> threads;
+    std::atomic<int> granted{0}, conflicts{0};
+    // Each connection (and its binding) stays until all threads are done.
+    std::vector<std::optional<client::Client>> clients(12);
+    for (std::size_t i = 0; i < clients.size(); ++i)
+        threads.emplace_back([&, i] {
+            auto c = client::Client::connect(sb().address());
+            if (!c) return;
+            int fd = make_region(4096);
+            auto g = c->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096,
+                                        {"udp 10.99.0.0/24:* -> 10.99.0.2:5500"});
+            close(fd);
+            if (g)
+                ++granted;
+            else if (g.error().message.find("FlowConflict") != std::string::npos)
+                ++conflicts;
+            clients[i] = std::move(*c);
+        });
+    for (auto &t : threads)
+        t.join();
+    EXPECT_EQ(granted.load(), 1);
+    EXPECT_EQ(conflicts.load(), 11);
 }
 
 TEST_F(DaemonTest, KilledHolderIsReleasedAndJournaled) {
@@ -240,11 +330,12 @@ TEST_F(DaemonTest, QuotaAndRateLimitAreQuotaExceeded) {
     auto c = sb().client();
     std::vector<client::GrantedBinding> held;
     for (int i = 0; i < 8; ++i) {
-        auto g = request(c, sim_flow, 4096);
+        // Flows are exclusive: each binding its own port.
+        auto g = request(c, "udp 10.99.0.1:* -> 10.99.0.2:" + std::to_string(5000 + i), 4096);
         ASSERT_TRUE(g.ok()) << g.error().message;
         held.push_back(*g);
     }
-    auto ninth = request(c, sim_flow, 4096);
+    auto ninth = request(c, "udp 10.99.0.1:* -> 10.99.0.2:5008", 4096);
     ASSERT_FALSE(ninth.ok());
     EXPECT_NE(ninth.error().message.find("QuotaExceeded"), std::string::npos)
         << ninth.error().message;
@@ -356,26 +447,118 @@ TEST_F(DaemonTest, IntrospectionMatchesTheSchema) {
     EXPECT_EQ(binding, block(schema, "org.knod.Policy1.Binding"));
 }
 
-TEST(DaemonRateLimit, BurstsBeyondTheLimitAreQuotaExceeded) {
+namespace {
+
+// "CALL ERRORNAME COUNT" lines of the test client's flood command.
+std::map<std::string, long> flood_tally(const std::string &out) {
+    std::map<std::string, long> t;
+    std::istringstream lines(out);
+    std::string call, name;
+    long n = 0;
+    while (lines >> call >> name >> n)
+        t[call + " " + name] += n;
+    return t;
+}
+
+} // namespace
+
+TEST(DaemonRateLimit, AFloodFromOneUidIsThrottledAndJournaledWithinTheBound) {
     if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
-    Sandbox sb(policy_text, {"--rate-limit", "2"}); // burst of 4, then 2 per second
+    const int window_s = 1;
+    Sandbox sb(policy_text, {"--refusal-window", std::to_string(window_s)}); // 50/s, bursts of 100
     auto c = sb.client();
-    int limited = 0, granted = 0;
-    for (int i = 0; i < 10; ++i) {
-        int fd = make_region(4096);
-        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {sim_flow});
-        close(fd);
-        if (g) {
-            ++granted;
-            ASSERT_TRUE(c.release(g->id).ok());
-        } else if (g.error().message.find("QuotaExceeded") != std::string::npos &&
-                   g.error().message.find("too many requests") != std::string::npos) {
-            ++limited;
-        }
+    ASSERT_TRUE(c.status().ok());
+    auto start = std::chrono::steady_clock::now();
+    auto since = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    // 50 connections of uid 65534: 3,000 requests the policy denies, 6,000 wrong-key Activates
+    // of its own binding.
+    Output flood = sb.run_client({"flood", "50", "3000", "6000", "knodsim0", "sim0", sim_flow,
+                                  "udp 10.99.0.1:* -> 10.99.0.2:9001"},
+                                 nobody);
+    double flood_s = since();
+    ASSERT_EQ(flood.status, 0) << flood.out;
+    auto t = flood_tally(flood.out);
+    const std::string denied = "org.knod.Policy1.Error.Denied",
+                      limited = "org.knod.Policy1.Error.QuotaExceeded";
+    long req_denied = t["RequestBinding " + denied], req_limited = t["RequestBinding " + limited];
+    long act_denied = t["Activate " + denied], act_limited = t["Activate " + limited];
+    EXPECT_EQ(req_denied + req_limited, 3000) << flood.out;
+    EXPECT_EQ(act_denied + act_limited, 6000) << flood.out;
+    // One bucket for the uid, however many connections: the burst, then 50 a second.
+    EXPECT_LE(req_denied + act_denied + 1, 100 + 50 * flood_s + 1) << flood.out;
+    EXPECT_GT(req_limited + act_limited, 0) << flood.out;
+
+    // Another uid is not throttled by the first, and the daemon answers everyone.
+    Holder other(sb, {"knodsim0", "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5001"}, 1000);
+    EXPECT_TRUE(other.ok()) << other.line();
+    EXPECT_TRUE(c.status().ok());
+    Output limited_reply = sb.run_client({"list"}, nobody);
+    if (limited_reply.out != "ok") { // only if its bucket has not refilled yet
+        ++req_limited;
+        EXPECT_NE(limited_reply.out.find("too many requests from uid 65534"), std::string::npos)
+            << limited_reply.out;
     }
-    EXPECT_GE(granted, 4);
-    EXPECT_GE(limited, 1);
-    EXPECT_EQ(granted + limited, 10);
+
+    // Every refusal is in the journal, either as its own record or in a window's count.
+    auto journaled = [&](const std::string &kind) {
+        std::string full =
+            sb.sql("SELECT count(*) FROM events WHERE uid = 65534 AND kind = '" + kind + "'");
+        std::string counted = sb.sql(
+            "SELECT coalesce(sum(json_extract(detail, '$.count')), 0) FROM events WHERE uid = "
+            "65534 AND kind = 'refusals-coalesced' AND decision = '" +
+            kind + "'");
+        return std::stol(full) + std::stol(counted);
+    };
+    EXPECT_TRUE(eventually(
+        [&] {
+            return journaled("request-denied") == req_denied &&
+                   journaled("activate-refused") == act_denied &&
+                   journaled("rate-limited") == req_limited + act_limited;
+        },
+        10000))
+        << journaled("request-denied") << "/" << req_denied << " " << journaled("activate-refused")
+        << "/" << act_denied << " " << journaled("rate-limited") << "/"
+        << req_limited + act_limited;
+    // The bound (README): per uid and kind of refusal, one record per window, so at most
+    // 3 * (1 + elapsed / window) refusal records; plus the held binding's grant and end.
+    double elapsed = since();
+    long rows = std::stol(sb.sql("SELECT count(*) FROM events WHERE uid = 65534"));
+    EXPECT_LE(rows, 3 * (2 + static_cast<long>(elapsed / window_s)) + 2)
+        << sb.sql("SELECT kind, decision, count(*) FROM events WHERE uid = 65534 GROUP BY 1, 2");
+    EXPECT_GT(rows, 3) << "each kind of refusal left a record";
+    auto v = journal::verify_chain(sb.journal());
+    ASSERT_TRUE(v.ok());
+    EXPECT_TRUE(v->ok) << v->problem;
+}
+
+TEST(DaemonRateLimit, EveryMethodCountsAgainstTheUidAndRootIsNotLimited) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
+    // One call, then one per 100 s; one refusal window for the whole test.
+    Sandbox sb(policy_text, {"--rate-limit", "0.01", "--refusal-window", "3600"});
+    // Separate processes (connections) of one uid share the bucket.
+    // The one token goes to a request; then every method is refused.
+    Holder h(sb, {"knodsim0", "sim0", "4096", sim_flow}, nobody);
+    ASSERT_TRUE(h.ok()) << h.line();
+    int limited = 0;
+    const std::vector<std::vector<std::string>> calls = {
+        {"list"}, {"reload"}, {"release", h.id()}, {"revoke", h.id(), "why"}, {"list"}};
+    for (auto &call : calls) {
+        Output o = sb.run_client(call, nobody);
+        if (o.out.find("QuotaExceeded") != std::string::npos &&
+            o.out.find("too many requests from uid 65534") != std::string::npos)
+            ++limited;
+    }
+    EXPECT_EQ(limited, 5) << "each from a process of its own";
+    EXPECT_EQ(sb.run_client({"list"}, 1000).out, "ok") << "another uid has its own bucket";
+    auto c = sb.client();
+    for (int i = 0; i < 20; ++i)
+        ASSERT_TRUE(c.list().ok()) << "root is not limited";
+    EXPECT_TRUE(eventually([&] {
+        return sb.sql("SELECT count(*) FROM events WHERE kind = 'rate-limited' AND uid = 65534") ==
+               "1";
+    })) << "the first refusal is journaled in full, the rest counted";
 }
 
 TEST(DaemonIsolation, ARuleRequiringTranslationRefusesTheSimulatedDevices) {

@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char *flow = "udp 10.99.0.1:* -> 10.99.0.2:5000";
+// Flows are exclusive, so each binding of these tests gets its own: the test client fills in
+// source host {a} and port {p} from its index.
+const char *flow = "udp 10.99.0.{a}:* -> 10.99.0.2:{p}";
 
 // A child running the test client with stdout on a pipe we read line by line.
 struct Child {
@@ -104,8 +106,9 @@ TEST(Faults, SigkillDuringConcurrentRequestsLosesNoGrantedKey) {
                             "--bpf-pin-root", pins, "--rate-limit", "100000"});
     std::vector<std::unique_ptr<Child>> clients;
     for (int i = 0; i < 20; ++i)
-        clients.push_back(std::make_unique<Child>(std::vector<std::string>{
-            KNOD_TEST_CLIENT_BIN, "request-many", "50", netdev, "sim0", flow}));
+        clients.push_back(std::make_unique<Child>(
+            std::vector<std::string>{KNOD_TEST_CLIENT_BIN, "request-many", "50", netdev, "sim0",
+                                     flow, std::to_string(i * 50)}));
     usleep(400000); // requests in flight
     sb.stop_daemon(SIGKILL);
     std::set<std::string> received;
@@ -150,8 +153,9 @@ TEST(Faults, TenThousandBindingsWhoseHoldersAllExitAreReleasedWithinTwoSeconds) 
     Sandbox sb(sim_policy, {"--rate-limit", "1000000", "--linux-audit=false"});
     std::vector<std::unique_ptr<Child>> holders;
     for (int i = 0; i < 50; ++i)
-        holders.push_back(std::make_unique<Child>(std::vector<std::string>{
-            KNOD_TEST_CLIENT_BIN, "request-many", "200", "knodsim0", "sim0", flow}));
+        holders.push_back(std::make_unique<Child>(
+            std::vector<std::string>{KNOD_TEST_CLIENT_BIN, "request-many", "200", "knodsim0",
+                                     "sim0", flow, std::to_string(i * 200)}));
     for (auto &h : holders)
         ASSERT_TRUE(h->wait_line("done"));
     auto c = sb.client();

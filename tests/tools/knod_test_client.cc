@@ -5,8 +5,6 @@
 //   hold-active NETDEV GPU BYTES FLOW...  the same, activating the binding with its key; when
 //                                   stdin closes, print "data RXBYTES HEX" (the region's first
 //                                   min(RXBYTES, BYTES) bytes)
-//   request-many N NETDEV GPU FLOW  request N bindings (one sealed memfd), printing "key KEYID"
-//                                   for each grant as it arrives, then wait until stdin closes
 //   hold-until-end NETDEV GPU BYTES FLOW...  request and activate, print "ok ID KEYHEX", then
 //                                   wait (30 s at most) for the daemon to say the binding ended:
 //                                   "ended revoked|released REASON"
@@ -14,6 +12,15 @@
 //                                   ignored) and add a plain match rule for the daemon's
 //                                   signals, print "ready", then one line per signal received
 //                                   ("signal MEMBER PATH ARGS...") until stdin closes
+//   request-many N NETDEV GPU FLOW [FIRST]  request N bindings (one sealed memfd), printing
+//                                   "key KEYID" for each grant as it arrives, then wait until
+//                                   stdin closes. With FIRST, binding i gets FLOW with "{a}"
+//                                   replaced by 1 + k % 250 and "{p}" by 5000 + k / 250, where
+//                                   k = FIRST + i (distinct flows: flows are exclusive)
+//   flood CONNS REQUESTS ACTIVATES NETDEV GPU GOOD_FLOW BAD_FLOW  hold one binding for GOOD_FLOW,
+//                                   then from CONNS connections at once send REQUESTS requests
+//                                   for BAD_FLOW and ACTIVATES wrong-key Activate calls; print
+//                                   "CALL ERRORNAME COUNT" per outcome ("ok" for none), "done"
 //   activate ID KEYHEX | release ID | list | revoke ID REASON | reload
 #include "client/client.h"
 #include "knod/hex.h"
@@ -26,6 +33,9 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
 
 namespace {
 
@@ -97,6 +107,76 @@ int watch() {
     return 0;
 }
 
+int sealed_memfd(std::uint64_t bytes) {
+    int fd = memfd_create("knod-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+        return -1;
+    return fd;
+}
+
+std::string nth_flow(std::string flow, int k) {
+    auto put = [&](const std::string &mark, int value) {
+        for (auto at = flow.find(mark); at != std::string::npos; at = flow.find(mark))
+            flow.replace(at, mark.size(), std::to_string(value));
+    };
+    put("{a}", 1 + k % 250);
+    put("{p}", 5000 + k / 250);
+    return flow;
+}
+
+// The D-Bus error name of a client error ("org.knod.Policy1.Error.X: message").
+std::string error_name(const knod::Error &e) {
+    return e.message.substr(0, e.message.find(':'));
+}
+
+int flood(const std::vector<std::string> &args, knod::client::Client &main_client) {
+    int conns = std::stoi(args[1]), requests = std::stoi(args[2]), activates = std::stoi(args[3]);
+    int fd = sealed_memfd(4096);
+    auto held = main_client.request_binding(args[4], args[5], "rx-only", fd, 0, 4096, {args[6]});
+    if (!held) {
+        std::cout << "error " << held.error().message << std::endl;
+        return 1;
+    }
+    std::mutex mu;
+    std::map<std::string, int> outcomes;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < conns; ++t)
+        threads.emplace_back([&, t] {
+            auto c = knod::client::Client::connect();
+            std::map<std::string, int> mine;
+            if (!c) {
+                mine["connect " + error_name(c.error())] += 1;
+            } else {
+                std::vector<std::uint8_t> wrong(held->key.size(), 0x5a);
+                int n_req = requests / conns + (t < requests % conns ? 1 : 0);
+                int n_act = activates / conns + (t < activates % conns ? 1 : 0);
+                for (int i = 0; i < n_req || i < n_act; ++i) {
+                    if (i < n_req) {
+                        auto g =
+                            c->request_binding(args[4], args[5], "rx-only", fd, 0, 4096, {args[7]});
+                        mine[std::string("RequestBinding ") + (g ? "ok" : error_name(g.error()))] +=
+                            1;
+                    }
+                    if (i < n_act) {
+                        auto a = c->activate(held->id, wrong);
+                        mine[std::string("Activate ") + (a ? "ok" : error_name(a.error()))] += 1;
+                    }
+                }
+            }
+            std::lock_guard lock(mu);
+            for (auto &[k, v] : mine)
+                outcomes[k] += v;
+        });
+    for (auto &t : threads)
+        t.join();
+    for (auto &[k, v] : outcomes)
+        std::cout << k << " " << v << std::endl;
+    std::cout << "done" << std::endl;
+    close(fd);
+    return 0; // the held binding ends with this process
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -160,13 +240,14 @@ int main(int argc, char **argv) {
                   << std::endl;
         return 0;
     }
-    if (cmd == "request-many" && args.size() == 5) {
+    if (cmd == "request-many" && (args.size() == 5 || args.size() == 6)) {
         int n = std::stoi(args[1]);
-        int fd = memfd_create("knod-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0 || ftruncate(fd, 4096) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
-            return 1;
+        int first = args.size() == 6 ? std::stoi(args[5]) : -1;
+        int fd = sealed_memfd(4096);
+        if (fd < 0) return 1;
         for (int i = 0; i < n; ++i) {
-            auto g = client->request_binding(args[2], args[3], "rx-only", fd, 0, 4096, {args[4]});
+            std::string flow = first < 0 ? args[4] : nth_flow(args[4], first + i);
+            auto g = client->request_binding(args[2], args[3], "rx-only", fd, 0, 4096, {flow});
             if (!g) {
                 std::cout << "error " << g.error().message << std::endl;
                 if (g.error().code == knod::Errc::io || g.error().code == knod::Errc::unavailable)
@@ -181,6 +262,7 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
+    if (cmd == "flood" && args.size() == 8) return flood(args, *client);
     if (cmd == "activate" && args.size() == 3)
         return report(client->activate(args[1], from_hex(args[2])));
     if (cmd == "release" && args.size() == 2) return report(client->release(args[1]));

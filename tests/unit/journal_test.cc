@@ -377,6 +377,16 @@ TEST_F(JournalTest, ReaderFiltersAndReports) {
         denied.detail = R"({"netdev":"eth2"})";
         ASSERT_TRUE(j->append(denied).ok());
         ASSERT_TRUE(j->append(denied).ok());
+        // 5 more denials of uid 1001, journaled as a count (the daemon's coalescing).
+        Event coalesced;
+        coalesced.kind = kind::coalesced;
+        coalesced.uid = 1001;
+        coalesced.decision = kind::denied;
+        coalesced.detail = R"({"kind":"request-denied","count":5})";
+        ASSERT_TRUE(j->append(coalesced).ok());
+        coalesced.decision = kind::activate_refused; // not a request denial
+        coalesced.detail = R"({"kind":"activate-refused","count":7})";
+        ASSERT_TRUE(j->append(coalesced).ok());
     }
     auto r = std::move(JournalReader::open(path_)).value();
     std::vector<std::string> ids;
@@ -414,7 +424,7 @@ TEST_F(JournalTest, ReaderFiltersAndReports) {
     ASSERT_EQ(rep->by_user.size(), 2u);
     EXPECT_EQ(rep->by_user[1].key, "1001");
     EXPECT_EQ(rep->by_user[1].sessions, 3);
-    EXPECT_EQ(rep->by_user[1].denials, 2);
+    EXPECT_EQ(rep->by_user[1].denials, 2 + 5);
     EXPECT_EQ(rep->by_user[1].rx_bytes, 300);
     ASSERT_EQ(rep->by_netdev.size(), 2u);
     EXPECT_EQ(rep->by_netdev[0].key, "eth2");

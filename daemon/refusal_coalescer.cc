@@ -1,0 +1,67 @@
+#include "daemon/refusal_coalescer.h"
+
+#include <algorithm>
+
+namespace knod::daemon {
+
+RefusalCoalescer::RefusalCoalescer(std::int64_t window_us, std::size_t max_keys)
+    : window_us_(std::max<std::int64_t>(window_us, 1)),
+      max_keys_(std::max<std::size_t>(max_keys, 1)) {}
+
+bool RefusalCoalescer::admit(std::uint32_t uid, const std::string &kind, std::int64_t now_us) {
+    Key key{uid, kind};
+    auto it = windows_.find(key);
+    if (it == windows_.end() && windows_.size() >= max_keys_) {
+        // Too many uids at once: they share one window per kind, journaled only as a count.
+        auto [over, fresh] =
+            windows_.try_emplace(Key{-1, kind}, Window{now_us, now_us + window_us_, 0});
+        over->second.count += 1;
+        return false;
+    }
+    if (it == windows_.end()) {
+        windows_.emplace(key, Window{now_us, now_us + window_us_, 0});
+        return true;
+    }
+    it->second.count += 1;
+    return false;
+}
+
+std::vector<RefusalCoalescer::Summary> RefusalCoalescer::close_if(std::int64_t now_us, bool all) {
+    std::vector<Summary> out;
+    for (auto it = windows_.begin(); it != windows_.end();) {
+        Window &w = it->second;
+        if (!all && now_us < w.until_us) {
+            ++it;
+            continue;
+        }
+        if (w.count == 0) {
+            it = windows_.erase(it);
+            continue;
+        }
+        Summary s;
+        if (it->first.first >= 0) s.uid = static_cast<std::uint32_t>(it->first.first);
+        s.kind = it->first.second;
+        s.count = w.count;
+        s.since_us = w.since_us;
+        s.until_us = std::min(now_us, w.until_us);
+        out.push_back(std::move(s));
+        if (all) {
+            it = windows_.erase(it);
+            continue;
+        }
+        // Still being refused: the next window starts counting at once, with no full record.
+        w = Window{now_us, now_us + window_us_, 0};
+        ++it;
+    }
+    return out;
+}
+
+std::vector<RefusalCoalescer::Summary> RefusalCoalescer::close(std::int64_t now_us) {
+    return close_if(now_us, false);
+}
+
+std::vector<RefusalCoalescer::Summary> RefusalCoalescer::close_all(std::int64_t now_us) {
+    return close_if(now_us, true);
+}
+
+} // namespace knod::daemon
