@@ -74,6 +74,9 @@ std::string mismatch(const Rule &rule, const Request &r) {
         return "caller is in none of groups [" + join_principals(rule.groups) + "]";
     if (!rule.units.empty() && !any_glob(rule.units, c.unit))
         return "caller unit '" + c.unit + "' matches none of [" + join(rule.units) + "]";
+    if (!rule.user_units.empty() && !any_glob(rule.user_units, c.user_unit))
+        return "caller user unit '" + c.user_unit + "' matches none of [" + join(rule.user_units) +
+               "]";
     if (!rule.cgroups.empty() && !any_glob(rule.cgroups, c.cgroup))
         return "caller cgroup '" + c.cgroup + "' matches none of [" + join(rule.cgroups) + "]";
     if (!rule.executables.empty() && !any_glob(rule.executables, c.executable))
