@@ -230,7 +230,9 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           {"region_bytes", args.length},
                           {"flows", flows_text(req.flows)},
                           {"exe", caller.executable},
-                          {"unit", caller.unit}};
+                          {"unit", caller.unit},
+                          {"user_unit", caller.user_unit}, // valid unit names: ASCII
+                          {"gids", caller.gids}};
     decision.detail = detail.dump();
     if (!d.granted()) {
         record(std::move(decision));
