@@ -1,9 +1,12 @@
 #include "cli/caller_lookup.h"
 #include "cli/commands.h"
+#include "policy/cgroup_unit.h"
 #include "policy/engine.h"
 #include "policy/parser.h"
 
 #include "knod/json.h"
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <iostream>
@@ -13,9 +16,9 @@ namespace {
 
 struct Options {
     std::vector<std::string> policy_files;
-    std::string user = "0";
-    std::vector<std::string> extra_groups;
-    std::string unit, cgroup, exe;
+    std::string user = std::to_string(geteuid());
+    std::vector<std::string> groups;
+    std::string unit, user_unit, cgroup, exe;
     std::string netdev;
     std::vector<std::string> gpus;
     std::string mode = "rx-only";
@@ -26,9 +29,16 @@ struct Options {
     bool json = false;
 };
 
-int report(const policy::Decision &d, bool json) {
+int report(const policy::Decision &d, const policy::Caller &c, GroupsSource groups, bool json) {
     if (json) {
         nlohmann::json out{{"decision", policy::to_string(d.verdict)},
+                           {"caller",
+                            {{"uid", c.uid},
+                             {"user", c.user},
+                             {"gids", c.gids},
+                             {"groups_source", to_string(groups)},
+                             {"unit", c.unit},
+                             {"user_unit", c.user_unit}}},
                            {"would_deny", d.would_deny},
                            {"rule", d.rule},
                            {"rule_location", d.rule.empty() ? "" : d.rule_where.to_string()},
@@ -41,6 +51,11 @@ int report(const policy::Decision &d, bool json) {
                 {{"rule", m.rule}, {"location", m.where.to_string()}, {"why_not", m.why_not}});
         std::cout << knod::dump_json(out, 2) << "\n";
     } else {
+        std::string gids;
+        for (auto g : c.gids)
+            gids += (gids.empty() ? "" : ",") + std::to_string(g);
+        std::cout << "caller:   uid " << c.uid << (c.user.empty() ? "" : " (" + c.user + ")")
+                  << ", groups [" << gids << "] from " << to_string(groups) << "\n";
         std::cout << "decision: " << policy::to_string(d.verdict)
                   << (d.would_deny ? " (permissive; would deny)" : "") << "\n";
         if (!d.rule.empty())
@@ -68,12 +83,16 @@ Runner add_explain(CLI::App &app) {
     auto o = std::make_shared<Options>();
     cmd->add_option("--policy", o->policy_files,
                     "policy files or directories (default: /etc/knod/policy.toml and policy.d/)");
-    cmd->add_option("--uid,--user", o->user,
-                    "the caller, by uid or user name; its groups come "
-                    "from NSS")
+    cmd->add_option("--uid,--user", o->user, "the caller, by uid or user name (default: you)")
         ->capture_default_str();
-    cmd->add_option("--group", o->extra_groups, "an extra group (name or gid) the caller is in");
-    cmd->add_option("--unit", o->unit, "the caller's systemd unit");
+    cmd->add_option("--group,--gid", o->groups,
+                    "a group (name or gid) the calling process holds; repeat for each. Given, "
+                    "these are all its groups; not given, they are this process's own "
+                    "(getgroups) when --user is you, else the user database's as a stand-in");
+    cmd->add_option("--unit", o->unit,
+                    "the caller's system unit (default: from --cgroup, as the daemon derives it)");
+    cmd->add_option("--user-unit", o->user_unit,
+                    "the caller's unit under its user manager (default: from --cgroup)");
     cmd->add_option("--cgroup", o->cgroup, "the caller's cgroup path");
     cmd->add_option("--exe", o->exe, "the caller's executable path");
     cmd->add_option("--netdev", o->netdev, "network device to bind")->required();
@@ -109,16 +128,17 @@ Runner add_explain(CLI::App &app) {
             std::cerr << "knod-policy explain: " << caller.error().message << "\n";
             return exit_usage;
         }
+        auto groups = fill_groups(*caller, o->groups);
+        if (!groups) {
+            std::cerr << "knod-policy explain: --group: " << groups.error().message << "\n";
+            return exit_usage;
+        }
         policy::Request req;
         req.caller = *caller;
-        for (auto &g : o->extra_groups) {
-            if (!g.empty() && std::all_of(g.begin(), g.end(), ::isdigit))
-                req.caller.gids.push_back(static_cast<std::uint32_t>(std::stoul(g)));
-            else
-                req.caller.group_names.push_back(g);
-        }
-        req.caller.unit = o->unit;
         req.caller.cgroup = o->cgroup;
+        req.caller.unit = o->unit.empty() ? policy::system_unit_of(o->cgroup) : o->unit;
+        req.caller.user_unit =
+            o->user_unit.empty() ? policy::user_unit_of(o->cgroup) : o->user_unit;
         req.caller.executable = o->exe;
         req.netdev = o->netdev;
         req.gpu_names = o->gpus;
@@ -142,7 +162,8 @@ Runner add_explain(CLI::App &app) {
             }
             req.flows.push_back(*spec);
         }
-        return report(policy::decide(load.policy, req, {o->held_bindings, *held}), o->json);
+        return report(policy::decide(load.policy, req, {o->held_bindings, *held}), req.caller,
+                      *groups, o->json);
     };
 }
 

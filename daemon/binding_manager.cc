@@ -315,7 +315,9 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           {"region_bytes", args.length},
                           {"flows", flows_text(req.flows)},
                           {"exe", escape_untrusted(caller.executable)},
-                          {"unit", escape_untrusted(caller.unit)}};
+                          {"unit", escape_untrusted(caller.unit)},
+                          {"user_unit", escape_untrusted(caller.user_unit)},
+                          {"gids", caller.gids}};
     decision.detail = knod::dump_json(detail);
     if (!d.granted()) {
         refuse(std::move(decision));

@@ -8,6 +8,7 @@
 #include "daemon/driver/selection.h"
 #include "daemon/driver/sim_driver.h"
 #include "daemon/host/link_monitor.h"
+#include "daemon/state_dir.h"
 #include "knod/file_lock.h"
 #include "policy/parser.h"
 
@@ -243,9 +244,10 @@ int main(int argc, char **argv) {
                   << "knod-policyd: refusing to start with an invalid policy\n";
         return 1;
     }
-    if (mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        std::cerr << "knod-policyd: cannot create " << o.state_dir << ": " << std::strerror(errno)
-                  << "\n";
+    // Everything the daemon creates is its own alone, whoever started it and with what umask.
+    umask(077);
+    if (auto dir = knod::daemon::prepare_state_dir(o.state_dir); !dir) {
+        std::cerr << "knod-policyd: refusing to start: " << dir.error().message << "\n";
         return 1;
     }
     // One daemon per state dir, decided before anything is touched: a second one started by
@@ -260,6 +262,16 @@ int main(int argc, char **argv) {
                   << "\n";
         return 1;
     }
+    auto state_files = knod::daemon::check_state_files(
+        o.state_dir,
+        {"journal.db", "journal.db-wal", "journal.db-shm", "journal.db.anchor", "key-secret"},
+        "journal.db");
+    if (!state_files) {
+        std::cerr << "knod-policyd: refusing to start: " << state_files.error().message << "\n";
+        return 1;
+    }
+    for (auto &note : *state_files)
+        std::cerr << "knod-policyd: " << note << "\n";
     auto keys = knod::keys::KeyAuthority::open(o.state_dir + "/key-secret");
     if (!keys) {
         std::cerr << "knod-policyd: " << keys.error().message << "\n";

@@ -1,10 +1,13 @@
 #include "daemon/peer.h"
 
+#include "policy/cgroup_unit.h"
+
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
-#include <signal.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -18,8 +21,17 @@ namespace {
 int pidfd_open(pid_t pid) {
     return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
 }
-int pidfd_send_signal(int fd, int sig) {
-    return static_cast<int>(::syscall(SYS_pidfd_send_signal, fd, sig, nullptr, 0));
+// Whether the process behind `pidfd` is still running: a pidfd polls readable once it has
+// exited (a zombie counts as exited). Needs no privilege over the process.
+bool still_running(int pidfd) {
+    struct pollfd p {
+        pidfd, POLLIN, 0
+    };
+    int n;
+    do {
+        n = ::poll(&p, 1, 0);
+    } while (n < 0 && errno == EINTR);
+    return n == 0;
 }
 
 std::string read_file(const std::string &path) {
@@ -29,42 +41,28 @@ std::string read_file(const std::string &path) {
     return s.str();
 }
 
-// The effective uid from /proc/PID/status ("Uid: real effective saved fs").
-std::optional<uid_t> effective_uid(const std::string &status) {
+// The numbers after "Key:" on the line of /proc/PID/status that starts with it.
+std::optional<std::vector<unsigned long>> status_numbers(const std::string &status,
+                                                         std::string_view key) {
     std::istringstream in(status);
     std::string line;
     while (std::getline(in, line)) {
-        if (line.rfind("Uid:", 0) != 0) continue;
-        std::istringstream fields(line.substr(4));
-        unsigned long real = 0, effective = 0;
-        if (fields >> real >> effective) return static_cast<uid_t>(effective);
+        if (!line.starts_with(key)) continue;
+        std::istringstream fields(line.substr(key.size()));
+        std::vector<unsigned long> out;
+        unsigned long v = 0;
+        while (fields >> v)
+            out.push_back(v);
+        return out;
     }
     return std::nullopt;
 }
 
-// The systemd unit is the innermost .service or .scope in the cgroup path.
-std::string unit_of(const std::string &cgroup) {
-    std::string unit;
-    std::size_t start = 0;
-    while (start < cgroup.size()) {
-        std::size_t end = cgroup.find('/', start);
-        if (end == std::string::npos) end = cgroup.size();
-        std::string part = cgroup.substr(start, end - start);
-        if (part.ends_with(".service") || part.ends_with(".scope")) unit = part;
-        start = end + 1;
-    }
-    return unit;
-}
-
-std::vector<gid_t> groups_of(uid_t uid) {
-    struct passwd *pw = getpwuid(uid);
-    if (!pw) return {};
-    int n = 64;
-    std::vector<gid_t> gids(static_cast<std::size_t>(n));
-    while (getgrouplist(pw->pw_name, pw->pw_gid, gids.data(), &n) < 0)
-        gids.resize(static_cast<std::size_t>(n));
-    gids.resize(static_cast<std::size_t>(n));
-    return gids;
+// The effective uid from /proc/PID/status ("Uid: real effective saved fs").
+std::optional<uid_t> effective_uid(const std::string &status) {
+    auto uids = status_numbers(status, "Uid:");
+    if (!uids || uids->size() < 2) return std::nullopt;
+    return static_cast<uid_t>((*uids)[1]);
 }
 
 } // namespace
@@ -87,8 +85,20 @@ Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root
     return start;
 }
 
-Result<Peer> identify_peer(uid_t uid, pid_t pid, std::vector<gid_t> gids, std::string bus_name,
-                           const std::string &proc_root) {
+std::vector<gid_t> groups_from_status(const std::string &status) {
+    std::vector<gid_t> gids;
+    if (auto gid = status_numbers(status, "Gid:"); gid && gid->size() >= 2)
+        gids.push_back(static_cast<gid_t>((*gid)[1]));
+    if (auto groups = status_numbers(status, "Groups:"))
+        for (unsigned long g : *groups)
+            gids.push_back(static_cast<gid_t>(g));
+    std::sort(gids.begin(), gids.end());
+    gids.erase(std::unique(gids.begin(), gids.end()), gids.end());
+    return gids;
+}
+
+Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t>> bus_gids,
+                           std::string bus_name, const std::string &proc_root) {
     if (pid <= 0) return make_error(Errc::denied, "the bus did not vouch for the caller's pid");
     Peer p;
     p.uid = uid;
@@ -100,14 +110,17 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::vector<gid_t> gids, std::s
                                             " is gone: " + std::strerror(errno));
     p.pidfd = std::make_shared<UniqueFd>(fd);
     std::string dir = proc_root + "/" + std::to_string(pid);
-    auto start = process_start_time(pid, proc_root);
-    if (!start) return start.error();
-    p.start_time = *start;
-    auto euid = effective_uid(read_file(dir + "/status"));
-    // The pidfd pins the process: if it still answers now, what we read above was about it.
-    if (pidfd_send_signal(fd, 0) != 0 || !euid || *euid != uid)
+    auto changed = [&] {
         return make_error(Errc::denied, "caller process " + std::to_string(pid) +
                                             " no longer matches the bus's credentials");
+    };
+    // Start time and identity first, ...
+    auto start = process_start_time(pid, proc_root);
+    if (!start) return start.error();
+    std::string status = read_file(dir + "/status");
+    auto euid = effective_uid(status);
+    if (!euid || *euid != uid) return changed();
+    // ... then the rest, ...
     char exe[4096];
     ssize_t n = ::readlink((dir + "/exe").c_str(), exe, sizeof exe - 1);
     if (n > 0) p.executable.assign(exe, static_cast<std::size_t>(n));
@@ -116,8 +129,30 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::vector<gid_t> gids, std::s
         p.cgroup = cg.substr(pos + 3);
         if (auto nl = p.cgroup.find('\n'); nl != std::string::npos) p.cgroup.resize(nl);
     }
-    p.unit = unit_of(p.cgroup);
-    p.gids = gids.empty() ? groups_of(uid) : std::move(gids);
+    // ... and identity again: the same process, unchanged, and still running (so its pid was
+    // not reused by another between the reads).
+    auto start_after = process_start_time(pid, proc_root);
+    std::string status_after = read_file(dir + "/status");
+    auto euid_after = effective_uid(status_after);
+    std::vector<gid_t> groups = groups_from_status(status);
+    if (!start_after || *start_after != *start || !euid_after || *euid_after != uid ||
+        groups_from_status(status_after) != groups || !still_running(fd))
+        return changed();
+    p.start_time = *start;
+    p.unit = policy::system_unit_of(p.cgroup);
+    p.user_unit = policy::user_unit_of(p.cgroup);
+    if (bus_gids) {
+        // The bus vouched for the supplementary groups (as they were when the process
+        // connected); the effective gid comes from the process.
+        p.gids = std::move(*bus_gids);
+        if (auto gid = status_numbers(status, "Gid:"); gid && gid->size() >= 2)
+            p.gids.push_back(static_cast<gid_t>((*gid)[1]));
+        std::sort(p.gids.begin(), p.gids.end());
+        p.gids.erase(std::unique(p.gids.begin(), p.gids.end()), p.gids.end());
+        p.gids_from_bus = true;
+    } else {
+        p.gids = std::move(groups);
+    }
     return p;
 }
 
@@ -175,6 +210,7 @@ policy::Caller Peer::caller() const {
             c.group_names.push_back(name);
     }
     c.unit = unit;
+    c.user_unit = user_unit;
     c.cgroup = cgroup;
     c.executable = executable;
     return c;

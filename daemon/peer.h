@@ -1,6 +1,12 @@
 // Who is calling, as the bus and the kernel vouch for it. The bus gives uid and pid; we open a
-// pidfd for the pid at once, then check that the process behind it still has that uid, and
-// record its start time so that a recycled pid never passes for it later.
+// pidfd for the pid at once and read the process's identity from /proc: start time and uid
+// before and after everything else, then poll the pidfd. A pid is not reused while its process
+// lives, so if the process behind the pidfd has not exited and nothing changed, everything read
+// was about it. None of this needs a privilege (no signal is sent): the hardened unit has no
+// CAP_KILL. The start time names the process later, so a recycled pid never passes for it.
+//
+// Groups are the process's own (what it could use on a file), never the user database's: the
+// bus's UnixGroupIDs when it sends them, otherwise /proc/PID/status (Gid: effective, Groups:).
 #pragma once
 
 #include "daemon/keys/key_authority.h"
@@ -11,6 +17,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,19 +28,25 @@ struct Peer {
     pid_t pid = 0;
     std::uint64_t start_time = 0; // clock ticks after boot, /proc/PID/stat field 22
     std::string bus_name;         // unique name (":1.42"), empty outside the bus
-    std::vector<gid_t> gids;      // primary and supplementary
+    std::vector<gid_t> gids;      // effective and supplementary, of the process
+    bool gids_from_bus = false;   // the bus sent UnixGroupIDs (else /proc/PID/status)
     std::shared_ptr<UniqueFd> pidfd;
     std::string executable;
     std::string cgroup;
-    std::string unit;
+    std::string unit;      // the system manager's unit (policy::system_unit_of)
+    std::string user_unit; // the user manager's unit (policy::user_unit_of)
 
     keys::Holder holder() const { return {pid, start_time}; }
     policy::Caller caller() const; // for the policy engine, with names from NSS
 };
 
-// `gids` may be empty, in which case the uid's groups come from NSS.
-Result<Peer> identify_peer(uid_t uid, pid_t pid, std::vector<gid_t> gids, std::string bus_name,
-                           const std::string &proc_root = "/proc");
+// `bus_gids`: the supplementary groups the bus vouched for, or nullopt when it sent none (then
+// /proc/PID/status gives them). The process's effective gid is added either way.
+Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t>> bus_gids,
+                           std::string bus_name, const std::string &proc_root = "/proc");
+
+// The groups line of /proc/PID/status and its effective gid, as a set ("Gid:" and "Groups:").
+std::vector<gid_t> groups_from_status(const std::string &status);
 
 // The start time of a live process, or an error if it is gone.
 Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root = "/proc");

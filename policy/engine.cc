@@ -78,6 +78,9 @@ std::string mismatch(const Rule &rule, const Request &r) {
     if (!rule.units.empty() && !any_glob(rule.units, c.unit))
         return "caller unit " + quote_untrusted(c.unit, 256) + " matches none of [" +
                join(rule.units) + "]";
+    if (!rule.user_units.empty() && !any_glob(rule.user_units, c.user_unit))
+        return "caller user unit " + quote_untrusted(c.user_unit, 256) + " matches none of [" +
+               join(rule.user_units) + "]";
     if (!rule.cgroups.empty() && !any_glob(rule.cgroups, c.cgroup))
         return "caller cgroup " + quote_untrusted(c.cgroup, 256) + " matches none of [" +
                join(rule.cgroups) + "]";

@@ -17,8 +17,9 @@ struct Caller {
     std::string user;                // may be empty when the uid has no name
     std::vector<std::uint32_t> gids; // primary and supplementary
     std::vector<std::string> group_names;
-    std::string unit;   // systemd unit, if any
-    std::string cgroup; // cgroup v2 path
+    std::string unit;      // the system manager's unit (sd_pid_get_unit), if any
+    std::string user_unit; // the user manager's unit (sd_pid_get_user_unit), if any
+    std::string cgroup;    // cgroup v2 path
     std::string executable;
 };
 

@@ -322,6 +322,8 @@ class FileReader {
                 rule.groups = principals(node, k);
             } else if (k == "units") {
                 rule.units = strings(node, k);
+            } else if (k == "user_units") {
+                rule.user_units = strings(node, k);
             } else if (k == "cgroups") {
                 rule.cgroups = strings(node, k);
             } else if (k == "executables") {
@@ -417,7 +419,8 @@ bool covers(const std::vector<Principal> &a, const std::vector<Principal> &b) {
 // True when every request that `later` matches is matched by `earlier` first.
 bool shadows(const Rule &earlier, const Rule &later) {
     if (!covers(earlier.users, later.users) || !covers(earlier.groups, later.groups) ||
-        !covers(earlier.units, later.units) || !covers(earlier.cgroups, later.cgroups) ||
+        !covers(earlier.units, later.units) || !covers(earlier.user_units, later.user_units) ||
+        !covers(earlier.cgroups, later.cgroups) ||
         !covers(earlier.executables, later.executables) ||
         !covers(earlier.netdevs, later.netdevs) || !covers(earlier.gpus, later.gpus) ||
         !subset(later.modes, earlier.modes))

@@ -47,7 +47,8 @@ struct Rule {
     // Who: every listed condition must hold; an empty list means "anyone".
     std::vector<Principal> users;
     std::vector<Principal> groups;        // primary or supplementary
-    std::vector<std::string> units;       // globs on the caller's systemd unit
+    std::vector<std::string> units;       // globs on the caller's system-manager unit
+    std::vector<std::string> user_units;  // globs on its unit under the user's own manager
     std::vector<std::string> cgroups;     // globs on the caller's cgroup path
     std::vector<std::string> executables; // globs on the caller's executable path
 

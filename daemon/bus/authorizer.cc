@@ -8,14 +8,20 @@
 #include <grp.h>
 
 #include <algorithm>
+#include <charconv>
 
 namespace knod::bus {
 
 bool Authorizer::in_group(const Credentials &c, const std::string &group) const {
     if (group.empty()) return false;
-    struct group *gr = getgrnam(group.c_str());
-    if (!gr) return false;
-    return std::find(c.gids.begin(), c.gids.end(), gr->gr_gid) != c.gids.end();
+    gid_t gid = 0;
+    if (struct group *gr = getgrnam(group.c_str())) {
+        gid = gr->gr_gid;
+    } else {
+        auto [end, ec] = std::from_chars(group.data(), group.data() + group.size(), gid);
+        if (ec != std::errc{} || end != group.data() + group.size()) return false;
+    }
+    return std::find(c.gids.begin(), c.gids.end(), gid) != c.gids.end();
 }
 
 bool Authorizer::is_auditor(const Credentials &c, const policy::Settings &s) const {

@@ -1,6 +1,8 @@
 // Who may do what. Any local user may request and release its own bindings; the auditor group
 // reads everything; admin calls (revoke, reload) need root, the policy's admin group, or the
-// polkit action org.knod.policy1.manage. Polkit unreachable means denied.
+// polkit action org.knod.policy1.manage. Polkit unreachable means denied. A group setting names
+// a group (resolved through NSS) or, when no group has that name, a numeric gid; the caller is
+// in it when its process holds that gid.
 #pragma once
 
 #include "policy/policy.h"
@@ -9,16 +11,20 @@
 #include <systemd/sd-bus.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace knod::bus {
 
+// Who is on the other end of a connection. `gids` are the process's (effective and
+// supplementary: see daemon/peer.h), never the user database's.
 struct Credentials {
     uid_t uid = 0;
     pid_t pid = 0;
     std::vector<gid_t> gids;
     std::string sender;
+    std::optional<std::vector<gid_t>> bus_gids; // UnixGroupIDs, when the bus sent them
 };
 
 class Authorizer {

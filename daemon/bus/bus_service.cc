@@ -207,10 +207,15 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
         return make_error(Errc::denied, "the bus did not give the caller's uid");
     const gid_t *gids = nullptr;
     int n = sd_bus_creds_get_supplementary_gids(creds.get(), &gids);
-    for (int i = 0; i < n; ++i)
-        c.gids.push_back(gids[i]);
+    if (n >= 0) c.bus_gids = std::vector<gid_t>(gids, gids + n);
     if (sd_bus_creds_get_pid(creds.get(), &c.pid) < 0) c.pid = 0;
     c.sender = sender_name ? sender_name : "";
+    // The groups for visibility and admin checks: the process's, read once per connection (as
+    // the bus's own are a snapshot taken when it connected). Grants read them afresh (peer()).
+    // A process that cannot be identified holds no group for us (and is not remembered).
+    auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender);
+    if (!process) return c;
+    c.gids = std::move(process->gids);
     if (!c.sender.empty()) creds_cache_[c.sender] = c;
     return c;
 }
@@ -218,7 +223,7 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
 Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     auto c = credentials(m);
     if (!c) return c.error();
-    return daemon::identify_peer(c->uid, c->pid, c->gids, c->sender);
+    return daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender);
 }
 
 Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
@@ -354,7 +359,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
-        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name};
+        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name, {}};
         auto done = reply_when_done(m);
         s->authorizer_.check_admin(
             c, s->manager_->policy().settings,

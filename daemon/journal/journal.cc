@@ -3,11 +3,13 @@
 #include "daemon/journal/migrations.h"
 
 #include "knod/json.h"
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 
 namespace knod::journal {
 
@@ -112,16 +114,20 @@ class Journal::Writer {
   private:
     // The head goes beside the database after each commit: written to a temporary file and
     // renamed, not synced (a crash can only leave it behind the database, which verify accepts).
+    // The temporary file has a fresh name and is created with O_EXCL (mkostemp), so nothing
+    // planted in the directory is ever followed or truncated; rename replaces a link, never
+    // its target.
     void write_anchor() {
         if (anchor_.empty()) return;
-        std::string tmp = anchor_ + ".tmp";
-        {
-            std::ofstream out(tmp, std::ios::trunc);
-            out << knod::dump_json(nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}})
-                << "\n";
-            if (!out) return;
-        }
-        std::rename(tmp.c_str(), anchor_.c_str());
+        std::string text =
+            knod::dump_json(nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}}) +
+            "\n";
+        std::string tmp = anchor_ + ".XXXXXX";
+        int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+        if (fd < 0) return;
+        bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+        ::close(fd);
+        if (!written || std::rename(tmp.c_str(), anchor_.c_str()) != 0) ::unlink(tmp.c_str());
     }
 
     explicit Writer(Database db)

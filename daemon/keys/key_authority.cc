@@ -116,7 +116,7 @@ Result<IssuedKey> KeyAuthority::issue(const Grant &grant) {
         RAND_bytes(id_bytes.data(), static_cast<int>(id_bytes.size())) != 1)
         return make_error(Errc::unavailable, "OpenSSL RAND_bytes failed");
     issued.key_id = "k-" + to_hex(id_bytes);
-    entries_[issued.key_id] = Entry{mac(issued.key_id, issued.key), grant, KeyState::active};
+    entries_[issued.key_id] = Entry{mac(issued.key_id, issued.key), grant};
     return issued;
 }
 
@@ -124,14 +124,14 @@ Result<void> KeyAuthority::verify(const std::string &key_id, std::span<const std
                                   const Holder &presenter, const Region &region,
                                   Clock::time_point now) const {
     auto it = entries_.find(key_id);
-    if (it == entries_.end()) return make_error(Errc::not_found, "unknown key id " + key_id);
+    if (it == entries_.end())
+        return make_error(Errc::not_found, "unknown key id " + key_id +
+                                               " (revoked, released, expired or never issued)");
     const Entry &e = it->second;
     // The MAC first and always, so the time taken does not say which check failed for bad bytes.
     bool bytes_ok = key.size() == key_size &&
                     CRYPTO_memcmp(mac(key_id, key).data(), e.mac.data(), e.mac.size()) == 0;
     if (!bytes_ok) return make_error(Errc::bad_key, "key does not match key id " + key_id);
-    if (e.state == KeyState::revoked)
-        return make_error(Errc::revoked, "key " + key_id + " was revoked");
     if (now >= e.grant.expires) return make_error(Errc::expired, "key " + key_id + " has expired");
     if (!(presenter == e.grant.holder))
         return make_error(Errc::wrong_holder, "key " + key_id + " belongs to another process");
@@ -141,8 +141,12 @@ Result<void> KeyAuthority::verify(const std::string &key_id, std::span<const std
 }
 
 void KeyAuthority::revoke(const std::string &key_id) {
-    auto it = entries_.find(key_id);
-    if (it != entries_.end()) it->second.state = KeyState::revoked;
+    // Forgotten at once: ids are random and never reissued, so an unknown id is as final as a
+    // revoked one, and churn cannot grow memory until the keys' expiry.
+    if (auto it = entries_.find(key_id); it != entries_.end()) {
+        OPENSSL_cleanse(it->second.mac.data(), it->second.mac.size());
+        entries_.erase(it);
+    }
 }
 
 Result<void> KeyAuthority::extend(const std::string &key_id, Clock::time_point expires) {

@@ -1,7 +1,7 @@
 // The access-key authority. A key is 32 bytes from OpenSSL's CSPRNG with a public id; the
 // authority keeps only HMAC-SHA256(secret, id || key) and what the key is bound to: one binding,
 // one holder process, one region, one expiry. Verification checks all of them and compares the
-// MAC in constant time. Revocation and expiry are final.
+// MAC in constant time. Revocation and expiry are final: the key's entry is forgotten at once.
 #pragma once
 
 #include "knod/result.h"
@@ -51,8 +51,6 @@ struct IssuedKey {
     KeyBytes key; // handed to the holder once, never stored
 };
 
-enum class KeyState { active, revoked };
-
 class KeyAuthority {
   public:
     // Loads the daemon secret from `secret_path`, creating it (0600, atomically) if absent.
@@ -67,7 +65,8 @@ class KeyAuthority {
     Result<void> verify(const std::string &key_id, std::span<const std::uint8_t> key,
                         const Holder &presenter, const Region &region,
                         Clock::time_point now = Clock::now()) const;
-    // Final: a revoked key never verifies again. Unknown ids are not an error (already gone).
+    // Final: the key is forgotten at once and never verifies again (Errc::not_found). Unknown
+    // ids are not an error (already gone).
     void revoke(const std::string &key_id);
     // Moves a live key's expiry (Binding.Renew). Errc::not_found for an unknown or expired key,
     // Errc::revoked for a revoked one.
@@ -75,13 +74,13 @@ class KeyAuthority {
     // Forgets keys that expired before `now`; returns their ids so the caller can end bindings.
     std::vector<std::string> expire(Clock::time_point now = Clock::now());
 
+    // How many keys are held (issued, neither revoked nor expired).
     std::size_t size() const { return entries_.size(); }
 
   private:
     struct Entry {
         std::array<std::uint8_t, 32> mac;
         Grant grant;
-        KeyState state = KeyState::active;
     };
     explicit KeyAuthority(std::array<std::uint8_t, 32> secret) : secret_(secret) {}
     std::array<std::uint8_t, 32> mac(const std::string &key_id,

@@ -42,6 +42,35 @@ expect_rc 1 "explain denies nobody" -- "${ex[@]}" --user nobody
 expect_rc 1 "explain denies a region over max_region" -- "$cli" explain --policy "$src/packaging/policy.example.toml" --user 1000 --netdev knodsim0 --gpu sim0 --flow 'udp 10.99.0.1:* -> 10.99.0.2:5000' --bytes 65MiB
 expect_rc 2 "explain rejects a bad flow" -- "${ex[@]/10.99.0.2:5000/10.99.0.2:99999}" --user 1000
 
+# explain takes the groups a process holds, as the daemon does, and says where they came from.
+cat >"$work/groups.toml" <<'EOF'
+[[rule]]
+name = "gid-4242"
+groups = [4242]
+max_region = "1MiB"
+flows = ["udp * -> *:5000"]
+
+[[rule]]
+name = "user-unit"
+user_units = ["inference@*.service"]
+max_region = "1MiB"
+flows = ["udp * -> *:5001"]
+EOF
+gx=("$cli" explain --policy "$work/groups.toml" --netdev eth0 --gpu sim0 --bytes 4096)
+expect_rc 0 "explain --group 4242 matches a groups rule" -- "${gx[@]}" --user 65534 --group 4242 --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000'
+grep -q "groups \[4242\] from given (--group)" "$work/out" && ok "explain says the groups were given" || { not_ok "explain group source (given)"; cat "$work/out"; }
+expect_rc 1 "explain for another uid without --group uses the user database, and says so" -- "${gx[@]}" --user 65534 --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000'
+grep -q "from the user database (NSS), as a stand-in" "$work/out" && ok "explain names the user database as a stand-in" || { not_ok "explain group source (NSS)"; cat "$work/out"; }
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
+    install -m 0755 "$cli" "$work/knod-policy-copy" && chmod 0755 "$work" && chmod 0644 "$work/groups.toml"
+    px=("$work/knod-policy-copy" "${gx[@]:1}")
+    expect_rc 0 "explain as a process holding gid 4242 uses its own groups" -- setpriv --reuid=65534 --regid=65534 --groups=4242 "${px[@]}" --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000'
+    grep -q "groups \[4242,65534\] from this process (getgroups)" "$work/out" && ok "explain says it used its own groups" || { not_ok "explain group source (process)"; cat "$work/out"; }
+    expect_rc 1 "explain as a process that dropped its groups is denied" -- setpriv --reuid=65534 --regid=65534 --clear-groups "${px[@]}" --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000'
+fi
+expect_rc 0 "explain derives the user unit from --cgroup" -- "${gx[@]}" --user 65534 --cgroup /user.slice/user-65534.slice/user@65534.service/app.slice/inference@x.service --flow 'udp 10.0.0.1:* -> 10.0.0.2:5001'
+grep -q "rule:     user-unit" "$work/out" && ok "explain matched user_units" || { not_ok "explain user unit"; cat "$work/out"; }
+
 # audit verify: an intact journal passes; every kind of tampering fails and names the event.
 "$fill" "$work/j.db" 20 || { not_ok "journal_fill"; exit 1; }
 expect_rc 0 "audit verify passes an intact journal" -- "$cli" audit verify --db "$work/j.db"

@@ -1,6 +1,7 @@
 #include "tests/integration/sandbox.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -54,8 +55,9 @@ std::vector<std::string> as_uid(uid_t uid, std::vector<std::string> argv) {
 
 } // namespace
 
-Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args)
-    : daemon_args_(std::move(daemon_args)) {
+Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args,
+                 uid_t daemon_uid)
+    : daemon_args_(std::move(daemon_args)), daemon_uid_(daemon_uid) {
     char tmpl[] = "/tmp/knod-test.XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
@@ -68,13 +70,35 @@ Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon
     };
     replace("@SOCKET@", dir_ + "/bus");
     replace("@POLICY_CONF@", KNOD_SOURCE_DIR "/packaging/dbus/org.knod.Policy1.conf");
+    if (daemon_uid_ != 0) {
+        // The daemon's own user may own the name, as knod-policy may on the system bus (the bus
+        // takes user names only).
+        struct passwd *pw = getpwuid(daemon_uid_);
+        if (!pw) throw std::runtime_error("the daemon's uid needs a user name for the bus policy");
+        replace("</busconfig>", "  <policy user=\"" + std::string(pw->pw_name) +
+                                    "\"><allow own=\"org.knod.Policy1\"/></policy>\n</busconfig>");
+        mkdir(state_dir_.c_str(), 0700);
+        if (chown(state_dir_.c_str(), daemon_uid_, daemon_uid_) != 0)
+            throw std::runtime_error("chown " + state_dir_);
+    }
     std::ofstream(dir_ + "/bus.conf") << conf;
     bus_pid_ = spawn({"dbus-daemon", "--config-file=" + dir_ + "/bus.conf", "--nofork"}, -1, -1,
                      dir_ + "/bus.log");
     if (!eventually([&] { return fs::exists(dir_ + "/bus"); }))
         throw std::runtime_error("dbus-daemon did not start: " + slurp(dir_ + "/bus.log"));
     setenv("DBUS_SYSTEM_BUS_ADDRESS", address().c_str(), 1);
-    start_daemon();
+    try {
+        start_daemon();
+    } catch (...) {
+        // No destructor runs for a half-built sandbox: stop the bus here.
+        kill(bus_pid_, SIGTERM);
+        waitpid(bus_pid_, nullptr, 0);
+        if (!getenv("KNOD_TEST_KEEP")) {
+            std::error_code ec;
+            fs::remove_all(dir_, ec);
+        }
+        throw;
+    }
 }
 
 Sandbox::~Sandbox() {
@@ -106,6 +130,14 @@ void Sandbox::start_daemon() {
         daemon_args_.end())
         argv.push_back("--sim-datapath=false");
     argv.insert(argv.end(), daemon_args_.begin(), daemon_args_.end());
+    if (daemon_uid_ != 0) {
+        // packaging/systemd/knod-policyd.service: AmbientCapabilities and CapabilityBoundingSet.
+        const std::string caps = "+net_admin,+bpf,+perfmon,+sys_ptrace,+audit_write";
+        std::string id = std::to_string(daemon_uid_);
+        argv.insert(argv.begin(), {"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups",
+                                   "--inh-caps=-all," + caps, "--ambient-caps=-all," + caps,
+                                   "--bounding-set=-all," + caps, "--no-new-privs"});
+    }
     daemon_pid_ = spawn(argv, -1, -1, dir_ + "/daemon.log");
     bool up = eventually(
         [&] {
@@ -131,7 +163,13 @@ client::Client Sandbox::client() const {
 }
 
 Output Sandbox::run_client(const std::vector<std::string> &args, uid_t uid) const {
-    std::vector<std::string> argv = {KNOD_TEST_CLIENT_BIN};
+    return run_client_with(as_uid(uid, {}), args);
+}
+
+Output Sandbox::run_client_with(const std::vector<std::string> &prefix,
+                                const std::vector<std::string> &args) const {
+    std::vector<std::string> argv = prefix;
+    argv.push_back(KNOD_TEST_CLIENT_BIN);
     argv.insert(argv.end(), args.begin(), args.end());
     return run_program(argv, uid);
 }
@@ -156,7 +194,7 @@ Output Sandbox::run_program(const std::vector<std::string> &argv, uid_t uid) con
     int out[2];
     if (pipe2(out, O_CLOEXEC) != 0) return {};
     int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    pid_t pid = spawn(as_uid(uid, argv), devnull, out[1], dir_ + "/client.log");
+    pid_t pid = spawn(argv, devnull, out[1], dir_ + "/client.log");
     close(out[1]);
     close(devnull);
     Output o;

@@ -18,7 +18,10 @@ struct Output {
 
 class Sandbox {
   public:
-    explicit Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args = {});
+    // `daemon_uid` != 0: the daemon runs as that uid with exactly the capabilities the shipped
+    // unit grants (AmbientCapabilities), in a state dir that uid owns, as under systemd.
+    explicit Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args = {},
+                     uid_t daemon_uid = 0);
     ~Sandbox();
 
     const std::string &dir() const { return dir_; }
@@ -42,6 +45,10 @@ class Sandbox {
     void kill_bus();
     // Waits up to `ms` for the daemon to exit by itself; its wait status, or -1 if it did not.
     int wait_daemon_exit(int ms);
+    // Runs `prefix` + the test client + `args` (prefix: a setpriv, a shell that moves itself
+    // to a cgroup first...).
+    Output run_client_with(const std::vector<std::string> &prefix,
+                           const std::vector<std::string> &args) const;
     // Runs an SQL query on the journal with the sqlite3 CLI; returns its output trimmed.
     std::string sql(const std::string &query) const;
 
@@ -51,6 +58,7 @@ class Sandbox {
     pid_t bus_pid_ = -1;
     pid_t daemon_pid_ = -1;
     std::vector<std::string> daemon_args_;
+    uid_t daemon_uid_ = 0;
 };
 
 // A process that holds a binding until stopped: the test client's "hold" command.

@@ -3,9 +3,12 @@
 # account with the unit's capabilities, on a private bus that loads the installed bus policies,
 # with a real polkitd that reads the installed actions and one test rule. Test users exist only
 # in this namespace's copy of /etc/passwd and /etc/group.
-# Usage: polkit_session.sh WORK_DIR
+# Usage: polkit_session.sh WORK_DIR [TEST_CLIENT]
+# TEST_CLIENT (tests/tools/knod_test_client, readable by other users): callers of other uids
+# bind, activate, release and revoke against the installed daemon.
 set -uo pipefail
 work=$1
+client=${2:-}
 passed=0 failed=0
 check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
 pids=()
@@ -18,7 +21,10 @@ trap cleanup EXIT
 cp /etc/passwd "$work/passwd" && cp /etc/group "$work/group"
 echo "knodt-user:x:61001:61001::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
 echo "knodt-admin:x:61002:61002::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
+echo "knodt-ops:x:61003:61003::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
 printf 'knodt-user:x:61001:\nknodt-admin:x:61002:\nknodt-admins:x:61000:knodt-admin\n' >>"$work/group"
+# The policy's admin group: no members in the group file; a process holds it or not.
+printf 'knodt-ops:x:61003:\nknodt-opsadm:x:61004:\n' >>"$work/group"
 mount --bind "$work/passwd" /etc/passwd && mount --bind "$work/group" /etc/group || exit 1
 
 mkdir -p "$work/rules.d"
@@ -74,12 +80,29 @@ for _ in $(seq 50); do [ -S "$work/bus/socket" ] && break; sleep 0.1; done
 pids+=($!)
 check "polkitd owns org.freedesktop.PolicyKit1 on the private bus" 'wait_for org.freedesktop.PolicyKit1'
 
-# The installed daemon as the unit runs it: its own account, only the unit's capabilities.
+# A policy for the sim that lets knodt-user bind; the admin group is knodt-opsadm.
+cat >"$work/policy.toml" <<'POLICY'
+[settings]
+admin_group = "knodt-opsadm"
+
+[[rule]]
+name = "package-test"
+users = ["knodt-user"]
+netdevs = ["knodsim0"]
+gpus = ["sim0"]
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
+iommu = "any"
+POLICY
+chmod 0644 "$work/policy.toml"
+
+# The installed daemon as the unit runs it: its own account, only the unit's capabilities
+# (CapabilityBoundingSet and AmbientCapabilities of knod-policyd.service: no CAP_KILL).
 caps=+net_admin,+bpf,+perfmon,+sys_ptrace,+audit_write
-setpriv --reuid=knod-policy --regid=knod-policy --init-groups --inh-caps="$caps" \
-    --ambient-caps="$caps" --bounding-set=-all,"$caps" --no-new-privs \
+setpriv --reuid=knod-policy --regid=knod-policy --init-groups --inh-caps=-all,"$caps" \
+    --ambient-caps=-all,"$caps" --bounding-set=-all,"$caps" --no-new-privs \
     /usr/sbin/knod-policyd --bus=system --driver=sim --sim-datapath=false --journald=false \
-    >"$work/daemon.log" 2>&1 &
+    --policy "$work/policy.toml" >"$work/daemon.log" 2>&1 &
 pids+=($!)
 check "the installed daemon, as knod-policy, owns org.knod.Policy1" 'wait_for org.knod.Policy1' ||
     cat "$work/daemon.log"
@@ -99,6 +122,46 @@ check "polkit: a caller in the rule's group is allowed the admin method" \
     '[ $? -eq 0 ] && grep -q "policy reloaded" "$work/out"' || { cat "$work/out" "$work/daemon.log"; }
 check "the journal records the allowed reload by uid 61002" \
     'for _ in $(seq 50); do [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind=\"policy-reload\" and reason=\"reloaded by uid 61002\"")" -ge 1 ] && break; sleep 0.1; done; [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind=\"policy-reload\" and reason=\"reloaded by uid 61002\"")" -ge 1 ]'
+
+# Callers of other uids against the daemon as the unit runs it.
+if [ -z "$client" ]; then
+    echo "# no test client given: the bind/activate/release/revoke checks are skipped"
+else
+    flow='udp 10.99.0.1:* -> 10.99.0.2:5000'
+    # hold: "ok ID KEY" once granted (and activated), then holds until its stdin closes.
+    start_holder() { # NAME COMMAND
+        mkfifo "$work/$1.in"
+        as_user knodt-user "$client" "$2" knodsim0 sim0 4096 "$flow" <"$work/$1.in" >"$work/$1.out" 2>&1 &
+        pids+=($!)
+    }
+    wait_line() { for _ in $(seq 100); do [ -s "$work/$1.out" ] && break; sleep 0.1; done; }
+    start_holder hold1 hold-active
+    exec 7>"$work/hold1.in"
+    wait_line hold1
+    id1=$(awk '$1 == "ok" {print $2}' "$work/hold1.out")
+    check "an ordinary user binds and activates (daemon as knod-policy, the unit's capabilities)" \
+        '[ -n "$id1" ]' || cat "$work/hold1.out" "$work/daemon.log"
+    as_user knodt-user "$client" release "$id1" >"$work/out" 2>&1
+    check "the ordinary user releases its binding" 'grep -qx ok "$work/out"' || cat "$work/out"
+    exec 7>&-
+
+    start_holder hold2 hold
+    exec 8>"$work/hold2.in"
+    wait_line hold2
+    id2=$(awk '$1 == "ok" {print $2}' "$work/hold2.out")
+    check "the ordinary user binds again" '[ -n "$id2" ]' || cat "$work/hold2.out"
+    as_user knodt-user "$client" revoke "$id2" "package test" >"$work/out" 2>&1
+    check "a caller outside the admin group and polkit's rule may not revoke" \
+        'grep -q Error.Denied "$work/out"' || cat "$work/out"
+    setpriv --reuid=knodt-ops --regid=knodt-ops --groups=61004 "$client" revoke "$id2" "package test" \
+        >"$work/out" 2>&1
+    check "a process holding the policy's admin group revokes" 'grep -qx ok "$work/out"' ||
+        { cat "$work/out" "$work/daemon.log"; }
+    exec 8>&-
+    revokes() { sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind='revoke' and session_id='$id2' and uid=61003"; }
+    check "the journal records the revocation by uid 61003" \
+        'for _ in $(seq 50); do [ "$(revokes)" -ge 1 ] && break; sleep 0.1; done; [ "$(revokes)" -ge 1 ]'
+fi
 
 echo "# session: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

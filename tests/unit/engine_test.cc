@@ -139,6 +139,39 @@ TEST(Engine, PermissiveGrantsButRecordsWouldDeny) {
     EXPECT_NE(d.reason.find("no rule matched"), std::string::npos);
 }
 
+// `units` is the system manager's unit only; a unit of the user's own manager needs
+// `user_units`, which says so plainly.
+TEST(Engine, UserUnitsAreNotSystemUnits) {
+    Policy p = policy_of(R"(
+[[rule]]
+name = "system"
+units = ["inference@*.service"]
+max_region = 4096
+flows = ["any * -> *"]
+
+[[rule]]
+name = "user"
+user_units = ["inference@*.service"]
+max_region = 4096
+flows = ["any * -> *"]
+)");
+    Request r = request(1000, "eth2", "udp * -> *:1", 1);
+    r.caller.unit = "user@1000.service";
+    r.caller.user_unit = "inference@evil.service";
+    Decision d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::allow);
+    EXPECT_EQ(d.rule, "user");
+    ASSERT_EQ(d.misses.size(), 1u);
+    EXPECT_NE(d.misses[0].why_not.find("caller unit 'user@1000.service'"), std::string::npos);
+    r.caller.user_unit = "other.service";
+    d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::deny);
+    EXPECT_NE(d.misses[1].why_not.find("user unit 'other.service'"), std::string::npos);
+    r.caller.unit = "inference@7.service";
+    r.caller.user_unit.clear();
+    EXPECT_EQ(decide(p, r, {}).rule, "system");
+}
+
 TEST(Engine, GlobsOnUnitCgroupAndExecutable) {
     Policy p = policy_of(R"(
 [[rule]]

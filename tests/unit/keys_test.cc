@@ -96,9 +96,32 @@ TEST(Keys, RevokedFailsForever) {
     auto ka = authority();
     auto k = ka.issue(grant()).value();
     ka.revoke(k.key_id);
-    EXPECT_EQ(ka.verify(k.key_id, k.key, holder, region).error().code, Errc::revoked);
+    EXPECT_EQ(ka.verify(k.key_id, k.key, holder, region).error().code, Errc::not_found);
     ka.revoke(k.key_id);
-    EXPECT_EQ(ka.verify(k.key_id, k.key, holder, region).error().code, Errc::revoked);
+    EXPECT_EQ(ka.verify(k.key_id, k.key, holder, region).error().code, Errc::not_found);
+}
+
+// Revoked (and released: the daemon revokes a released binding's key) keys leave memory at
+// once, not at their expiry: churn holds nothing.
+TEST(Keys, RevokedKeysLeaveMemoryAtOnce) {
+    auto ka = authority();
+    auto far = Clock::now() + std::chrono::hours(24);
+    std::vector<std::string> live;
+    for (int round = 0; round < 200; ++round) {
+        for (int i = 0; i < 5; ++i)
+            live.push_back(ka.issue(grant(far)).value().key_id);
+        EXPECT_EQ(ka.size(), live.size());
+        // Revoke all but the newest two, oldest first, so the held count goes up and down.
+        while (live.size() > 2) {
+            ka.revoke(live.front());
+            live.erase(live.begin());
+        }
+        EXPECT_EQ(ka.size(), 2u);
+    }
+    for (auto &id : live)
+        ka.revoke(id);
+    EXPECT_EQ(ka.size(), 0u);
+    EXPECT_TRUE(ka.expire(far + std::chrono::hours(1)).empty()); // nothing was left waiting
 }
 
 TEST(Keys, TamperedBytesFail) {

@@ -1,0 +1,73 @@
+// The caller's units from its cgroup path, as sd_pid_get_unit / sd_pid_get_user_unit report
+// them: the system unit is the first unit after the leading slices, and nothing a user's own
+// manager (or the user, moving itself) creates below user@UID.service counts as one.
+#include "policy/cgroup_unit.h"
+
+#include <gtest/gtest.h>
+
+using knod::policy::system_unit_of;
+using knod::policy::user_unit_of;
+using knod::policy::valid_unit_name;
+
+TEST(CgroupUnit, SystemUnitIsTheFirstUnitAfterTheSlices) {
+    struct Case {
+        const char *cgroup, *system_unit, *user_unit;
+    } cases[] = {
+        {"/system.slice/inference@7.service", "inference@7.service", ""},
+        {"/system.slice/inference@7.service/worker", "inference@7.service", ""},
+        {"/system.slice/foo.service/x.service", "foo.service", ""},
+        {"/system.slice/system-inference.slice/inference@7.service", "inference@7.service", ""},
+        {"/machine.slice/machine-a.slice/docker-abc.scope", "docker-abc.scope", ""},
+        {"/init.scope", "init.scope", ""},
+        {"/system.slice/_cgroup.service", "cgroup.service", ""}, // cg_escape'd name
+        {"system.slice/foo.service", "foo.service", ""},         // no leading slash
+        {"//system.slice//foo.service", "foo.service", ""},
+        // A user's processes: the system unit is the user manager or the session scope.
+        {"/user.slice/user-1000.slice/user@1000.service/app.slice/inference@evil.service",
+         "user@1000.service", "inference@evil.service"},
+        {"/user.slice/user-1000.slice/user@1000.service/inference@evil.service",
+         "user@1000.service", "inference@evil.service"},
+        {"/user.slice/user-1000.slice/user@1000.service/app.slice/app-x.slice/run-u3.scope/a",
+         "user@1000.service", "run-u3.scope"},
+        {"/user.slice/user-1000.slice/user@1000.service", "user@1000.service", ""},
+        {"/user.slice/user-1000.slice/user@1000.service/init.scope", "user@1000.service",
+         "init.scope"},
+        {"/user.slice/user-1000.slice/session-3.scope", "session-3.scope", ""},
+        {"/user.slice/user-1000.slice/session-3.scope/inference@evil.service", "session-3.scope",
+         "inference@evil.service"},
+        {"/user.slice/user-1000.slice/session-c2.scope/x.scope", "session-c2.scope", "x.scope"},
+        // user@ that is not a uid is an ordinary system unit; nothing below it is a user unit.
+        {"/system.slice/user@bob.service/inference@1.service", "user@bob.service", ""},
+        {"/user.slice/user-1000.slice/user@.service/x.service", "", ""}, // a template
+        // No unit at all.
+        {"/", "", ""},
+        {"", "", ""},
+        {"/system.slice", "", ""},
+        {"/user.slice/user-1000.slice", "", ""},
+        {"/foo/inference@1.service", "", ""},         // "foo" is not a unit
+        {"/mygroup/sub/inference@1.service", "", ""}, // a hand-made tree
+        {"/system.slice/x.slice.service/a", "x.slice.service", ""},
+        {"/system.slice/foo@.service", "", ""}, // templates are not units
+        {"/system.slice/@x.service", "", ""},   // no prefix
+        {"/system.slice/foo.notatype", "", ""},
+        {"/system.slice/fo o.service", "", ""},  // invalid character
+        {"/system.slice/foo.service\n", "", ""}, // newline is invalid
+        {"/system.slice/x.slice/y.service", "y.service", ""},
+        {"/a.slice/b.service/c.slice/d.service", "b.service", ""},
+    };
+    for (const auto &c : cases) {
+        EXPECT_EQ(system_unit_of(c.cgroup), c.system_unit) << c.cgroup;
+        EXPECT_EQ(user_unit_of(c.cgroup), c.user_unit) << c.cgroup;
+    }
+}
+
+TEST(CgroupUnit, ValidUnitNames) {
+    for (const char *ok : {"a.service", "a@b.service", "a-b_c:d.e\\x2d.scope", "x.slice",
+                           "sys-devices-x.device", "a@b@c.service"})
+        EXPECT_TRUE(valid_unit_name(ok)) << ok;
+    for (const char *bad : {"", ".service", "a.", "a", "a@.service", "@a.service", "a b.service",
+                            "a.services", "a/b.service"})
+        EXPECT_FALSE(valid_unit_name(bad)) << bad;
+    EXPECT_FALSE(valid_unit_name(std::string(250, 'a') + ".service"));
+    EXPECT_TRUE(valid_unit_name(std::string(200, 'a') + ".service"));
+}
