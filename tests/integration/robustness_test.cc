@@ -396,6 +396,10 @@ key_lifetime = "3s"
     auto late = c.renew(g->id, g->key);
     ASSERT_FALSE(late.ok());
     close(fd);
+    // An ordinary user renews its own binding through the shipped bus policy.
+    auto own = sb.run_client({"renew-own", "knodsim0", "sim0", "4096", flow}, 65534);
+    EXPECT_EQ(own.status, 0) << own.out;
+    EXPECT_EQ(own.out.rfind("renewed ", 0), 0u) << own.out;
 }
 
 // Item 5: a reload that changes unmatched_traffic takes effect at once in the filter.

@@ -171,7 +171,7 @@ Output Sandbox::run_client_with(const std::vector<std::string> &prefix,
     std::vector<std::string> argv = prefix;
     argv.push_back(KNOD_TEST_CLIENT_BIN);
     argv.insert(argv.end(), args.begin(), args.end());
-    return run_program(argv, uid);
+    return run_program(argv, 0); // the prefix says who runs it
 }
 
 void Sandbox::kill_bus() {
@@ -194,7 +194,7 @@ Output Sandbox::run_program(const std::vector<std::string> &argv, uid_t uid) con
     int out[2];
     if (pipe2(out, O_CLOEXEC) != 0) return {};
     int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    pid_t pid = spawn(argv, devnull, out[1], dir_ + "/client.log");
+    pid_t pid = spawn(as_uid(uid, argv), devnull, out[1], dir_ + "/client.log");
     close(out[1]);
     close(devnull);
     Output o;

@@ -5,6 +5,7 @@
 //   hold-active NETDEV GPU BYTES FLOW...  the same, activating the binding with its key; when
 //                                   stdin closes, print "data RXBYTES HEX" (the region's first
 //                                   min(RXBYTES, BYTES) bytes)
+//   renew-own NETDEV GPU BYTES FLOW...  request, activate and renew one binding: "renewed ID US"
 //   hold-until-end NETDEV GPU BYTES FLOW...  request and activate, print "ok ID KEYHEX", then
 //                                   wait (30 s at most) for the daemon to say the binding ended:
 //                                   "ended revoked|released REASON"
@@ -238,6 +239,19 @@ int main(int argc, char **argv) {
         if (!end) return report(end.error());
         std::cout << "ended " << (end->revoked ? "revoked " : "released ") << end->reason
                   << std::endl;
+        return 0;
+    }
+    if (cmd == "renew-own" && args.size() >= 5) {
+        std::uint64_t bytes = std::stoull(args[3]);
+        int fd = sealed_memfd(bytes);
+        if (fd < 0) return 1;
+        std::vector<std::string> flows(args.begin() + 4, args.end());
+        auto g = client->request_binding(args[1], args[2], "rx-only", fd, 0, bytes, flows);
+        if (!g) return report(g.error());
+        if (auto a = client->activate(g->id, g->key); !a) return report(a);
+        auto until = client->renew(g->id, g->key);
+        if (!until) return report(until.error());
+        std::cout << "renewed " << g->id << " " << *until << std::endl;
         return 0;
     }
     if (cmd == "request-many" && (args.size() == 5 || args.size() == 6)) {
