@@ -197,6 +197,9 @@ class BindingManager {
     void refuse(journal::Event e);
     void record_coalesced(std::int64_t now_us, bool all);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
+    // The current policy's decision on a live binding, as if it were asked for now (its own
+    // usage not counted against it): reload and Renew.
+    policy::Decision decide_again(const Binding &b) const;
     void count_usage(const Binding &b, int sign); // +1 when granted (in flight), -1 when gone
     // Retries kept records on the journal's writer thread, one at a time, in order.
     void flush_pending_async();
