@@ -151,9 +151,9 @@ void KeyAuthority::revoke(const std::string &key_id) {
 
 Result<void> KeyAuthority::extend(const std::string &key_id, Clock::time_point expires) {
     auto it = entries_.find(key_id);
-    if (it == entries_.end()) return make_error(Errc::not_found, "no key " + key_id);
-    if (it->second.state == KeyState::revoked)
-        return make_error(Errc::revoked, "key " + key_id + " was revoked");
+    // Revoked keys are forgotten at once (revoke()), so an unknown id covers them too.
+    if (it == entries_.end())
+        return make_error(Errc::not_found, "no key " + key_id + " (revoked, released or expired)");
     it->second.grant.expires = expires;
     return {};
 }

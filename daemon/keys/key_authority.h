@@ -69,7 +69,7 @@ class KeyAuthority {
     // ids are not an error (already gone).
     void revoke(const std::string &key_id);
     // Moves a live key's expiry (Binding.Renew). Errc::not_found for an unknown or expired key,
-    // Errc::revoked for a revoked one.
+    // Errc::not_found for a revoked, released or expired one (they are forgotten at once).
     Result<void> extend(const std::string &key_id, Clock::time_point expires);
     // Forgets keys that expired before `now`; returns their ids so the caller can end bindings.
     std::vector<std::string> expire(Clock::time_point now = Clock::now());
