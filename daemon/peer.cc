@@ -125,10 +125,7 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     ssize_t n = ::readlink((dir + "/exe").c_str(), exe, sizeof exe - 1);
     if (n > 0) p.executable.assign(exe, static_cast<std::size_t>(n));
     std::string cg = read_file(dir + "/cgroup");
-    if (auto pos = cg.find("0::"); pos != std::string::npos) {
-        p.cgroup = cg.substr(pos + 3);
-        if (auto nl = p.cgroup.find('\n'); nl != std::string::npos) p.cgroup.resize(nl);
-    }
+    if (auto path = policy::unified_cgroup_path(cg)) p.cgroup = std::move(*path);
     // ... and identity again: the same process, unchanged, and still running (so its pid was
     // not reused by another between the reads).
     auto start_after = process_start_time(pid, proc_root);

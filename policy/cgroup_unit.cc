@@ -92,6 +92,16 @@ bool valid_unit_name(std::string_view n) {
     return at == std::string_view::npos || dot > at + 1; // plain, or an instance (not a template)
 }
 
+std::optional<std::string> unified_cgroup_path(std::string_view text) {
+    while (!text.empty()) {
+        std::size_t nl = std::min(text.find('\n'), text.size());
+        std::string_view line = text.substr(0, nl);
+        text.remove_prefix(std::min(nl + 1, text.size()));
+        if (line.starts_with("0::")) return std::string(line.substr(3));
+    }
+    return std::nullopt;
+}
+
 std::string system_unit_of(std::string_view cgroup) {
     std::string_view rest = skip_slices(cgroup);
     std::string_view part = next_component(rest);

@@ -8,10 +8,17 @@
 // unit), which any process of the user may create.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
 namespace knod::policy {
+
+// The cgroup v2 path in the text of /proc/PID/cgroup: the line that starts with "0::" (the
+// unified hierarchy), or nullopt. On hybrid hosts the v1 lines come first, and a user who can
+// create cgroups in a v1 hierarchy (systemd delegates name=systemd too) can put "0::" inside a
+// path there; only a whole line counts. cgroupfs refuses newlines in names.
+std::optional<std::string> unified_cgroup_path(std::string_view proc_pid_cgroup);
 
 // True for a valid plain or instance unit name ("a.service", "a@b.service"; not "a@.service").
 bool valid_unit_name(std::string_view name);

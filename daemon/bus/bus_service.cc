@@ -578,6 +578,11 @@ int BusService::append_property(sd_bus_message *reply, const daemon::Binding &bi
 
 int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
     return guarded("NameOwnerChanged", nullptr, [&]() -> int {
+        // Only the bus itself says who left. The match names the sender, but sd-bus cannot check
+        // a well-known sender locally, and any client may address a signal of this name to us:
+        // without this test one call from any user ended any other user's bindings.
+        const char *sender = sd_bus_message_get_sender(m);
+        if (!sender || std::strcmp(sender, "org.freedesktop.DBus") != 0) return 0;
         const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
         if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
         if (name[0] == ':' && new_owner[0] == '\0') {

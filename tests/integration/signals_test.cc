@@ -294,3 +294,37 @@ iommu = "any"
     EXPECT_FALSE(end->revoked);
     EXPECT_EQ(end->reason, "release");
 }
+
+// A client may address any signal to the daemon, NameOwnerChanged included: only the bus's own
+// says that a connection left. Before, one such signal from uid 65534 naming the holder's
+// connection ended root's binding as "disconnect".
+TEST(BindingSignals, ASpoofedNameOwnerChangedEndsNothing) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they use setpriv)";
+    Sandbox sb(policy_text);
+    Holder h(sb, {"knodsim0", "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5000"});
+    ASSERT_TRUE(h.ok()) << h.line();
+    // Every unique name on the bus, the holder's among them, "left" (old owner, no new one).
+    Output names =
+        sb.run_program({"busctl", "--address=" + sb.address(), "list", "--unique", "--no-legend"});
+    std::istringstream lines(names.out);
+    std::string line;
+    int sent = 0;
+    while (std::getline(lines, line)) {
+        std::string name = line.substr(0, line.find(' '));
+        if (name.empty() || name[0] != ':') continue;
+        Output o =
+            sb.run_program({"busctl", "--address=" + sb.address(), "emit",
+                            "--destination=org.knod.Policy1", "/org/freedesktop/DBus",
+                            "org.freedesktop.DBus", "NameOwnerChanged", "sss", name, name, ""},
+                           nobody);
+        if (o.status == 0) ++sent;
+    }
+    ASSERT_GT(sent, 0) << names.out;
+    // The daemon has read them once it answers a call sent after them.
+    auto c = sb.client();
+    auto listed = c.list();
+    ASSERT_TRUE(listed.ok()) << listed.error().message;
+    ASSERT_EQ(listed->size(), 1u);
+    EXPECT_EQ((*listed)[0].id, h.id());
+    EXPECT_EQ(sb.sql("select count(*) from sessions where end_reason is not null"), "0");
+}

@@ -1,7 +1,13 @@
 // The caller's units from its cgroup path, as sd_pid_get_unit / sd_pid_get_user_unit report
 // them: the system unit is the first unit after the leading slices, and nothing a user's own
 // manager (or the user, moving itself) creates below user@UID.service counts as one.
+#include "daemon/peer.h"
 #include "policy/cgroup_unit.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -70,4 +76,51 @@ TEST(CgroupUnit, ValidUnitNames) {
         EXPECT_FALSE(valid_unit_name(bad)) << bad;
     EXPECT_FALSE(valid_unit_name(std::string(250, 'a') + ".service"));
     EXPECT_TRUE(valid_unit_name(std::string(200, 'a') + ".service"));
+}
+
+// On a hybrid host the v1 lines come first; a user who may create cgroups in a v1 hierarchy
+// (systemd delegates name=systemd to user@UID.service) can put "0::" inside a path there, as
+// "/.../a0::/system.slice/inference@x.service". Only the line that starts with "0::" counts.
+TEST(CgroupUnit, UnifiedPathIsTheWholeZeroLineOnly) {
+    using knod::policy::unified_cgroup_path;
+    std::string hybrid = "9:name=systemd:/user.slice/user-1000.slice/user@1000.service/"
+                         "a0::/system.slice/inference@evil.service\n"
+                         "4:memory:/x0::/system.slice/inference@evil.service\n"
+                         "0::/user.slice/user-1000.slice/user@1000.service/app.slice\n";
+    auto path = unified_cgroup_path(hybrid);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_EQ(*path, "/user.slice/user-1000.slice/user@1000.service/app.slice");
+    EXPECT_EQ(system_unit_of(*path), "user@1000.service");
+    EXPECT_EQ(unified_cgroup_path("0::/system.slice/a.service\n").value_or("?"),
+              "/system.slice/a.service");
+    EXPECT_EQ(unified_cgroup_path("0::/system.slice/a.service").value_or("?"),
+              "/system.slice/a.service"); // no trailing newline
+    EXPECT_FALSE(unified_cgroup_path("9:name=systemd:/a0::/system.slice/x.service\n"));
+    EXPECT_FALSE(unified_cgroup_path(""));
+}
+
+// The same through identify_peer, on a /proc copy of this very process whose cgroup file is a
+// hybrid host's (the old parser took the first "0::" anywhere: unit inference@evil.service).
+TEST(CgroupUnit, IdentifyPeerReadsOnlyTheUnifiedLine) {
+    std::string root = ::testing::TempDir() + "knod-proc-" + std::to_string(getpid());
+    std::string dir = root + "/" + std::to_string(getpid());
+    std::filesystem::create_directories(dir);
+    auto copy = [&](const char *name, const std::string &text) {
+        std::ofstream(dir + "/" + name) << text;
+    };
+    auto slurp = [](const std::string &path) {
+        std::ifstream in(path);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    copy("stat", slurp("/proc/self/stat"));
+    copy("status", slurp("/proc/self/status"));
+    copy("cgroup", "9:name=systemd:/user.slice/user-1000.slice/user@1000.service/"
+                   "a0::/system.slice/inference@evil.service\n"
+                   "0::/user.slice/user-1000.slice/user@1000.service/app.slice\n");
+    auto peer = knod::daemon::identify_peer(geteuid(), getpid(), std::nullopt, ":1.1", root);
+    std::filesystem::remove_all(root);
+    ASSERT_TRUE(peer) << peer.error().message;
+    EXPECT_EQ(peer->cgroup, "/user.slice/user-1000.slice/user@1000.service/app.slice");
+    EXPECT_EQ(peer->unit, "user@1000.service");
+    EXPECT_EQ(peer->user_unit, "");
 }
