@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <openssl/rand.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +38,12 @@ Error journal_error(const Error &e) {
     return make_error(Errc::journal_unavailable,
                       "the session journal cannot record this, so nothing is granted (" +
                           e.message + ")");
+}
+
+// Whether the process behind a pidfd has exited (its pidfd polls readable).
+bool process_exited(int pidfd) {
+    pollfd p{pidfd, POLLIN, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
 }
 
 std::string flows_text(const std::vector<policy::FlowSpec> &flows) {
@@ -382,9 +389,14 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     b.mode = req.mode;
     b.flows = req.flows;
     b.owner = caller;
-    int dup = fcntl(args.region_fd, F_DUPFD_CLOEXEC, 3);
-    if (dup < 0)
-        return make_error(Errc::invalid_argument, "region: cannot duplicate the descriptor");
+    // A memfd is reopened, not duplicated: the daemon's own open file description, so flags the
+    // caller sets later on its own (O_APPEND would make every write land at the end and grow
+    // the file) never reach the daemon's writes. A dma-buf cannot be reopened; it is duplicated.
+    int dup = region->kind == driver::RegionKind::memfd
+                  ? ::open(("/proc/self/fd/" + std::to_string(args.region_fd)).c_str(),
+                           O_RDWR | O_CLOEXEC)
+                  : fcntl(args.region_fd, F_DUPFD_CLOEXEC, 3);
+    if (dup < 0) return make_error(Errc::invalid_argument, "region: cannot take a reference to it");
     b.region = std::make_shared<UniqueFd>(dup);
     b.region_id = {region->device, region->inode, args.offset, args.length};
     b.rule = d.rule;
@@ -454,11 +466,29 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
     if (it == inflight_.end()) return done(make_error(Errc::unavailable, "the daemon is stopping"));
     Binding b = std::move(it->second);
     inflight_.erase(it);
-    if (!written) {
+    // The caller's process may have exited meanwhile, its connection kept by another process
+    // (a child): the key is not handed out, the session ends at once.
+    bool exited = written && b.owner.pidfd && process_exited(b.owner.pidfd->get());
+    if (!written || exited) {
         count_usage(b, -1);
         claims_.release(b.id);
         driver_.detach(b.id);
         keys_.revoke(b.key_id);
+    }
+    if (exited) {
+        close_session(b, reason::process_exit, {}, {});
+        return done(make_error(Errc::denied, "the calling process exited before its grant was "
+                                             "durable; nothing is granted"));
+    }
+    if (!written) {
+        // Kept for the retry at the next tick: while it waits, every new request is refused at
+        // once, so later callers do not each wait out the busy timeout.
+        journal::Event e = event_for(journal::kind::denied, b.owner);
+        e.decision = "journal-unavailable";
+        e.reason = "granted by rule '" + b.rule + "' but not recorded: " + written.error().message;
+        e.detail = knod::dump_json(nlohmann::json{{"netdev", b.netdev}, {"gpu", b.gpu}});
+        forward(e, b.netdev, b.gpu);
+        keep(std::move(e));
         return done(journal_error(written.error()));
     }
     auto [pos, inserted] = bindings_.emplace(b.id, std::move(b));
@@ -514,26 +544,28 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return make_error(Errc::not_found, "no binding " + id);
     Binding &b = it->second;
-    auto refuse = [&](Errc code, const std::string &why) -> Error {
+    // Refusals are coalesced per uid like every other kind: a holder (or an auditor, who sees
+    // every binding) looping on Renew grows the journal no faster than any refused caller.
+    auto refused = [&](Errc code, const std::string &why) -> Error {
         journal::Event e = event_for("renew-refused", presenter);
         e.session_id = id;
         e.reason = why;
-        record(std::move(e));
+        refuse(std::move(e));
         return make_error(code, why);
     };
     if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
-        return refuse(Errc::denied, "key refused: " + ok.error().message);
+        return refused(Errc::denied, "key refused: " + ok.error().message);
     policy::Decision d = decide_again(b);
     if (!d.granted())
-        return refuse(Errc::denied,
-                      "the current policy no longer grants this binding: " + d.reason);
+        return refused(Errc::denied,
+                       "the current policy no longer grants this binding: " + d.reason);
     std::int64_t until =
         journal::now_us() +
         std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime).count();
     until = std::max(until, b.expires_us); // renewing never shortens
     if (auto r = keys_.extend(b.key_id, keys::Clock::time_point(std::chrono::microseconds(until)));
         !r)
-        return refuse(r.error().code, r.error().message);
+        return refused(r.error().code, r.error().message);
     b.expires_us = until;
     journal::Event e = event_for("renewed", presenter);
     e.session_id = id;

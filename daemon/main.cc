@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -209,12 +210,22 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     app.add_option("--bpf-pin-root", o.sim.pin_root, "where the flow filter is pinned")
         ->capture_default_str();
-    app.add_option("--runtime-dir", o.sim.lock_dir,
-                   "sim: where the per-netdev lock lives (one daemon per sim netdev)")
-        ->capture_default_str();
+    // NaN and infinity would pass a plain range check and switch the limit off.
+    CLI::Validator rate_range(
+        [](std::string &text) -> std::string {
+            double v = 0;
+            try {
+                v = std::stod(text);
+            } catch (...) {
+                return "not a number: " + text;
+            }
+            return std::isfinite(v) && v >= 0.1 && v <= 1e6 ? "" : "must be 0.1 to 1000000";
+        },
+        "0.1 to 1000000");
     app.add_option("--rate-limit", o.rate,
                    "calls per second per uid (bursts of twice that; root is not limited)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(rate_range);
     app.add_option("--refusal-window", o.refusal_window,
                    "seconds: a user's repeated refusals of one kind are journaled once per window, "
                    "with a count")

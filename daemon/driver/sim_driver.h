@@ -27,7 +27,8 @@ struct SimConfig {
     std::string pin_root = "/sys/fs/bpf/knod";
     bool drop_unmatched = false;
     // Where the per-netdev lock lives (sim-NETDEV.lock): two daemons never build, reconcile or
-    // tear down the same sim network.
+    // tear down the same sim network. Not an option of the daemon: two daemons given different
+    // directories would not see each other's lock.
     std::string lock_dir = "/run/knod-policy";
 };
 

@@ -5,7 +5,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
@@ -427,4 +429,160 @@ TEST_F(DatapathFixture, ReloadAppliesUnmatchedTraffic) {
     ASSERT_TRUE(send_to(6000, "unmatched-2"));
     EXPECT_TRUE(eventually([&] { return stat("unmatched_dropped") > dropped; }))
         << "the reload said it applied unmatched_traffic, but the filter still passes";
+}
+
+// Renew refusals are coalesced like every refusal: a holder (or an auditor, who sees every
+// binding) looping on Renew with a wrong key writes one full record per window, not one per call.
+TEST_F(ControlPlane, RenewRefusalsAreCoalesced) {
+    Holder h(*sandbox_, {"knodsim0", "sim0", "4096", flow}, 65534);
+    ASSERT_TRUE(h.ok()) << h.line();
+    auto o = sandbox_->run_client({"renew-flood", h.id(), "300"}, 65534);
+    ASSERT_EQ(o.status, 0) << o.out;
+    EXPECT_NE(o.out.find("done"), std::string::npos) << o.out;
+    EXPECT_EQ(sandbox_->sql("SELECT count(*) FROM events WHERE kind='renew-refused'"), "1")
+        << o.out;
+}
+
+// Once a grant could not be journaled, later requests are refused at once (they do not each wait
+// out SQLite's busy timeout on the writer thread) until the journal takes writes again.
+TEST_F(ControlPlane, AfterAJournalFailureRequestsAreRefusedAtOnce) {
+    auto c = sandbox_->client();
+    ASSERT_TRUE(eventually([&] { return c.status()->journal_available; }));
+    std::string said = sandbox_->dir() + "/locker.out";
+    FILE *locker =
+        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
+    ASSERT_NE(locker, nullptr);
+    fputs(".timeout 10000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
+    fflush(locker);
+    ASSERT_TRUE(
+        eventually([&] { return read_file(said).find("locked") != std::string::npos; }, 10000));
+    int fd = make_region(4096);
+    auto first = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
+    ASSERT_FALSE(first.ok());
+    EXPECT_EQ(first.error().code, Errc::journal_unavailable) << first.error().message;
+    // The next one is answered well within SQLite's 5 s busy timeout.
+    sd_bus *bus = open_bus(sandbox_->address());
+    ASSERT_NE(bus, nullptr);
+    sd_bus_set_method_call_timeout(bus, 2'000'000);
+    sd_bus_message *m = nullptr, *reply = nullptr;
+    sd_bus_error error = SD_BUS_ERROR_NULL;
+    ASSERT_GE(sd_bus_message_new_method_call(bus, &m, "org.knod.Policy1", "/org/knod/Policy1",
+                                             "org.knod.Policy1.Manager", "RequestBinding"),
+              0);
+    ASSERT_GE(sd_bus_message_append(m, "ssshtt", "knodsim0", "sim0", "rx-only", fd,
+                                    std::uint64_t{0}, std::uint64_t{4096}),
+              0);
+    const char *flows[] = {flow, nullptr};
+    ASSERT_GE(sd_bus_message_append_strv(m, const_cast<char **>(flows)), 0);
+    int r = sd_bus_call(bus, m, 0, &error, &reply);
+    EXPECT_LT(r, 0);
+    EXPECT_STREQ(error.name, "org.knod.Policy1.Error.JournalUnavailable")
+        << (error.message ? error.message : "");
+    sd_bus_error_free(&error);
+    sd_bus_message_unref(reply);
+    sd_bus_message_unref(m);
+    sd_bus_flush_close_unref(bus);
+    fputs("COMMIT;\n", locker);
+    pclose(locker);
+    // The refused grant is journaled once the disk is back, and grants resume by themselves.
+    EXPECT_TRUE(eventually(
+        [&] {
+            auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
+            if (g.ok()) (void)c.release(g->id);
+            return g.ok();
+        },
+        15000));
+    EXPECT_EQ(sandbox_->sql("SELECT count(*) FROM events WHERE decision='journal-unavailable'"),
+              "1");
+    close(fd);
+}
+
+// A caller whose process exits while its grant is in flight, its connection kept open by a
+// child, is not handed the key: the grant ends as process-exit.
+TEST_F(ControlPlane, NoKeyForAProcessThatExitedDuringItsGrant) {
+    std::string said = sandbox_->dir() + "/locker.out";
+    FILE *locker =
+        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
+    ASSERT_NE(locker, nullptr);
+    fputs(".timeout 10000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
+    fflush(locker);
+    ASSERT_TRUE(
+        eventually([&] { return read_file(said).find("locked") != std::string::npos; }, 10000));
+    int out[2];
+    ASSERT_EQ(pipe(out), 0);
+    pid_t caller = fork();
+    if (caller == 0) {
+        close(out[0]);
+        sd_bus *bus = open_bus(sandbox_->address());
+        if (!bus) _exit(2);
+        int fd = make_region(4096);
+        sd_bus_message *m = nullptr;
+        std::uint64_t cookie = 0;
+        const char *flows[] = {flow, nullptr};
+        if (sd_bus_message_new_method_call(bus, &m, "org.knod.Policy1", "/org/knod/Policy1",
+                                           "org.knod.Policy1.Manager", "RequestBinding") < 0 ||
+            sd_bus_message_append(m, "ssshtt", "knodsim0", "sim0", "rx-only", fd, std::uint64_t{0},
+                                  std::uint64_t{4096}) < 0 ||
+            sd_bus_message_append_strv(m, const_cast<char **>(flows)) < 0 ||
+            sd_bus_send(bus, m, &cookie) < 0 || sd_bus_flush(bus) < 0)
+            _exit(3); // (a cookie, or sd-bus marks the call as wanting no reply)
+        // The daemon identifies this process while it lives; its grant then waits on the lock.
+        usleep(500000);
+        int conn = sd_bus_get_fd(bus);
+        if (fork() == 0) {
+            // The child keeps the connection and reports what the daemon answered.
+            std::string got;
+            char buf[4096];
+            for (int i = 0; i < 100; ++i) {
+                pollfd p{conn, POLLIN, 0};
+                if (poll(&p, 1, 100) == 1) {
+                    ssize_t n = read(conn, buf, sizeof buf);
+                    if (n <= 0) break;
+                    got.append(buf, static_cast<std::size_t>(n));
+                }
+                if (got.find("/org/knod/Policy1/bindings/b") != std::string::npos ||
+                    got.find("org.knod.Policy1.Error") != std::string::npos)
+                    break;
+            }
+            std::string verdict =
+                got.find("/org/knod/Policy1/bindings/b") != std::string::npos ? "key\n"
+                : got.find("org.knod.Policy1.Error") != std::string::npos     ? "refused\n"
+                                                                              : "nothing\n";
+            (void)!write(out[1], verdict.data(), verdict.size());
+            _exit(0);
+        }
+        _exit(0); // gone before the grant is durable
+    }
+    close(out[1]);
+    waitpid(caller, nullptr, 0);
+    fputs("COMMIT;\n", locker);
+    pclose(locker);
+    std::string verdict = read_all(out[0]);
+    close(out[0]);
+    EXPECT_EQ(verdict, "refused\n");
+    auto c = sandbox_->client();
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }));
+    EXPECT_TRUE(eventually([&] {
+        return sandbox_->sql("SELECT count(*) FROM sessions WHERE end_reason IS NULL") == "0";
+    }));
+}
+
+// A holder that sets O_APPEND on its region after the grant cannot make the daemon write at the
+// end of the memfd (growing it): the daemon writes through its own open file description.
+TEST_F(DatapathFixture, CallerFlagsOnTheRegionDoNotReachTheDaemon) {
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    auto g = request(c, fd);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    ASSERT_EQ(fcntl(fd, F_SETFL, O_APPEND), 0);
+    ASSERT_TRUE(send("at-offset-zero"));
+    ASSERT_TRUE(c.wait_for_data(g->id, 0, 3000).ok());
+    char head[14] = {};
+    ASSERT_EQ(pread(fd, head, sizeof head, 0), 14);
+    EXPECT_EQ(std::string(head, sizeof head), "at-offset-zero");
+    struct stat st {};
+    ASSERT_EQ(fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_size, 4096) << "the region grew";
+    close(fd);
 }

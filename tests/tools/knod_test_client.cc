@@ -5,8 +5,9 @@
 //   hold-active NETDEV GPU BYTES FLOW...  the same, activating the binding with its key; when
 //                                   stdin closes, print "data RXBYTES HEX" (the region's first
 //                                   min(RXBYTES, BYTES) bytes)
-//   renew-own NETDEV GPU BYTES FLOW...  request, activate and renew one binding: "renewed ID US"
-//   hold-until-end NETDEV GPU BYTES FLOW...  request and activate, print "ok ID KEYHEX", then
+//   renew-flood ID N                 Renew ID with a wrong key N times: "ERRORNAME COUNT"...,
+//   "done" renew-own NETDEV GPU BYTES FLOW...  request, activate and renew one binding: "renewed ID
+//   US" hold-until-end NETDEV GPU BYTES FLOW...  request and activate, print "ok ID KEYHEX", then
 //                                   wait (30 s at most) for the daemon to say the binding ended:
 //                                   "ended revoked|released REASON"
 //   watch                           subscribe (Manager.Subscribe; a refusal is printed and
@@ -239,6 +240,19 @@ int main(int argc, char **argv) {
         if (!end) return report(end.error());
         std::cout << "ended " << (end->revoked ? "revoked " : "released ") << end->reason
                   << std::endl;
+        return 0;
+    }
+    if (cmd == "renew-flood" && args.size() == 3) {
+        // Renew ID with a wrong key N times; print "ERRORNAME COUNT" per outcome, then "done".
+        std::map<std::string, int> outcomes;
+        std::vector<std::uint8_t> wrong(32, 0x5a);
+        for (int i = 0; i < std::stoi(args[2]); ++i) {
+            auto r = client->renew(args[1], wrong);
+            outcomes[r ? "ok" : error_name(r.error())] += 1;
+        }
+        for (auto &[k, v] : outcomes)
+            std::cout << k << " " << v << std::endl;
+        std::cout << "done" << std::endl;
         return 0;
     }
     if (cmd == "renew-own" && args.size() >= 5) {
