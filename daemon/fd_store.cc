@@ -50,7 +50,10 @@ bool FdStore::store(const std::string &name, int fd) {
     if (!enabled_ || fd < 0 || !valid_fd_name(name)) return false;
     std::string msg = "FDSTORE=1\nFDNAME=" + name;
     int r = sd_pid_notify_with_fds(0, 0, msg.c_str(), &fd, 1);
-    if (r > 0) return true;
+    if (r > 0) {
+        taken_.erase(name);
+        return true;
+    }
     last_error_ = "cannot store " + name + " with systemd: " +
                   (r == 0 ? std::string("NOTIFY_SOCKET is not set") : std::strerror(-r));
     return false;
@@ -68,19 +71,19 @@ std::optional<UniqueFd> FdStore::take(const std::string &name) {
     if (it == received_.end()) return std::nullopt;
     UniqueFd fd = std::move(it->second);
     received_.erase(it);
+    taken_.insert(name);
     return fd;
 }
 
 std::size_t FdStore::discard_untaken() {
-    std::size_t n = received_.size();
-    std::string last;
+    std::set<std::string> names = std::move(taken_);
+    taken_.clear();
     for (auto &[name, fd] : received_)
-        if (name != last) {
-            remove(name); // removes every fd of that name
-            last = name;
-        }
+        names.insert(name);
+    for (auto &name : names)
+        remove(name); // every fd of that name
     received_.clear();
-    return n;
+    return names.size();
 }
 
 } // namespace knod::daemon

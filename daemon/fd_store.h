@@ -7,6 +7,7 @@
 #include "knod/result.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,8 @@ class FdStore : public HandleStore {
     bool store(const std::string &name, int fd) override;
     void remove(const std::string &name) override;
     std::optional<UniqueFd> take(const std::string &name) override;
-    // Every handed-back fd nobody took: removed from systemd's store and closed. Returns how
-    // many.
+    // Every handed-back fd nobody took, or took without storing it again (a binding that
+    // could not be taken back): removed from systemd's store and closed. Returns how many names.
     std::size_t discard_untaken();
     // The last store or remove that systemd refused, for the log; empty when none.
     const std::string &last_error() const { return last_error_; }
@@ -39,6 +40,7 @@ class FdStore : public HandleStore {
   private:
     bool enabled_ = false;
     std::multimap<std::string, UniqueFd> received_;
+    std::set<std::string> taken_; // taken at start, not stored again yet
     std::string last_error_;
 };
 

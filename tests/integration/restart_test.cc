@@ -111,7 +111,7 @@ class RestartTest : public ::testing::Test {
   protected:
     void SetUp() override {
         if (geteuid() != 0) GTEST_SKIP() << "needs root";
-        netdev_ = unique("knodsr");
+        netdev_ = unique("knodsimr");
         netns_ = unique("knod-rst");
         pin_root_ = "/sys/fs/bpf/" + unique("knodrs");
         sandbox_ = std::make_unique<Sandbox>(
