@@ -113,6 +113,11 @@ void BindingManager::start() {
             kept.insert(id);
             continue;
         }
+        try { // what the driver left behind besides the handles (devmem: ntuple rules)
+            auto j = nlohmann::json::parse(text);
+            driver_.abandon(j.at("netdev").get<std::string>(), j.at("driver").get<std::string>());
+        } catch (const std::exception &) {
+        }
         journal::Event no = event_for(journal::kind::not_adopted, {});
         no.uid.reset();
         no.pid.reset();

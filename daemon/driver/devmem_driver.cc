@@ -107,6 +107,15 @@ Result<std::vector<std::uint32_t>> DevmemDriver::readopt(const BindingPlan &plan
     return std::vector<std::uint32_t>{queue};
 }
 
+void DevmemDriver::abandon(const std::string &netdev, const std::string &handoff) {
+    try {
+        auto rules = nlohmann::json::parse(handoff).at("rules").get<std::vector<std::uint32_t>>();
+        FlowSteering::remove(netdev, rules);
+    } catch (const std::exception &) {
+        // Unreadable: nothing to remove that we could name.
+    }
+}
+
 void DevmemDriver::detach(const std::string &id) {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;

@@ -39,6 +39,8 @@ class DevmemDriver : public Driver {
     Result<std::vector<std::uint32_t>> readopt(const BindingPlan &plan, bool active,
                                                const std::string &handoff,
                                                std::map<std::string, UniqueFd> handles) override;
+    // Removes the ntuple rules of a binding that was not taken back.
+    void abandon(const std::string &netdev, const std::string &handoff) override;
     // Per-queue statistics (qstats) are not read yet: a devmem binding reports zeros.
     journal::Counters counters(const std::string &) const override { return {}; }
 

@@ -78,6 +78,9 @@ class Driver {
         return make_error(Errc::unsupported,
                           "the " + name() + " driver cannot take a binding back after a restart");
     }
+    // A handed-over binding that is not taken back (its holder left, its handles were
+    // discarded): whatever of it outlived the daemon besides its handles goes now.
+    virtual void abandon(const std::string & /*netdev*/, const std::string & /*handoff*/) {}
     // What happens to traffic no binding claims (policy setting unmatched_traffic), applied at
     // start and on every reload. A backend without a filter of its own can only pass it to the
     // normal stack: dropping is Errc::unsupported there, never silently ignored.
