@@ -128,19 +128,9 @@ void BindingManager::start() {
     (void)journal_->close_open_sessions(reason::daemon_restart, kept);
     // A restart may bring a new policy: what it no longer grants ends as on a reload.
     for (auto &id : kept)
-        if (auto it = bindings_.find(id); it != bindings_.end() && !still_granted(it->second))
+        if (auto it = bindings_.find(id);
+            it != bindings_.end() && !decide_again(it->second).granted())
             end_binding(id, reason::policy_reload);
-}
-
-bool BindingManager::still_granted(const Binding &b) const {
-    policy::Request req;
-    req.caller = b.owner.caller();
-    req.netdev = b.netdev;
-    req.gpu_names = b.gpu_names;
-    req.mode = b.mode;
-    req.region_bytes = b.region_id.length;
-    req.flows = b.flows;
-    return policy::decide(policy_, req, usage_of(b.owner.uid, b.id)).granted();
 }
 
 void BindingManager::store_handles(Binding &b) {
@@ -708,6 +698,17 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
     return {};
 }
 
+policy::Decision BindingManager::decide_again(const Binding &b) const {
+    policy::Request req;
+    req.caller = b.owner.caller();
+    req.netdev = b.netdev;
+    req.gpu_names = b.gpu_names;
+    req.mode = b.mode;
+    req.region_bytes = b.region_id.length;
+    req.flows = b.flows;
+    return policy::decide(policy_, req, usage_of(b.owner.uid, b.id));
+}
+
 Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &presenter,
                                            std::span<const std::uint8_t> key) {
     auto it = bindings_.find(id);
@@ -722,14 +723,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     };
     if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
         return refuse(Errc::denied, "key refused: " + ok.error().message);
-    policy::Request req;
-    req.caller = b.owner.caller();
-    req.netdev = b.netdev;
-    req.gpu_names = b.gpu_names;
-    req.mode = b.mode;
-    req.region_bytes = b.region_id.length;
-    req.flows = b.flows;
-    policy::Decision d = policy::decide(policy_, req, usage_of(b.owner.uid, id));
+    policy::Decision d = decide_again(b);
     if (!d.granted())
         return refuse(Errc::denied,
                       "the current policy no longer grants this binding: " + d.reason);
@@ -821,8 +815,9 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const std::strin
                                                     "; the old policy stays");
     policy_ = std::move(next);
     std::vector<std::string> doomed;
-    for (auto &[id, b] : bindings_)
-        if (!still_granted(b)) doomed.push_back(id);
+    for (auto &[id, b] : bindings_) {
+        if (!decide_again(b).granted()) doomed.push_back(id);
+    }
     journal::Event e;
     e.kind = journal::kind::reload;
     e.reason = "reloaded by " + by;

@@ -198,8 +198,6 @@ class BindingManager {
     std::string handoff_of(const Binding &b, const std::string &driver_state) const;
     // Keeps the binding's region fd and the driver's handles in the store, by binding id.
     void store_handles(Binding &b);
-    // Whether the current policy still grants `b` (reload, a restart with a new policy).
-    bool still_granted(const Binding &b) const;
     void forward(const journal::Event &e, const std::string &netdev = {},
                  const std::string &gpu = {});
     // Writes an event now, or keeps it to write once the journal is back.
@@ -219,6 +217,9 @@ class BindingManager {
     void refuse(journal::Event e);
     void record_coalesced(std::int64_t now_us, bool all);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
+    // The current policy's decision on a live binding, as if it were asked for now (its own
+    // usage not counted against it): reload and Renew.
+    policy::Decision decide_again(const Binding &b) const;
     void count_usage(const Binding &b, int sign); // +1 when granted (in flight), -1 when gone
     // Retries kept records on the journal's writer thread, one at a time, in order.
     void flush_pending_async();

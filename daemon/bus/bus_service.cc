@@ -436,21 +436,32 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
     });
 }
 
+namespace {
+
+// Reads an access key argument ("ay"), capped before anything looks at it. Returns 1 when read,
+// otherwise what the handler returns (a negative errno, or the error already set in `err`).
+int read_key(sd_bus_message *m, sd_bus_error *err, std::span<const std::uint8_t> &key) {
+    const void *data = nullptr;
+    size_t size = 0;
+    if (int r = sd_bus_message_read_array(m, 'y', &data, &size); r < 0) return r;
+    if (size > limits::key)
+        return fail(err, make_error(Errc::invalid_argument,
+                                    "key: at most " + std::to_string(limits::key) + " bytes"));
+    key = {static_cast<const std::uint8_t *>(data), size};
+    return 1;
+}
+
+} // namespace
+
 int BusService::activate(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("Activate", err, [&]() -> int {
         auto *s = service(self);
-        const void *key = nullptr;
-        size_t size = 0;
-        int r = sd_bus_message_read_array(m, 'y', &key, &size);
-        if (r < 0) return r;
-        if (size > limits::key)
-            return fail(err, make_error(Errc::invalid_argument,
-                                        "key: at most " + std::to_string(limits::key) + " bytes"));
+        std::span<const std::uint8_t> key;
+        if (int r = read_key(m, err, key); r <= 0) return r;
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
         std::string id = id_of(sd_bus_message_get_path(m));
-        auto done =
-            s->manager_->activate(id, *caller, {static_cast<const std::uint8_t *>(key), size});
+        auto done = s->manager_->activate(id, *caller, key);
         if (!done) return fail(err, done.error());
         if (const daemon::Binding *b = s->manager_->find(id)) s->emit_state_changed(*b);
         return sd_bus_reply_method_return(m, "");
@@ -460,19 +471,13 @@ int BusService::activate(sd_bus_message *m, void *self, sd_bus_error *err) {
 int BusService::renew(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("Renew", err, [&]() -> int {
         auto *s = service(self);
-        const void *key = nullptr;
-        size_t size = 0;
-        int r = sd_bus_message_read_array(m, 'y', &key, &size);
-        if (r < 0) return r;
-        if (size > limits::key)
-            return fail(err, make_error(Errc::invalid_argument,
-                                        "key: at most " + std::to_string(limits::key) + " bytes"));
+        std::span<const std::uint8_t> key;
+        if (int r = read_key(m, err, key); r <= 0) return r;
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
         std::string id = id_of(sd_bus_message_get_path(m));
         if (auto t = s->throttle(m, "Renew"); !t) return fail(err, t.error());
-        auto until =
-            s->manager_->renew(id, *caller, {static_cast<const std::uint8_t *>(key), size});
+        auto until = s->manager_->renew(id, *caller, key);
         if (!until) return fail(err, until.error());
         return sd_bus_reply_method_return(m, "t", static_cast<std::uint64_t>(*until));
     });
