@@ -261,3 +261,27 @@ TEST_F(RestartTest, WithoutSystemdASigtermStillEndsEveryBinding) {
     EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "0");
     sandbox_->start_daemon();
 }
+
+TEST_F(RestartTest, APolicyThatChangedMeanwhileAppliesToWhatComesBack) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5500"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    // The upgrade ships a policy that no longer grants port 5500.
+    std::string narrower = sim_policy;
+    narrower.replace(narrower.find("5000-5999"), 9, "6000-6999");
+    sandbox_->write_policy(narrower);
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(eventually([&] { return sandbox_->client().list()->empty(); }));
+    EXPECT_EQ(
+        sql("SELECT count(*) FROM events WHERE kind='adopted' AND session_id='" + h.id() + "'"),
+        "1");
+    EXPECT_TRUE(eventually([&] {
+        return sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'") == "policy-reload";
+    }));
+    EXPECT_TRUE(eventually([&] {
+        store_.drain();
+        return store_.size() == 0;
+    }));
+}
