@@ -285,3 +285,24 @@ TEST_F(RestartTest, APolicyThatChangedMeanwhileAppliesToWhatComesBack) {
         return store_.size() == 0;
     }));
 }
+
+TEST_F(RestartTest, AHolderWhoseConnectionClosedDuringTheRestartLosesItsBinding) {
+    int fd = make_region(4096);
+    std::string id;
+    {
+        auto c = sandbox_->client(); // this process holds the binding on this connection
+        auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                                   {"udp 10.99.0.1:* -> 10.99.0.2:5600"});
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        id = g->id;
+        ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    } // the connection closes while no daemon listens; the process lives on
+    store_.drain();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(eventually([&] { return sandbox_->client().list()->empty(); }));
+    EXPECT_TRUE(eventually([&] {
+        return sql("SELECT end_reason FROM sessions WHERE id='" + id + "'") == "disconnect";
+    }));
+    close(fd);
+}
