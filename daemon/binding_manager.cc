@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <set>
 #include <thread>
 
 namespace knod::daemon {
@@ -99,15 +100,212 @@ Result<void> BindingManager::apply_settings() {
 }
 
 void BindingManager::start() {
-    if (journal_ready()) {
-        // Sessions a crash left open end now; their bindings did not survive the process.
-        (void)journal_->close_open_sessions(reason::daemon_restart);
-    }
+    std::map<std::string, std::string> handoffs;
+    if (journal_ready())
+        if (auto taken = journal_->take_handoffs()) handoffs = std::move(*taken);
     journal::Event e;
     e.kind = journal::kind::daemon_start;
-    e.detail = knod::dump_json(
-        nlohmann::json{{"driver", driver_.name()}, {"rules", policy_.rules.size()}});
+    e.detail = knod::dump_json(nlohmann::json{{"driver", driver_.name()},
+                                              {"rules", policy_.rules.size()},
+                                              {"handed_over", handoffs.size()}});
     record(std::move(e));
+    if (!journal_) return;
+    // Bindings the previous daemon handed over come back if their handles did and their
+    // holders live; every other open session (a crash, a stop that discarded the fd store, a
+    // holder gone meanwhile) ends now: its binding did not survive.
+    std::set<std::string> kept;
+    for (auto &[id, text] : handoffs) {
+        auto adopted = adopt(id, text);
+        if (adopted) {
+            kept.insert(id);
+            continue;
+        }
+        try { // what the driver left behind besides the handles (devmem: ntuple rules)
+            auto j = nlohmann::json::parse(text);
+            driver_.abandon(j.at("netdev").get<std::string>(), j.at("driver").get<std::string>());
+        } catch (const std::exception &) {
+        }
+        journal::Event no = event_for(journal::kind::not_adopted, {});
+        no.uid.reset();
+        no.pid.reset();
+        no.session_id = id;
+        no.reason = adopted.error().message;
+        record(std::move(no));
+    }
+    (void)journal_->close_open_sessions(reason::daemon_restart, kept);
+    // A restart may bring a new policy: what it no longer grants ends as on a reload.
+    for (auto &id : kept)
+        if (auto it = bindings_.find(id);
+            it != bindings_.end() && !decide_again(it->second).granted())
+            end_binding(id, reason::policy_reload);
+}
+
+void BindingManager::store_handles(Binding &b) {
+    if (!store_) return;
+    auto keep = [&](const std::string &name, int fd) {
+        if (std::find(b.stored.begin(), b.stored.end(), name) != b.stored.end()) return;
+        if (store_->store(name, fd)) b.stored.push_back(name);
+    };
+    if (b.region) keep(b.id + ".region", b.region->get());
+    for (auto &[role, fd] : driver_.handles(b.id))
+        keep(b.id + "." + role, fd);
+}
+
+std::string BindingManager::handoff_of(const Binding &b, const std::string &driver_state) const {
+    auto carried = keys_.carry(b.key_id);
+    if (!carried) return {};
+    auto hex = [](const std::string &s) {
+        return to_hex({reinterpret_cast<const std::uint8_t *>(s.data()), s.size()});
+    };
+    nlohmann::json flows = nlohmann::json::array();
+    for (auto &f : b.flows)
+        flows.push_back(f.to_string());
+    nlohmann::json roles = nlohmann::json::array();
+    for (auto &name : b.stored)
+        if (name != b.id + ".region") roles.push_back(name.substr(b.id.size() + 1));
+    // Untrusted strings from /proc travel as hex: the next start gets back the exact bytes.
+    nlohmann::json owner{{"uid", b.owner.uid},
+                         {"pid", b.owner.pid},
+                         {"start_time", b.owner.start_time},
+                         {"bus_name", hex(b.owner.bus_name)},
+                         {"gids", b.owner.gids},
+                         {"gids_from_bus", b.owner.gids_from_bus},
+                         {"exe", hex(b.owner.executable)},
+                         {"cgroup", hex(b.owner.cgroup)},
+                         {"unit", hex(b.owner.unit)},
+                         {"user_unit", hex(b.owner.user_unit)}};
+    nlohmann::json region{{"device", b.region_id.device},
+                          {"inode", b.region_id.inode},
+                          {"offset", b.region_id.offset},
+                          {"length", b.region_id.length}};
+    return knod::dump_json(nlohmann::json{{"version", 1},
+                                          {"netdev", b.netdev},
+                                          {"gpu", b.gpu},
+                                          {"gpu_names", b.gpu_names},
+                                          {"mode", policy::to_string(b.mode)},
+                                          {"flows", flows},
+                                          {"queues", b.queues},
+                                          {"owner", owner},
+                                          {"region", region},
+                                          {"key_id", b.key_id},
+                                          {"key_mac", to_hex(carried->mac)},
+                                          {"rule", b.rule},
+                                          {"created_us", b.created_us},
+                                          {"expires_us", b.expires_us},
+                                          {"state", to_string(b.state)},
+                                          {"handles", roles},
+                                          {"driver", driver_state}});
+}
+
+Result<void> BindingManager::adopt(const std::string &id, const std::string &text) {
+    Binding b;
+    b.id = id;
+    keys::KeyAuthority::Carried carried{};
+    std::string driver_state;
+    std::vector<std::string> roles;
+    bool active = false;
+    try {
+        auto unhex = [](const nlohmann::json &v) {
+            auto bytes = from_hex(v.get<std::string>());
+            if (!bytes) throw std::runtime_error("bad hex text");
+            return std::string(bytes->begin(), bytes->end());
+        };
+        auto j = nlohmann::json::parse(text);
+        if (j.at("version").get<int>() != 1) throw std::runtime_error("unknown handoff version");
+        b.netdev = j.at("netdev").get<std::string>();
+        b.gpu = j.at("gpu").get<std::string>();
+        b.gpu_names = j.at("gpu_names").get<std::vector<std::string>>();
+        auto mode = policy::parse_mode(j.at("mode").get<std::string>());
+        if (!mode) throw std::runtime_error("bad mode");
+        b.mode = *mode;
+        for (auto &f : j.at("flows")) {
+            auto spec = policy::parse_flow_spec(f.get<std::string>());
+            if (!spec) throw std::runtime_error("bad flow: " + spec.error().message);
+            b.flows.push_back(*spec);
+        }
+        auto &o = j.at("owner");
+        b.owner.uid = o.at("uid").get<uid_t>();
+        b.owner.pid = o.at("pid").get<pid_t>();
+        b.owner.start_time = o.at("start_time").get<std::uint64_t>();
+        b.owner.bus_name = unhex(o.at("bus_name"));
+        b.owner.gids = o.at("gids").get<std::vector<gid_t>>();
+        b.owner.gids_from_bus = o.at("gids_from_bus").get<bool>();
+        b.owner.executable = unhex(o.at("exe"));
+        b.owner.cgroup = unhex(o.at("cgroup"));
+        b.owner.unit = unhex(o.at("unit"));
+        b.owner.user_unit = unhex(o.at("user_unit"));
+        auto &r = j.at("region");
+        b.region_id = {r.at("device").get<std::uint64_t>(), r.at("inode").get<std::uint64_t>(),
+                       r.at("offset").get<std::uint64_t>(), r.at("length").get<std::uint64_t>()};
+        b.key_id = j.at("key_id").get<std::string>();
+        auto mac = from_hex(j.at("key_mac").get<std::string>());
+        if (!mac || mac->size() != carried.mac.size()) throw std::runtime_error("bad key MAC");
+        std::copy(mac->begin(), mac->end(), carried.mac.begin());
+        b.rule = j.at("rule").get<std::string>();
+        b.created_us = j.at("created_us").get<std::int64_t>();
+        b.expires_us = j.at("expires_us").get<std::int64_t>();
+        active = j.at("state").get<std::string>() == "active";
+        roles = j.at("handles").get<std::vector<std::string>>();
+        driver_state = j.at("driver").get<std::string>();
+    } catch (const std::exception &e) {
+        return make_error(Errc::corrupt,
+                          std::string("its handoff record is unreadable: ") + e.what());
+    }
+    if (!store_)
+        return make_error(Errc::unavailable, "no file-descriptor store (not under systemd)");
+    auto fd = store_->take(id + ".region");
+    if (!fd)
+        return make_error(Errc::not_found, "its region fd did not come back (systemd discarded "
+                                           "the fd store: a stop, not a restart)");
+    auto region = driver::inspect_region(fd->get());
+    if (!region || region->device != b.region_id.device || region->inode != b.region_id.inode)
+        return make_error(Errc::corrupt, "the region fd that came back is another file");
+    if (auto w = driver::check_window(*region, b.region_id.offset, b.region_id.length); !w)
+        return w.error();
+    auto pidfd = pin_process(b.owner.pid, b.owner.start_time);
+    if (!pidfd)
+        return make_error(Errc::not_found, "its holder (pid " + std::to_string(b.owner.pid) +
+                                               ") exited during the restart");
+    std::map<std::string, UniqueFd> handles;
+    for (auto &role : roles) {
+        auto h = store_->take(id + "." + role);
+        if (!h) return make_error(Errc::not_found, "its " + role + " handle did not come back");
+        handles.emplace(role, std::move(*h));
+    }
+    if (driver_.netdev(b.netdev).ok() == false)
+        return make_error(Errc::not_found, "its netdev " + b.netdev + " is gone");
+    b.region = std::make_shared<UniqueFd>(fd->release());
+    carried.grant = {id, b.owner.holder(), b.region_id,
+                     keys::Clock::time_point(std::chrono::microseconds(b.expires_us))};
+    if (auto r = keys_.restore(b.key_id, carried); !r) return r.error();
+    auto queues = driver_.readopt(
+        {id, b.netdev, b.gpu, b.flows, b.region->get(), b.region_id.offset, b.region_id.length},
+        active, driver_state, std::move(handles));
+    if (!queues) {
+        keys_.revoke(b.key_id);
+        return std::move(queues).error().context("the " + driver_.name() + " driver");
+    }
+    b.queues = *queues;
+    b.state = active ? BindingState::active : BindingState::granted;
+    b.owner.pidfd = std::move(*pidfd);
+    count_usage(b, +1);
+    claims_.claim(b.netdev, id, b.owner.uid, b.flows);
+    auto [pos, inserted] = bindings_.emplace(id, std::move(b));
+    Binding &kept = pos->second;
+    // systemd keeps what it handed back; storing again is harmless (it drops duplicates) and
+    // covers a store that was emptied meanwhile.
+    store_handles(kept);
+    events_.binding_adopted(kept);
+    kept.owner.pidfd.reset();
+    journal::Event e = event_for(journal::kind::adopted, kept.owner);
+    e.session_id = id;
+    e.rule = kept.rule;
+    e.reason = "taken back after a daemon restart";
+    e.detail = knod::dump_json(nlohmann::json{{"state", to_string(kept.state)},
+                                              {"queues", kept.queues},
+                                              {"expires_us", kept.expires_us}});
+    record(std::move(e));
+    return {};
 }
 
 void BindingManager::forward(const journal::Event &e, const std::string &netdev,
@@ -492,6 +690,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
         return done(journal_error(written.error()));
     }
     auto [pos, inserted] = bindings_.emplace(b.id, std::move(b));
+    store_handles(pos->second);
     events_.binding_created(pos->second);
     // The start time names the holder from now on; the watch keeps a pidfd per process.
     pos->second.owner.pidfd.reset();
@@ -522,6 +721,7 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         return make_error(Errc::driver_failure, r.error().message);
     }
     b.state = BindingState::active;
+    store_handles(b); // a driver may hold a kernel handle of its own from now on
     journal::Event e = event_for("activated", presenter);
     e.session_id = id;
     record(std::move(e));
@@ -609,6 +809,9 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
     close_session(it->second, why, c, std::move(durable));
     count_usage(it->second, -1);
     claims_.release(id);
+    if (store_)
+        for (auto &name : it->second.stored)
+            store_->remove(name);
     Binding ended = std::move(it->second);
     bindings_.erase(it);
     events_.binding_ended(ended, why, note);
@@ -718,6 +921,41 @@ void BindingManager::shutdown() {
     e.kind = journal::kind::daemon_stop;
     record(std::move(e));
     (void)flush_pending_now();
+}
+
+std::size_t BindingManager::hand_off() {
+    std::map<std::string, std::string> rows;
+    std::vector<std::string> ending;
+    for (auto &[id, b] : bindings_) {
+        auto state = driver_.handoff(id);
+        bool stored = std::find(b.stored.begin(), b.stored.end(), id + ".region") != b.stored.end();
+        std::string row = state && stored ? handoff_of(b, *state) : std::string();
+        if (row.empty())
+            ending.push_back(id);
+        else
+            rows.emplace(id, std::move(row));
+    }
+    (void)flush_pending_now();
+    if (!rows.empty() && !(journal_ready() && journal_->hand_off(rows))) {
+        // Not on disk: the next start could not take them back, so they end now as before.
+        for (auto &[id, row] : rows)
+            ending.push_back(id);
+        rows.clear();
+    }
+    for (auto &id : ending)
+        end_binding(id, reason::daemon_stop);
+    record_coalesced(journal::now_us(), true);
+    journal::Event e;
+    e.kind = journal::kind::daemon_stop;
+    e.reason = std::to_string(rows.size()) +
+               " binding(s) handed to systemd's file-descriptor store for the next start";
+    e.detail =
+        knod::dump_json(nlohmann::json{{"handed_over", rows.size()}, {"ended", ending.size()}});
+    record(std::move(e));
+    (void)flush_pending_now();
+    // The handed-over bindings stay as they are: no detach, no revoke, their sessions open.
+    // The process exit closes the daemon's copies of their fds; systemd holds its own.
+    return rows.size();
 }
 
 const Binding *BindingManager::find(const std::string &id) const {

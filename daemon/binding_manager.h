@@ -5,6 +5,7 @@
 
 #include "daemon/driver/driver.h"
 #include "daemon/flow_claims.h"
+#include "daemon/handle_store.h"
 #include "daemon/host/isolation.h"
 #include "daemon/host/paths.h"
 #include "daemon/journal/journal.h"
@@ -58,6 +59,7 @@ struct Binding {
     std::int64_t created_us = 0;
     std::int64_t expires_us = 0;
     BindingState state = BindingState::granted;
+    std::vector<std::string> stored; // names of its handles in the fd store (HandleStore)
 };
 
 // How the manager tells the outside world; the bus adaptor implements it.
@@ -69,6 +71,9 @@ class BindingEvents {
     virtual void binding_ended(const Binding &b, const std::string &why,
                                const std::string &note) = 0;
     virtual void policy_reloaded(std::size_t rules, std::size_t revoked) = 0;
+    // A binding the previous daemon handed over (a restart): its holder already knows it, so
+    // nothing is announced; the holder's exit is watched again.
+    virtual void binding_adopted(const Binding &) {}
 };
 
 struct RequestArgs {
@@ -124,9 +129,14 @@ class BindingManager {
                    policy::Policy policy, BindingEvents &events, Post post);
     ~BindingManager();
 
-    // Opens the journal, closes sessions a crash left open, records the start. A journal that
-    // cannot be opened is not fatal: requests are refused until it can be.
+    // Opens the journal, takes back the bindings a previous daemon handed over (hand_off) whose
+    // handles came back and whose holders live, closes every other open session as
+    // daemon-restart, records the start. A journal that cannot be opened is not fatal:
+    // requests are refused until it can be.
     void start();
+    // Where live bindings' kernel handles are kept across a restart (systemd's fd store);
+    // optional. Set before start().
+    void set_handle_store(HandleStore *store) { store_ = store; }
     // Hands the policy's settings to the driver (unmatched traffic); fails if it cannot honour
     // them. Called before start(); reload() does the same for the next policy.
     Result<void> apply_settings();
@@ -162,6 +172,11 @@ class BindingManager {
     void tick(std::int64_t now_us);
     // Ends every binding (SIGTERM) and records the stop.
     void shutdown();
+    // A stop that keeps bindings (SIGTERM under systemd with a handle store): every binding
+    // the driver can hand over stays open in the journal with what the next start needs, its
+    // handles stay in the store; the others end as daemon-stop. Records the stop. Returns how
+    // many were handed over.
+    std::size_t hand_off();
 
     const Binding *find(const std::string &id) const;
     std::vector<const Binding *> bindings() const;
@@ -178,6 +193,11 @@ class BindingManager {
 
   private:
     bool journal_ready();
+    // Takes back one handed-over binding; the error says why not (its session is then closed).
+    Result<void> adopt(const std::string &id, const std::string &handoff);
+    std::string handoff_of(const Binding &b, const std::string &driver_state) const;
+    // Keeps the binding's region fd and the driver's handles in the store, by binding id.
+    void store_handles(Binding &b);
     void forward(const journal::Event &e, const std::string &netdev = {},
                  const std::string &gpu = {});
     // Writes an event now, or keeps it to write once the journal is back.
@@ -238,6 +258,7 @@ class BindingManager {
     std::shared_ptr<std::atomic<int>> flushing_;
     std::uint64_t dropped_records_ = 0;
     sinks::SinkQueue *sinks_ = nullptr;
+    HandleStore *store_ = nullptr;
     host::SysfsHost host_;
     std::int64_t last_retention_us_ = 0;
 };

@@ -7,6 +7,7 @@
 #include "daemon/driver/knod_driver.h"
 #include "daemon/driver/selection.h"
 #include "daemon/driver/sim_driver.h"
+#include "daemon/fd_store.h"
 #include "daemon/host/link_monitor.h"
 #include "daemon/state_dir.h"
 #include "knod/file_lock.h"
@@ -44,6 +45,7 @@ struct Options {
     bool linux_audit = true;
     std::string retain;
     std::int64_t retain_events = 0;
+    std::string keep_bindings = "auto";
     knod::host::HostPaths host;
 };
 
@@ -219,9 +221,9 @@ int main(int argc, char **argv) {
             } catch (...) {
                 return "not a number: " + text;
             }
-            return std::isfinite(v) && v >= 0.1 && v <= 1e6 ? "" : "must be 0.1 to 1000000";
+            return std::isfinite(v) && v > 0 && v <= 1e6 ? "" : "must be above 0, at most 1000000";
         },
-        "0.1 to 1000000");
+        "above 0, at most 1000000");
     app.add_option("--rate-limit", o.rate,
                    "calls per second per uid (bursts of twice that; root is not limited)")
         ->capture_default_str()
@@ -247,7 +249,24 @@ int main(int argc, char **argv) {
     app.add_option("--boot-root", o.host.boot, "look for the kernel's config-RELEASE here")
         ->capture_default_str();
     app.add_option("--rocm-root", o.host.rocm, "ROCm's install directory")->capture_default_str();
+    app.add_option("--keep-bindings-on-restart", o.keep_bindings,
+                   "on SIGTERM, hand live bindings to systemd's file-descriptor store and take "
+                   "them back at the next start instead of ending them (auto: when NOTIFY_SOCKET "
+                   "is set, i.e. under systemd)")
+        ->check(CLI::IsMember({"auto", "true", "false"}))
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
+
+    // What systemd's fd store handed back, taken before anything else opens a descriptor or
+    // starts a child.
+    bool keep_bindings = o.keep_bindings == "true" ||
+                         (o.keep_bindings == "auto" && knod::daemon::FdStore::available());
+    if (keep_bindings && !knod::daemon::FdStore::available()) {
+        std::cerr << "knod-policyd: --keep-bindings-on-restart needs systemd's NOTIFY_SOCKET and "
+                     "a unit with FileDescriptorStoreMax=\n";
+        return 1;
+    }
+    auto fd_store = knod::daemon::FdStore::from_environment(keep_bindings);
 
     auto policy = load_policy(o.policy);
     if (!policy) {
@@ -402,19 +421,29 @@ int main(int argc, char **argv) {
         std::cerr << "knod-policyd: " << r.error().message << "\n";
         return 1;
     }
-    manager.start();
-    if (auto pruned = manager.apply_retention(); pruned && *pruned > 0)
-        log("journal retention pruned " + std::to_string(*pruned) + " event(s)");
+    if (fd_store.enabled()) manager.set_handle_store(&fd_store);
+    // The objects before the start: bindings taken back are watched and shown through them.
+    // Calls wait in the queue until the loop runs.
     if (auto r = service.start(manager); !r) {
         std::cerr << "knod-policyd: " << r.error().message << "\n";
         return 1;
     }
+    manager.start();
+    service.check_connections();
+    if (std::size_t stale = fd_store.discard_untaken())
+        log("discarded " + std::to_string(stale) + " stored fd(s) no binding took back");
+    if (std::size_t n = manager.bindings().size())
+        log("took back " + std::to_string(n) + " binding(s) from before the restart");
+    if (!fd_store.last_error().empty()) log("knod-policyd: " + fd_store.last_error());
+    if (auto pruned = manager.apply_retention(); pruned && *pruned > 0)
+        log("journal retention pruned " + std::to_string(*pruned) + " event(s)");
 
     struct Loop {
         knod::daemon::BindingManager *manager;
         knod::bus::BusService *service;
         sd_event *event;
-    } loop{&manager, &service, event.get()};
+        bool keep_bindings;
+    } loop{&manager, &service, event.get(), fd_store.enabled()};
     auto on_signal = [](sd_event_source *s, const struct signalfd_siginfo *si, void *ud) -> int {
         return knod::bus::guarded("signal", nullptr, [&] {
             auto *l = static_cast<Loop *>(ud);
@@ -424,8 +453,16 @@ int main(int argc, char **argv) {
                       : "policy reload refused, keeping the old policy:\n" + r.error().message);
                 return 0;
             }
-            sd_notify(0, "STOPPING=1\nSTATUS=Releasing every binding");
-            l->manager->shutdown();
+            if (l->keep_bindings) {
+                // A restart (or a stop: then systemd discards the store, the kernel closes the
+                // handles, and the next start ends the sessions as daemon-restart).
+                sd_notify(0, "STOPPING=1\nSTATUS=Handing live bindings to the fd store");
+                std::size_t n = l->manager->hand_off();
+                log("handed " + std::to_string(n) + " binding(s) to systemd's fd store");
+            } else {
+                sd_notify(0, "STOPPING=1\nSTATUS=Releasing every binding");
+                l->manager->shutdown();
+            }
             return sd_event_exit(sd_event_source_get_event(s), 0);
         });
     };

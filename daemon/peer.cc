@@ -85,6 +85,20 @@ Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root
     return start;
 }
 
+Result<std::shared_ptr<UniqueFd>> pin_process(pid_t pid, std::uint64_t start_time,
+                                              const std::string &proc_root) {
+    auto gone = [&] {
+        return make_error(Errc::not_found, "process " + std::to_string(pid) + " has exited");
+    };
+    int fd = pid > 0 ? pidfd_open(pid) : -1;
+    if (fd < 0) return gone();
+    auto pidfd = std::make_shared<UniqueFd>(fd);
+    // Read after the pidfd pins the pid: a recycled pid shows another start time.
+    auto start = process_start_time(pid, proc_root);
+    if (!start || *start != start_time || !still_running(fd)) return gone();
+    return pidfd;
+}
+
 std::vector<gid_t> groups_from_status(const std::string &status) {
     std::vector<gid_t> gids;
     if (auto gid = status_numbers(status, "Gid:"); gid && gid->size() >= 2)

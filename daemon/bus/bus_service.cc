@@ -684,8 +684,7 @@ int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding
     return r;
 }
 
-void BusService::binding_created(const daemon::Binding &b) {
-    std::string path = binding_path(b.id);
+void BusService::watch_holder(const daemon::Binding &b) {
     auto holder = std::make_pair(b.owner.pid, b.owner.start_time);
     auto it = holders_.find(holder);
     if (it == holders_.end() && b.owner.pidfd) {
@@ -694,6 +693,33 @@ void BusService::binding_created(const daemon::Binding &b) {
             it = holders_.emplace(holder, HolderWatch{SourcePtr(src), b.owner.pidfd, {}}).first;
     }
     if (it != holders_.end()) it->second.bindings.insert(b.id);
+}
+
+void BusService::binding_adopted(const daemon::Binding &b) {
+    watch_holder(b);
+}
+
+void BusService::check_connections() {
+    std::set<std::string> names;
+    for (auto *b : manager_->bindings())
+        if (!b->owner.bus_name.empty()) names.insert(b->owner.bus_name);
+    for (auto &name : names) {
+        sd_bus_error err = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = nullptr;
+        int has = 1; // unknown (the bus did not answer): keep, as for any other call
+        if (sd_bus_call_method(bus_, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                               "org.freedesktop.DBus", "NameHasOwner", &err, &reply, "s",
+                               name.c_str()) >= 0)
+            if (sd_bus_message_read(reply, "b", &has) < 0) has = 1;
+        sd_bus_message_unref(reply);
+        sd_bus_error_free(&err);
+        if (!has) manager_->connection_gone(name);
+    }
+}
+
+void BusService::binding_created(const daemon::Binding &b) {
+    std::string path = binding_path(b.id);
+    watch_holder(b);
     signal_about(b, {manager_path, manager_interface, "BindingCreated"}, [&](sd_bus_message *m) {
         return sd_bus_message_append(m, "os", path.c_str(), b.id.c_str());
     });

@@ -30,6 +30,10 @@ class BusService : public daemon::BindingEvents {
     void binding_ended(const daemon::Binding &b, const std::string &why,
                        const std::string &note) override;
     void policy_reloaded(std::size_t rules, std::size_t revoked) override;
+    void binding_adopted(const daemon::Binding &b) override;
+    // After a restart took bindings back: a holder whose bus connection closed meanwhile (the
+    // bus's NameOwnerChanged went to nobody) loses its bindings as on a disconnect.
+    void check_connections();
 
     // sd-bus callbacks; public only so the vtables in bus_service.cc can name them.
     static int request_binding(sd_bus_message *m, void *self, sd_bus_error *err);
@@ -55,6 +59,7 @@ class BusService : public daemon::BindingEvents {
     static int holder_exited(sd_event_source *s, int fd, uint32_t revents, void *self);
 
   private:
+    void watch_holder(const daemon::Binding &b);
     Result<Credentials> credentials(sd_bus_message *m) const;
     Result<daemon::Peer> peer(sd_bus_message *m) const;
     // The per-uid rate limit for methods the core does not see (RequestBinding and Activate

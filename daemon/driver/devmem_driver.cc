@@ -1,6 +1,9 @@
 #include "daemon/driver/devmem_driver.h"
 
 #include "daemon/driver/ntuple.h"
+#include "knod/json.h"
+
+#include <nlohmann/json.hpp>
 
 #include <net/if.h>
 
@@ -41,7 +44,7 @@ Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan)
                               " has no free RX queue (every queue but 0 is bound to a dma-buf, "
                               "io_uring or AF_XDP, or held by another binding)");
     if (auto rss = FlowSteering::check_not_in_rss(plan.netdev, *chosen); !rss) return rss.error();
-    bindings_[plan.id] = Binding{plan, ifindex, *chosen, std::nullopt, {}};
+    bindings_[plan.id] = Binding{plan, ifindex, *chosen, std::nullopt, {}, {}};
     return std::vector<std::uint32_t>{*chosen};
 }
 
@@ -60,6 +63,57 @@ Result<void> DevmemDriver::activate(const std::string &id) {
     b.socket = std::move(*sock);
     b.rules = std::move(*rules);
     return {};
+}
+
+std::map<std::string, int> DevmemDriver::handles(const std::string &id) const {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return {};
+    int fd = it->second.socket ? it->second.socket->fd() : it->second.kept.get();
+    if (fd < 0) return {};
+    return {{"nl", fd}};
+}
+
+std::optional<std::string> DevmemDriver::handoff(const std::string &id) const {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return std::nullopt;
+    return knod::dump_json(nlohmann::json{
+        {"ifindex", it->second.ifindex}, {"queue", it->second.queue}, {"rules", it->second.rules}});
+}
+
+Result<std::vector<std::uint32_t>> DevmemDriver::readopt(const BindingPlan &plan, bool active,
+                                                         const std::string &handoff,
+                                                         std::map<std::string, UniqueFd> handles) {
+    Binding b{plan, 0, 0, std::nullopt, {}, {}};
+    try {
+        auto j = nlohmann::json::parse(handoff);
+        b.ifindex = j.at("ifindex").get<int>();
+        b.queue = j.at("queue").get<std::uint32_t>();
+        b.rules = j.at("rules").get<std::vector<std::uint32_t>>();
+    } catch (const std::exception &e) {
+        return make_error(Errc::corrupt, std::string("devmem handoff: ") + e.what());
+    }
+    // The same device, not another one that took its name or index meanwhile.
+    if (static_cast<int>(if_nametoindex(plan.netdev.c_str())) != b.ifindex)
+        return make_error(Errc::not_found, "devmem: " + plan.netdev + " is not the same device");
+    if (active) {
+        auto nl = handles.find("nl");
+        if (nl == handles.end() || !nl->second.valid())
+            return make_error(Errc::not_found, "devmem: the binding's netlink socket did not come "
+                                               "back, so the kernel unbound it");
+        b.kept = std::move(nl->second);
+    }
+    std::uint32_t queue = b.queue;
+    bindings_[plan.id] = std::move(b);
+    return std::vector<std::uint32_t>{queue};
+}
+
+void DevmemDriver::abandon(const std::string &netdev, const std::string &handoff) {
+    try {
+        auto rules = nlohmann::json::parse(handoff).at("rules").get<std::vector<std::uint32_t>>();
+        FlowSteering::remove(netdev, rules);
+    } catch (const std::exception &) {
+        // Unreadable: nothing to remove that we could name.
+    }
 }
 
 void DevmemDriver::detach(const std::string &id) {

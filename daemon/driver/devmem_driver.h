@@ -31,6 +31,16 @@ class DevmemDriver : public Driver {
     Result<std::vector<std::uint32_t>> attach(const BindingPlan &plan) override;
     Result<void> activate(const std::string &id) override;
     void detach(const std::string &id) override;
+    // A restart keeps an active binding's netlink socket in the fd store (the kernel binding
+    // lives as long as any copy of it) and its ntuple rules on the NIC; the next start holds the
+    // socket that came back instead of binding again.
+    std::map<std::string, int> handles(const std::string &id) const override;
+    std::optional<std::string> handoff(const std::string &id) const override;
+    Result<std::vector<std::uint32_t>> readopt(const BindingPlan &plan, bool active,
+                                               const std::string &handoff,
+                                               std::map<std::string, UniqueFd> handles) override;
+    // Removes the ntuple rules of a binding that was not taken back.
+    void abandon(const std::string &netdev, const std::string &handoff) override;
     // Per-queue statistics (qstats) are not read yet: a devmem binding reports zeros.
     journal::Counters counters(const std::string &) const override { return {}; }
 
@@ -44,6 +54,7 @@ class DevmemDriver : public Driver {
         std::uint32_t queue = 0;
         std::optional<NetdevGenl> socket; // set while active: its lifetime is the kernel binding
         std::vector<std::uint32_t> rules;
+        UniqueFd kept; // taken back after a restart: the socket of the previous daemon's bind
     };
 
     HardwareInventory inventory_;

@@ -4,10 +4,12 @@
 #include "daemon/driver/region.h"
 #include "daemon/journal/records.h"
 #include "knod/result.h"
+#include "knod/unique_fd.h"
 #include "policy/flow_spec.h"
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,23 @@ class Driver {
     // without its data path names a netdev that does not exist; a real link of the same name,
     // someone else's, is none of its business).
     virtual bool netdevs_are_links() const { return true; }
+    // A restart that keeps bindings (systemd's fd store). `handles`: the binding's own kernel
+    // handles that must outlive the daemon for the binding to (role -> fd, roles of
+    // [A-Za-z0-9_]; the daemon stores them, the driver keeps owning them). `handoff`: what the
+    // driver needs to take the binding back (opaque text), or nullopt when it cannot; then
+    // the binding ends at the stop as before. `readopt`: the next start takes it back from that
+    // text and the handles that came back (already active when `active`); returns its queues.
+    virtual std::map<std::string, int> handles(const std::string &) const { return {}; }
+    virtual std::optional<std::string> handoff(const std::string &) const { return std::nullopt; }
+    virtual Result<std::vector<std::uint32_t>>
+    readopt(const BindingPlan &, bool /*active*/, const std::string & /*handoff*/,
+            std::map<std::string, UniqueFd> /*handles*/) {
+        return make_error(Errc::unsupported,
+                          "the " + name() + " driver cannot take a binding back after a restart");
+    }
+    // A handed-over binding that is not taken back (its holder left, its handles were
+    // discarded): whatever of it outlived the daemon besides its handles goes now.
+    virtual void abandon(const std::string & /*netdev*/, const std::string & /*handoff*/) {}
     // What happens to traffic no binding claims (policy setting unmatched_traffic), applied at
     // start and on every reload. A backend without a filter of its own can only pass it to the
     // normal stack: dropping is Errc::unsupported there, never silently ignored.

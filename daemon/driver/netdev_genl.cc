@@ -183,6 +183,10 @@ Result<NetdevGenl> NetdevGenl::open() {
     return NetdevGenl(sock, family);
 }
 
+int NetdevGenl::fd() const {
+    return sock_ ? nl_socket_get_fd(sock_) : -1;
+}
+
 NetdevGenl::NetdevGenl(NetdevGenl &&o) noexcept : sock_(o.sock_), family_(o.family_) {
     o.sock_ = nullptr;
 }

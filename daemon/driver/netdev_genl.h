@@ -41,6 +41,9 @@ class NetdevGenl {
     ~NetdevGenl();
 
     int family() const { return family_; }
+    // The socket's descriptor: a copy of it kept elsewhere (systemd's fd store) keeps the
+    // bindings made on it alive after this object closes.
+    int fd() const;
     Result<NetdevDevice> device(int ifindex);
     // Every queue of `ifindex`, RX and TX, in queue order.
     Result<std::vector<NetdevQueue>> queues(int ifindex);

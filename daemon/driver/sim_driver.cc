@@ -1,6 +1,9 @@
 #include "daemon/driver/sim_driver.h"
 
+#include "knod/json.h"
 #include "knod/untrusted.h"
+
+#include <nlohmann/json.hpp>
 
 #include "daemon/driver/frame.h"
 
@@ -185,6 +188,37 @@ journal::Counters SimDriver::counters(const std::string &id) const {
     journal::Counters c{it->second.rx_bytes, it->second.rx_packets, 0};
     if (network_) c.dropped_packets = network_->filter().counters(it->second.slot).drops;
     return c;
+}
+
+std::optional<std::string> SimDriver::handoff(const std::string &id) const {
+    auto it = slots_.find(id);
+    if (it == slots_.end()) return std::nullopt;
+    return knod::dump_json(
+        nlohmann::json{{"rx_bytes", it->second.rx_bytes}, {"rx_packets", it->second.rx_packets}});
+}
+
+Result<std::vector<std::uint32_t>> SimDriver::readopt(const BindingPlan &plan, bool active,
+                                                      const std::string &handoff,
+                                                      std::map<std::string, UniqueFd>) {
+    std::uint64_t rx_bytes = 0, rx_packets = 0;
+    try {
+        auto j = nlohmann::json::parse(handoff);
+        rx_bytes = j.at("rx_bytes").get<std::uint64_t>();
+        rx_packets = j.at("rx_packets").get<std::uint64_t>();
+    } catch (const std::exception &e) {
+        return make_error(Errc::corrupt, std::string("sim handoff: ") + e.what());
+    }
+    auto queues = attach(plan);
+    if (!queues) return queues.error();
+    Slot &s = slots_.at(plan.id);
+    s.rx_bytes = rx_bytes;
+    s.rx_packets = rx_packets;
+    if (active)
+        if (auto r = activate(plan.id); !r) {
+            detach(plan.id);
+            return r.error();
+        }
+    return queues;
 }
 
 std::map<std::string, std::uint64_t> SimDriver::stats() const {

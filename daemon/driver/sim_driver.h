@@ -53,6 +53,13 @@ class SimDriver : public Driver {
     Result<void> activate(const std::string &id) override;
     void detach(const std::string &id) override;
     journal::Counters counters(const std::string &id) const override;
+    // The sim's network is rebuilt at every start (it is the daemon's own simulated NIC), so a
+    // binding is taken back by installing it afresh, active if it was, with its stream position
+    // (the ring continues where it stopped). Its only kernel handle is the region fd.
+    std::optional<std::string> handoff(const std::string &id) const override;
+    Result<std::vector<std::uint32_t>> readopt(const BindingPlan &plan, bool active,
+                                               const std::string &handoff,
+                                               std::map<std::string, UniqueFd> handles) override;
 
     // Filter-wide counts: unmatched traffic passed or dropped, malformed, fragments, and frames
     // that reached a socket but no active binding.

@@ -343,9 +343,43 @@ Journal::Work Journal::close_session_work(const std::string &id, const std::stri
     };
 }
 
-Result<std::vector<std::string>> Journal::close_open_sessions(const std::string &reason) {
+Result<void> Journal::hand_off(const std::map<std::string, std::string> &handoffs) {
+    auto r = submit([handoffs](Writer &w) -> Result<std::int64_t> {
+        for (auto &[id, json] : handoffs) {
+            auto st =
+                w.db().cached("UPDATE sessions SET handoff = ? WHERE id = ? AND ended_us IS NULL");
+            if (!st) return st.error();
+            (*st)->bind(1, json).bind(2, id);
+            if (auto run = (*st)->run(); !run) return run.error();
+        }
+        return std::int64_t{0};
+    });
+    if (!r) return r.error();
+    return {};
+}
+
+Result<std::map<std::string, std::string>> Journal::take_handoffs() {
+    auto taken = std::make_shared<std::map<std::string, std::string>>();
+    auto r = submit([taken](Writer &w) -> Result<std::int64_t> {
+        auto st = w.db().prepare("SELECT id, handoff FROM sessions WHERE ended_us IS NULL AND "
+                                 "handoff IS NOT NULL");
+        if (!st) return st.error();
+        for (auto row = st->step(); row && *row; row = st->step())
+            taken->emplace(st->text(0), st->text(1));
+        if (auto clear =
+                w.db().exec("UPDATE sessions SET handoff = NULL WHERE handoff IS NOT NULL");
+            !clear)
+            return clear.error();
+        return std::int64_t{0};
+    });
+    if (!r) return r.error();
+    return std::move(*taken);
+}
+
+Result<std::vector<std::string>> Journal::close_open_sessions(const std::string &reason,
+                                                              const std::set<std::string> &keep) {
     auto closed = std::make_shared<std::vector<std::string>>();
-    auto r = submit([reason, closed](Writer &w) -> Result<std::int64_t> {
+    auto r = submit([reason, closed, keep](Writer &w) -> Result<std::int64_t> {
         auto st = w.db().prepare("SELECT id, uid, pid, rx_bytes, rx_packets, dropped_packets "
                                  "FROM sessions WHERE ended_us IS NULL ORDER BY started_us");
         if (!st) return st.error();
@@ -355,13 +389,15 @@ Result<std::vector<std::string>> Journal::close_open_sessions(const std::string 
             Counters c;
         };
         std::vector<Open> open;
-        for (auto row = st->step(); row && *row; row = st->step())
+        for (auto row = st->step(); row && *row; row = st->step()) {
+            if (keep.count(st->text(0))) continue;
             open.push_back({st->text(0),
                             st->int64(1),
                             st->int64(2),
                             {static_cast<std::uint64_t>(st->int64(3)),
                              static_cast<std::uint64_t>(st->int64(4)),
                              static_cast<std::uint64_t>(st->int64(5))}});
+        }
         std::int64_t last = 0;
         for (auto &o : open) {
             Event e;

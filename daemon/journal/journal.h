@@ -11,9 +11,11 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 namespace knod::journal {
@@ -43,8 +45,16 @@ class Journal {
     // Ends a session (reason, final counters) and appends its closing event in one transaction.
     Result<std::int64_t> close_session(const std::string &id, const std::string &reason,
                                        const Counters &counters, Event closing);
-    // Closes every session still open (after a crash), one closing event each. Returns their ids.
-    Result<std::vector<std::string>> close_open_sessions(const std::string &reason);
+    // Closes every session still open (after a crash), one closing event each, except those in
+    // `keep` (taken back after a restart). Returns their ids.
+    Result<std::vector<std::string>> close_open_sessions(const std::string &reason,
+                                                         const std::set<std::string> &keep = {});
+    // A stop that keeps its bindings (systemd's fd store): what the next start needs to take
+    // each open session back, by session id, written in one transaction.
+    Result<void> hand_off(const std::map<std::string, std::string> &handoffs);
+    // The next start: the handoffs of open sessions, cleared in the same transaction, so a
+    // later crash never takes back stale state.
+    Result<std::map<std::string, std::string>> take_handoffs();
     // Retention: deletes the oldest events (those before `before_us`, and beyond the newest
     // `keep_events`) and the sessions that ended before the last one deleted, leaving a
     // checkpoint and a retention-prune event so the rest still verifies. Open sessions and

@@ -25,6 +25,10 @@ inline constexpr const char *activate_refused = "activate-refused";
 inline constexpr const char *rate_limited = "rate-limited"; // a call over the per-uid rate limit
 // How many refusals of one uid and kind were counted, not journaled one by one, in a window.
 inline constexpr const char *coalesced = "refusals-coalesced";
+// A binding the previous daemon handed over (systemd's fd store) was taken back at start, or
+// could not be (the reason says why; its session then ends as daemon-restart).
+inline constexpr const char *adopted = "adopted";
+inline constexpr const char *not_adopted = "not-adopted";
 inline constexpr const char *anchor =
     "journal-anchor"; // sinks only: the chain head, never in the chain
 } // namespace kind

@@ -158,6 +158,19 @@ Result<void> KeyAuthority::extend(const std::string &key_id, Clock::time_point e
     return {};
 }
 
+Result<KeyAuthority::Carried> KeyAuthority::carry(const std::string &key_id) const {
+    auto it = entries_.find(key_id);
+    if (it == entries_.end()) return make_error(Errc::not_found, "no live key " + key_id);
+    return Carried{it->second.mac, it->second.grant};
+}
+
+Result<void> KeyAuthority::restore(const std::string &key_id, const Carried &carried) {
+    if (entries_.count(key_id))
+        return make_error(Errc::invalid_argument, "key " + key_id + " is already held");
+    entries_.emplace(key_id, Entry{carried.mac, carried.grant});
+    return {};
+}
+
 std::vector<std::string> KeyAuthority::expire(Clock::time_point now) {
     std::vector<std::string> gone;
     for (auto it = entries_.begin(); it != entries_.end();) {

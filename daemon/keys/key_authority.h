@@ -74,6 +74,17 @@ class KeyAuthority {
     // Forgets keys that expired before `now`; returns their ids so the caller can end bindings.
     std::vector<std::string> expire(Clock::time_point now = Clock::now());
 
+    // A daemon restart that keeps its bindings (systemd's fd store) carries each live key over:
+    // its MAC (never the key, which the daemon does not keep) and its grant. The MAC is only
+    // good with this authority's secret, which stays in the state dir.
+    struct Carried {
+        std::array<std::uint8_t, 32> mac;
+        Grant grant;
+    };
+    Result<Carried> carry(const std::string &key_id) const;
+    // Takes a carried key back; refuses an id already held.
+    Result<void> restore(const std::string &key_id, const Carried &carried);
+
     // How many keys are held (issued, neither revoked nor expired).
     std::size_t size() const { return entries_.size(); }
 

@@ -56,7 +56,7 @@ std::vector<std::string> as_uid(uid_t uid, std::vector<std::string> argv) {
 } // namespace
 
 Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args,
-                 uid_t daemon_uid)
+                 uid_t daemon_uid, bool start)
     : daemon_args_(std::move(daemon_args)), daemon_uid_(daemon_uid) {
     char tmpl[] = "/tmp/knod-test.XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
@@ -88,7 +88,7 @@ Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon
         throw std::runtime_error("dbus-daemon did not start: " + slurp(dir_ + "/bus.log"));
     setenv("DBUS_SYSTEM_BUS_ADDRESS", address().c_str(), 1);
     try {
-        start_daemon();
+        if (start) start_daemon();
     } catch (...) {
         // No destructor runs for a half-built sandbox: stop the bus here.
         kill(bus_pid_, SIGTERM);
@@ -138,7 +138,43 @@ void Sandbox::start_daemon() {
                                    "--inh-caps=-all," + caps, "--ambient-caps=-all," + caps,
                                    "--bounding-set=-all," + caps, "--no-new-privs"});
     }
-    daemon_pid_ = spawn(argv, -1, -1, dir_ + "/daemon.log");
+    std::vector<int> fds = std::move(listen_fds_);
+    std::vector<std::string> names = std::move(listen_names_);
+    listen_fds_.clear();
+    listen_names_.clear();
+    if (!fds.empty()) // LISTEN_PID must be the daemon's own pid: the shell execs into it
+        argv.insert(argv.begin(), {"sh", "-c", "LISTEN_PID=$$ exec \"$@\"", "sh"});
+    daemon_pid_ = fork();
+    if (daemon_pid_ == 0) {
+        if (notify_socket_.empty())
+            unsetenv("NOTIFY_SOCKET");
+        else
+            setenv("NOTIFY_SOCKET", notify_socket_.c_str(), 1);
+        unsetenv("LISTEN_FDS");
+        unsetenv("LISTEN_FDNAMES");
+        unsetenv("LISTEN_PID");
+        if (!fds.empty()) {
+            // Out of the way first, then into place at 3, 4, ...
+            std::vector<int> high;
+            for (int fd : fds)
+                high.push_back(fcntl(fd, F_DUPFD_CLOEXEC, 1000));
+            std::string joined;
+            for (std::size_t i = 0; i < high.size(); ++i) {
+                dup2(high[i], 3 + static_cast<int>(i)); // dup2 clears FD_CLOEXEC
+                joined += (i ? ":" : "") + names[i];
+            }
+            setenv("LISTEN_FDS", std::to_string(fds.size()).c_str(), 1);
+            setenv("LISTEN_FDNAMES", joined.c_str(), 1);
+        }
+        int log = open((dir_ + "/daemon.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (log >= 0) dup2(log, 2);
+        std::vector<char *> args;
+        for (auto &a : argv)
+            args.push_back(const_cast<char *>(a.c_str()));
+        args.push_back(nullptr);
+        execvp(args[0], args.data());
+        _exit(127);
+    }
     bool up = eventually(
         [&] {
             auto c = client::Client::connect(address());

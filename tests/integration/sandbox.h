@@ -20,8 +20,9 @@ class Sandbox {
   public:
     // `daemon_uid` != 0: the daemon runs as that uid with exactly the capabilities the shipped
     // unit grants (AmbientCapabilities), in a state dir that uid owns, as under systemd.
+    // `start`: start the daemon now (otherwise call start_daemon()).
     explicit Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args = {},
-                     uid_t daemon_uid = 0);
+                     uid_t daemon_uid = 0, bool start = true);
     ~Sandbox();
 
     const std::string &dir() const { return dir_; }
@@ -32,6 +33,15 @@ class Sandbox {
     pid_t daemon_pid() const { return daemon_pid_; }
 
     void start_daemon();
+    // Playing systemd: the daemon gets NOTIFY_SOCKET=`path` (otherwise none, whatever the test
+    // runner's environment says) ...
+    void set_notify_socket(const std::string &path) { notify_socket_ = path; }
+    // ... and, at its next start only, these fds as LISTEN_FDS (at 3, 4, ...) with
+    // LISTEN_FDNAMES, LISTEN_PID its own pid. The fds stay the caller's.
+    void pass_fds(std::vector<int> fds, std::vector<std::string> names) {
+        listen_fds_ = std::move(fds);
+        listen_names_ = std::move(names);
+    }
     // Sends `sig` and waits for the daemon to exit; returns its wait status.
     int stop_daemon(int sig);
     client::Client client() const;
@@ -59,6 +69,9 @@ class Sandbox {
     pid_t daemon_pid_ = -1;
     std::vector<std::string> daemon_args_;
     uid_t daemon_uid_ = 0;
+    std::string notify_socket_;
+    std::vector<int> listen_fds_;
+    std::vector<std::string> listen_names_;
 };
 
 // A process that holds a binding until stopped: the test client's "hold" command.

@@ -204,6 +204,32 @@ TEST_F(JournalTest, OpenSessionsAreClosedAfterACrash) {
     EXPECT_TRUE(verify().ok);
 }
 
+TEST_F(JournalTest, HandoffsAreTakenOnceAndKeptSessionsStayOpen) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        ASSERT_TRUE(j->open_session(session("a"), grant_event()).ok());
+        ASSERT_TRUE(j->open_session(session("b"), grant_event()).ok());
+        ASSERT_TRUE(j->open_session(session("c"), grant_event()).ok());
+        Event end;
+        end.kind = kind::ended;
+        ASSERT_TRUE(j->close_session("c", "release", {}, end).ok());
+        // A stop that keeps bindings; an ended session takes no handoff.
+        ASSERT_TRUE(j->hand_off({{"a", "{\"x\":1}"}, {"b", "{\"x\":2}"}, {"c", "{}"}}).ok());
+    }
+    auto j = std::move(Journal::open(path_)).value();
+    auto taken = j->take_handoffs();
+    ASSERT_TRUE(taken.ok());
+    ASSERT_EQ(taken->size(), 2u);
+    EXPECT_EQ(taken->at("a"), "{\"x\":1}");
+    EXPECT_TRUE(j->take_handoffs()->empty()) << "cleared: a later crash takes nothing back";
+    auto closed = j->close_open_sessions("daemon-restart", {"a"});
+    ASSERT_TRUE(closed.ok());
+    EXPECT_EQ(*closed, std::vector<std::string>{"b"});
+    auto db = std::move(Database::open(path_, SQLITE_OPEN_READONLY)).value();
+    EXPECT_EQ(*db.scalar("SELECT count(*) FROM sessions WHERE id='a' AND ended_us IS NULL"), 1);
+    EXPECT_TRUE(verify().ok);
+}
+
 TEST_F(JournalTest, ConcurrentAppendsShareCommits) {
     auto j = std::move(Journal::open(path_)).value();
     constexpr int threads = 8, per_thread = 150;

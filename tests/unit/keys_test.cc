@@ -169,3 +169,28 @@ TEST(Keys, RefusesASecretOthersCanRead) {
     std::ofstream(path, std::ios::app) << "y";
     EXPECT_EQ(KeyAuthority::open(path).error().code, Errc::corrupt);
 }
+
+TEST(Keys, ACarriedKeyVerifiesInTheNextAuthorityWithTheSameSecretOnly) {
+    auto before = authority();
+    auto k = before.issue(grant());
+    ASSERT_TRUE(k.ok());
+    auto carried = before.carry(k->key_id);
+    ASSERT_TRUE(carried.ok());
+    // The carried state is the MAC, not the key.
+    EXPECT_NE(std::vector<std::uint8_t>(carried->mac.begin(), carried->mac.end()),
+              std::vector<std::uint8_t>(k->key.begin(), k->key.end()));
+    auto after = authority(); // a restarted daemon: same secret, no keys yet
+    EXPECT_FALSE(after.verify(k->key_id, k->key, holder, region).ok());
+    ASSERT_TRUE(after.restore(k->key_id, *carried).ok());
+    EXPECT_TRUE(after.verify(k->key_id, k->key, holder, region).ok());
+    EXPECT_FALSE(after.restore(k->key_id, *carried).ok()) << "an id already held";
+    // Another secret cannot make use of it.
+    std::array<std::uint8_t, 32> other{};
+    other.fill(9);
+    auto stranger = std::move(KeyAuthority::with_secret(other)).value();
+    ASSERT_TRUE(stranger.restore(k->key_id, *carried).ok());
+    EXPECT_FALSE(stranger.verify(k->key_id, k->key, holder, region).ok());
+    // A revoked key cannot be carried.
+    after.revoke(k->key_id);
+    EXPECT_FALSE(after.carry(k->key_id).ok());
+}

@@ -1,0 +1,308 @@
+// A daemon restart under systemd keeps bindings: the test plays systemd's part. It owns the
+// notify socket and keeps what the daemon sends with FDSTORE=1 (and forgets what it removes with
+// FDSTOREREMOVE=1), as the file-descriptor store does, then starts the next daemon with those
+// fds as LISTEN_FDS / LISTEN_FDNAMES. Holders that live keep their binding (same id, key and
+// region, data still landing); one whose holder died meanwhile is closed as daemon-restart.
+#include "tests/integration/sandbox.h"
+
+#include "knod/unique_fd.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+using namespace knod;
+using namespace knod::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string unique(const char *stem) {
+    return stem + std::to_string(getpid() % 100000);
+}
+
+// systemd's side of sd_notify: a datagram socket; FDSTORE=1 keeps the fds that come with a
+// message under its FDNAME, FDSTOREREMOVE=1 drops every fd of that name.
+class FdStoreStandIn {
+  public:
+    FdStoreStandIn() {
+        address_ = "@knod-test-notify-" + std::to_string(getpid());
+        sock_.reset(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        sockaddr_un sa{};
+        sa.sun_family = AF_UNIX;
+        std::memcpy(sa.sun_path + 1, address_.data() + 1, address_.size() - 1); // abstract
+        socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address_.size());
+        if (bind(sock_.get(), reinterpret_cast<sockaddr *>(&sa), len) != 0)
+            throw std::runtime_error("bind notify socket: " + std::string(strerror(errno)));
+    }
+    const std::string &address() const { return address_; }
+
+    // Reads every message waiting (the daemon blocks once a few are queued: read often).
+    void drain() {
+        for (;;) {
+            char text[4096];
+            alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
+            iovec iov{text, sizeof text - 1};
+            msghdr m{};
+            m.msg_iov = &iov;
+            m.msg_iovlen = 1;
+            m.msg_control = control;
+            m.msg_controllen = sizeof control;
+            ssize_t n = recvmsg(sock_.get(), &m, MSG_CMSG_CLOEXEC);
+            if (n < 0) return;
+            text[n] = '\0';
+            std::vector<UniqueFd> fds;
+            for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                    std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                    for (std::size_t i = 0; i < count; ++i) {
+                        int fd;
+                        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                        fds.emplace_back(fd);
+                    }
+                }
+            std::string msg(text);
+            messages_.push_back(msg);
+            std::string name;
+            if (auto at = msg.find("FDNAME="); at != std::string::npos)
+                name = msg.substr(at + 7, msg.find('\n', at) - at - 7);
+            if (msg.find("FDSTOREREMOVE=1") != std::string::npos) {
+                stored_.erase(name);
+            } else if (msg.find("FDSTORE=1") != std::string::npos) {
+                // Like systemd, one copy of a file is enough: a name stored again replaces it.
+                for (auto &fd : fds)
+                    stored_[name] = std::move(fd);
+            }
+        }
+    }
+    bool has(const std::string &name) const { return stored_.count(name) > 0; }
+    std::size_t size() const { return stored_.size(); }
+    // The store as a start passes it on.
+    void hand_to(Sandbox &s) const {
+        std::vector<int> fds;
+        std::vector<std::string> names;
+        for (auto &[name, fd] : stored_) {
+            fds.push_back(fd.get());
+            names.push_back(name);
+        }
+        s.pass_fds(fds, names);
+    }
+    bool said(const std::string &what) const {
+        for (auto &m : messages_)
+            if (m.find(what) != std::string::npos) return true;
+        return false;
+    }
+
+  private:
+    std::string address_;
+    UniqueFd sock_;
+    std::map<std::string, UniqueFd> stored_;
+    std::vector<std::string> messages_;
+};
+
+class RestartTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (geteuid() != 0) GTEST_SKIP() << "needs root";
+        netdev_ = unique("knodsimr");
+        netns_ = unique("knod-rst");
+        pin_root_ = "/sys/fs/bpf/" + unique("knodrs");
+        sandbox_ = std::make_unique<Sandbox>(
+            sim_policy,
+            std::vector<std::string>{"--sim-datapath=true", "--sim-netdev", netdev_, "--sim-netns",
+                                     netns_, "--bpf-pin-root", pin_root_},
+            0, false);
+        sandbox_->set_notify_socket(store_.address());
+        sandbox_->start_daemon();
+        store_.drain();
+    }
+    void TearDown() override {
+        if (sandbox_ && sandbox_->daemon_pid() > 0) {
+            sandbox_->set_notify_socket({}); // a stop that ends everything, as without systemd
+            EXPECT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+        }
+        sandbox_.reset();
+        if (netdev_.empty()) return;
+        EXPECT_FALSE(fs::exists("/sys/class/net/" + netdev_)) << "link left behind";
+        EXPECT_FALSE(fs::exists("/run/netns/" + netns_)) << "namespace left behind";
+        EXPECT_FALSE(fs::exists(pin_root_)) << "pinned objects left behind";
+    }
+
+    void send(std::uint16_t port, const std::string &data) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl(KNOD_CLI_BIN, KNOD_CLI_BIN, "sim-send", "--netns", netns_.c_str(), "--to",
+                  ("10.99.0.2:" + std::to_string(port)).c_str(), "--count", "1", "--data",
+                  data.c_str(), nullptr);
+            _exit(127);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+
+    std::string sql(const std::string &q) { return sandbox_->sql(q); }
+
+    std::string netdev_, netns_, pin_root_;
+    FdStoreStandIn store_;
+    std::unique_ptr<Sandbox> sandbox_;
+};
+
+} // namespace
+
+TEST_F(RestartTest, LiveHoldersKeepTheirBindingsAcrossARestart) {
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    // This test process is the first holder: it keeps its key and region across the restart.
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5000"});
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    send(5000, "before");
+    ASSERT_TRUE(eventually([&] { return c.counters(g->id)->rx_bytes == 6; }));
+    // The second holder dies while no daemon runs.
+    Holder gone(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5100"}, 0, true);
+    ASSERT_TRUE(gone.ok()) << gone.line();
+    store_.drain();
+    EXPECT_TRUE(store_.has(g->id + ".region"));
+    EXPECT_TRUE(store_.has(gone.id() + ".region"));
+
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    EXPECT_TRUE(store_.said("STOPPING=1"));
+    // Both sessions stay open; the stop says they were handed over.
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "2");
+    EXPECT_EQ(sql("SELECT json_extract(detail, '$.handed_over') FROM events WHERE "
+                  "kind='daemon-stop' ORDER BY seq DESC LIMIT 1"),
+              "2");
+    EXPECT_EQ(store_.size(), 2u);
+    gone.kill_now(SIGKILL);
+
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    store_.drain();
+
+    auto list = c.list();
+    ASSERT_TRUE(list.ok());
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ(list->front().id, g->id);
+    EXPECT_EQ(list->front().state, "active");
+    // The same key still works (its MAC and grant came back), and data still lands where the
+    // ring left off.
+    EXPECT_TRUE(c.renew(g->id, g->key).ok());
+    EXPECT_EQ(c.counters(g->id)->rx_bytes, 6u);
+    send(5000, "after!");
+    ASSERT_TRUE(eventually([&] { return c.counters(g->id)->rx_bytes == 12; }));
+    std::string region(12, '\0');
+    ASSERT_EQ(pread(fd, region.data(), region.size(), 0), 12);
+    EXPECT_EQ(region, "beforeafter!");
+
+    // One continuous session, taken back; the other closed with its reason.
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE id='" + g->id + "' AND ended_us IS NULL"),
+              "1");
+    EXPECT_EQ(
+        sql("SELECT count(*) FROM events WHERE kind='adopted' AND session_id='" + g->id + "'"),
+        "1");
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + gone.id() + "'"),
+              "daemon-restart");
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='not-adopted' AND session_id='" +
+                  gone.id() + "'"),
+              "1");
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE handoff IS NOT NULL"), "0");
+    // The dead holder's fd left the store; the live one's stays until its binding ends.
+    EXPECT_TRUE(eventually([&] {
+        store_.drain();
+        return !store_.has(gone.id() + ".region") && store_.has(g->id + ".region");
+    }));
+    ASSERT_TRUE(c.release(g->id).ok());
+    EXPECT_TRUE(eventually([&] {
+        store_.drain();
+        return store_.size() == 0;
+    }));
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'"), "release");
+    close(fd);
+}
+
+TEST_F(RestartTest, AStopThatDiscardsTheStoreEndsSessionsAsDaemonRestart) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5200"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "1");
+    // `systemctl stop`: systemd drops the store; the next start gets no fds.
+    sandbox_->start_daemon();
+    EXPECT_TRUE(sandbox_->client().list()->empty());
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
+}
+
+TEST_F(RestartTest, WithoutSystemdASigtermStillEndsEveryBinding) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5300"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    sandbox_->set_notify_socket({});
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0); // the daemon was started with NOTIFY_SOCKET
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "1")
+        << "started under systemd, it hands over";
+    sandbox_->start_daemon(); // now without: a plain start, and a plain stop
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5400"});
+    close(fd);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'"), "daemon-stop");
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "0");
+    sandbox_->start_daemon();
+}
+
+TEST_F(RestartTest, APolicyThatChangedMeanwhileAppliesToWhatComesBack) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5500"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    // The upgrade ships a policy that no longer grants port 5500.
+    std::string narrower = sim_policy;
+    narrower.replace(narrower.find("5000-5999"), 9, "6000-6999");
+    sandbox_->write_policy(narrower);
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(eventually([&] { return sandbox_->client().list()->empty(); }));
+    EXPECT_EQ(
+        sql("SELECT count(*) FROM events WHERE kind='adopted' AND session_id='" + h.id() + "'"),
+        "1");
+    EXPECT_TRUE(eventually([&] {
+        return sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'") == "policy-reload";
+    }));
+    EXPECT_TRUE(eventually([&] {
+        store_.drain();
+        return store_.size() == 0;
+    }));
+}
+
+TEST_F(RestartTest, AHolderWhoseConnectionClosedDuringTheRestartLosesItsBinding) {
+    int fd = make_region(4096);
+    std::string id;
+    {
+        auto c = sandbox_->client(); // this process holds the binding on this connection
+        auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                                   {"udp 10.99.0.1:* -> 10.99.0.2:5600"});
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        id = g->id;
+        ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    } // the connection closes while no daemon listens; the process lives on
+    store_.drain();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(eventually([&] { return sandbox_->client().list()->empty(); }));
+    EXPECT_TRUE(eventually([&] {
+        return sql("SELECT end_reason FROM sessions WHERE id='" + id + "'") == "disconnect";
+    }));
+    close(fd);
+}
