@@ -586,3 +586,29 @@ TEST_F(DatapathFixture, CallerFlagsOnTheRegionDoNotReachTheDaemon) {
     EXPECT_EQ(st.st_size, 4096) << "the region grew";
     close(fd);
 }
+
+// Item 4 as a user meets it: the example client, run 50 times in a row as an ordinary user,
+// receives every time (no EBUSY on the reused queue, no orphan from the run before).
+TEST_F(BackToBack, FiftyExampleRunsInARow) {
+    auto c = sandbox_->client();
+    for (int i = 0; i < 50; ++i) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            execlp("setpriv", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                   KNOD_EXAMPLE_BIN, "--netdev", netdev_.c_str(), "--flow", flow, "--packets", "1",
+                   "--timeout-ms", "10000", static_cast<char *>(nullptr));
+            _exit(127);
+        }
+        ASSERT_TRUE(eventually([&] {
+            auto l = c.list();
+            return l.ok() && l->size() == 1 && (*l)[0].state == "active";
+        })) << "run "
+            << i << ": the example's binding never became active";
+        ASSERT_TRUE(send("run-" + std::to_string(i)));
+        int status = 0;
+        waitpid(pid, &status, 0);
+        ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+            << "run " << i << " exited with " << status;
+    }
+    EXPECT_EQ(sandbox_->sql("SELECT count(*) FROM sessions WHERE end_reason = 'release'"), "50");
+}
