@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 using namespace knod;
@@ -23,6 +24,11 @@ using namespace knod::test;
 namespace fs = std::filesystem;
 
 namespace {
+
+std::string read_text(const std::string &path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 std::string unique(const char *stem) {
     return stem + std::to_string(getpid() % 100000);
@@ -374,6 +380,72 @@ TEST_F(RestartTest, TheJournalChainVerifiesAfterARestartWithAdoption) {
     EXPECT_TRUE(eventually([&] {
         return sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'") == "process-exit";
     }));
+    sandbox_->set_notify_socket({});
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
+                      " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    sandbox_->start_daemon();
+}
+
+// A daemon killed after it took bindings back (the handoff rows are gone, systemd still holds
+// the fds): the next start ends each session once, as daemon-restart, and empties the store.
+TEST_F(RestartTest, ACrashAfterAdoptionEndsTheSessionsOnceAtTheNextStart) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5900"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    ASSERT_EQ(sandbox_->client().list()->size(), 1u);
+    store_.drain();
+    ASSERT_TRUE(store_.has(h.id() + ".region"));
+    sandbox_->stop_daemon(SIGKILL);
+    store_.drain();
+    store_.hand_to(*sandbox_); // systemd keeps the store across a crash
+    sandbox_->start_daemon();
+    EXPECT_TRUE(sandbox_->client().list()->empty());
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" + h.id() + "'"),
+              "1");
+    EXPECT_TRUE(eventually([&] {
+        store_.drain();
+        return store_.size() == 0;
+    }));
+    sandbox_->set_notify_socket({});
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
+                      " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    sandbox_->start_daemon();
+}
+
+// A journal that cannot take the handoff at the stop (locked: SQLite busy): nothing is handed
+// over, the fds leave the store, and the next start ends the session once.
+TEST_F(RestartTest, AJournalFailureAtTheStopHandsNothingOver) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5950"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    std::string said = sandbox_->dir() + "/locker.out";
+    FILE *locker =
+        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
+    ASSERT_NE(locker, nullptr);
+    fputs(".timeout 30000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
+    fflush(locker);
+    ASSERT_TRUE(
+        eventually([&] { return read_text(said).find("locked") != std::string::npos; }, 10000));
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    fputs("ROLLBACK;\n.quit\n", locker);
+    pclose(locker);
+    store_.drain();
+    EXPECT_FALSE(store_.has(h.id() + ".region"))
+        << "ended at the stop: its fd must leave the store";
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE handoff IS NOT NULL"), "0");
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(sandbox_->client().list()->empty());
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "0");
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" + h.id() + "'"),
+              "1");
     sandbox_->set_notify_socket({});
     ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
     std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
