@@ -406,7 +406,8 @@ TEST_F(RestartTest, ACrashAfterAdoptionEndsTheSessionsOnceAtTheNextStart) {
     sandbox_->start_daemon();
     EXPECT_TRUE(sandbox_->client().list()->empty());
     EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
-    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" + h.id() + "'"),
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" +
+                  h.id() + "'"),
               "1");
     EXPECT_TRUE(eventually([&] {
         store_.drain();
@@ -444,7 +445,8 @@ TEST_F(RestartTest, AJournalFailureAtTheStopHandsNothingOver) {
     sandbox_->start_daemon();
     EXPECT_TRUE(sandbox_->client().list()->empty());
     EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "0");
-    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" + h.id() + "'"),
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" +
+                  h.id() + "'"),
               "1");
     sandbox_->set_notify_socket({});
     ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
@@ -452,4 +454,36 @@ TEST_F(RestartTest, AJournalFailureAtTheStopHandsNothingOver) {
                       " >/dev/null 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     sandbox_->start_daemon();
+}
+
+// A key that expired while no daemon ran is not taken back: its binding ends at the start
+// instead of getting its data path back until the first tick.
+TEST_F(RestartTest, AKeyThatExpiredDuringTheRestartIsNotTakenBack) {
+    std::string brief = sim_policy;
+    brief += "key_lifetime = 1\n";
+    sandbox_->write_policy(brief);
+    kill(sandbox_->daemon_pid(), SIGHUP);
+    ASSERT_TRUE(eventually(
+        [&] { return sql("SELECT count(*) FROM events WHERE kind='policy-reload'") == "1"; }));
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5980"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    ASSERT_TRUE(store_.has(h.id() + ".region")) << "handed over";
+    std::int64_t expires = std::stoll(sql(
+        "SELECT json_extract(handoff, '$.expires_us') FROM sessions WHERE id='" + h.id() + "'"));
+    while (std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+               .count() <= expires)
+        usleep(100'000);
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(sandbox_->client().list()->empty());
+    EXPECT_EQ(
+        sql("SELECT count(*) FROM events WHERE kind='adopted' AND session_id='" + h.id() + "'"),
+        "0");
+    EXPECT_EQ(
+        sql("SELECT count(*) FROM events WHERE kind='not-adopted' AND session_id='" + h.id() + "'"),
+        "1");
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
 }
