@@ -253,6 +253,10 @@ Result<void> BindingManager::adopt(const std::string &id, const std::string &tex
     }
     if (!store_)
         return make_error(Errc::unavailable, "no file-descriptor store (not under systemd)");
+    // A key that ran out while no daemon ran: the binding ends here, before its data path is
+    // set up again (taken back, it would take packets until the first tick expired it).
+    if (b.expires_us <= journal::now_us())
+        return make_error(Errc::expired, "its key expired during the restart");
     auto fd = store_->take(id + ".region");
     if (!fd)
         return make_error(Errc::not_found, "its region fd did not come back (systemd discarded "

@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 using namespace knod;
@@ -23,6 +24,11 @@ using namespace knod::test;
 namespace fs = std::filesystem;
 
 namespace {
+
+std::string read_text(const std::string &path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 std::string unique(const char *stem) {
     return stem + std::to_string(getpid() % 100000);
@@ -305,4 +311,179 @@ TEST_F(RestartTest, AHolderWhoseConnectionClosedDuringTheRestartLosesItsBinding)
         return sql("SELECT end_reason FROM sessions WHERE id='" + id + "'") == "disconnect";
     }));
     close(fd);
+}
+
+// A handoff row is read back as untrusted text: malformed JSON, wrong types, absurd numbers and
+// deep nesting each make that session not-adopted (closed as daemon-restart); the start goes on
+// and a valid row next to them is still taken back.
+TEST_F(RestartTest, CorruptHandoffRowsDoNotStopTheStart) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5700"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    std::string good = sql("SELECT handoff FROM sessions WHERE id='" + h.id() + "'");
+    ASSERT_FALSE(good.empty());
+    // Each variant is a session of its own, as a damaged journal could hold.
+    std::vector<std::string> rows = {
+        "'not json {'",
+        "'[]'",
+        "'{\"version\":1}'",
+        "'{\"version\":\"1\"}'",
+        "'null'",
+        "x'00ff00'",
+        "12345",
+        // a valid row with absurd numbers and types in its fields
+        "json_set(handoff, '$.owner.pid', -1, '$.region.length', 1e300)",
+        "json_set(handoff, '$.owner.uid', 'root', '$.flows', json('{\"a\":1}'))",
+        "json_set(handoff, '$.flows', json('[\"udp * -> *\"]'), '$.gpu_names', 7)",
+        "json_set(handoff, '$.owner.start_time', 1e300, '$.expires_us', 9e99)",
+        "printf('%.*c', 200000, '[') || printf('%.*c', 200000, ']')",
+        // a copy of the live holder's row under another id: its fds are not there
+        "handoff",
+    };
+    for (std::size_t i = 0; i < rows.size(); ++i)
+        sql("INSERT INTO sessions (id, uid, pid, netdev, gpu, mode, region_bytes, flows, key_id, "
+            "rule, started_us, handoff) SELECT 'corrupt" +
+            std::to_string(i) +
+            "', uid, pid, netdev, gpu, mode, region_bytes, flows, key_id, rule, "
+            "started_us, " +
+            rows[i] + " FROM sessions WHERE id='" + h.id() + "'");
+    ASSERT_EQ(sql("SELECT count(*) FROM sessions WHERE id LIKE 'corrupt%' AND handoff IS NOT "
+                  "NULL"),
+              std::to_string(rows.size()));
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    auto list = sandbox_->client().list();
+    ASSERT_TRUE(list.ok()) << list.error().message;
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ(list->front().id, h.id());
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE id LIKE 'corrupt%' AND end_reason = "
+                  "'daemon-restart'"),
+              std::to_string(rows.size()));
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='not-adopted' AND session_id LIKE "
+                  "'corrupt%'"),
+              std::to_string(rows.size()));
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE handoff IS NOT NULL"), "0");
+}
+
+// The journal's hash chain stays whole across hand-off, adoption and the end of the adopted
+// binding: the handoff column is outside the chain, every event is appended in order.
+TEST_F(RestartTest, TheJournalChainVerifiesAfterARestartWithAdoption) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5800"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    ASSERT_EQ(sandbox_->client().list()->size(), 1u);
+    h.kill_now(SIGKILL); // ends as process-exit, after adoption
+    EXPECT_TRUE(eventually([&] {
+        return sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'") == "process-exit";
+    }));
+    sandbox_->set_notify_socket({});
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
+                      " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    sandbox_->start_daemon();
+}
+
+// A daemon killed after it took bindings back (the handoff rows are gone, systemd still holds
+// the fds): the next start ends each session once, as daemon-restart, and empties the store.
+TEST_F(RestartTest, ACrashAfterAdoptionEndsTheSessionsOnceAtTheNextStart) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5900"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    ASSERT_EQ(sandbox_->client().list()->size(), 1u);
+    store_.drain();
+    ASSERT_TRUE(store_.has(h.id() + ".region"));
+    sandbox_->stop_daemon(SIGKILL);
+    store_.drain();
+    store_.hand_to(*sandbox_); // systemd keeps the store across a crash
+    sandbox_->start_daemon();
+    EXPECT_TRUE(sandbox_->client().list()->empty());
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" +
+                  h.id() + "'"),
+              "1");
+    EXPECT_TRUE(eventually([&] {
+        store_.drain();
+        return store_.size() == 0;
+    }));
+    sandbox_->set_notify_socket({});
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
+                      " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    sandbox_->start_daemon();
+}
+
+// A journal that cannot take the handoff at the stop (locked: SQLite busy): nothing is handed
+// over, the fds leave the store, and the next start ends the session once.
+TEST_F(RestartTest, AJournalFailureAtTheStopHandsNothingOver) {
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5950"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    std::string said = sandbox_->dir() + "/locker.out";
+    FILE *locker =
+        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
+    ASSERT_NE(locker, nullptr);
+    fputs(".timeout 30000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
+    fflush(locker);
+    ASSERT_TRUE(
+        eventually([&] { return read_text(said).find("locked") != std::string::npos; }, 10000));
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    fputs("ROLLBACK;\n.quit\n", locker);
+    pclose(locker);
+    store_.drain();
+    EXPECT_FALSE(store_.has(h.id() + ".region"))
+        << "ended at the stop: its fd must leave the store";
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE handoff IS NOT NULL"), "0");
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(sandbox_->client().list()->empty());
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "0");
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" +
+                  h.id() + "'"),
+              "1");
+    sandbox_->set_notify_socket({});
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
+                      " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    sandbox_->start_daemon();
+}
+
+// A key that expired while no daemon ran is not taken back: its binding ends at the start
+// instead of getting its data path back until the first tick.
+TEST_F(RestartTest, AKeyThatExpiredDuringTheRestartIsNotTakenBack) {
+    std::string brief = sim_policy;
+    brief += "key_lifetime = 1\n";
+    sandbox_->write_policy(brief);
+    kill(sandbox_->daemon_pid(), SIGHUP);
+    ASSERT_TRUE(eventually(
+        [&] { return sql("SELECT count(*) FROM events WHERE kind='policy-reload'") == "1"; }));
+    Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5980"}, 0, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    ASSERT_TRUE(store_.has(h.id() + ".region")) << "handed over";
+    std::int64_t expires = std::stoll(sql(
+        "SELECT json_extract(handoff, '$.expires_us') FROM sessions WHERE id='" + h.id() + "'"));
+    while (std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+               .count() <= expires)
+        usleep(100'000);
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    EXPECT_TRUE(sandbox_->client().list()->empty());
+    EXPECT_EQ(
+        sql("SELECT count(*) FROM events WHERE kind='adopted' AND session_id='" + h.id() + "'"),
+        "0");
+    EXPECT_EQ(
+        sql("SELECT count(*) FROM events WHERE kind='not-adopted' AND session_id='" + h.id() + "'"),
+        "1");
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
 }
