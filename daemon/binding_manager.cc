@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <iostream>
 #include <set>
 #include <thread>
 
@@ -70,7 +71,11 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
           std::chrono::duration_cast<std::chrono::microseconds>(config_.refusal_window).count()),
       host_(config_.host.sysfs, config_.host.proc) {}
 
-BindingManager::~BindingManager() = default;
+// The journal first: its writer may still answer queued work, and those answers post to the
+// loop through post_, which must outlive it.
+BindingManager::~BindingManager() {
+    journal_.reset();
+}
 
 bool BindingManager::journal_ready() {
     if (journal_) return true;
@@ -330,7 +335,9 @@ Result<std::int64_t> BindingManager::apply_retention() {
 
 void BindingManager::record(journal::Event e) {
     forward(e);
-    if (pending_.empty() && journal_ready()) {
+    // Stopping: everything is written in order, waited for, by the final flush_pending_now();
+    // an asynchronous failure could no longer come back through the loop.
+    if (pending_.empty() && !stopping_ && journal_ready()) {
         // Not waited for; a failure comes back to be kept for the retry at the next tick.
         journal_->append_async(e, [this, e](Result<std::int64_t> r) {
             if (!r) post_([this, e] { keep(e); });
@@ -787,7 +794,7 @@ void BindingManager::close_session(const Binding &b, const std::string &why,
                                               {"rx_packets", c.rx_packets},
                                               {"dropped_packets", c.dropped_packets}});
     forward(e, b.netdev, b.gpu);
-    if (pending_.empty() && journal_ready()) {
+    if (pending_.empty() && !stopping_ && journal_ready()) {
         PendingEnd end{b.id, why, c, e};
         journal_->close_session_async(b.id, why, c, std::move(e),
                                       [this, end, durable](Result<std::int64_t> r) {
@@ -915,6 +922,7 @@ void BindingManager::tick(std::int64_t now_us) {
 }
 
 void BindingManager::shutdown() {
+    stopping_ = true;
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         ids.push_back(id);
@@ -924,10 +932,19 @@ void BindingManager::shutdown() {
     journal::Event e;
     e.kind = journal::kind::daemon_stop;
     record(std::move(e));
-    (void)flush_pending_now();
+    report_unwritten(flush_pending_now());
+}
+
+void BindingManager::report_unwritten(const Result<void> &flushed) const {
+    if (flushed && pending_.empty()) return;
+    std::cerr << "knod-policyd: " << pending_.size()
+              << " journal record(s) could not be written at stop"
+              << (flushed ? std::string() : ": " + flushed.error().message)
+              << "; sessions left open are closed as daemon-restart at the next start" << std::endl;
 }
 
 std::size_t BindingManager::hand_off() {
+    stopping_ = true;
     std::map<std::string, std::string> rows;
     std::vector<std::string> ending;
     for (auto &[id, b] : bindings_) {
@@ -956,7 +973,7 @@ std::size_t BindingManager::hand_off() {
     e.detail =
         knod::dump_json(nlohmann::json{{"handed_over", rows.size()}, {"ended", ending.size()}});
     record(std::move(e));
-    (void)flush_pending_now();
+    report_unwritten(flush_pending_now());
     // The handed-over bindings stay as they are: no detach, no revoke, their sessions open.
     // The process exit closes the daemon's copies of their fds; systemd holds its own.
     return rows.size();

@@ -256,6 +256,8 @@ class BindingManager {
     // The outcome of the kept record being retried now (pending_.front()); null when none is.
     enum { flush_running, flush_written, flush_failed };
     std::shared_ptr<std::atomic<int>> flushing_;
+    bool stopping_ = false; // shutdown or hand-off: records are written synchronously, in order
+    void report_unwritten(const Result<void> &flushed) const;
     std::uint64_t dropped_records_ = 0;
     sinks::SinkQueue *sinks_ = nullptr;
     HandleStore *store_ = nullptr;
