@@ -13,8 +13,8 @@ namespace knod::daemon {
 bool valid_fd_name(const std::string &name) {
     if (name.empty() || name.size() > 255) return false;
     for (char c : name)
-        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == ':' ||
-              c == '-'))
+        // systemd's rule for FDNAME, less ':' (it separates LISTEN_FDNAMES).
+        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-'))
             return false;
     return true;
 }
@@ -48,7 +48,9 @@ FdStore::~FdStore() = default;
 
 bool FdStore::store(const std::string &name, int fd) {
     if (!enabled_ || fd < 0 || !valid_fd_name(name)) return false;
-    std::string msg = "FDSTORE=1\nFDNAME=" + name;
+    // FDPOLL=0: systemd must not drop a stored netlink socket because it polls POLLERR (an
+    // overrun); the binding's life is ours to end, with FDSTOREREMOVE.
+    std::string msg = "FDSTORE=1\nFDPOLL=0\nFDNAME=" + name;
     int r = sd_pid_notify_with_fds(0, 0, msg.c_str(), &fd, 1);
     if (r > 0) {
         taken_.erase(name);
