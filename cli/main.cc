@@ -12,6 +12,7 @@ int main(int argc, char **argv) {
         "knod-policy: check and explain KNOD binding policy, audit the session journal, and "
         "manage knod-policyd.\n"
         "Run 'knod-policy COMMAND --help' for each command's options."};
+    app.set_version_flag("--version", "knod-policy " KNOD_VERSION);
     app.require_subcommand(1);
     app.footer("Exit codes: 0 ok; 1 invalid policy, denied request or failed verification; "
                "2 bad usage or unreadable input.");

@@ -255,6 +255,7 @@ int main(int argc, char **argv) {
                    "is set, i.e. under systemd)")
         ->check(CLI::IsMember({"auto", "true", "false"}))
         ->capture_default_str();
+    app.set_version_flag("--version", "knod-policyd " KNOD_VERSION);
     CLI11_PARSE(app, argc, argv);
 
     // What systemd's fd store handed back, taken before anything else opens a descriptor or

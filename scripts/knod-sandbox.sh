@@ -39,9 +39,13 @@ trap cleanup EXIT INT TERM
 
 sed -e "s|@SOCKET@|$work/bus|" -e "s|@POLICY_CONF@|$repo/packaging/dbus/org.knod.Policy1.conf|" \
     "$repo/scripts/private-bus.conf.in" > "$work/bus.conf"
-dbus-daemon --config-file="$work/bus.conf" --nofork --print-address=3 3>"$work/address" &
+# Its notes (the packaged policy names the knod-policy account, which only the package makes:
+# "Unknown username") go to a log beside the bus, not into the session a person follows.
+dbus-daemon --config-file="$work/bus.conf" --nofork --print-address=3 3>"$work/address" \
+    2>"$work/bus.log" &
 bus_pid=$!
 for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.05; done
+[ -s "$work/address" ] || { cat "$work/bus.log" >&2; echo "knod-sandbox: dbus-daemon did not start" >&2; exit 1; }
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
 
 # The sim unless --daemon-arg picks a driver (auto could find real hardware here).

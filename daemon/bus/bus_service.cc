@@ -19,7 +19,7 @@ namespace knod::bus {
 namespace limits = daemon::limits;
 namespace {
 
-constexpr const char *version = "0.1.0";
+constexpr const char *version = KNOD_VERSION;
 
 // What a caller reads: valid UTF-8 without control characters (sd-bus refuses to send anything
 // else, and the caller might print it), and short, whatever the error quoted.

@@ -14,6 +14,9 @@ expect_rc() { # expect_rc WANT DESCRIPTION -- command...
     if [ "$rc" -eq "$want" ]; then ok "$what"; else not_ok "$what (exit $rc, wanted $want)"; cat "$work/out"; fi
 }
 
+expect_rc 0 "knod-policy --version" -- "$cli" --version
+grep -qx "knod-policy [0-9][0-9.]*" "$work/out" && ok "--version names the program and its version" ||
+    not_ok "--version printed: $(cat "$work/out")"
 expect_rc 0 "check accepts the shipped example policy" -- "$cli" check "$src/packaging/policy.example.toml"
 expect_rc 0 "check accepts the shipped default policy" -- "$cli" check "$src/packaging/policy.toml"
 expect_rc 1 "the shipped default policy denies everything" -- "$cli" explain --policy "$src/packaging/policy.toml" --user 0 --netdev knodsim0 --gpu sim0 --flow 'udp 10.99.0.1:* -> 10.99.0.2:5000' --bytes 4096

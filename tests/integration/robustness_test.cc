@@ -612,3 +612,12 @@ TEST_F(BackToBack, FiftyExampleRunsInARow) {
     }
     EXPECT_EQ(sandbox_->sql("SELECT count(*) FROM sessions WHERE end_reason = 'release'"), "50");
 }
+
+TEST(DaemonCli, VersionAndHelpExitZero) {
+    Output v = run_daemon({"--version"});
+    EXPECT_TRUE(WIFEXITED(v.status) && WEXITSTATUS(v.status) == 0) << v.out;
+    EXPECT_EQ(v.out.rfind("knod-policyd ", 0), 0u) << v.out;
+    Output bad = run_daemon({"--rate-limit=nan"});
+    EXPECT_TRUE(WIFEXITED(bad.status) && WEXITSTATUS(bad.status) != 0) << bad.out;
+    EXPECT_NE(bad.out.find("--rate-limit"), std::string::npos) << bad.out;
+}
