@@ -5,6 +5,7 @@
 #include <systemd/sd-bus.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -32,6 +33,14 @@ struct Reply {
 Error bus_failure(const sd_bus_error &e, int r, const char *what) {
     if (sd_bus_error_is_set(&e)) {
         std::string name = e.name;
+        // The bus answered for a daemon that is not there: not a refusal by the daemon.
+        if (name == "org.freedesktop.DBus.Error.ServiceUnknown" ||
+            name == "org.freedesktop.DBus.Error.NameHasNoOwner")
+            return make_error(Errc::unavailable,
+                              name + ": knod-policyd is not running on this bus (nobody owns " +
+                                  bus::service_name +
+                                  "); start it (systemctl start knod-policyd) or give "
+                                  "--bus-address of the bus it serves");
         return make_error(bus::error_code(name), name + ": " + (e.message ? e.message : ""));
     }
     return make_error(Errc::io, std::string(what) + ": " + std::strerror(-r));
@@ -119,8 +128,14 @@ Result<Client> Client::connect(const std::string &address) {
     }
     if (r < 0) {
         sd_bus_unref(bus);
-        return make_error(Errc::unavailable,
-                          "cannot connect to the bus: " + std::string(std::strerror(-r)));
+        std::string tried = address;
+        if (tried.empty()) {
+            const char *env = std::getenv("DBUS_SYSTEM_BUS_ADDRESS");
+            tried = env && *env ? env : "unix:path=/run/dbus/system_bus_socket";
+        }
+        return make_error(Errc::unavailable, "cannot connect to the bus at " + tried + ": " +
+                                                 std::strerror(-r) +
+                                                 " (is dbus running? or give --bus-address)");
     }
     return Client(bus);
 }

@@ -17,6 +17,18 @@ expect_rc() { # expect_rc WANT DESCRIPTION -- command...
 expect_rc 0 "knod-policy --version" -- "$cli" --version
 grep -qx "knod-policy [0-9][0-9.]*" "$work/out" && ok "--version names the program and its version" ||
     not_ok "--version printed: $(cat "$work/out")"
+# The daemon unreachable: usage-class exit 2, naming the address tried or the missing daemon.
+expect_rc 2 "no bus at the address is exit 2" -- "$cli" status --bus-address "unix:path=$work/no-bus"
+grep -qF "$work/no-bus" "$work/out" && ok "the error names the address tried" ||
+    not_ok "the error does not name the address: $(cat "$work/out")"
+if command -v dbus-daemon >/dev/null; then
+    bus_addr=$(dbus-daemon --session --fork --print-address=1 --print-pid=3 3>"$work/bus.pid" |
+        head -1)
+    expect_rc 2 "a bus without the daemon is exit 2" -- "$cli" status --bus-address "$bus_addr"
+    grep -q "knod-policyd is not running" "$work/out" && ok "the error says the daemon is not running" ||
+        not_ok "the error does not say the daemon is missing: $(cat "$work/out")"
+    kill "$(cat "$work/bus.pid")" 2>/dev/null
+fi
 expect_rc 0 "check accepts the shipped example policy" -- "$cli" check "$src/packaging/policy.example.toml"
 expect_rc 0 "check accepts the shipped default policy" -- "$cli" check "$src/packaging/policy.toml"
 expect_rc 1 "the shipped default policy denies everything" -- "$cli" explain --policy "$src/packaging/policy.toml" --user 0 --netdev knodsim0 --gpu sim0 --flow 'udp 10.99.0.1:* -> 10.99.0.2:5000' --bytes 4096

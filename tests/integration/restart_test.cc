@@ -377,9 +377,12 @@ TEST_F(RestartTest, TheJournalChainVerifiesAfterARestartWithAdoption) {
     sandbox_->start_daemon();
     ASSERT_EQ(sandbox_->client().list()->size(), 1u);
     h.kill_now(SIGKILL); // ends as process-exit, after adoption
-    EXPECT_TRUE(eventually([&] {
-        return sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'") == "process-exit";
-    }));
+    EXPECT_TRUE(eventually(
+        [&] {
+            return sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'") ==
+                   "process-exit";
+        },
+        10000));
     sandbox_->set_notify_socket({});
     ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
     std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
