@@ -5,8 +5,10 @@
 #include "knod/json.h"
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 
 namespace knod::cli {
 namespace {
@@ -105,30 +107,67 @@ Runner add_daemon_commands(CLI::App &app) {
         if (bindings->parsed()) {
             auto list = client->list();
             if (!list) return failed("bindings", list.error());
+            // Details per binding; one that ended meanwhile is shown without them.
+            std::vector<std::optional<client::BindingDetails>> details;
+            for (auto &b : *list) {
+                auto d = client->details(b.id);
+                details.push_back(d ? std::optional(*d) : std::nullopt);
+            }
             if (common->json) {
                 nlohmann::json out = nlohmann::json::array();
-                for (auto &b : *list)
-                    out.push_back({{"id", b.id},
-                                   {"path", b.path},
-                                   {"netdev", b.netdev},
-                                   {"gpu", b.gpu},
-                                   {"mode", b.mode},
-                                   {"state", b.state},
-                                   {"uid", b.uid},
-                                   {"pid", b.pid},
-                                   {"region_bytes", b.region_bytes}});
+                for (std::size_t i = 0; i < list->size(); ++i) {
+                    auto &b = (*list)[i];
+                    nlohmann::json j{
+                        {"id", b.id},   {"path", b.path}, {"netdev", b.netdev},
+                        {"gpu", b.gpu}, {"mode", b.mode}, {"state", b.state},
+                        {"uid", b.uid}, {"pid", b.pid},   {"region_bytes", b.region_bytes}};
+                    if (auto &d = details[i]) {
+                        j["rule"] = d->rule;
+                        j["flows"] = d->flows;
+                        j["created_us"] = d->created_us;
+                        j["expires_us"] = d->expires_us;
+                        j["rx_bytes"] = d->rx_bytes;
+                        j["rx_packets"] = d->rx_packets;
+                        j["dropped_packets"] = d->dropped_packets;
+                    }
+                    out.push_back(std::move(j));
+                }
                 std::cout << knod::dump_json(out, 2) << "\n";
             } else if (list->empty()) {
                 std::cout << "no bindings\n";
             } else {
+                auto now_us = static_cast<std::uint64_t>(
+                    std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count());
+                auto expires_in = [&](std::uint64_t us) {
+                    if (us <= now_us) return std::string("now");
+                    std::uint64_t s = (us - now_us) / 1000000;
+                    return s >= 3600 ? std::to_string(s / 3600) + "h" +
+                                           std::to_string(s % 3600 / 60) + "m"
+                                     : std::to_string(s / 60) + "m" + std::to_string(s % 60) + "s";
+                };
                 std::cout << std::left << std::setw(18) << "ID" << std::setw(10) << "NETDEV"
-                          << std::setw(10) << "GPU" << std::setw(9) << "STATE" << std::setw(7)
-                          << "UID" << std::setw(8) << "PID"
-                          << "BYTES\n";
-                for (auto &b : *list)
-                    std::cout << std::setw(18) << b.id << std::setw(10) << b.netdev << std::setw(10)
-                              << b.gpu << std::setw(9) << b.state << std::setw(7) << b.uid
-                              << std::setw(8) << b.pid << b.region_bytes << "\n";
+                          << std::setw(8) << "GPU" << std::setw(8) << "STATE" << std::setw(7)
+                          << "UID" << std::setw(8) << "PID" << std::setw(10) << "REGION"
+                          << std::setw(14) << "RULE" << std::setw(9) << "EXPIRES"
+                          << "RX BYTES/PACKETS\n";
+                for (std::size_t i = 0; i < list->size(); ++i) {
+                    auto &b = (*list)[i];
+                    auto &d = details[i];
+                    std::cout << std::setw(18) << b.id << std::setw(10) << b.netdev << std::setw(8)
+                              << b.gpu << std::setw(8) << b.state << std::setw(7) << b.uid
+                              << std::setw(8) << b.pid << std::setw(10) << b.region_bytes
+                              << std::setw(14) << (d ? d->rule : "-") << std::setw(9)
+                              << (d ? expires_in(d->expires_us) : "-")
+                              << (d ? std::to_string(d->rx_bytes) + "/" +
+                                          std::to_string(d->rx_packets)
+                                    : "-")
+                              << "\n";
+                    if (d)
+                        for (auto &f : d->flows)
+                            std::cout << "    flow " << f << "\n";
+                }
             }
             return exit_ok;
         }

@@ -305,6 +305,36 @@ Result<std::string> Client::rule(const std::string &id) {
     return property<std::string>(bus_, path_of(id), binding_interface, "Rule", 's');
 }
 
+Result<BindingDetails> Client::details(const std::string &id) {
+    BindingDetails d;
+    auto rule_name = rule(id);
+    if (!rule_name) return rule_name.error();
+    d.rule = *rule_name;
+    for (auto [name, field] :
+         {std::pair{"Created", &d.created_us}, std::pair{"Expires", &d.expires_us}}) {
+        auto v = property<std::uint64_t>(bus_, path_of(id), binding_interface, name, 't');
+        if (!v) return v.error();
+        *field = *v;
+    }
+    auto c = counters(id);
+    if (!c) return c.error();
+    d.rx_bytes = c->rx_bytes;
+    d.rx_packets = c->rx_packets;
+    d.dropped_packets = c->dropped_packets;
+    Reply r;
+    int rc = sd_bus_get_property(bus_, service_name, path_of(id).c_str(), binding_interface,
+                                 "Flows", &r.e, &r.m, "as");
+    if (rc < 0) return bus_failure(r.e, rc, "Flows");
+    char **flows = nullptr;
+    if ((rc = sd_bus_message_read_strv(r.m, &flows)) < 0) return bus_failure(r.e, rc, "Flows");
+    for (char **f = flows; f && *f; ++f) {
+        d.flows.emplace_back(*f);
+        free(*f);
+    }
+    free(flows);
+    return d;
+}
+
 Result<std::string> Client::state(const std::string &id) {
     return property<std::string>(bus_, path_of(id), binding_interface, "State", 's');
 }

@@ -35,6 +35,17 @@ struct BindingSummary {
     std::uint64_t region_bytes = 0;
 };
 
+// What a binding's properties say beyond the listing (Get on its object).
+struct BindingDetails {
+    std::string rule;
+    std::vector<std::string> flows;
+    std::uint64_t created_us = 0; // microseconds since the Unix epoch
+    std::uint64_t expires_us = 0;
+    std::uint64_t rx_bytes = 0;
+    std::uint64_t rx_packets = 0;
+    std::uint64_t dropped_packets = 0;
+};
+
 struct BindingCounters {
     std::uint64_t rx_bytes = 0;
     std::uint64_t rx_packets = 0;
@@ -91,6 +102,8 @@ class Client {
     // it a connection hears only about the bindings it requested.
     Result<void> subscribe();
     Result<std::string> rule(const std::string &id); // the policy rule that granted it
+    // Rule, flows, creation and expiry, counters: one Get per property.
+    Result<BindingDetails> details(const std::string &id);
     Result<std::vector<BindingSummary>> list();
     Result<void> revoke(const std::string &id, const std::string &reason);
     // Returns (rules, revoked).

@@ -15,6 +15,10 @@ coproc HOLD { exec "$client" hold knodsim0 sim0 65536 "udp 10.99.0.1:* -> 10.99.
 read -r line <&"${HOLD[0]}"
 id=$(echo "$line" | cut -d' ' -f2)
 check "a holder got a binding" '[ "${line%% *}" = ok ]'
+"$cli" bindings >"$KNOD_SANDBOX/out"
+check "bindings shows the rule, the expiry and the flows" 'grep -q "RULE" "$KNOD_SANDBOX/out" && grep -q "    flow udp" "$KNOD_SANDBOX/out"'
+"$cli" bindings --json >"$KNOD_SANDBOX/out"
+check "bindings --json carries rule, flows, expiry and counters" 'python3 -c "import json,sys; b=json.load(open(sys.argv[1]))[0]; assert b[\"rule\"] and b[\"flows\"] and b[\"expires_us\"] > b[\"created_us\"] and \"rx_bytes\" in b" "$KNOD_SANDBOX/out"'
 "$cli" bindings --json >"$KNOD_SANDBOX/out"
 check "bindings --json lists it" 'python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert [b[\"id\"] for b in d]==[sys.argv[2]]" "$KNOD_SANDBOX/out" "$id"'
 setpriv --reuid=65534 --regid=65534 --clear-groups "$cli" revoke "$id" --reason test >"$KNOD_SANDBOX/out" 2>&1
