@@ -241,9 +241,12 @@ Result<Report> JournalReader::report(const Filter &f) {
             w.sql() + ") WHERE k IS NOT NULL GROUP BY k ORDER BY k");
         if (!st) return st.error();
         w.bind(*st);
-        for (auto row = st->step(); row && *row; row = st->step())
+        for (;;) { // a read error is the caller's error, never a silently shorter report
+            auto row = st->step();
+            if (!row) return row.error();
+            if (!*row) return {};
             out.push_back({st->text(0), st->int64(1), st->int64(2), st->int64(3), st->int64(4)});
-        return {};
+        }
     };
     // A session's events count for its owner (a revoke is done by an admin, but to the owner).
     // Denials include those only counted in a refusals-coalesced event.
@@ -257,9 +260,12 @@ Result<Report> JournalReader::report(const Filter &f) {
                         "DESC, rule LIMIT 10");
     if (!st) return st.error();
     w.bind(*st);
-    for (auto row = st->step(); row && *row; row = st->step())
+    for (;;) {
+        auto row = st->step();
+        if (!row) return row.error();
+        if (!*row) return r;
         r.top_denied_rules.emplace_back(st->text(0), st->int64(1));
-    return r;
+    }
 }
 
 } // namespace knod::journal

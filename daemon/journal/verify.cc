@@ -62,11 +62,13 @@ Result<std::map<std::int64_t, Hash>> read_checkpoints(Database &db) {
     if (*has == 0) return out;
     auto st = db.prepare("SELECT seq, hash FROM checkpoints");
     if (!st) return st.error();
-    for (auto row = st->step(); row && *row; row = st->step()) {
+    for (;;) {
+        auto row = st->step();
+        if (!row) return row.error();
+        if (!*row) return out;
         Hash h{};
         if (to_hash(st->blob(1), h)) out[st->int64(0)] = h;
     }
-    return out;
 }
 
 } // namespace

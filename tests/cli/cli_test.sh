@@ -135,6 +135,8 @@ for sub in "verify" "sessions" "events" "report" "show b1"; do
     [ "$rc" -eq 2 ] && jerr "$work/out.json" && grep -q "no journal at" "$work/err" \
         && ok "audit $sub --json on a missing journal: exit 2 and {\"error\"}" || { not_ok "audit $sub --json missing (exit $rc)"; cat "$work/out.json" "$work/err"; }
 done
+"$cli" audit events --json --db "$work/j.db" --limit many >"$work/out.json" 2>/dev/null; rc=$?
+[ "$rc" -eq 2 ] && jerr "$work/out.json" && ok "audit events --json with a bad option: exit 2 and {\"error\"}" || { not_ok "bad option --json (exit $rc)"; cat "$work/out.json"; }
 "$cli" audit verify --json --db "$src/README.md" >"$work/out.json" 2>/dev/null; rc=$?
 [ "$rc" -eq 2 ] && jerr "$work/out.json" && ok "audit verify --json on a non-journal: exit 2 and {\"error\"}" || { not_ok "verify --json non-journal (exit $rc)"; cat "$work/out.json"; }
 if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
