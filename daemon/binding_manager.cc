@@ -880,7 +880,7 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
         if (!decide_again(b).granted()) doomed.push_back(id);
     }
     journal::Event e = event_for(journal::kind::reload, by);
-    e.reason = "reloaded by uid " + std::to_string(by.uid) + " (" + via + ")";
+    e.reason = "reloaded by " + via; // as before: "uid N" (D-Bus) or "SIGHUP"
     e.detail =
         knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}});
     record(std::move(e));

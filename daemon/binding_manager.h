@@ -161,7 +161,8 @@ class BindingManager {
     void release(const std::string &id, const Peer &by, bool privileged, Done done);
     void revoke(const std::string &id, const std::string &why, const Peer &by, Done done);
     // Replaces the policy; revokes bindings it no longer allows. Returns how many. `by` is the
-    // actor (its uid and pid go in the event), `via` how it asked (D-Bus, SIGHUP).
+    // actor (its uid and pid go in the event), `via` how it asked, in the event's text ("uid N"
+    // over D-Bus, "SIGHUP").
     Result<std::size_t> reload(policy::Policy next, const Peer &by, const std::string &via);
     // Journals a privileged action refused to `by` (`kind`: journal::kind::reload_refused or
     // revoke_refused), coalesced like every refusal. `decision`: not-authorized or

@@ -410,7 +410,7 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
                                            denied.message);
                 return reply_error(call.get(), denied);
             }
-            auto revoked = s->reload(by, "D-Bus ReloadPolicy");
+            auto revoked = s->reload(by, "uid " + std::to_string(by.uid));
             if (!revoked) return reply_error(call.get(), revoked.error());
             sd_bus_reply_method_return(
                 call.get(), "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
