@@ -384,9 +384,9 @@ Runner add_audit(CLI::App &app) {
     export_cmd->add_option("--table", o->table, "events or sessions")
         ->check(CLI::IsMember({"events", "sessions"}))
         ->capture_default_str();
-    verify_cmd->add_option(
-        "--anchor", o->anchor,
-        "the chain head kept outside the database (default: DB.anchor, if present)");
+    verify_cmd->add_option("--anchor", o->anchor,
+                           "the chain head kept outside the database (default: DB.anchor; missing "
+                           "is a failure unless --no-anchor)");
     auto *no_anchor = verify_cmd->add_flag(
         "--no-anchor", o->no_anchor,
         "check the chain alone, for a copy taken without its anchor (a truncated tail then "
