@@ -495,6 +495,26 @@ TEST_F(JournalTest, AMissingAnchorFailsUnlessIgnored) {
     EXPECT_FALSE(alone->anchor_checked);
 }
 
+// The limit docs/audit.md states: rolling back the database and its anchor together leaves a
+// consistent older journal, which verifies; only a head kept out of reach (--anchor) finds it.
+TEST_F(JournalTest, ARollbackOfDatabaseAndAnchorNeedsAnAnchorKeptElsewhere) {
+    write_events(5);
+    fs::copy_file(path_, dir_ / "old.db");
+    fs::copy_file(anchor_path(path_), dir_ / "old.anchor");
+    write_events(5); // appends: events 6-10
+    std::string offhost = (dir_ / "offhost.anchor").string();
+    fs::copy_file(anchor_path(path_), offhost);
+    fs::copy_file(dir_ / "old.db", path_, fs::copy_options::overwrite_existing);
+    fs::copy_file(dir_ / "old.anchor", anchor_path(path_), fs::copy_options::overwrite_existing);
+    VerifyReport local = verify();
+    EXPECT_TRUE(local.ok) << "the documented limit of a keyless chain: " << local.problem;
+    EXPECT_EQ(local.events_checked, 5);
+    auto kept = verify_chain(path_, {}, offhost);
+    ASSERT_TRUE(kept.ok()) << kept.error().message;
+    EXPECT_FALSE(kept->ok);
+    EXPECT_NE(kept->problem.find("truncated"), std::string::npos) << kept->problem;
+}
+
 TEST_F(JournalTest, AMalformedAnchorIsAnErrorNotACrash) {
     write_events(3);
     for (const char *text : {"", "{", "[]", R"({"seq": "3", "hash": "00"})", R"({"seq": 3})",
