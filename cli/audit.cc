@@ -27,6 +27,7 @@ struct Options {
     std::string format = "jsonl";
     std::string table = "events";
     std::string anchor;
+    bool no_anchor = false;
 };
 
 void add_db(CLI::App *cmd, Options &o) {
@@ -97,11 +98,15 @@ Result<journal::Filter> make_filter(const Options &o) {
     return f;
 }
 
-int fail(const std::string &what, const Error &e) {
+// Anything that stops a command before it has an answer (bad input, a journal that cannot be
+// read) is exit 2 with the reason; exit 1 is kept for "the journal was tampered with". With
+// --json the reason is also a JSON object on stdout, so a script never parses nothing.
+int fail(const Options &o, const std::string &what, const Error &e) {
     std::cerr << "knod-policy audit " << what << ": " << e.message << "\n";
-    return e.code == Errc::invalid_argument || e.code == Errc::not_found || e.code == Errc::corrupt
-               ? exit_usage
-               : exit_failed;
+    if (o.json)
+        std::cout << knod::dump_json(nlohmann::json{{"error", e.message}, {"command", what}})
+                  << "\n";
+    return exit_usage;
 }
 
 // Prints rows as a table, a JSON array or CSV, as they stream in.
@@ -110,21 +115,32 @@ class Printer {
     Printer(const Options &o, std::vector<std::string> columns, std::vector<std::size_t> shown)
         : o_(o), columns_(std::move(columns)), shown_(std::move(shown)) {
         if (o_.csv) std::cout << csv_row(columns_) << "\n";
-        if (o_.json) std::cout << "[";
         if (!o_.csv && !o_.json) row(columns_, true);
     }
     void add(const nlohmann::json &j, const std::vector<std::string> &fields) {
         ++count_;
         if (o_.json)
-            std::cout << (count_ > 1 ? ",\n" : "\n") << knod::dump_json(j);
+            std::cout << (count_ > 1 ? ",\n" : "[\n") << knod::dump_json(j);
         else if (o_.csv)
             std::cout << csv_row(fields) << "\n";
         else
             row(fields, false);
     }
     void finish(const char *noun) {
-        if (o_.json) std::cout << (count_ ? "\n]\n" : "]\n");
+        if (o_.json) std::cout << (count_ ? "\n]\n" : "[]\n");
         if (!o_.json && !o_.csv) std::cout << count_ << " " << noun << "\n";
+    }
+    // A read that failed part way: before any row the error is the whole JSON output (an
+    // object); after some, the array ends with that object, so the output still parses.
+    int abort(const std::string &what, const Error &e) {
+        if (o_.json && count_) {
+            std::cerr << "knod-policy audit " << what << ": " << e.message << "\n";
+            std::cout << ",\n"
+                      << knod::dump_json(nlohmann::json{{"error", e.message}, {"command", what}})
+                      << "\n]\n";
+            return exit_usage;
+        }
+        return fail(o_, what, e);
     }
 
   private:
@@ -144,47 +160,47 @@ class Printer {
 
 int list_sessions(const Options &o) {
     auto f = make_filter(o);
-    if (!f) return fail("sessions", f.error());
+    if (!f) return fail(o, "sessions", f.error());
     auto r = journal::JournalReader::open(o.db);
-    if (!r) return fail("sessions", r.error());
+    if (!r) return fail(o, "sessions", r.error());
     Printer p(o, session_columns, {0, 1, 3, 4, 6, 7, 8, 9, 11});
     auto done = r->sessions(*f, [&](const journal::Session &s) {
         p.add(session_json(s), session_row(s));
         return true;
     });
-    if (!done) return fail("sessions", done.error());
+    if (!done) return p.abort("sessions", done.error());
     p.finish("session(s)");
     return exit_ok;
 }
 
 int list_events(const Options &o) {
     auto f = make_filter(o);
-    if (!f) return fail("events", f.error());
+    if (!f) return fail(o, "events", f.error());
     auto r = journal::JournalReader::open(o.db);
-    if (!r) return fail("events", r.error());
+    if (!r) return fail(o, "events", r.error());
     Printer p(o, event_columns, {0, 1, 2, 3, 4, 6, 7, 8});
     auto done = r->events(*f, [&](const journal::StoredEvent &e) {
         p.add(event_json(e), event_row(e));
         return true;
     });
-    if (!done) return fail("events", done.error());
+    if (!done) return p.abort("events", done.error());
     p.finish("event(s)");
     return exit_ok;
 }
 
 int show(const Options &o) {
     auto r = journal::JournalReader::open(o.db);
-    if (!r) return fail("show", r.error());
+    if (!r) return fail(o, "show", r.error());
     auto s = r->session(o.session);
-    if (!s) return fail("show", s.error());
-    if (!*s) return fail("show", make_error(Errc::not_found, "no session " + o.session));
+    if (!s) return fail(o, "show", s.error());
+    if (!*s) return fail(o, "show", make_error(Errc::not_found, "no session " + o.session));
     journal::Filter f;
     std::vector<journal::StoredEvent> events;
     auto done = r->events(f, [&](const journal::StoredEvent &e) {
         if (e.event.session_id == o.session) events.push_back(e);
         return true;
     });
-    if (!done) return fail("show", done.error());
+    if (!done) return fail(o, "show", done.error());
     if (o.json) {
         nlohmann::json j = session_json(**s);
         j["events"] = nlohmann::json::array();
@@ -205,11 +221,11 @@ int show(const Options &o) {
 
 int report(const Options &o) {
     auto f = make_filter(o);
-    if (!f) return fail("report", f.error());
+    if (!f) return fail(o, "report", f.error());
     auto r = journal::JournalReader::open(o.db);
-    if (!r) return fail("report", r.error());
+    if (!r) return fail(o, "report", r.error());
     auto rep = r->report(*f);
-    if (!rep) return fail("report", rep.error());
+    if (!rep) return fail(o, "report", rep.error());
     auto tallies = [](const std::vector<journal::Tally> &ts) {
         nlohmann::json a = nlohmann::json::array();
         for (auto &t : ts)
@@ -256,9 +272,9 @@ int report(const Options &o) {
 
 int export_rows(const Options &o) {
     auto f = make_filter(o);
-    if (!f) return fail("export", f.error());
+    if (!f) return fail(o, "export", f.error());
     auto r = journal::JournalReader::open(o.db);
-    if (!r) return fail("export", r.error());
+    if (!r) return fail(o, "export", r.error());
     bool csv = o.format == "csv";
     std::size_t n = 0;
     Result<void> done;
@@ -277,7 +293,7 @@ int export_rows(const Options &o) {
             return true;
         });
     }
-    if (!done) return fail("export", done.error());
+    if (!done) return fail(o, "export", done.error());
     std::cerr << "exported " << n << " " << o.table << "\n";
     return exit_ok;
 }
@@ -292,9 +308,11 @@ int verify(const Options &o) {
                      static_cast<long long>(total), static_cast<long long>(done * 100 / total));
         std::fflush(stderr);
     };
-    auto report = journal::verify_chain(o.db, progress, o.anchor);
+    auto report = journal::verify_chain(o.db, progress, o.anchor,
+                                        o.no_anchor ? journal::AnchorUse::ignore
+                                                    : journal::AnchorUse::require);
     if (tty) std::cerr << "\n";
-    if (!report) return fail("verify", report.error());
+    if (!report) return fail(o, "verify", report.error());
     if (o.json) {
         std::cout << knod::dump_json(nlohmann::json{{"ok", report->ok},
                                                     {"events_checked", report->events_checked},
@@ -316,7 +334,10 @@ int verify(const Options &o) {
                   << (report->anchor_checked
                           ? "anchor: event " + std::to_string(report->anchor_seq) +
                                 " matches the head kept outside the database\n"
-                          : "anchor: none checked (no anchor file beside the database)\n");
+                      : o.no_anchor ? "anchor: not checked (--no-anchor): a truncated tail "
+                                      "would not be found\n"
+                                    : "anchor: event " + std::to_string(report->anchor_seq) +
+                                          " was pruned; the chain head is not compared\n");
     } else {
         std::cout << "FAILED: first bad event " << report->first_bad_seq << ": " << report->problem
                   << "\n"
@@ -363,14 +384,21 @@ Runner add_audit(CLI::App &app) {
     export_cmd->add_option("--table", o->table, "events or sessions")
         ->check(CLI::IsMember({"events", "sessions"}))
         ->capture_default_str();
-    verify_cmd->add_option(
-        "--anchor", o->anchor,
-        "the chain head kept outside the database (default: DB.anchor, if present)");
+    verify_cmd->add_option("--anchor", o->anchor,
+                           "the chain head kept outside the database (default: DB.anchor; missing "
+                           "is a failure unless --no-anchor)");
+    auto *no_anchor = verify_cmd->add_flag(
+        "--no-anchor", o->no_anchor,
+        "check the chain alone, for a copy taken without its anchor (a truncated tail then "
+        "goes unnoticed)");
+    no_anchor->excludes(verify_cmd->get_option("--anchor"));
     verify_cmd->add_flag("--json", o->json, "print the result as JSON");
     verify_cmd->footer(
-        "Exit 0 when the chain is intact, 1 naming the first bad event, 2 when the file "
-        "cannot be read.");
-    audit->footer("Times are UTC. Exit codes: 0 ok, 1 verification failed, 2 bad input.");
+        "Exit 0 when the chain is intact, 1 naming the first bad event (or a missing anchor), "
+        "2 when the journal or the anchor cannot be read (with the reason; --json prints "
+        "{\"error\": ...}).");
+    audit->footer("Times are UTC. Exit codes: 0 ok, 1 verification failed (tampered), 2 bad "
+                  "input or an unreadable journal, with the reason.");
 
     return [=]() -> int {
         if (sessions->parsed()) return list_sessions(*o);

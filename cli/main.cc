@@ -3,7 +3,12 @@
 #include "cli/commands.h"
 #include "cli/terminal_output.h"
 
+#include "knod/json.h"
+
+#include <algorithm>
 #include <iostream>
+#include <string_view>
+#include <vector>
 
 int main(int argc, char **argv) {
     // Nothing another user put in the journal or the daemon's replies reaches the terminal raw.
@@ -27,7 +32,12 @@ int main(int argc, char **argv) {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {
         int rc = app.exit(e);
-        return rc == 0 ? 0 : knod::cli::exit_usage;
+        if (rc == 0) return 0;
+        // `audit ... --json` answers in JSON even when the command line is wrong.
+        std::vector<std::string_view> args(argv + 1, argv + argc);
+        if (!args.empty() && args[0] == "audit" && std::ranges::count(args, "--json"))
+            std::cout << knod::dump_json(nlohmann::json{{"error", e.what()}}) << "\n";
+        return knod::cli::exit_usage;
     }
     // Each add_* returns a runner that does nothing unless its subcommand was chosen.
     for (auto &run : runners) {

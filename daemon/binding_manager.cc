@@ -850,20 +850,37 @@ void BindingManager::revoke(const std::string &id, const std::string &why, const
     end_binding(id, reason::revoke, std::move(done), why);
 }
 
-Result<std::size_t> BindingManager::reload(policy::Policy next, const std::string &by) {
+void BindingManager::refuse_action(const char *kind, const Peer &by, const std::string &decision,
+                                   const std::string &why,
+                                   const std::optional<std::string> &binding) {
+    journal::Event e = event_for(kind, by);
+    e.decision = decision;
+    e.reason = escape_untrusted(why.substr(0, limits::reason), Escape::message);
+    // The caller's text, not necessarily a binding that exists: detail only, escaped.
+    if (binding)
+        e.detail = knod::dump_json(nlohmann::json{{"binding", escape_untrusted(*binding)}});
+    refuse(std::move(e));
+}
+
+Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
+                                           const std::string &via) {
     // Every setting takes effect now, or the reload is refused and the old policy stays.
     bool drop = next.settings.unmatched_traffic == policy::UnmatchedTraffic::drop;
-    if (auto r = driver_.set_unmatched_drop(drop); !r)
-        return make_error(Errc::invalid_policy, "settings.unmatched_traffic: " + r.error().message +
-                                                    "; the old policy stays");
+    if (auto r = driver_.set_unmatched_drop(drop); !r) {
+        auto err =
+            make_error(Errc::invalid_policy, "settings.unmatched_traffic: " + r.error().message +
+                                                 "; the old policy stays");
+        refuse_action(journal::kind::reload_refused, by, "invalid-policy",
+                      via + ": " + err.message);
+        return err;
+    }
     policy_ = std::move(next);
     std::vector<std::string> doomed;
     for (auto &[id, b] : bindings_) {
         if (!decide_again(b).granted()) doomed.push_back(id);
     }
-    journal::Event e;
-    e.kind = journal::kind::reload;
-    e.reason = "reloaded by " + by;
+    journal::Event e = event_for(journal::kind::reload, by);
+    e.reason = "reloaded by " + via; // as before: "uid N" (D-Bus) or "SIGHUP"
     e.detail =
         knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}});
     record(std::move(e));

@@ -160,8 +160,15 @@ class BindingManager {
     // `done` runs once the end is on disk (or kept to write when the disk is back).
     void release(const std::string &id, const Peer &by, bool privileged, Done done);
     void revoke(const std::string &id, const std::string &why, const Peer &by, Done done);
-    // Replaces the policy; revokes bindings it no longer allows. Returns how many.
-    Result<std::size_t> reload(policy::Policy next, const std::string &by);
+    // Replaces the policy; revokes bindings it no longer allows. Returns how many. `by` is the
+    // actor (its uid and pid go in the event), `via` how it asked, in the event's text ("uid N"
+    // over D-Bus, "SIGHUP").
+    Result<std::size_t> reload(policy::Policy next, const Peer &by, const std::string &via);
+    // Journals a privileged action refused to `by` (`kind`: journal::kind::reload_refused or
+    // revoke_refused), coalesced like every refusal. `decision`: not-authorized or
+    // invalid-policy; `binding`: a revoke's argument.
+    void refuse_action(const char *kind, const Peer &by, const std::string &decision,
+                       const std::string &why, const std::optional<std::string> &binding = {});
     // The holder's process exited or its bus connection went away.
     void holder_gone(const std::string &id, const std::string &why);
     // Ends every binding of a bus connection (it disconnected).

@@ -449,7 +449,11 @@ int main(int argc, char **argv) {
         return knod::bus::guarded("signal", nullptr, [&] {
             auto *l = static_cast<Loop *>(ud);
             if (si->ssi_signo == SIGHUP) {
-                auto r = l->service->reload("SIGHUP");
+                // The sender's uid and pid, from the kernel, are the reload's actor.
+                knod::daemon::Peer by;
+                by.uid = si->ssi_uid;
+                by.pid = static_cast<pid_t>(si->ssi_pid);
+                auto r = l->service->reload(by, "SIGHUP");
                 log(r ? "policy reloaded; " + std::to_string(*r) + " binding(s) revoked"
                       : "policy reload refused, keeping the old policy:\n" + r.error().message);
                 return 0;

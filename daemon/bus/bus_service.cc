@@ -364,10 +364,14 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         s->authorizer_.check_admin(
             c, s->manager_->policy().settings,
             [s, done, id = std::string(id), why = std::string(why), peer = *caller](bool admin) {
-                if (!admin)
-                    return done(make_error(Errc::denied,
-                                           "revoking a binding needs root, the admin group, or "
-                                           "polkit action org.knod.policy1.manage"));
+                if (!admin) {
+                    auto denied = make_error(Errc::denied,
+                                             "revoking a binding needs root, the admin group, or "
+                                             "polkit action org.knod.policy1.manage");
+                    s->manager_->refuse_action(journal::kind::revoke_refused, peer,
+                                               "not-authorized", denied.message, id);
+                    return done(denied);
+                }
                 if (why.empty())
                     return done(make_error(Errc::invalid_argument, "reason: say why you revoke"));
                 s->manager_->revoke(id, why, peer, done);
@@ -376,10 +380,14 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
     });
 }
 
-Result<std::size_t> BusService::reload(const std::string &by) {
+Result<std::size_t> BusService::reload(const daemon::Peer &by, const std::string &via) {
     auto next = loader_();
-    if (!next) return next.error();
-    return manager_->reload(std::move(*next), by);
+    if (!next) {
+        manager_->refuse_action(journal::kind::reload_refused, by, "invalid-policy",
+                                via + ": " + next.error().message);
+        return next.error();
+    }
+    return manager_->reload(std::move(*next), by, via);
 }
 
 int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) {
@@ -389,21 +397,25 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "ReloadPolicy"); !t) return fail(err, t.error());
         std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
-        s->authorizer_.check_admin(
-            *c, s->manager_->policy().settings, [s, call, uid = c->uid](bool admin) {
-                if (!admin)
-                    return reply_error(call.get(),
-                                       make_error(Errc::denied,
-                                                  "reloading policy needs root, the admin "
-                                                  "group, or polkit action "
-                                                  "org.knod.policy1.manage"));
-                auto revoked = s->reload("uid " + std::to_string(uid));
-                if (!revoked) return reply_error(call.get(), revoked.error());
-                sd_bus_reply_method_return(
-                    call.get(), "uu",
-                    static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
-                    static_cast<std::uint32_t>(*revoked));
-            });
+        daemon::Peer by;
+        by.uid = c->uid;
+        by.pid = c->pid;
+        by.bus_name = c->sender;
+        s->authorizer_.check_admin(*c, s->manager_->policy().settings, [s, call, by](bool admin) {
+            if (!admin) {
+                auto denied = make_error(Errc::denied, "reloading policy needs root, the admin "
+                                                       "group, or polkit action "
+                                                       "org.knod.policy1.manage");
+                s->manager_->refuse_action(journal::kind::reload_refused, by, "not-authorized",
+                                           denied.message);
+                return reply_error(call.get(), denied);
+            }
+            auto revoked = s->reload(by, "uid " + std::to_string(by.uid));
+            if (!revoked) return reply_error(call.get(), revoked.error());
+            sd_bus_reply_method_return(
+                call.get(), "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
+                static_cast<std::uint32_t>(*revoked));
+        });
         return 1; // replied, or will be
     });
 }

@@ -23,8 +23,9 @@ class BusService : public daemon::BindingEvents {
 
     // Registers the objects and takes the well-known name.
     Result<void> start(daemon::BindingManager &manager);
-    // Reload on SIGHUP: same path as the method, attributed to the signal.
-    Result<std::size_t> reload(const std::string &by);
+    // Reload on SIGHUP: same path as the method, attributed to the signal's sender (`by`);
+    // `via` says how it was asked. A policy that does not load is journaled as refused.
+    Result<std::size_t> reload(const daemon::Peer &by, const std::string &via);
 
     void binding_created(const daemon::Binding &b) override;
     void binding_ended(const daemon::Binding &b, const std::string &why,

@@ -1,7 +1,14 @@
 #include "daemon/journal/reader.h"
 
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 
 namespace knod::journal {
 namespace {
@@ -76,23 +83,72 @@ std::string limit_sql(const Filter &f) {
 
 } // namespace
 
-Result<Database> open_read_only(const std::string &path) {
+struct ReadOnlyJournal::PrivateCopy {
+    std::string dir;
+    ~PrivateCopy() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+    }
+};
+
+Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
+    // Our own open first, so the reason reaches the auditor: a missing file is "no journal", an
+    // unreadable one (or one in an unreadable directory) says so with the system's reason.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ENOENT) return make_error(Errc::not_found, "no journal at " + path);
+        return make_error(Errc::io, "cannot read the journal " + path + ": " + std::strerror(err));
+    }
     struct stat st {};
-    if (stat(path.c_str(), &st) != 0) return make_error(Errc::not_found, "no journal at " + path);
-    bool live = stat((path + "-wal").c_str(), &st) == 0;
-    // A copy (or a cleanly closed journal) is read as immutable: nothing is written beside it.
-    std::string uri = "file:" + path + (live ? "?mode=ro" : "?mode=ro&immutable=1");
-    auto db = Database::open(uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
-    if (!db) return db.error();
+    bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    ::close(fd);
+    if (!regular) return make_error(Errc::invalid_argument, path + " is not a regular file");
+
+    auto exists = [](const std::string &p) {
+        struct stat s {};
+        return ::stat(p.c_str(), &s) == 0;
+    };
+    std::shared_ptr<PrivateCopy> copy;
+    std::string open_path = path, query = "mode=ro";
+    if (!exists(path + "-wal")) {
+        // A copy (or a cleanly closed journal): immutable, nothing is written beside it.
+        query += "&immutable=1";
+    } else if (!exists(path + "-shm")) {
+        // Committed events may sit in the -wal only; immutable would ignore them. Read both from
+        // a private copy, where SQLite may create its -shm.
+        const char *tmp = std::getenv("TMPDIR");
+        std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/knod-audit-XXXXXX";
+        if (!::mkdtemp(templ.data()))
+            return make_error(Errc::io, "a private copy of " + path + " (it has a -wal but no " +
+                                            "-shm): mkdtemp " + templ + ": " +
+                                            std::strerror(errno));
+        copy = std::make_shared<PrivateCopy>();
+        copy->dir = templ;
+        open_path = templ + "/journal.db";
+        std::error_code ec;
+        for (const char *suffix : {"", "-wal"}) {
+            std::filesystem::copy_file(path + suffix, open_path + suffix, ec);
+            if (ec)
+                return make_error(Errc::io, "a private copy of " + path + suffix + " in " + templ +
+                                                ": " + ec.message());
+        }
+    }
+    auto db = Database::open(file_uri(open_path, query), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+    if (!db)
+        return make_error(db.error().code,
+                          "cannot open the journal " + path + ": " + db.error().message);
     auto ok = db->scalar("SELECT count(*) FROM sqlite_master WHERE name IN ('sessions','events')");
-    if (!ok || *ok != 2) return make_error(Errc::corrupt, path + " is not a knod journal");
-    return db;
+    if (!ok)
+        return make_error(Errc::corrupt, path + " is not a knod journal: " + ok.error().message);
+    if (*ok != 2) return make_error(Errc::corrupt, path + " is not a knod journal");
+    return ReadOnlyJournal(std::move(copy), std::move(*db));
 }
 
 Result<JournalReader> JournalReader::open(const std::string &path) {
-    auto db = open_read_only(path);
-    if (!db) return db.error();
-    return JournalReader(std::move(*db));
+    auto j = ReadOnlyJournal::open(path);
+    if (!j) return j.error();
+    return JournalReader(std::move(*j));
 }
 
 Result<void> JournalReader::sessions(const Filter &f,
@@ -105,8 +161,8 @@ Result<void> JournalReader::sessions(const Filter &f,
     w.add("gpu = ?", f.gpu);
     w.add("rule = ?", f.rule);
     w.add("end_reason = ?", f.reason);
-    auto st = db_.prepare(std::string("SELECT ") + session_columns + " FROM sessions" + w.sql() +
-                          " ORDER BY started_us" + limit_sql(f));
+    auto st = j_.db().prepare(std::string("SELECT ") + session_columns + " FROM sessions" +
+                              w.sql() + " ORDER BY started_us" + limit_sql(f));
     if (!st) return st.error();
     w.bind(*st);
     for (;;) {
@@ -128,10 +184,10 @@ Result<void> JournalReader::events(const Filter &f,
     w.add("e.reason = ?", f.reason);
     w.add("e.decision = ?", f.decision);
     w.add("e.kind = ?", f.kind);
-    auto st = db_.prepare("SELECT e.seq, e.at_us, e.kind, e.session_id, e.uid, e.pid, e.rule, "
-                          "e.decision, e.reason, e.detail, e.prev_hash, e.hash FROM events e "
-                          "LEFT JOIN sessions s ON s.id = e.session_id" +
-                          w.sql() + " ORDER BY e.seq" + limit_sql(f));
+    auto st = j_.db().prepare("SELECT e.seq, e.at_us, e.kind, e.session_id, e.uid, e.pid, e.rule, "
+                              "e.decision, e.reason, e.detail, e.prev_hash, e.hash FROM events e "
+                              "LEFT JOIN sessions s ON s.id = e.session_id" +
+                              w.sql() + " ORDER BY e.seq" + limit_sql(f));
     if (!st) return st.error();
     w.bind(*st);
     for (;;) {
@@ -156,7 +212,8 @@ Result<void> JournalReader::events(const Filter &f,
 }
 
 Result<std::optional<Session>> JournalReader::session(const std::string &id) {
-    auto st = db_.prepare(std::string("SELECT ") + session_columns + " FROM sessions WHERE id = ?");
+    auto st =
+        j_.db().prepare(std::string("SELECT ") + session_columns + " FROM sessions WHERE id = ?");
     if (!st) return st.error();
     st->bind(1, id);
     auto row = st->step();
@@ -172,7 +229,7 @@ Result<Report> JournalReader::report(const Filter &f) {
     w.add("at_us < ?", f.until_us);
     // Sessions are counted by their grant event, so the period applies to both tables alike.
     auto tally = [&](const std::string &key_sql, std::vector<Tally> &out) -> Result<void> {
-        auto st = db_.prepare(
+        auto st = j_.db().prepare(
             "SELECT " + key_sql +
             " AS k, sum(kind = 'request-granted'), coalesce(sum(CASE WHEN kind = 'session-ended' "
             "THEN json_extract(detail, '$.rx_bytes') END), 0), sum(CASE WHEN kind = "
@@ -184,24 +241,31 @@ Result<Report> JournalReader::report(const Filter &f) {
             w.sql() + ") WHERE k IS NOT NULL GROUP BY k ORDER BY k");
         if (!st) return st.error();
         w.bind(*st);
-        for (auto row = st->step(); row && *row; row = st->step())
+        for (;;) { // a read error is the caller's error, never a silently shorter report
+            auto row = st->step();
+            if (!row) return row.error();
+            if (!*row) return {};
             out.push_back({st->text(0), st->int64(1), st->int64(2), st->int64(3), st->int64(4)});
-        return {};
+        }
     };
     // A session's events count for its owner (a revoke is done by an admin, but to the owner).
     // Denials include those only counted in a refusals-coalesced event.
     if (auto t = tally("CAST(coalesce(s_uid, uid) AS TEXT)", r.by_user); !t) return t.error();
     if (auto t = tally("coalesce(s_netdev, json_extract(detail, '$.netdev'))", r.by_netdev); !t)
         return t.error();
-    auto st = db_.prepare("SELECT rule, count(*) AS n FROM events" + w.sql() +
-                          (w.sql().empty() ? " WHERE " : " AND ") +
-                          "kind = 'request-denied' AND rule IS NOT NULL GROUP BY rule ORDER BY n "
-                          "DESC, rule LIMIT 10");
+    auto st =
+        j_.db().prepare("SELECT rule, count(*) AS n FROM events" + w.sql() +
+                        (w.sql().empty() ? " WHERE " : " AND ") +
+                        "kind = 'request-denied' AND rule IS NOT NULL GROUP BY rule ORDER BY n "
+                        "DESC, rule LIMIT 10");
     if (!st) return st.error();
     w.bind(*st);
-    for (auto row = st->step(); row && *row; row = st->step())
+    for (;;) {
+        auto row = st->step();
+        if (!row) return row.error();
+        if (!*row) return r;
         r.top_denied_rules.emplace_back(st->text(0), st->int64(1));
-    return r;
+    }
 }
 
 } // namespace knod::journal

@@ -1,8 +1,11 @@
 // Read-only access to a journal for the audit tools: filtered, streaming queries over sessions
 // and events, one session with its events, and a per-user / per-netdev report. Works on the
 // live file without blocking the daemon (WAL readers never block the writer) and on a copy
-// without writing anything: a file with no -wal beside it is opened immutable, so SQLite
-// creates no -wal or -shm files.
+// without writing anything beside it: a file with no -wal beside it is opened immutable, so
+// SQLite creates no -wal or -shm files; a file with a -wal but no -shm (a copy: a live journal
+// always has both) is read from a private temporary copy, because SQLite would otherwise have
+// to create the -shm beside it (impossible on read-only media). Paths are passed to SQLite
+// percent-encoded, so no character in them is URI syntax.
 #pragma once
 
 #include "daemon/journal/records.h"
@@ -10,6 +13,7 @@
 #include "knod/result.h"
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +43,20 @@ struct Report {
     std::vector<std::pair<std::string, std::int64_t>> top_denied_rules;
 };
 
+// A journal opened read-only as described above; removes its private copy, if any, on close.
+class ReadOnlyJournal {
+  public:
+    static Result<ReadOnlyJournal> open(const std::string &path);
+    Database &db() { return db_; }
+
+  private:
+    struct PrivateCopy; // a temporary directory, removed with everything in it
+    ReadOnlyJournal(std::shared_ptr<PrivateCopy> copy, Database db)
+        : copy_(std::move(copy)), db_(std::move(db)) {}
+    std::shared_ptr<PrivateCopy> copy_; // declared first: outlives the connection
+    Database db_;
+};
+
 class JournalReader {
   public:
     static Result<JournalReader> open(const std::string &path);
@@ -50,11 +68,8 @@ class JournalReader {
     Result<Report> report(const Filter &f);
 
   private:
-    explicit JournalReader(Database db) : db_(std::move(db)) {}
-    Database db_;
+    explicit JournalReader(ReadOnlyJournal j) : j_(std::move(j)) {}
+    ReadOnlyJournal j_;
 };
-
-// Opens read-only as described above; shared with chain verification.
-Result<Database> open_read_only(const std::string &path);
 
 } // namespace knod::journal

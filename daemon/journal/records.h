@@ -22,6 +22,10 @@ inline constexpr const char *daemon_start = "daemon-start";
 inline constexpr const char *daemon_stop = "daemon-stop";
 inline constexpr const char *prune = "retention-prune";
 inline constexpr const char *activate_refused = "activate-refused";
+// Privileged actions refused; decision says why (not-authorized: the caller may not;
+// invalid-policy: the policy would not load). Coalesced per uid and kind like every refusal.
+inline constexpr const char *reload_refused = "reload-refused";
+inline constexpr const char *revoke_refused = "revoke-refused";
 inline constexpr const char *rate_limited = "rate-limited"; // a call over the per-uid rate limit
 // How many refusals of one uid and kind were counted, not journaled one by one, in a window.
 inline constexpr const char *coalesced = "refusals-coalesced";

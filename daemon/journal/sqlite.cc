@@ -1,5 +1,7 @@
 #include "daemon/journal/sqlite.h"
 
+#include <cctype>
+
 namespace knod::journal {
 namespace {
 
@@ -21,6 +23,24 @@ Errc code_for(int rc) {
 }
 
 } // namespace
+
+std::string file_uri(const std::string &path, const std::string &query) {
+    static constexpr char hex[] = "0123456789ABCDEF";
+    // "file:" then the path; an absolute one gets an empty authority ("file:///x") so a path
+    // starting with "//" is not read as a host name.
+    std::string out = path.starts_with('/') ? "file://" : "file:";
+    for (unsigned char c : path) {
+        if (std::isalnum(c) || c == '/' || c == '.' || c == '_' || c == '~' || c == '-') {
+            out += static_cast<char>(c);
+        } else {
+            out += '%';
+            out += hex[c >> 4];
+            out += hex[c & 0xf];
+        }
+    }
+    if (!query.empty()) out += "?" + query;
+    return out;
+}
 
 Result<Database> Database::open(const std::string &path, int flags) {
     sqlite3 *db = nullptr;

@@ -15,6 +15,11 @@ namespace knod::journal {
 
 class Statement;
 
+// A SQLite "file:" URI naming exactly `path`: every byte but [A-Za-z0-9/._~-] percent-encoded,
+// so '%', '?' and '#' in a file name are part of the name, not URI syntax. `query` (like
+// "mode=ro") is appended as is.
+std::string file_uri(const std::string &path, const std::string &query = {});
+
 class Database {
   public:
     static Result<Database> open(const std::string &path, int flags);

@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -25,12 +28,30 @@ struct Anchor {
     std::string hash;
 };
 
-std::optional<Anchor> read_anchor(const std::string &path) {
+// The anchor file as the daemon writes it: {"seq": N, "hash": "<64 hex digits>"}. Absent is
+// nullopt; anything else that is not exactly that is an error naming the file.
+Result<std::optional<Anchor>> read_anchor(const std::string &path) {
     std::ifstream in(path);
-    if (!in) return std::nullopt;
+    if (!in) {
+        if (errno == ENOENT) return std::optional<Anchor>();
+        return make_error(Errc::io,
+                          "cannot read the anchor file " + path + ": " + std::strerror(errno));
+    }
+    auto bad = [&](const std::string &why) {
+        return make_error(Errc::corrupt, "the anchor file " + path + " is malformed: " + why);
+    };
     auto j = nlohmann::json::parse(in, nullptr, false);
-    if (!j.is_object() || !j.contains("seq") || !j.contains("hash")) return Anchor{-1, {}};
-    return Anchor{j["seq"].get<std::int64_t>(), j["hash"].get<std::string>()};
+    if (!j.is_object()) return bad("not a JSON object");
+    auto seq = j.find("seq");
+    auto hash = j.find("hash");
+    if (seq == j.end() || !seq->is_number_integer() || seq->get<std::int64_t>() < 1)
+        return bad("\"seq\" is not a positive integer");
+    if (hash == j.end() || !hash->is_string()) return bad("\"hash\" is not a string");
+    auto h = hash->get<std::string>();
+    if (h.size() != 64 || !std::all_of(h.begin(), h.end(),
+                                       [](char c) { return std::isxdigit(c) && !std::isupper(c); }))
+        return bad("\"hash\" is not 64 lowercase hex digits");
+    return std::optional<Anchor>(Anchor{seq->get<std::int64_t>(), h});
 }
 
 // Checkpoints left by retention: the last pruned event's seq -> its hash.
@@ -41,19 +62,22 @@ Result<std::map<std::int64_t, Hash>> read_checkpoints(Database &db) {
     if (*has == 0) return out;
     auto st = db.prepare("SELECT seq, hash FROM checkpoints");
     if (!st) return st.error();
-    for (auto row = st->step(); row && *row; row = st->step()) {
+    for (;;) {
+        auto row = st->step();
+        if (!row) return row.error();
+        if (!*row) return out;
         Hash h{};
         if (to_hash(st->blob(1), h)) out[st->int64(0)] = h;
     }
-    return out;
 }
 
 } // namespace
 
 Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress,
-                                  const std::string &anchor_file) {
-    auto db = open_read_only(path);
-    if (!db) return db.error();
+                                  const std::string &anchor_file, AnchorUse use) {
+    auto journal = ReadOnlyJournal::open(path);
+    if (!journal) return journal.error();
+    Database *db = &journal->db();
     // One read transaction, so a live daemon appending meanwhile does not move the ground.
     if (auto r = db->exec("BEGIN"); !r) return std::move(r).error().context(path);
     auto total = db->scalar("SELECT count(*) FROM events");
@@ -65,9 +89,14 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
     if (!st) return st.error();
 
     std::string anchor_path_used = anchor_file.empty() ? anchor_path(path) : anchor_file;
-    auto anchor = read_anchor(anchor_path_used);
-    if (!anchor && !anchor_file.empty())
-        return make_error(Errc::not_found, "no anchor file " + anchor_file);
+    std::optional<Anchor> anchor;
+    if (use != AnchorUse::ignore) {
+        auto read = read_anchor(anchor_path_used);
+        if (!read) return read.error();
+        if (!*read && !anchor_file.empty())
+            return make_error(Errc::not_found, "no anchor file " + anchor_file);
+        anchor = *read;
+    }
 
     VerifyReport report;
     report.total_events = *total;
@@ -160,9 +189,7 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
     if (report.ok && anchor) {
         std::int64_t last = expected - 1;
         report.anchor_seq = anchor->seq;
-        if (anchor->seq < 0) {
-            fail(last + 1, "the anchor file " + anchor_path_used + " is unreadable");
-        } else if (anchor->seq > last) {
+        if (anchor->seq > last) {
             fail(last + 1, "the journal ends at event " + std::to_string(last) +
                                " but its anchor (" + anchor_path_used + ") records event " +
                                std::to_string(anchor->seq) + ": the tail was removed (truncated)");
@@ -172,6 +199,13 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
         } else {
             report.anchor_checked = anchor->seq >= report.first_seq;
         }
+    } else if (report.ok && use == AnchorUse::require) {
+        // The daemon writes the anchor after every commit that adds events; without it a
+        // truncated tail looks like a whole chain. A copy taken without it needs --no-anchor.
+        fail(expected, "no anchor file " + anchor_path_used +
+                           " beside the journal: a truncated tail could not be found (deleted "
+                           "anchor?); copy the anchor with the journal, name it with --anchor, "
+                           "or check the chain alone with --no-anchor");
     }
     return report;
 }

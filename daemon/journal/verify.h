@@ -22,13 +22,21 @@ struct VerifyReport {
     std::int64_t anchor_seq = 0;
 };
 
+// How verify treats the anchor beside the journal.
+enum class AnchorUse {
+    require, // a missing anchor is a failure: it is what finds a truncated tail
+    ignore,  // the chain alone (--no-anchor): a truncated tail goes unnoticed
+};
+
 // `progress(done, total)` is called now and then for long journals.
 using VerifyProgress = std::function<void(std::int64_t done, std::int64_t total)>;
 
 // `anchor`: a file holding the chain head as the daemon last wrote it (see anchor_path());
-// empty means the default beside the database, if it exists. A journal that ends before the
-// anchor's event was truncated; one whose event differs from the anchor was rewritten.
+// empty means the default beside the database. A journal that ends before the anchor's event
+// was truncated; one whose event differs from the anchor was rewritten; with AnchorUse::require
+// a missing anchor is a failure. A malformed or unreadable anchor file is an error.
 Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {},
-                                  const std::string &anchor = {});
+                                  const std::string &anchor = {},
+                                  AnchorUse use = AnchorUse::require);
 
 } // namespace knod::journal

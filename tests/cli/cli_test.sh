@@ -2,7 +2,7 @@
 # knod-policy CLI end to end: check, explain and audit verify as a person runs them.
 # Usage: cli_test.sh KNOD_POLICY JOURNAL_FILL SOURCE_DIR
 set -u
-cli=$1 fill=$2 src=$3
+cli=$(readlink -f "$1") fill=$2 src=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
@@ -134,12 +134,105 @@ sqlite3 "$work/t.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE se
 [ "$rc" -eq 1 ] && grep -q "truncated" "$work/out" && ok "audit verify finds a truncated tail" || { not_ok "truncated tail: exit $rc"; cat "$work/out"; }
 
 # A copy in a read-only folder: every command works and nothing is written beside it.
-mkdir "$work/ro"; cp "$work/j.db" "$work/ro/journal.db"; chmod 555 "$work/ro"
+mkdir "$work/ro"; cp "$work/j.db" "$work/ro/journal.db"; cp "$work/j.db.anchor" "$work/ro/journal.db.anchor"; chmod 555 "$work/ro"
 for sub in "sessions" "events --csv" "report" "verify"; do
     "$cli" audit $sub --db "$work/ro/journal.db" >/dev/null 2>&1 || not_ok "audit $sub on a read-only copy"
 done
-[ "$(ls -A "$work/ro")" = "journal.db" ] && ok "a read-only copy stays untouched" || { not_ok "files appeared: $(ls -A "$work/ro")"; }
+[ "$(ls -A "$work/ro" | tr '\n' ' ')" = "journal.db journal.db.anchor " ] && ok "a read-only copy stays untouched" || { not_ok "files appeared: $(ls -A "$work/ro")"; }
 chmod 755 "$work/ro"
+
+# Exit codes (#16, 4): 0 intact, 1 tampered, 2 unreadable or bad input with the reason; with
+# --json a JSON object with "error" even then.
+jerr() { py 'import json,sys; d=json.load(open(sys.argv[1])); assert isinstance(d, dict) and d["error"], d' "$1"; }
+for sub in "verify" "sessions" "events" "report" "show b1"; do
+    # shellcheck disable=SC2086
+    "$cli" audit $sub --json --db "$work/nonexistent.db" >"$work/out.json" 2>"$work/err"; rc=$?
+    [ "$rc" -eq 2 ] && jerr "$work/out.json" && grep -q "no journal at" "$work/err" \
+        && ok "audit $sub --json on a missing journal: exit 2 and {\"error\"}" || { not_ok "audit $sub --json missing (exit $rc)"; cat "$work/out.json" "$work/err"; }
+done
+"$cli" audit events --json --db "$work/j.db" --limit many >"$work/out.json" 2>/dev/null; rc=$?
+[ "$rc" -eq 2 ] && jerr "$work/out.json" && ok "audit events --json with a bad option: exit 2 and {\"error\"}" || { not_ok "bad option --json (exit $rc)"; cat "$work/out.json"; }
+"$cli" audit verify --json --db "$src/README.md" >"$work/out.json" 2>/dev/null; rc=$?
+[ "$rc" -eq 2 ] && jerr "$work/out.json" && ok "audit verify --json on a non-journal: exit 2 and {\"error\"}" || { not_ok "verify --json non-journal (exit $rc)"; cat "$work/out.json"; }
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
+    # An auditor who may not read the journal (a 0700 state dir, a 0600 file) is told so: exit 2
+    # with the system's reason, never "no journal" or the tampered code.
+    install -m 0755 "$cli" "$work/knod-policy-audit" && chmod 0755 "$work"
+    mkdir -m 0700 "$work/state"; cp "$work/j.db" "$work/state/journal.db"
+    mkdir -m 0755 "$work/open"; install -m 0600 "$work/j.db" "$work/open/journal.db"
+    for db in "$work/state/journal.db" "$work/open/journal.db"; do
+        for sub in "verify" "sessions"; do
+            setpriv --reuid=65534 --regid=65534 --clear-groups "$work/knod-policy-audit" audit $sub --json --db "$db" >"$work/out.json" 2>"$work/err"; rc=$?
+            [ "$rc" -eq 2 ] && jerr "$work/out.json" && grep -q "Permission denied" "$work/err" && ! grep -q "no journal" "$work/err" \
+                && ok "audit $sub on an unreadable ${db#"$work"/}: exit 2, says permission denied" || { not_ok "audit $sub unreadable ${db#"$work"/} (exit $rc)"; cat "$work/out.json" "$work/err"; }
+        done
+    done
+fi
+
+# Paths are file names, never URIs (#16, 4): '%41', '#' and '?' in --db name exactly that file.
+# Each tampered journal has an intact neighbour that the URI reading would have opened instead.
+mkdir "$work/paths"
+sqlite3_tampered() { cp "$work/j.db" "$1"; cp "$work/j.db.anchor" "$1.anchor"
+    sqlite3 "$1" "DROP TRIGGER events_no_update; UPDATE events SET reason='release' WHERE seq=7"; }
+for pair in "a%41b.db:aAb.db" "j#x.db:j" "q?x.db:q" "sp ace%2F.db:sp ace/.db"; do
+    name=${pair%%:*} neighbour=${pair#*:}
+    mkdir -p "$(dirname "$work/paths/$neighbour")"
+    cp "$work/j.db" "$work/paths/$neighbour"; cp "$work/j.db.anchor" "$work/paths/$neighbour.anchor"
+    sqlite3_tampered "$work/paths/$name"
+    "$cli" audit verify --db "$work/paths/$name" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 1 ] && grep -q "first bad event 7:" "$work/out" && ok "audit verify --db '$name' reads that file" || { not_ok "audit verify --db '$name' (exit $rc)"; cat "$work/out"; }
+    n=$("$cli" audit events --json --db "$work/paths/$name" --kind request-granted | py 'import json,sys; print(len(json.load(sys.stdin)))')
+    [ "$n" = 20 ] && ok "audit events --db '$name' reads that file" || not_ok "audit events --db '$name': $n"
+done
+(cd "$work/paths" && "$cli" audit verify --db "a%41b.db" >/dev/null 2>&1); rc=$?
+[ "$rc" -eq 1 ] && ok "a relative --db with '%41' names that file" || not_ok "relative '%41' path (exit $rc)"
+
+# A copy with a -wal but no -shm (cp of a live journal's two files): the -wal is read (a change
+# that is only there counts), and nothing is created beside it, on read-only media too.
+wal_copy() { # wal_copy DIR SQL: DIR/journal.db + -wal holding SQL's change, no -shm
+    mkdir -p "$1"; cp "$work/j.db" "$work/wal-src.db"; cp "$work/j.db.anchor" "$1/journal.db.anchor"
+    py 'import sqlite3,shutil,sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("PRAGMA journal_mode=WAL"); c.execute("PRAGMA wal_autocheckpoint=0")
+c.executescript(sys.argv[3])
+shutil.copy(sys.argv[1], sys.argv[2] + "/journal.db"); shutil.copy(sys.argv[1] + "-wal", sys.argv[2] + "/journal.db-wal")
+c.close()' "$work/wal-src.db" "$1" "$2"
+    rm -f "$work/wal-src.db" "$work/wal-src.db-wal" "$work/wal-src.db-shm"; }
+wal_copy "$work/wal-ok" "CREATE TABLE scratch (x); INSERT INTO scratch VALUES (1);"
+wal_copy "$work/wal-bad" "DROP TRIGGER events_no_update; UPDATE events SET reason='release' WHERE seq=9;"
+[ -s "$work/wal-ok/journal.db-wal" ] && [ ! -e "$work/wal-ok/journal.db-shm" ] || not_ok "the -wal copy fixture has no -wal or has a -shm"
+expect_rc 0 "audit verify passes a -wal copy with no -shm" -- "$cli" audit verify --db "$work/wal-ok/journal.db"
+"$cli" audit verify --db "$work/wal-bad/journal.db" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 1 ] && grep -q "first bad event 9:" "$work/out" && ok "audit verify reads the -wal of a copy (an edit only there is found)" || { not_ok "-wal edit (exit $rc)"; cat "$work/out"; }
+for d in wal-ok wal-bad; do
+    [ "$(ls -A "$work/$d" | tr '\n' ' ')" = "journal.db journal.db-wal journal.db.anchor " ] && ok "nothing created beside $d" || not_ok "files appeared beside $d: $(ls -A "$work/$d")"
+done
+if [ "$(id -u)" -eq 0 ] && unshare -m true 2>/dev/null; then
+    wal_copy "$work/wal-ro" "CREATE TABLE scratch (x);"
+    unshare -m sh -c 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && exec "$2" audit verify --db "$1/journal.db"' - "$work/wal-ro" "$cli" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 0 ] && ok "audit verify passes a -wal copy on a read-only bind mount" || { not_ok "-wal copy on a read-only mount (exit $rc)"; cat "$work/out"; }
+fi
+
+# The anchor (#16, 2): without it a truncated tail looks whole, so a missing one is a failure
+# unless --no-anchor; a malformed one is a clear error (exit 2), never an abort.
+mkdir "$work/anc"; cp "$work/j.db" "$work/anc/t.db"
+sqlite3 "$work/anc/t.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq > 37"
+"$cli" audit verify --db "$work/anc/t.db" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 1 ] && grep -q "no anchor file" "$work/out" && ok "audit verify fails a truncated journal whose anchor was deleted" || { not_ok "deleted anchor (exit $rc)"; cat "$work/out"; }
+"$cli" audit verify --json --db "$work/anc/t.db" >"$work/out.json" 2>/dev/null; rc=$?
+py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and "anchor" in d["problem"], d' "$work/out.json" && [ "$rc" -eq 1 ] \
+    && ok "audit verify --json says the anchor is missing" || { not_ok "deleted anchor --json (exit $rc)"; cat "$work/out.json"; }
+"$cli" audit verify --no-anchor --db "$work/anc/t.db" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 0 ] && grep -q "not checked (--no-anchor)" "$work/out" && ok "audit verify --no-anchor checks the chain alone, and says what it skipped" || { not_ok "--no-anchor (exit $rc)"; cat "$work/out"; }
+cp "$work/j.db" "$work/anc/m.db"
+for bad in 'garbage' '{"seq": "x", "hash": 1}' '{"seq": 40}' '{"seq": 40, "hash": "zz"}' '[]' ''; do
+    printf '%s' "$bad" >"$work/anc/m.db.anchor"
+    "$cli" audit verify --db "$work/anc/m.db" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 2 ] && grep -q "anchor file .* is malformed" "$work/out" && ok "a malformed anchor '$bad' is exit 2 with the reason" || { not_ok "malformed anchor '$bad' (exit $rc)"; cat "$work/out"; }
+done
+"$cli" audit verify --json --db "$work/anc/m.db" >"$work/out.json" 2>/dev/null; rc=$?
+[ "$rc" -eq 2 ] && jerr "$work/out.json" && ok "a malformed anchor with --json is {\"error\"}" || { not_ok "malformed anchor --json (exit $rc)"; cat "$work/out.json"; }
+expect_rc 2 "--anchor naming a missing file is exit 2" -- "$cli" audit verify --db "$work/j.db" --anchor "$work/anc/none"
 
 # Output injection: other users' bytes in the journal (a unit named like a spreadsheet formula,
 # an executable path with terminal escapes, one that is not UTF-8) reach no terminal raw, CSV

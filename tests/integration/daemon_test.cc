@@ -255,6 +255,58 @@ TEST_F(DaemonTest, BrokenPolicyOnReloadKeepsTheOldOne) {
     EXPECT_TRUE(request(c).ok()) << "the old policy still grants";
 }
 
+// #16, 3: refusals of privileged actions are journaled with the actor's uid and pid, and a
+// reload names its actor in fields, not only in text.
+TEST_F(DaemonTest, RefusedPrivilegedActionsAreJournaledWithTheActor) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    auto events = [&](const std::string &kind, const std::string &cols) {
+        return sb().sql("SELECT " + cols + " FROM events WHERE kind = '" + kind + "' ORDER BY seq");
+    };
+    // Users who may not: uid 65534 asks to reload and to revoke root's binding.
+    Output o = sb().run_client({"reload"}, 65534);
+    EXPECT_NE(o.out.find("Error.Denied"), std::string::npos) << o.out;
+    o = sb().run_client({"revoke", g->id, "not yours"}, 65534);
+    EXPECT_NE(o.out.find("Error.Denied"), std::string::npos) << o.out;
+    EXPECT_TRUE(eventually([&] {
+        return events("reload-refused", "uid, decision") == "65534|not-authorized" &&
+               events("revoke-refused", "uid, decision, json_extract(detail, '$.binding')") ==
+                   "65534|not-authorized|" + g->id;
+    })) << events("reload-refused", "*")
+        << "\n"
+        << events("revoke-refused", "*");
+    EXPECT_NE(events("reload-refused", "pid"), "") << "the actor's pid is a field";
+
+    // A policy that does not load, over D-Bus and by SIGHUP (the signal's sender is the actor).
+    sb().write_policy("[[rule]]\nname = \"x\"\nflows = [\"udp 10.0.0.0/33:* -> *\"]\n");
+    ASSERT_FALSE(c.reload().ok());
+    std::string me = std::to_string(getpid());
+    ASSERT_EQ(kill(sb().daemon_pid(), SIGHUP), 0);
+    EXPECT_TRUE(eventually([&] {
+        return events("reload-refused", "uid, decision") ==
+               "65534|not-authorized\n0|invalid-policy\n0|invalid-policy";
+    })) << events("reload-refused", "*");
+    EXPECT_EQ(sb().sql("SELECT group_concat(pid) FROM events WHERE kind = 'reload-refused' AND "
+                       "uid = 0"),
+              me + "," + me)
+        << "the D-Bus caller's and the signal sender's pid";
+    EXPECT_NE(events("reload-refused", "reason").find("SIGHUP: "), std::string::npos)
+        << events("reload-refused", "reason");
+
+    // A reload that succeeds carries its actor as fields too.
+    sb().write_policy(R"([[rule]]
+name = "any"
+max_region = "1MiB"
+flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-9999"]
+iommu = "any"
+)");
+    ASSERT_TRUE(c.reload().ok());
+    EXPECT_TRUE(eventually([&] { return events("policy-reload", "uid, pid") == "0|" + me; }))
+        << events("policy-reload", "*");
+    EXPECT_TRUE(c.list()->size() == 1u) << "nothing was revoked by the refused attempts";
+}
+
 TEST_F(DaemonTest, ReloadRevokesWhatTheNewPolicyForbids) {
     auto c = sb().client();
     auto keep = request(c, "udp 10.99.0.1:* -> 10.99.0.2:5000");

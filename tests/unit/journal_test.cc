@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 using namespace knod;
@@ -474,9 +475,105 @@ TEST_F(JournalTest, ACopyIsReadWithoutWritingAnything) {
                      return true;
                  }).ok());
     EXPECT_EQ(n, 5);
-    auto v = verify_chain((copy_dir / "journal.db").string());
+    auto v = verify_chain((copy_dir / "journal.db").string(), {}, {}, AnchorUse::ignore);
     ASSERT_TRUE(v.ok());
     EXPECT_TRUE(v->ok);
     EXPECT_EQ(std::distance(fs::directory_iterator(copy_dir), fs::directory_iterator{}), 1)
         << "no -wal, -shm or anything else appeared beside the copy";
+}
+
+TEST_F(JournalTest, AMissingAnchorFailsUnlessIgnored) {
+    write_events(6);
+    tamper("DELETE FROM events WHERE seq > 4");
+    fs::remove(anchor_path(path_)); // hides the truncation from the chain alone
+    VerifyReport r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.problem.find("no anchor file"), std::string::npos) << r.problem;
+    auto alone = verify_chain(path_, {}, {}, AnchorUse::ignore);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_TRUE(alone->ok) << alone->problem;
+    EXPECT_FALSE(alone->anchor_checked);
+}
+
+// The limit docs/audit.md states: rolling back the database and its anchor together leaves a
+// consistent older journal, which verifies; only a head kept out of reach (--anchor) finds it.
+TEST_F(JournalTest, ARollbackOfDatabaseAndAnchorNeedsAnAnchorKeptElsewhere) {
+    write_events(5);
+    fs::copy_file(path_, dir_ / "old.db");
+    fs::copy_file(anchor_path(path_), dir_ / "old.anchor");
+    write_events(5); // appends: events 6-10
+    std::string offhost = (dir_ / "offhost.anchor").string();
+    fs::copy_file(anchor_path(path_), offhost);
+    fs::copy_file(dir_ / "old.db", path_, fs::copy_options::overwrite_existing);
+    fs::copy_file(dir_ / "old.anchor", anchor_path(path_), fs::copy_options::overwrite_existing);
+    VerifyReport local = verify();
+    EXPECT_TRUE(local.ok) << "the documented limit of a keyless chain: " << local.problem;
+    EXPECT_EQ(local.events_checked, 5);
+    auto kept = verify_chain(path_, {}, offhost);
+    ASSERT_TRUE(kept.ok()) << kept.error().message;
+    EXPECT_FALSE(kept->ok);
+    EXPECT_NE(kept->problem.find("truncated"), std::string::npos) << kept->problem;
+}
+
+TEST_F(JournalTest, AMalformedAnchorIsAnErrorNotACrash) {
+    write_events(3);
+    for (const char *text : {"", "{", "[]", R"({"seq": "3", "hash": "00"})", R"({"seq": 3})",
+                             R"({"seq": 3, "hash": 7})", R"({"seq": -1, "hash": "00"})",
+                             R"({"seq": 3, "hash": "not hex"})"}) {
+        std::ofstream(anchor_path(path_), std::ios::trunc) << text;
+        auto r = verify_chain(path_);
+        ASSERT_FALSE(r.ok()) << text;
+        EXPECT_EQ(r.error().code, Errc::corrupt) << text;
+        EXPECT_NE(r.error().message.find("malformed"), std::string::npos) << r.error().message;
+    }
+}
+
+TEST_F(JournalTest, PathsAreFileNamesNotUris) {
+    EXPECT_EQ(file_uri("/a b/c%41#?.db", "mode=ro"), "file:///a%20b/c%2541%23%3F.db?mode=ro");
+    EXPECT_EQ(file_uri("//x"), "file:////x");
+    EXPECT_EQ(file_uri("rel:x"), "file:rel%3Ax");
+    // A journal whose name holds URI syntax is read, and its intact neighbour (the file the
+    // URI reading names) is not.
+    write_events(3);
+    std::string odd = (dir_ / "j%41#x?y.db").string();
+    fs::copy_file(path_, odd);
+    fs::copy_file(anchor_path(path_), anchor_path(odd));
+    auto db = Database::open(odd, SQLITE_OPEN_READWRITE);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE(
+        db->exec("DROP TRIGGER events_no_update; UPDATE events SET uid = 1 WHERE seq = 2").ok());
+    auto r = verify_chain(odd);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->first_bad_seq, 2);
+}
+
+TEST_F(JournalTest, AnUnreadableJournalSaysWhy) {
+    auto r = JournalReader::open((dir_ / "none.db").string());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, Errc::not_found);
+    auto d = JournalReader::open(dir_.string());
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.error().message.find("not a regular file"), std::string::npos) << d.error().message;
+}
+
+TEST_F(JournalTest, AWalWithoutShmIsReadAndNothingIsCreatedBesideIt) {
+    write_events(4);
+    fs::path copy_dir = dir_ / "copy";
+    fs::create_directories(copy_dir);
+    std::string copy = (copy_dir / "journal.db").string();
+    {
+        // An edit that lives only in the -wal, copied as cp would copy a live journal.
+        auto db = std::move(Database::open(path_, SQLITE_OPEN_READWRITE)).value();
+        ASSERT_TRUE(db.exec("PRAGMA wal_autocheckpoint=0; DROP TRIGGER events_no_update; "
+                            "UPDATE events SET uid = 5 WHERE seq = 3")
+                        .ok());
+        fs::copy_file(path_, copy);
+        fs::copy_file(path_ + "-wal", copy + "-wal");
+        fs::copy_file(anchor_path(path_), anchor_path(copy));
+    }
+    auto r = verify_chain(copy);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->first_bad_seq, 3) << "the -wal was read";
+    EXPECT_EQ(std::distance(fs::directory_iterator(copy_dir), fs::directory_iterator{}), 3)
+        << "no -shm appeared beside the copy";
 }
