@@ -26,9 +26,11 @@ had_user=$(getent passwd knod-policy >/dev/null && echo yes || echo no)
 had_group=$(getent group knod-audit >/dev/null && echo yes || echo no)
 had_render=$(getent group render >/dev/null && echo yes || echo no)
 had_state=$([ -e /var/lib/knod-policy ] && echo yes || echo no)
+had_pins=$([ -e /sys/fs/bpf/knod ] && echo yes || echo no) # tmpfiles.d makes it at install
 cleanup() {
     dpkg --purge knod-policy >/dev/null 2>&1
     [ "$had_state" = yes ] || rm -rf /var/lib/knod-policy
+    [ "$had_pins" = yes ] || rmdir /sys/fs/bpf/knod 2>/dev/null
     [ "$had_user" = yes ] || userdel knod-policy 2>/dev/null
     [ "$had_group" = yes ] || groupdel knod-audit 2>/dev/null
     [ "$had_user" = yes ] || groupdel knod-policy 2>/dev/null
