@@ -42,11 +42,6 @@ max_region = "1GiB"
 flows = ["udp 10.20.0.0/16:* -> 10.20.1.10:5000"]
 )";
 
-std::string slurp(const std::string &path) {
-    std::ifstream in(path);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 } // namespace
 
 TEST(HardwareDriver, AutoPicksKnodAndTheHostReportCarriesTheMachine) {

@@ -26,13 +26,6 @@ namespace {
 
 const char *flow = "udp 10.99.0.1:* -> 10.99.0.2:5000";
 
-std::string read_file(const std::string &path) {
-    std::ifstream in(path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
 std::string unique(const char *stem) {
     return stem + std::to_string(getpid() % 100000);
 }
@@ -236,6 +229,21 @@ sd_bus *open_bus(const std::string &address) {
     return bus;
 }
 
+// A RequestBinding for `flow` on the default sim names, built by hand (the tests below send it
+// and then leave, or call it with a short timeout). Null when sd-bus could not build it.
+sd_bus_message *request_message(sd_bus *bus, int region_fd) {
+    sd_bus_message *m = nullptr;
+    const char *flows[] = {flow, nullptr};
+    if (sd_bus_message_new_method_call(bus, &m, "org.knod.Policy1", "/org/knod/Policy1",
+                                       "org.knod.Policy1.Manager", "RequestBinding") < 0)
+        return nullptr;
+    if (sd_bus_message_append(m, "ssshtt", "knodsim0", "sim0", "rx-only", region_fd,
+                              std::uint64_t{0}, std::uint64_t{4096}) < 0 ||
+        sd_bus_message_append_strv(m, const_cast<char **>(flows)) < 0)
+        return sd_bus_message_unref(m);
+    return m;
+}
+
 } // namespace
 
 // Item 1: a caller that sends RequestBinding and closes its connection before the reply leaves
@@ -255,15 +263,8 @@ TEST_F(ControlPlane, DisconnectDuringGrantLeavesNoOrphan) {
         sd_bus_message_unref(reply);
         sd_bus_error_free(&error);
         int fd = make_region(4096);
-        sd_bus_message *m = nullptr;
-        ASSERT_GE(sd_bus_message_new_method_call(bus, &m, "org.knod.Policy1", "/org/knod/Policy1",
-                                                 "org.knod.Policy1.Manager", "RequestBinding"),
-                  0);
-        ASSERT_GE(sd_bus_message_append(m, "ssshtt", "knodsim0", "sim0", "rx-only", fd,
-                                        std::uint64_t{0}, std::uint64_t{4096}),
-                  0);
-        const char *flows[] = {flow, nullptr};
-        ASSERT_GE(sd_bus_message_append_strv(m, const_cast<char **>(flows)), 0);
+        sd_bus_message *m = request_message(bus, fd);
+        ASSERT_NE(m, nullptr);
         ASSERT_GE(sd_bus_send(bus, m, nullptr), 0);
         sd_bus_message_unref(m);
         sd_bus_flush_close_unref(bus); // gone before the reply
@@ -296,17 +297,8 @@ TEST_F(ControlPlane, DisconnectDuringGrantLeavesNoOrphan) {
 TEST_F(ControlPlane, LockedJournalNeverStallsTheLoop) {
     auto c = sandbox_->client();
     ASSERT_TRUE(eventually([&] { return c.status()->journal_available; }));
-    // The locker says "locked" only once its BEGIN IMMEDIATE went through (-bail: a failed one
-    // ends it).
-    std::string said = sandbox_->dir() + "/locker.out";
-    FILE *locker =
-        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
-    ASSERT_NE(locker, nullptr);
-    fputs(".timeout 10000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
-    fflush(locker);
-    ASSERT_TRUE(
-        eventually([&] { return read_file(said).find("locked") != std::string::npos; }, 10000))
-        << read_file(said);
+    JournalLock lock(*sandbox_);
+    ASSERT_TRUE(lock.held()) << lock.output();
 
     sd_bus *bus = open_bus(sandbox_->address());
     ASSERT_NE(bus, nullptr);
@@ -341,8 +333,7 @@ TEST_F(ControlPlane, LockedJournalNeverStallsTheLoop) {
         usleep(200000);
     }
     grant.join();
-    fputs("COMMIT;\n", locker);
-    pclose(locker);
+    lock.release();
     // Recovered by itself: a grant succeeds again.
     EXPECT_TRUE(eventually(
         [&] {
@@ -448,14 +439,8 @@ TEST_F(ControlPlane, RenewRefusalsAreCoalesced) {
 TEST_F(ControlPlane, AfterAJournalFailureRequestsAreRefusedAtOnce) {
     auto c = sandbox_->client();
     ASSERT_TRUE(eventually([&] { return c.status()->journal_available; }));
-    std::string said = sandbox_->dir() + "/locker.out";
-    FILE *locker =
-        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
-    ASSERT_NE(locker, nullptr);
-    fputs(".timeout 10000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
-    fflush(locker);
-    ASSERT_TRUE(
-        eventually([&] { return read_file(said).find("locked") != std::string::npos; }, 10000));
+    JournalLock lock(*sandbox_);
+    ASSERT_TRUE(lock.held()) << lock.output();
     int fd = make_region(4096);
     auto first = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
     ASSERT_FALSE(first.ok());
@@ -464,16 +449,9 @@ TEST_F(ControlPlane, AfterAJournalFailureRequestsAreRefusedAtOnce) {
     sd_bus *bus = open_bus(sandbox_->address());
     ASSERT_NE(bus, nullptr);
     sd_bus_set_method_call_timeout(bus, 2'000'000);
-    sd_bus_message *m = nullptr, *reply = nullptr;
+    sd_bus_message *m = request_message(bus, fd), *reply = nullptr;
+    ASSERT_NE(m, nullptr);
     sd_bus_error error = SD_BUS_ERROR_NULL;
-    ASSERT_GE(sd_bus_message_new_method_call(bus, &m, "org.knod.Policy1", "/org/knod/Policy1",
-                                             "org.knod.Policy1.Manager", "RequestBinding"),
-              0);
-    ASSERT_GE(sd_bus_message_append(m, "ssshtt", "knodsim0", "sim0", "rx-only", fd,
-                                    std::uint64_t{0}, std::uint64_t{4096}),
-              0);
-    const char *flows[] = {flow, nullptr};
-    ASSERT_GE(sd_bus_message_append_strv(m, const_cast<char **>(flows)), 0);
     int r = sd_bus_call(bus, m, 0, &error, &reply);
     EXPECT_LT(r, 0);
     EXPECT_STREQ(error.name, "org.knod.Policy1.Error.JournalUnavailable")
@@ -482,8 +460,7 @@ TEST_F(ControlPlane, AfterAJournalFailureRequestsAreRefusedAtOnce) {
     sd_bus_message_unref(reply);
     sd_bus_message_unref(m);
     sd_bus_flush_close_unref(bus);
-    fputs("COMMIT;\n", locker);
-    pclose(locker);
+    lock.release();
     // The refused grant is journaled once the disk is back, and grants resume by themselves.
     EXPECT_TRUE(eventually(
         [&] {
@@ -500,14 +477,8 @@ TEST_F(ControlPlane, AfterAJournalFailureRequestsAreRefusedAtOnce) {
 // A caller whose process exits while its grant is in flight, its connection kept open by a
 // child, is not handed the key: the grant ends as process-exit.
 TEST_F(ControlPlane, NoKeyForAProcessThatExitedDuringItsGrant) {
-    std::string said = sandbox_->dir() + "/locker.out";
-    FILE *locker =
-        popen(("sqlite3 -bail " + sandbox_->journal() + " >" + said + " 2>&1").c_str(), "w");
-    ASSERT_NE(locker, nullptr);
-    fputs(".timeout 10000\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", locker);
-    fflush(locker);
-    ASSERT_TRUE(
-        eventually([&] { return read_file(said).find("locked") != std::string::npos; }, 10000));
+    JournalLock lock(*sandbox_);
+    ASSERT_TRUE(lock.held()) << lock.output();
     int out[2];
     ASSERT_EQ(pipe(out), 0);
     pid_t caller = fork();
@@ -516,16 +487,9 @@ TEST_F(ControlPlane, NoKeyForAProcessThatExitedDuringItsGrant) {
         sd_bus *bus = open_bus(sandbox_->address());
         if (!bus) _exit(2);
         int fd = make_region(4096);
-        sd_bus_message *m = nullptr;
-        std::uint64_t cookie = 0;
-        const char *flows[] = {flow, nullptr};
-        if (sd_bus_message_new_method_call(bus, &m, "org.knod.Policy1", "/org/knod/Policy1",
-                                           "org.knod.Policy1.Manager", "RequestBinding") < 0 ||
-            sd_bus_message_append(m, "ssshtt", "knodsim0", "sim0", "rx-only", fd, std::uint64_t{0},
-                                  std::uint64_t{4096}) < 0 ||
-            sd_bus_message_append_strv(m, const_cast<char **>(flows)) < 0 ||
-            sd_bus_send(bus, m, &cookie) < 0 || sd_bus_flush(bus) < 0)
-            _exit(3); // (a cookie, or sd-bus marks the call as wanting no reply)
+        std::uint64_t cookie = 0; // with a cookie, or sd-bus marks the call as wanting no reply
+        sd_bus_message *m = request_message(bus, fd);
+        if (!m || sd_bus_send(bus, m, &cookie) < 0 || sd_bus_flush(bus) < 0) _exit(3);
         // The daemon identifies this process while it lives; its grant then waits on the lock.
         usleep(500000);
         int conn = sd_bus_get_fd(bus);
@@ -555,8 +519,7 @@ TEST_F(ControlPlane, NoKeyForAProcessThatExitedDuringItsGrant) {
     }
     close(out[1]);
     waitpid(caller, nullptr, 0);
-    fputs("COMMIT;\n", locker);
-    pclose(locker);
+    lock.release();
     std::string verdict = read_all(out[0]);
     close(out[0]);
     EXPECT_EQ(verdict, "refused\n");

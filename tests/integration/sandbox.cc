@@ -38,13 +38,6 @@ pid_t spawn(const std::vector<std::string> &argv, int stdin_fd = -1, int stdout_
     _exit(127);
 }
 
-std::string slurp(const std::string &path) {
-    std::ifstream in(path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
 std::vector<std::string> as_uid(uid_t uid, std::vector<std::string> argv) {
     if (uid == 0) return argv;
     std::vector<std::string> out = {"setpriv", "--reuid=" + std::to_string(uid),
@@ -287,6 +280,33 @@ void Holder::kill_now(int sig) {
     kill(pid_, sig);
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
+}
+
+std::string slurp(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+JournalLock::JournalLock(const Sandbox &s, int busy_timeout_ms) {
+    // -bail: a BEGIN that fails ends sqlite3, so "locked" is printed only once it holds the lock.
+    std::string said = s.dir() + "/journal-lock.out";
+    sqlite_ = popen(("sqlite3 -bail " + s.journal() + " >" + said + " 2>&1").c_str(), "w");
+    if (!sqlite_) return;
+    fprintf(sqlite_, ".timeout %d\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", busy_timeout_ms);
+    fflush(sqlite_);
+    held_ = eventually([&] { return slurp(said).find("locked") != std::string::npos; },
+                       busy_timeout_ms);
+    said_ = slurp(said);
+}
+
+void JournalLock::release() {
+    if (!sqlite_) return;
+    fputs("COMMIT;\n", sqlite_);
+    pclose(sqlite_);
+    sqlite_ = nullptr;
+    held_ = false;
 }
 
 std::string read_all(int fd) {

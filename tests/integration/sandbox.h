@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,26 @@ int make_region(std::size_t size);
 
 // Everything readable from `fd` until end of file.
 std::string read_all(int fd);
+// A whole file's bytes ("" when it cannot be read).
+std::string slurp(const std::string &path);
+
+// Another process (sqlite3) holding the journal's write lock (BEGIN IMMEDIATE) until release()
+// or destruction. held() says whether it got it: its BEGIN went through, not merely started.
+class JournalLock {
+  public:
+    explicit JournalLock(const Sandbox &s, int busy_timeout_ms = 10000);
+    ~JournalLock() { release(); }
+    JournalLock(const JournalLock &) = delete;
+    JournalLock &operator=(const JournalLock &) = delete;
+    bool held() const { return held_; }
+    const std::string &output() const { return said_; }
+    void release();
+
+  private:
+    FILE *sqlite_ = nullptr;
+    std::string said_;
+    bool held_ = false;
+};
 
 } // namespace knod::test
 

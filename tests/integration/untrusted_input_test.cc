@@ -45,13 +45,6 @@ flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:6000-6999"]
 iommu = "any"
 )";
 
-std::string slurp(const std::string &path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
 #define SKIP_UNLESS_ROOT()                                                                         \
     if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they use setpriv)"
 
