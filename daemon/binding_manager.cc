@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <openssl/rand.h>
-#include <poll.h>
 
 #include <algorithm>
 #include <atomic>
@@ -40,12 +39,6 @@ Error journal_error(const Error &e) {
     return make_error(Errc::journal_unavailable,
                       "the session journal cannot record this, so nothing is granted (" +
                           e.message + ")");
-}
-
-// Whether the process behind a pidfd has exited (its pidfd polls readable).
-bool process_exited(int pidfd) {
-    pollfd p{pidfd, POLLIN, 0};
-    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
 }
 
 std::string flows_text(const std::vector<policy::FlowSpec> &flows) {
@@ -677,7 +670,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
     inflight_.erase(it);
     // The caller's process may have exited meanwhile, its connection kept by another process
     // (a child): the key is not handed out, the session ends at once.
-    bool exited = written && b.owner.pidfd && process_exited(b.owner.pidfd->get());
+    bool exited = written && b.owner.pidfd && !still_running(b.owner.pidfd->get());
     if (!written || exited) {
         count_usage(b, -1);
         claims_.release(b.id);

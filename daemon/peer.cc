@@ -21,19 +21,6 @@ namespace {
 int pidfd_open(pid_t pid) {
     return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
 }
-// Whether the process behind `pidfd` is still running: a pidfd polls readable once it has
-// exited (a zombie counts as exited). Needs no privilege over the process.
-bool still_running(int pidfd) {
-    struct pollfd p {
-        pidfd, POLLIN, 0
-    };
-    int n;
-    do {
-        n = ::poll(&p, 1, 0);
-    } while (n < 0 && errno == EINTR);
-    return n == 0;
-}
-
 std::string read_file(const std::string &path) {
     std::ifstream in(path);
     std::stringstream s;
@@ -225,6 +212,17 @@ policy::Caller Peer::caller() const {
     c.cgroup = cgroup;
     c.executable = executable;
     return c;
+}
+
+bool still_running(int pidfd) {
+    struct pollfd p {
+        pidfd, POLLIN, 0
+    };
+    int n;
+    do {
+        n = ::poll(&p, 1, 0);
+    } while (n < 0 && errno == EINTR);
+    return n == 0;
 }
 
 } // namespace knod::daemon

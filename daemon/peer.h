@@ -51,6 +51,10 @@ std::vector<gid_t> groups_from_status(const std::string &status);
 // The start time of a live process, or an error if it is gone.
 Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root = "/proc");
 
+// Whether the process behind `pidfd` is still running: a pidfd polls readable once it has
+// exited (a zombie counts as exited). Needs no privilege over the process.
+bool still_running(int pidfd);
+
 // A pidfd for the process `pid` started at `start_time`, or Errc::not_found when that process
 // has exited (its pid may since name another). A daemon restart re-finds its holders this way.
 Result<std::shared_ptr<UniqueFd>> pin_process(pid_t pid, std::uint64_t start_time,
