@@ -90,8 +90,8 @@ bool BindingManager::journal_ready() {
     return true;
 }
 
-Result<void> BindingManager::apply_settings() {
-    bool drop = policy_.settings.unmatched_traffic == policy::UnmatchedTraffic::drop;
+Result<void> BindingManager::apply_settings(const policy::Settings &settings) {
+    bool drop = settings.unmatched_traffic == policy::UnmatchedTraffic::drop;
     if (auto r = driver_.set_unmatched_drop(drop); !r)
         return make_error(Errc::invalid_policy, "settings.unmatched_traffic: " + r.error().message);
     return {};
@@ -858,11 +858,8 @@ void BindingManager::refuse_action(const char *kind, const Peer &by, const std::
 Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
                                            const std::string &via) {
     // Every setting takes effect now, or the reload is refused and the old policy stays.
-    bool drop = next.settings.unmatched_traffic == policy::UnmatchedTraffic::drop;
-    if (auto r = driver_.set_unmatched_drop(drop); !r) {
-        auto err =
-            make_error(Errc::invalid_policy, "settings.unmatched_traffic: " + r.error().message +
-                                                 "; the old policy stays");
+    if (auto r = apply_settings(next.settings); !r) {
+        auto err = make_error(r.error().code, r.error().message + "; the old policy stays");
         refuse_action(journal::kind::reload_refused, by, "invalid-policy",
                       via + ": " + err.message);
         return err;

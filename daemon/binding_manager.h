@@ -139,7 +139,7 @@ class BindingManager {
     void set_handle_store(HandleStore *store) { store_ = store; }
     // Hands the policy's settings to the driver (unmatched traffic); fails if it cannot honour
     // them. Called before start(); reload() does the same for the next policy.
-    Result<void> apply_settings();
+    Result<void> apply_settings() { return apply_settings(policy_.settings); }
 
     // Decides and prepares at once; `done` gets the key only once the session row and grant
     // event are durable (or the error). Concurrent requests share one commit. Immediate
@@ -199,6 +199,7 @@ class BindingManager {
     Result<std::int64_t> apply_retention();
 
   private:
+    Result<void> apply_settings(const policy::Settings &settings);
     bool journal_ready();
     // Takes back one handed-over binding; the error says why not (its session is then closed).
     Result<void> adopt(const std::string &id, const std::string &handoff);
