@@ -103,9 +103,16 @@ void BindingManager::start() {
         if (auto taken = journal_->take_handoffs()) handoffs = std::move(*taken);
     journal::Event e;
     e.kind = journal::kind::daemon_start;
-    e.detail = knod::dump_json(nlohmann::json{{"driver", driver_.name()},
-                                              {"rules", policy_.rules.size()},
-                                              {"handed_over", handoffs.size()}});
+    nlohmann::json detail{{"driver", driver_.name()},
+                          {"rules", policy_.rules.size()},
+                          {"handed_over", handoffs.size()}};
+    if (journal_) { // where this journal lives, inside the chain (meta may be edited)
+        auto &id = journal_->identity();
+        detail["journal_id"] = id.journal_id;
+        detail["machine_id"] = id.machine_id;
+        detail["hostname"] = escape_untrusted(id.hostname);
+    }
+    e.detail = knod::dump_json(detail);
     record(std::move(e));
     if (!journal_) return;
     // Bindings the previous daemon handed over come back if their handles did and their

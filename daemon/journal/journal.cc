@@ -165,11 +165,16 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
     auto writer = Writer::open(path);
     if (!writer) return std::move(writer).error().context("journal");
     (*writer)->set_anchor(anchor_path(path));
-    return std::unique_ptr<Journal>(new Journal(path, std::move(*writer)));
+    if (auto r = write_host((*writer)->db(), this_host()); !r)
+        return std::move(r).error().context("journal " + path);
+    auto identity = read_identity((*writer)->db());
+    if (!identity) return std::move(identity).error().context("journal " + path);
+    return std::unique_ptr<Journal>(new Journal(path, std::move(*identity), std::move(*writer)));
 }
 
-Journal::Journal(std::string path, std::unique_ptr<Writer> writer)
-    : path_(std::move(path)), writer_(std::move(writer)), thread_([this] { run(); }) {}
+Journal::Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer)
+    : path_(std::move(path)), identity_(std::move(identity)), writer_(std::move(writer)),
+      thread_([this] { run(); }) {}
 
 Journal::~Journal() {
     {

@@ -3,6 +3,7 @@
 // fsync: a single writer thread takes everything queued, commits it together, and answers all.
 #pragma once
 
+#include "daemon/journal/identity.h"
 #include "daemon/journal/records.h"
 #include "daemon/journal/sqlite.h"
 #include "knod/result.h"
@@ -76,6 +77,8 @@ class Journal {
     // head; must not block (the daemon copies it to the system journal as a second anchor).
     void set_commit_listener(std::function<void(std::int64_t seq, const Hash &head)> listener);
     const std::string &path() const { return path_; }
+    // This journal's id and this host, as recorded in the journal when it was opened.
+    const JournalIdentity &identity() const { return identity_; }
 
   private:
     class Writer;
@@ -85,7 +88,7 @@ class Journal {
         Done done;
     };
 
-    Journal(std::string path, std::unique_ptr<Writer> writer);
+    Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer);
     Result<std::int64_t> submit(Work work);
     void submit_async(Work work, Done done);
     static Work open_session_work(Session s, Event grant);
@@ -94,6 +97,7 @@ class Journal {
     void run();
 
     std::string path_;
+    JournalIdentity identity_;
     std::unique_ptr<Writer> writer_;
     mutable std::mutex mu_;
     std::condition_variable wake_;

@@ -8,6 +8,7 @@
 // percent-encoded, so no character in them is URI syntax.
 #pragma once
 
+#include "daemon/journal/identity.h"
 #include "daemon/journal/records.h"
 #include "daemon/journal/sqlite.h"
 #include "knod/result.h"
@@ -66,6 +67,8 @@ class JournalReader {
     Result<void> events(const Filter &f, const std::function<bool(const StoredEvent &)> &each);
     Result<std::optional<Session>> session(const std::string &id);
     Result<Report> report(const Filter &f);
+    // The journal's id and writing host (empty fields in a journal older than schema 4).
+    Result<JournalIdentity> identity() { return read_identity(j_.db()); }
 
   private:
     explicit JournalReader(ReadOnlyJournal j) : j_(std::move(j)) {}
