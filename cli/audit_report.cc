@@ -26,7 +26,7 @@ const char *const report_help =
     "(isolation-violation, flow-conflict, driver-failure, journal-unavailable; \"coalesced\": "
     "refusals the daemon only counted, decision not recorded, which have no device and count "
     "per user and per hour only). Users are shown with the user and primary group names of "
-    "this host's user database (null or the number when unknown).\n"
+    "this host's user database (null or the number when unknown).\n\n"
     "JSON: {since, until, filter: {uid, netdev, gpu}, totals: TALLY, by_user: [TALLY + {key, "
     "uid, user, gid, group}], by_netdev: [TALLY + {key, netdev}], by_gpu: [TALLY + {key, gpu}], "
     "top_denied_rules: [{rule (null: no rule matched), default_deny, denials}], "
@@ -34,7 +34,7 @@ const char *const report_help =
     "count}], timeline: [{hour (UTC), start_us, grants, denials, quota_refusals, "
     "other_refusals, revocations, rx_bytes}] (hours with events only)}; TALLY is {sessions, "
     "rx_bytes, denials, quota_refusals, other_refusals, other_refusals_by_decision: {DECISION: "
-    "n}, revocations, would_deny_grants}.\n"
+    "n}, revocations, would_deny_grants}.\n\n"
     "--html FILE writes the same data as one self-contained page (inline SVG charts, no "
     "scripts, nothing fetched); '-' writes it to stdout.";
 

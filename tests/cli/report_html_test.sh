@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `knod-policy audit report --html` as a browser shows it: the page of a known journal is
 # rendered by headless Chromium and the bars in the screenshot are measured against the
-# report's JSON (report_screenshot.py says how). Exit 77 (skipped) only where Chromium or
-# Pillow is not installed; scripts/install-deps.sh installs both, so CI runs it.
+# report's JSON (report_screenshot.py says how). Exit 77 (skipped) only where Chromium is not
+# installed; scripts/install-deps.sh installs it (and Pillow), so CI runs it.
 # Usage: report_html_test.sh KNOD_POLICY JOURNAL_FILL
 set -u
 cli=$1 fill=$2
@@ -16,9 +16,9 @@ python=
 for p in python3 /usr/bin/python3; do
     if command -v "$p" >/dev/null && "$p" -c 'import PIL' 2>/dev/null; then python=$p; break; fi
 done
-if [ -z "$python" ]; then
-    echo "SKIP: Pillow is not installed (Debian: apt-get install python3-pil)"
-    exit 77
+if [ -z "$python" ]; then # scripts/install-deps.sh installs it with chromium: not a skip
+    echo "not ok - Pillow is not installed (Debian: apt-get install python3-pil)"
+    exit 1
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
