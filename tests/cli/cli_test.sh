@@ -188,6 +188,10 @@ p = P(); p.feed(open(sys.argv[1], encoding="utf-8").read())
 assert not p.handlers, p.handlers
 assert p.tags <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "section", "table", "caption", "tr", "th", "td", "div", "figure", "figcaption", "svg", "desc", "g", "rect", "text", "details", "summary", "i"}, p.tags' "$work/evil.html" \
     && ok "audit report --html holds only the page's own elements, no event handlers" || not_ok "report --html elements"
+"$cli" audit report --db "$work/evil-rep.db" >"$work/evil-rep.txt" 2>&1
+! LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$work/evil-rep.txt" && iconv -f UTF-8 -t UTF-8 "$work/evil-rep.txt" >/dev/null 2>&1 \
+    && grep -qF '<script>alert(1)</script>"'"'"'&\x1b[31m\xff' "$work/evil-rep.txt" \
+    && ok "audit report tables escape control bytes and invalid UTF-8" || { not_ok "audit report tables hostile"; od -c "$work/evil-rep.txt" | head; }
 expect_rc 2 "audit report --html into a missing folder is exit 2" -- "$cli" audit report --db "$work/rep.db" --html "$work/no/such/dir/r.html"
 expect_rc 0 "audit show names a session" -- "$cli" audit show b3 --db "$work/j.db"
 expect_rc 2 "audit show on an unknown session" -- "$cli" audit show nope --db "$work/j.db"
