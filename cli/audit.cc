@@ -25,11 +25,11 @@ struct Options {
     std::string since, until, user, netdev, gpu, rule, decision, reason, kind;
     std::int64_t limit = 0;
     std::string session;
+    std::string html; // report: write the page here
     std::string format = "jsonl";
     std::string table = "events";
     std::string anchor;
     bool no_anchor = false;
-    std::string html; // report: write the page here
 };
 
 void add_db(CLI::App *cmd, Options &o) {

@@ -31,12 +31,12 @@ struct Filter {
     std::optional<std::int64_t> limit;
 };
 
-// Counts for one user, netdev, GPU or hour (or everything) over a report's period. Each
-// refusal is counted as what it was: a denial (a deny rule, or no rule matched), a quota
-// refusal (a rule allowed the request but the caller's quota was full), or another decision
-// (isolation-violation, flow-conflict, driver-failure, journal-unavailable; "coalesced" for
-// refusals the daemon only counted, whose decision is not recorded).
 struct Tally {
+    // Counts for one user, netdev, GPU or hour (or everything) over a report's period. Each
+    // refusal is counted as what it was: a denial (a deny rule, or no rule matched), a quota
+    // refusal (a rule allowed the request but the caller's quota was full), or another decision
+    // (isolation-violation, flow-conflict, driver-failure, journal-unavailable; "coalesced" for
+    // refusals the daemon only counted, whose decision is not recorded).
     std::string key;                 // a uid (decimal), a netdev, a GPU; empty in totals
     std::int64_t sessions = 0;       // grants (request-granted), permissive would-deny included
     std::int64_t rx_bytes = 0;       // of sessions that ended in the period

@@ -1,10 +1,7 @@
 // Test helper: writes sessions and events into a journal through the real writer, so that
-// shell tests can tamper with a genuine file.
-// Usage: journal_fill DB SESSIONS
-//        journal_fill --report DB [--hostile]   (the scenario below, for `audit report`)
+// shell tests can tamper with a genuine file. Usage: journal_fill DB SESSIONS
 #include "daemon/journal/journal.h"
-
-#include <nlohmann/json.hpp>
+#include "knod/json.h"
 
 #include <ctime>
 #include <iostream>
@@ -13,38 +10,10 @@ namespace {
 
 namespace j = knod::journal;
 
-int fill_sessions(j::Journal &journal, int n) {
-    for (int i = 0; i < n; ++i) {
-        j::Session s;
-        s.id = "b" + std::to_string(i);
-        s.uid = 1000 + static_cast<std::uint32_t>(i % 3);
-        s.pid = 100 + i;
-        s.netdev = "knodsim0";
-        s.gpu = "sim0";
-        s.mode = "rx-only";
-        s.region_bytes = 4096;
-        s.flows = {"udp * -> *:5000"};
-        s.key_id = "k-" + std::to_string(i);
-        s.rule = "sim-local";
-        j::Event grant;
-        grant.kind = j::kind::granted;
-        grant.uid = s.uid;
-        grant.rule = s.rule;
-        grant.decision = "allow";
-        j::Event end;
-        end.kind = j::kind::ended;
-        if (!journal.open_session(s, grant) || !journal.close_session(s.id, "release", {}, end)) {
-            std::cerr << "journal_fill: write failed\n";
-            return 1;
-        }
-    }
-    return 0;
-}
-
 // What `audit report` must tell apart, written as the daemon writes it (binding_manager.cc),
 // over four hours from 2026-11-29T10:00Z (12:00 has nothing):
 //   10:00  grants: uid 0 r0 (knodsim0, sim0), uid 0 r1 (knodsim0, sim0), uid 1000 a0
-//          (knodsim0, sim1); default denials (no rule): uid 1001 x3 (knodsim1, sim1);
+//          (knodsim0, sim1); default denials (no rule): uid 1001 x3 (NETDEV1, sim1);
 //          rule DENY_RULE denies uid 3999999 x1 (knodsim0, sim0); quota refusals under
 //          ALLOW_RULE: uid 1000 x2 (knodsim0, sim0)
 //   11:00  r0 ends (1000 bytes); a0 revoked by uid 0, ends (500 bytes); isolation-violation
@@ -68,8 +37,7 @@ int fill_report(j::Journal &journal, bool hostile) {
     const std::string allow_rule = "sim-local";
     bool ok = true;
     auto detail = [](const std::string &netdev, const std::string &gpu) {
-        return nlohmann::json{{"netdev", netdev}, {"gpu", gpu}}.dump(
-            -1, ' ', false, nlohmann::json::error_handler_t::replace);
+        return knod::dump_json({{"netdev", netdev}, {"gpu", gpu}});
     };
     auto grant = [&](const std::string &id, std::uint32_t uid, const std::string &netdev,
                      const std::string &gpu, std::int64_t at) {
@@ -144,11 +112,10 @@ int fill_report(j::Journal &journal, bool hostile) {
     coalesced.uid = 1001;
     coalesced.decision = j::kind::denied;
     coalesced.reason = "4 more request-denied refusals of uid 1001, journaled as this count only";
-    coalesced.detail = nlohmann::json{{"kind", j::kind::denied},
-                                      {"count", 4},
-                                      {"since_us", t0 + hour},
-                                      {"until_us", t0 + hour + 40 * minute}}
-                           .dump();
+    coalesced.detail = knod::dump_json({{"kind", j::kind::denied},
+                                        {"count", 4},
+                                        {"since_us", t0 + hour},
+                                        {"until_us", t0 + hour + 40 * minute}});
     ok = ok && journal.append(coalesced).ok();
 
     end("r1", 0, "release", 3000, t0 + 3 * hour + 5 * minute);
@@ -158,19 +125,58 @@ int fill_report(j::Journal &journal, bool hostile) {
     return ok ? 0 : 1;
 }
 
-} // namespace
-
-int main(int argc, char **argv) {
-    bool report = argc >= 3 && std::string(argv[1]) == "--report";
-    bool hostile = report && argc == 4 && std::string(argv[3]) == "--hostile";
-    if (!(argc == 3 && !report) && !(report && (argc == 3 || hostile))) {
-        std::cerr << "usage: journal_fill DB SESSIONS | journal_fill --report DB [--hostile]\n";
+// journal_fill --report DB [--hostile]: the scenario above.
+int report_main(int argc, char **argv) {
+    bool hostile = argc == 4 && std::string(argv[3]) == "--hostile";
+    if (argc != 3 && !hostile) {
+        std::cerr << "usage: journal_fill --report DB [--hostile]\n";
         return 2;
     }
-    auto journal = j::Journal::open(argv[report ? 2 : 1]);
+    auto journal = j::Journal::open(argv[2]);
     if (!journal) {
         std::cerr << journal.error().message << "\n";
         return 1;
     }
-    return report ? fill_report(**journal, hostile) : fill_sessions(**journal, std::stoi(argv[2]));
+    return fill_report(**journal, hostile);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && std::string(argv[1]) == "--report") return report_main(argc, argv);
+    if (argc != 3) {
+        std::cerr << "usage: journal_fill DB SESSIONS\n";
+        return 2;
+    }
+    auto j = knod::journal::Journal::open(argv[1]);
+    if (!j) {
+        std::cerr << j.error().message << "\n";
+        return 1;
+    }
+    int n = std::stoi(argv[2]);
+    for (int i = 0; i < n; ++i) {
+        knod::journal::Session s;
+        s.id = "b" + std::to_string(i);
+        s.uid = 1000 + static_cast<std::uint32_t>(i % 3);
+        s.pid = 100 + i;
+        s.netdev = "knodsim0";
+        s.gpu = "sim0";
+        s.mode = "rx-only";
+        s.region_bytes = 4096;
+        s.flows = {"udp * -> *:5000"};
+        s.key_id = "k-" + std::to_string(i);
+        s.rule = "sim-local";
+        knod::journal::Event grant;
+        grant.kind = knod::journal::kind::granted;
+        grant.uid = s.uid;
+        grant.rule = s.rule;
+        grant.decision = "allow";
+        knod::journal::Event end;
+        end.kind = knod::journal::kind::ended;
+        if (!(*j)->open_session(s, grant) || !(*j)->close_session(s.id, "release", {}, end)) {
+            std::cerr << "journal_fill: write failed\n";
+            return 1;
+        }
+    }
+    return 0;
 }
