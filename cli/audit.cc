@@ -1,6 +1,7 @@
 // knod-policy audit: what security teams ask of the session journal, on a live host or on a
 // copy gathered from another node. Everything here opens the journal read-only.
 #include "cli/audit_format.h"
+#include "cli/audit_report.h"
 #include "cli/commands.h"
 #include "daemon/journal/reader.h"
 #include "daemon/journal/verify.h"
@@ -24,6 +25,7 @@ struct Options {
     std::string since, until, user, netdev, gpu, rule, decision, reason, kind;
     std::int64_t limit = 0;
     std::string session;
+    std::string html; // report: write the page here
     std::string format = "jsonl";
     std::string table = "events";
     std::string anchor;
@@ -222,51 +224,8 @@ int show(const Options &o) {
 int report(const Options &o) {
     auto f = make_filter(o);
     if (!f) return fail(o, "report", f.error());
-    auto r = journal::JournalReader::open(o.db);
-    if (!r) return fail(o, "report", r.error());
-    auto rep = r->report(*f);
-    if (!rep) return fail(o, "report", rep.error());
-    auto tallies = [](const std::vector<journal::Tally> &ts) {
-        nlohmann::json a = nlohmann::json::array();
-        for (auto &t : ts)
-            a.push_back({{"key", t.key},
-                         {"sessions", t.sessions},
-                         {"rx_bytes", t.rx_bytes},
-                         {"denials", t.denials},
-                         {"revocations", t.revocations}});
-        return a;
-    };
-    nlohmann::json top = nlohmann::json::array();
-    for (auto &[rule, n] : rep->top_denied_rules)
-        top.push_back({{"rule", rule}, {"denials", n}});
-    if (o.json) {
-        std::cout << knod::dump_json(
-                         nlohmann::json{
-                             {"since", o.since.empty() ? nlohmann::json()
-                                                       : nlohmann::json(format_time(f->since_us))},
-                             {"until", o.until.empty() ? nlohmann::json()
-                                                       : nlohmann::json(format_time(f->until_us))},
-                             {"by_user", tallies(rep->by_user)},
-                             {"by_netdev", tallies(rep->by_netdev)},
-                             {"top_denied_rules", top}},
-                         2)
-                  << "\n";
-        return exit_ok;
-    }
-    auto print = [](const char *title, const char *key, const std::vector<journal::Tally> &ts) {
-        std::cout << title << "\n  " << std::left << std::setw(12) << key << std::setw(10)
-                  << "SESSIONS" << std::setw(14) << "RX_BYTES" << std::setw(9) << "DENIALS"
-                  << "REVOCATIONS\n";
-        for (auto &t : ts)
-            std::cout << "  " << std::setw(12) << t.key << std::setw(10) << t.sessions
-                      << std::setw(14) << t.rx_bytes << std::setw(9) << t.denials << t.revocations
-                      << "\n";
-    };
-    print("per user", "UID", rep->by_user);
-    print("per netdev", "NETDEV", rep->by_netdev);
-    std::cout << "top denied rules\n";
-    for (auto &[rule, n] : rep->top_denied_rules)
-        std::cout << "  " << std::setw(24) << rule << n << "\n";
+    if (auto done = run_report({o.db, *f, o.json, o.html}); !done)
+        return fail(o, "report", done.error());
     return exit_ok;
 }
 
@@ -359,8 +318,8 @@ Runner add_audit(CLI::App &app) {
     auto *show_cmd =
         audit->add_subcommand("show", "One session with every event that mentions it.");
     auto *report_cmd = audit->add_subcommand(
-        "report", "Per user and per netdev over a period: sessions, bytes, denials, revocations; "
-                  "and the rules that denied most.");
+        "report", "Per user, netdev, GPU and hour over a period: sessions, bytes, denials, quota "
+                  "refusals, other refusals, revocations; and the rules behind the refusals.");
     auto *export_cmd =
         audit->add_subcommand("export", "Stream events or sessions as JSON lines or CSV.");
     auto *verify_cmd = audit->add_subcommand(
@@ -376,7 +335,16 @@ Runner add_audit(CLI::App &app) {
     show_cmd->add_flag("--json", o->json, "print JSON");
     report_cmd->add_option("--since", o->since, "from this time (date or age like 7d)");
     report_cmd->add_option("--until", o->until, "before this time");
-    report_cmd->add_flag("--json", o->json, "print JSON");
+    report_cmd->add_option("--uid,--user", o->user, "one user (the session's owner), uid or name");
+    report_cmd->add_option("--netdev", o->netdev, "one network device");
+    report_cmd->add_option("--gpu", o->gpu, "one GPU");
+    report_cmd->add_flag("--json", o->json, "print JSON (shape below)");
+    report_cmd
+        ->add_option("--html", o->html,
+                     "write the report as one self-contained HTML page (charts, tables) to FILE "
+                     "('-': stdout); with --json the JSON is printed too")
+        ->type_name("FILE");
+    report_cmd->footer(report_help);
     add_filters(export_cmd, *o, true);
     export_cmd->add_option("--format", o->format, "jsonl or csv")
         ->check(CLI::IsMember({"jsonl", "csv"}))

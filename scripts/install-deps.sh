@@ -16,6 +16,8 @@ packages=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
+  # the audit report's page, rendered and measured by its test
+  chromium python3-pil
   # running: a private bus, namespaces, the journal by hand
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
   # packaging and its test: the Debian package, its lint, polkit, the unit checks

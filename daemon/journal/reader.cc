@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -222,50 +223,143 @@ Result<std::optional<Session>> JournalReader::session(const std::string &id) {
     return std::optional<Session>(read_session(*st));
 }
 
+std::int64_t Tally::other_refusals_total() const {
+    std::int64_t n = 0;
+    for (auto &[decision, count] : other_refusals)
+        n += count;
+    return n;
+}
+
+namespace {
+
+constexpr std::int64_t hour_us = 3600LL * 1000000;
+
+// One aggregated row of the report query: how many events of one kind and decision, for one
+// owner, device and hour.
+struct ReportRow {
+    std::optional<std::int64_t> uid;
+    std::optional<std::string> netdev, gpu;
+    std::int64_t hour = 0;
+    std::string kind;
+    std::optional<std::string> decision, rule;
+    std::int64_t events = 0, coalesced = 0, rx_bytes = 0;
+};
+
+void count(Tally &t, const ReportRow &r) {
+    if (r.kind == kind::granted) {
+        t.sessions += r.events;
+        if (r.decision == "would-deny") t.would_deny_grants += r.events;
+    } else if (r.kind == kind::denied) {
+        if (r.decision == "deny")
+            t.denials += r.events;
+        else if (r.decision == "quota-exceeded")
+            t.quota_refusals += r.events;
+        else
+            t.other_refusals[r.decision.value_or("unknown")] += r.events;
+    } else if (r.kind == kind::coalesced) {
+        t.other_refusals["coalesced"] += r.coalesced;
+    } else if (r.kind == kind::ended) {
+        t.rx_bytes += r.rx_bytes;
+    } else if (r.kind == kind::revoked) {
+        t.revocations += r.events;
+    }
+}
+
+std::vector<RuleCount> most_first(const std::map<std::optional<std::string>, std::int64_t> &m) {
+    std::vector<RuleCount> out;
+    for (auto &[rule, n] : m)
+        out.push_back({rule, n});
+    std::stable_sort(out.begin(), out.end(),
+                     [](const RuleCount &a, const RuleCount &b) { return a.count > b.count; });
+    return out;
+}
+
+std::vector<Tally> values(std::map<std::string, Tally> &m) {
+    std::vector<Tally> out;
+    for (auto &[key, t] : m)
+        out.push_back(std::move(t));
+    return out;
+}
+
+} // namespace
+
 Result<Report> JournalReader::report(const Filter &f) {
-    Report r;
     Where w;
-    w.add("at_us >= ?", f.since_us);
-    w.add("at_us < ?", f.until_us);
-    // Sessions are counted by their grant event, so the period applies to both tables alike.
-    auto tally = [&](const std::string &key_sql, std::vector<Tally> &out) -> Result<void> {
-        auto st = j_.db().prepare(
-            "SELECT " + key_sql +
-            " AS k, sum(kind = 'request-granted'), coalesce(sum(CASE WHEN kind = 'session-ended' "
-            "THEN json_extract(detail, '$.rx_bytes') END), 0), sum(CASE WHEN kind = "
-            "'request-denied' THEN 1 WHEN kind = 'refusals-coalesced' AND decision = "
-            "'request-denied' THEN json_extract(detail, '$.count') ELSE 0 END), "
-            "sum(kind = 'revoke') FROM (SELECT e.*, s.netdev AS s_netdev, s.uid AS s_uid FROM "
-            "events e "
-            "LEFT JOIN sessions s ON s.id = e.session_id" +
-            w.sql() + ") WHERE k IS NOT NULL GROUP BY k ORDER BY k");
-        if (!st) return st.error();
-        w.bind(*st);
-        for (;;) { // a read error is the caller's error, never a silently shorter report
-            auto row = st->step();
-            if (!row) return row.error();
-            if (!*row) return {};
-            out.push_back({st->text(0), st->int64(1), st->int64(2), st->int64(3), st->int64(4)});
-        }
-    };
-    // A session's events count for its owner (a revoke is done by an admin, but to the owner).
-    // Denials include those only counted in a refusals-coalesced event.
-    if (auto t = tally("CAST(coalesce(s_uid, uid) AS TEXT)", r.by_user); !t) return t.error();
-    if (auto t = tally("coalesce(s_netdev, json_extract(detail, '$.netdev'))", r.by_netdev); !t)
-        return t.error();
-    auto st =
-        j_.db().prepare("SELECT rule, count(*) AS n FROM events" + w.sql() +
-                        (w.sql().empty() ? " WHERE " : " AND ") +
-                        "kind = 'request-denied' AND rule IS NOT NULL GROUP BY rule ORDER BY n "
-                        "DESC, rule LIMIT 10");
+    w.add("e.at_us >= ?", f.since_us);
+    w.add("e.at_us < ?", f.until_us);
+    w.add("coalesce(s.uid, e.uid) = ?", f.uid);
+    w.add("coalesce(s.netdev, json_extract(e.detail, '$.netdev')) = ?", f.netdev);
+    w.add("coalesce(s.gpu, json_extract(e.detail, '$.gpu')) = ?", f.gpu);
+    // One pass over the period's events, grouped by everything a view needs; each view is then
+    // a sum over these rows. A session's events count for its owner (a revoke is done by an
+    // admin, but to the owner) and its device; a refusal names the requested device in detail.
+    // Bytes come from the closing event (chained), the session row only for an event without.
+    std::string where = w.sql();
+    where += (where.empty() ? " WHERE " : " AND ");
+    where += "(e.kind IN ('request-granted', 'request-denied', 'session-ended', 'revoke') OR "
+             "(e.kind = 'refusals-coalesced' AND e.decision = 'request-denied'))";
+    auto st = j_.db().prepare(
+        "SELECT coalesce(s.uid, e.uid), coalesce(s.netdev, json_extract(e.detail, '$.netdev')), "
+        "coalesce(s.gpu, json_extract(e.detail, '$.gpu')), e.at_us / 3600000000, e.kind, "
+        "e.decision, e.rule, count(*), sum(CASE WHEN e.kind = 'refusals-coalesced' THEN "
+        "coalesce(json_extract(e.detail, '$.count'), 0) ELSE 0 END), sum(CASE WHEN e.kind = "
+        "'session-ended' THEN coalesce(json_extract(e.detail, '$.rx_bytes'), "
+        "json_extract(e.detail, '$.end.rx_bytes'), s.rx_bytes, 0) ELSE 0 END) FROM events e "
+        "LEFT JOIN sessions s ON s.id = e.session_id" +
+        where + " GROUP BY 1, 2, 3, 4, 5, 6, 7");
     if (!st) return st.error();
     w.bind(*st);
-    for (;;) {
-        auto row = st->step();
-        if (!row) return row.error();
-        if (!*row) return r;
-        r.top_denied_rules.emplace_back(st->text(0), st->int64(1));
+    Report r;
+    std::map<std::int64_t, Tally> users, hours;
+    std::map<std::string, Tally> netdevs, gpus;
+    std::map<std::optional<std::string>, std::int64_t> denied, quota;
+    std::map<std::string, std::int64_t> decisions;
+    for (;;) { // a read error is the caller's error, never a silently shorter report
+        auto step = st->step();
+        if (!step) return step.error();
+        if (!*step) break;
+        ReportRow row;
+        row.uid = st->opt_int64(0);
+        row.netdev = st->opt_text(1);
+        row.gpu = st->opt_text(2);
+        row.hour = st->int64(3);
+        row.kind = st->text(4);
+        row.decision = st->opt_text(5);
+        row.rule = st->opt_text(6);
+        row.events = st->int64(7);
+        row.coalesced = st->int64(8);
+        row.rx_bytes = st->int64(9);
+        count(r.totals, row);
+        if (row.uid) count(users[*row.uid], row);
+        if (row.netdev) count(netdevs[*row.netdev], row);
+        if (row.gpu) count(gpus[*row.gpu], row);
+        count(hours[row.hour], row);
+        if (row.kind == kind::denied) {
+            if (row.decision == "deny") denied[row.rule] += row.events;
+            if (row.decision == "quota-exceeded") quota[row.rule] += row.events;
+            decisions[row.decision.value_or("unknown")] += row.events;
+        } else if (row.kind == kind::coalesced) {
+            decisions["coalesced"] += row.coalesced;
+        }
     }
+    for (auto &[uid, t] : users) {
+        t.key = std::to_string(uid);
+        r.by_user.push_back(std::move(t));
+    }
+    for (auto *m : {&netdevs, &gpus})
+        for (auto &[key, t] : *m)
+            t.key = key;
+    r.by_netdev = values(netdevs);
+    r.by_gpu = values(gpus);
+    r.denied_by_rule = most_first(denied);
+    r.quota_by_rule = most_first(quota);
+    for (auto &[decision, n] : decisions)
+        if (n > 0) r.refusals_by_decision.emplace_back(decision, n);
+    std::stable_sort(r.refusals_by_decision.begin(), r.refusals_by_decision.end(),
+                     [](auto &a, auto &b) { return a.second > b.second; });
+    for (auto &[hour, t] : hours)
+        r.timeline.emplace_back(hour * hour_us, std::move(t));
+    return r;
 }
 
 } // namespace knod::journal

@@ -1,6 +1,6 @@
 // Read-only access to a journal for the audit tools: filtered, streaming queries over sessions
-// and events, one session with its events, and a per-user / per-netdev report. Works on the
-// live file without blocking the daemon (WAL readers never block the writer) and on a copy
+// and events, one session with its events, and a report (per user, netdev, GPU, rule, hour). Works
+// on the live file without blocking the daemon (WAL readers never block the writer) and on a copy
 // without writing anything beside it: a file with no -wal beside it is opened immutable, so
 // SQLite creates no -wal or -shm files; a file with a -wal but no -shm (a copy: a live journal
 // always has both) is read from a private temporary copy, because SQLite would otherwise have
@@ -14,6 +14,7 @@
 #include "knod/result.h"
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,17 +32,37 @@ struct Filter {
 };
 
 struct Tally {
-    std::string key; // a uid, a netdev or a rule
-    std::int64_t sessions = 0;
-    std::int64_t rx_bytes = 0;
-    std::int64_t denials = 0;
+    // Counts for one user, netdev, GPU or hour (or everything) over a report's period. Each
+    // refusal is counted as what it was: a denial (a deny rule, or no rule matched), a quota
+    // refusal (a rule allowed the request but the caller's quota was full), or another decision
+    // (isolation-violation, flow-conflict, driver-failure, journal-unavailable; "coalesced" for
+    // refusals the daemon only counted, whose decision is not recorded).
+    std::string key;                 // a uid (decimal), a netdev, a GPU; empty in totals
+    std::int64_t sessions = 0;       // grants (request-granted), permissive would-deny included
+    std::int64_t rx_bytes = 0;       // of sessions that ended in the period
+    std::int64_t denials = 0;        // decision "deny"
+    std::int64_t quota_refusals = 0; // decision "quota-exceeded"
+    std::map<std::string, std::int64_t> other_refusals; // by decision
     std::int64_t revocations = 0;
+    std::int64_t would_deny_grants = 0; // grants that permissive mode made over a refusal
+
+    std::int64_t other_refusals_total() const;
+};
+
+// A rule and how often it decided; no rule is a default deny (no rule matched).
+struct RuleCount {
+    std::optional<std::string> rule;
+    std::int64_t count = 0;
 };
 
 struct Report {
-    std::vector<Tally> by_user;
-    std::vector<Tally> by_netdev;
-    std::vector<std::pair<std::string, std::int64_t>> top_denied_rules;
+    Tally totals;
+    std::vector<Tally> by_user; // numeric uid order
+    std::vector<Tally> by_netdev, by_gpu;
+    std::vector<RuleCount> denied_by_rule; // decision deny, most first
+    std::vector<RuleCount> quota_by_rule;  // decision quota-exceeded, most first
+    std::vector<std::pair<std::string, std::int64_t>> refusals_by_decision; // most first
+    std::vector<std::pair<std::int64_t, Tally>> timeline; // hour start (us), only hours with counts
 };
 
 // A journal opened read-only as described above; removes its private copy, if any, on close.
@@ -66,6 +87,10 @@ class JournalReader {
     Result<void> sessions(const Filter &f, const std::function<bool(const Session &)> &each);
     Result<void> events(const Filter &f, const std::function<bool(const StoredEvent &)> &each);
     Result<std::optional<Session>> session(const std::string &id);
+    // Counts events in [since, until): a session is counted by its grant, its bytes by its end,
+    // a revocation for the session's owner. Honours uid, netdev and gpu of `f` (a session's
+    // owner and device; a refusal's caller and requested device). Refusals the daemon only
+    // counted (refusals-coalesced) carry no device: they count per user and per hour only.
     Result<Report> report(const Filter &f);
     // The journal's id and writing host (empty fields in a journal older than schema 4).
     Result<JournalIdentity> identity() { return read_identity(j_.db()); }

@@ -123,6 +123,76 @@ py 'import csv,sys; assert len(list(csv.DictReader(open(sys.argv[1]))))==20' "$w
 "$cli" audit report --db "$work/j.db" --json >"$work/r.json"
 py 'import json,sys; r=json.load(open(sys.argv[1])); u={x["key"]:x["sessions"] for x in r["by_user"]}; assert u=={"1000":7,"1001":7,"1002":6}, u' "$work/r.json" \
     && ok "audit report counts per user" || { not_ok "audit report"; cat "$work/r.json"; }
+# audit report (#16, 7): what happened, as it was. journal_fill --report writes the scenario its
+# comment lists: default denials, a deny rule, quota refusals under the allowing rule, an
+# isolation violation, a flow conflict, coalesced refusals, three GPUs, hours 10, 11 and 13.
+"$fill" --report "$work/rep.db" || not_ok "journal_fill --report"
+"$cli" audit report --db "$work/rep.db" --json >"$work/rep.json"
+py 'import json,sys; r=json.load(open(sys.argv[1])); t=r["totals"]
+assert (t["denials"], t["quota_refusals"], t["other_refusals"]) == (5, 2, 6), t
+assert t["other_refusals_by_decision"] == {"coalesced": 4, "flow-conflict": 1, "isolation-violation": 1}, t' "$work/rep.json" \
+    && ok "audit report: denials, quota refusals and other refusals counted apart" || { not_ok "report totals"; cat "$work/rep.json"; }
+py 'import json,sys; r=json.load(open(sys.argv[1])); d=r["top_denied_rules"]
+assert {"rule": None, "default_deny": True, "denials": 4} in d, d
+assert {"rule": "block-guests", "default_deny": False, "denials": 1} in d, d
+assert all(x["rule"] != "sim-local" for x in d), d
+assert r["quota_refusals_by_rule"] == [{"rule": "sim-local", "quota_refusals": 2}], r["quota_refusals_by_rule"]' "$work/rep.json" \
+    && ok "audit report: default denials listed, quota refusals under their own rule list" || { not_ok "report rules"; cat "$work/rep.json"; }
+py 'import json,sys; r=json.load(open(sys.argv[1])); g={x["gpu"]: (x["sessions"], x["denials"], x["rx_bytes"]) for x in r["by_gpu"]}
+assert g == {"sim0": (2, 2, 4000), "sim1": (1, 3, 500), "gpu-2": (1, 0, 250)}, g
+n={x["netdev"]: (x["sessions"], x["denials"], x["quota_refusals"]) for x in r["by_netdev"]}
+assert n == {"knodsim0": (3, 2, 2), "knodsim1": (1, 3, 0)}, n' "$work/rep.json" \
+    && ok "audit report: per-GPU and per-netdev views" || { not_ok "report per GPU"; cat "$work/rep.json"; }
+py 'import json,sys; r=json.load(open(sys.argv[1])); tl=r["timeline"]
+assert [h["hour"] for h in tl] == ["2026-11-29T10:00:00Z", "2026-11-29T11:00:00Z", "2026-11-29T13:00:00Z"], tl
+cols = ["grants", "denials", "quota_refusals", "other_refusals", "revocations", "rx_bytes"]
+got = [[h[c] for h in tl] for c in cols]
+assert got == [[3, 1, 0], [4, 0, 1], [2, 0, 0], [0, 6, 0], [0, 1, 0], [0, 1500, 3250]], got' "$work/rep.json" \
+    && ok "audit report: per-hour timeline of grants, refusals, revocations and bytes" || { not_ok "report timeline"; cat "$work/rep.json"; }
+if ! getent passwd 3999999 >/dev/null; then
+    py 'import json,sys; r=json.load(open(sys.argv[1])); u={x["uid"]: x for x in r["by_user"]}
+assert (u[0]["user"], u[0]["group"], u[0]["gid"]) == ("root", "root", 0), u[0]
+assert (u[3999999]["user"], u[3999999]["group"], u[3999999]["key"]) == (None, None, "3999999"), u[3999999]
+assert (u[1000]["sessions"], u[1000]["quota_refusals"], u[1000]["revocations"]) == (1, 2, 1), u[1000]' "$work/rep.json" \
+        && ok "audit report: users by name and primary group, unknown uids by number" || { not_ok "report users"; cat "$work/rep.json"; }
+fi
+"$cli" audit report --db "$work/rep.db" --json --gpu sim1 >"$work/rep1.json"
+"$cli" audit report --db "$work/rep.db" --json --uid root --since 2026-11-29T11:00 --until 2026-11-29T14:00 >"$work/rep2.json"
+py 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]))
+assert [g["gpu"] for g in a["by_gpu"]] == ["sim1"] and (a["totals"]["sessions"], a["totals"]["denials"], a["totals"]["revocations"]) == (1, 3, 1), a["totals"]
+assert [u["uid"] for u in b["by_user"]] == [0] and (b["totals"]["sessions"], b["totals"]["rx_bytes"], b["totals"]["denials"]) == (0, 4000, 1), b["totals"]
+assert b["filter"]["uid"] == 0 and [h["hour"] for h in b["timeline"]] == ["2026-11-29T11:00:00Z", "2026-11-29T13:00:00Z"], b' "$work/rep1.json" "$work/rep2.json" \
+    && ok "audit report --gpu, --uid NAME, --since/--until narrow every view" || { not_ok "report filters"; cat "$work/rep1.json" "$work/rep2.json"; }
+"$cli" audit report --db "$work/rep.db" >"$work/rep.txt"
+grep -q "(default deny) *4$" "$work/rep.txt" && grep -q "^quota refusals by rule" "$work/rep.txt" && grep -q "^  root *root *0 " "$work/rep.txt" \
+    && grep -q "^  2026-11-29T13:00:00Z *0 *1 *0 *0 *0 *3250$" "$work/rep.txt" && grep -q "^  gpu-2 " "$work/rep.txt" \
+    && ok "audit report tables: default deny, quota refusals, names, GPUs, timeline" || { not_ok "report tables"; cat "$work/rep.txt"; }
+# --html: one self-contained page; strings from the journal (a rule, a netdev and a GPU that
+# are markup, quotes, control characters, invalid UTF-8) are text in it, never markup.
+"$fill" --report "$work/evil-rep.db" --hostile || not_ok "journal_fill --report --hostile"
+"$cli" audit report --db "$work/evil-rep.db" --html "$work/evil.html" 2>/dev/null; rc=$?
+if [ "$rc" -eq 0 ] && ! grep -qi "<script\|<img\|http:\|https:" "$work/evil.html" \
+    && ! LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$work/evil.html" && iconv -f UTF-8 -t UTF-8 "$work/evil.html" >/dev/null 2>&1 \
+    && grep -qF '&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#39;&amp;\x1b[31m\xff' "$work/evil.html" \
+    && grep -qF '&quot;&gt;&lt;img src=x onerror=alert(1)&gt;' "$work/evil.html" \
+    && grep -qF '&lt;/svg&gt;&lt;script&gt;alert(2)&lt;/script&gt;\x07' "$work/evil.html" \
+    && grep -qF "content=\"default-src 'none'; style-src 'unsafe-inline'\"" "$work/evil.html"; then
+    ok "audit report --html escapes every journal string and loads nothing"
+else not_ok "audit report --html hostile strings (exit $rc)"; grep -n -i "script\|img" "$work/evil.html" | head; fi
+py 'import sys,html.parser
+class P(html.parser.HTMLParser):
+    tags, handlers = set(), []
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag); self.handlers += [a for a, _ in attrs if a.startswith("on")]
+p = P(); p.feed(open(sys.argv[1], encoding="utf-8").read())
+assert not p.handlers, p.handlers
+assert p.tags <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "section", "table", "caption", "tr", "th", "td", "div", "figure", "figcaption", "svg", "desc", "g", "rect", "text", "details", "summary", "i"}, p.tags' "$work/evil.html" \
+    && ok "audit report --html holds only the page's own elements, no event handlers" || not_ok "report --html elements"
+"$cli" audit report --db "$work/evil-rep.db" >"$work/evil-rep.txt" 2>&1
+! LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$work/evil-rep.txt" && iconv -f UTF-8 -t UTF-8 "$work/evil-rep.txt" >/dev/null 2>&1 \
+    && grep -qF '<script>alert(1)</script>"'"'"'&\x1b[31m\xff' "$work/evil-rep.txt" \
+    && ok "audit report tables escape control bytes and invalid UTF-8" || { not_ok "audit report tables hostile"; od -c "$work/evil-rep.txt" | head; }
+expect_rc 2 "audit report --html into a missing folder is exit 2" -- "$cli" audit report --db "$work/rep.db" --html "$work/no/such/dir/r.html"
 expect_rc 0 "audit show names a session" -- "$cli" audit show b3 --db "$work/j.db"
 expect_rc 2 "audit show on an unknown session" -- "$cli" audit show nope --db "$work/j.db"
 expect_rc 2 "a bad --since is a usage error" -- "$cli" audit sessions --db "$work/j.db" --since yesterday-ish

@@ -451,13 +451,80 @@ TEST_F(JournalTest, ReaderFiltersAndReports) {
     ASSERT_EQ(rep->by_user.size(), 2u);
     EXPECT_EQ(rep->by_user[1].key, "1001");
     EXPECT_EQ(rep->by_user[1].sessions, 3);
-    EXPECT_EQ(rep->by_user[1].denials, 2 + 5);
+    EXPECT_EQ(rep->by_user[1].denials, 2);
+    // Counted only (refusals-coalesced): no decision is recorded, so not called denials.
+    EXPECT_EQ(rep->by_user[1].other_refusals,
+              (std::map<std::string, std::int64_t>{{"coalesced", 5}}));
     EXPECT_EQ(rep->by_user[1].rx_bytes, 300);
     ASSERT_EQ(rep->by_netdev.size(), 2u);
     EXPECT_EQ(rep->by_netdev[0].key, "eth2");
     EXPECT_EQ(rep->by_netdev[0].sessions, 4);
-    ASSERT_EQ(rep->top_denied_rules.size(), 1u);
-    EXPECT_EQ(rep->top_denied_rules[0], (std::pair<std::string, std::int64_t>{"no-guests", 2}));
+    ASSERT_EQ(rep->denied_by_rule.size(), 1u);
+    EXPECT_EQ(rep->denied_by_rule[0].rule, "no-guests");
+    EXPECT_EQ(rep->denied_by_rule[0].count, 2);
+    EXPECT_TRUE(rep->quota_by_rule.empty());
+}
+
+// #16, 7: each refusal counts as what it was, with its device and hour.
+TEST_F(JournalTest, ReportTellsRefusalsApartPerGpuAndHour) {
+    constexpr std::int64_t hour = 3600LL * 1000000;
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Session s = session("s0");
+        s.gpu = "gpu-a";
+        s.started_us = 10 * hour + 5;
+        ASSERT_TRUE(j->open_session(s, grant_event()).ok());
+        Event end;
+        end.kind = kind::ended;
+        end.at_us = 12 * hour + 1;
+        end.detail = R"({"rx_bytes":700})";
+        ASSERT_TRUE(j->close_session("s0", "release", {700, 1, 0}, end).ok());
+        auto refuse = [&](std::optional<std::string> rule, const char *decision, const char *gpu,
+                          std::int64_t at) {
+            Event e;
+            e.kind = kind::denied;
+            e.at_us = at;
+            e.uid = 1000;
+            e.rule = std::move(rule);
+            e.decision = decision;
+            e.detail = std::string(R"({"netdev":"knodsim0","gpu":")") + gpu + "\"}";
+            ASSERT_TRUE(j->append(e).ok());
+        };
+        refuse(std::nullopt, "deny", "gpu-b", 10 * hour + 6); // no rule matched
+        refuse(std::nullopt, "deny", "gpu-b", 10 * hour + 7);
+        refuse("sim-local", "quota-exceeded", "gpu-a", 10 * hour + 8);
+        refuse("sim-local", "isolation-violation", "gpu-b", 12 * hour + 2);
+    }
+    auto r = std::move(JournalReader::open(path_)).value();
+    auto rep = r.report({});
+    ASSERT_TRUE(rep.ok()) << rep.error().message;
+    EXPECT_EQ(rep->totals.denials, 2);
+    EXPECT_EQ(rep->totals.quota_refusals, 1);
+    EXPECT_EQ(rep->totals.other_refusals_total(), 1);
+    ASSERT_EQ(rep->denied_by_rule.size(), 1u);
+    EXPECT_EQ(rep->denied_by_rule[0].rule, std::nullopt); // the default deny, kept
+    EXPECT_EQ(rep->denied_by_rule[0].count, 2);
+    ASSERT_EQ(rep->quota_by_rule.size(), 1u);
+    EXPECT_EQ(rep->quota_by_rule[0].rule, "sim-local");
+    ASSERT_EQ(rep->by_gpu.size(), 2u);
+    EXPECT_EQ(rep->by_gpu[0].key, "gpu-a");
+    EXPECT_EQ(rep->by_gpu[0].sessions, 1);
+    EXPECT_EQ(rep->by_gpu[0].rx_bytes, 700);
+    EXPECT_EQ(rep->by_gpu[0].quota_refusals, 1);
+    EXPECT_EQ(rep->by_gpu[1].denials, 2);
+    ASSERT_EQ(rep->timeline.size(), 2u);
+    EXPECT_EQ(rep->timeline[0].first, 10 * hour);
+    EXPECT_EQ(rep->timeline[0].second.sessions, 1);
+    EXPECT_EQ(rep->timeline[0].second.denials, 2);
+    EXPECT_EQ(rep->timeline[1].first, 12 * hour);
+    EXPECT_EQ(rep->timeline[1].second.rx_bytes, 700);
+    Filter only;
+    only.gpu = "gpu-b";
+    auto b = r.report(only);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(b->totals.sessions, 0);
+    EXPECT_EQ(b->totals.denials, 2);
+    EXPECT_EQ(b->totals.quota_refusals, 0);
 }
 
 TEST_F(JournalTest, ACopyIsReadWithoutWritingAnything) {
