@@ -25,9 +25,17 @@ struct Filter {
     std::optional<std::int64_t> since_us, until_us;
     std::optional<std::int64_t> uid;
     std::optional<std::string> netdev, gpu, rule, reason;
-    std::optional<std::string> decision; // events only: allow, deny, quota-exceeded, would-deny
-    std::optional<std::string> kind;     // events only
+    std::optional<std::string> decision;   // events only: allow, deny, quota-exceeded, would-deny
+    std::optional<std::string> kind;       // events only
+    std::optional<std::int64_t> after_seq; // events only: those after this one (export --after)
     std::optional<std::int64_t> limit;
+};
+
+// An event as the audit tools read it: the chained row plus what its session row says, for
+// events whose own detail does not name the netdev, GPU or flows (a session-ended event).
+struct EventRecord : StoredEvent {
+    std::optional<std::string> session_netdev, session_gpu;
+    std::optional<std::string> session_flows; // the sessions.flows column: a JSON array
 };
 
 struct Tally {
@@ -64,7 +72,7 @@ class JournalReader {
 
     // Calls `each` per matching row in time order; stop early by returning false.
     Result<void> sessions(const Filter &f, const std::function<bool(const Session &)> &each);
-    Result<void> events(const Filter &f, const std::function<bool(const StoredEvent &)> &each);
+    Result<void> events(const Filter &f, const std::function<bool(const EventRecord &)> &each);
     Result<std::optional<Session>> session(const std::string &id);
     Result<Report> report(const Filter &f);
     // The journal's id and writing host (empty fields in a journal older than schema 4).
