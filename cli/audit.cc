@@ -240,7 +240,7 @@ int list_events(const Options &o) {
     if (!f) return fail(o, "events", f.error());
     Printer p(o, event_columns, shown_event_columns());
     auto done = r->events(*f, [&](const journal::EventRecord &e) {
-        p.add(o.json ? journal::export_line(journal::export_record(e, id)) : std::string(),
+        p.add(o.json ? journal::export_line(e, id) : std::string(),
               o.json ? std::vector<std::string>() : event_row(e, id));
         return true;
     });
@@ -268,8 +268,7 @@ int show(const Options &o) {
         nlohmann::json j = session_json(**s, *id);
         j["events"] = nlohmann::json::array();
         for (auto &e : events) // the export record, with its field order
-            j["events"].push_back(
-                nlohmann::json::parse(journal::export_line(journal::export_record(e, *id))));
+            j["events"].push_back(nlohmann::json::parse(journal::export_line(e, *id)));
         std::cout << knod::dump_json(j, 2) << "\n";
         return exit_ok;
     }

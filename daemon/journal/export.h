@@ -48,10 +48,8 @@ struct FlatFields {
 };
 FlatFields flat_fields(const EventRecord &e);
 
-using Record = nlohmann::ordered_json; // keeps field order (and detail's own key order)
-Record export_record(const EventRecord &e, const JournalIdentity &id);
-// One line of a JSON-lines export: ASCII only (\u escapes), no newline.
-std::string export_line(const Record &r);
+// One event's record: a line of a JSON-lines export, ASCII only (\u escapes), no newline.
+std::string export_line(const EventRecord &e, const JournalIdentity &id);
 
 // Writes the events `f` selects as JSON lines, in chain order; returns how many. This is the
 // whole export path of `knod-policy audit export` (and what bench/journal_bench measures).

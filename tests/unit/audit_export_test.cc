@@ -83,7 +83,7 @@ std::vector<std::string> export_chain(std::vector<EventRecord> events) {
         e.prev_hash = prev;
         e.hash = chain_hash(prev, e.seq, e.event);
         prev = e.hash;
-        lines.push_back(export_line(export_record(e, id)));
+        lines.push_back(export_line(e, id));
     }
     return lines;
 }
