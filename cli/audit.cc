@@ -180,7 +180,8 @@ class Printer {
         for (std::size_t i : shown_) {
             std::string v = fields[i];
             if (header) std::transform(v.begin(), v.end(), v.begin(), ::toupper);
-            std::cout << std::left << std::setw(i == shown_.back() ? 0 : 21) << v << " ";
+            int width = columns_[i] == "time" ? 27 : 21; // microseconds and zone
+            std::cout << std::left << std::setw(i == shown_.back() ? 0 : width) << v << " ";
         }
         std::cout << "\n";
     }
