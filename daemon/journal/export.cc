@@ -128,17 +128,32 @@ class LineWriter {
     }
     void integer(const std::optional<std::int64_t> &v) { v ? integer(*v) : null(); }
     void string(const std::string &s) {
+        auto plain = [](unsigned char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; };
+        out_ += '"';
+        std::size_t i = 0;
+        while (i < s.size() && plain(static_cast<unsigned char>(s[i])))
+            ++i;
+        out_.append(s, 0, i);
+        if (i == s.size()) { // the common case: nothing to escape
+            out_ += '"';
+            return;
+        }
         if (!valid_utf8(s)) { // shown with U+FFFD, as nlohmann replaces it
+            out_.resize(out_.size() - i - 1);
             out_ += Json(s).dump(-1, ' ', true, Json::error_handler_t::replace);
             return;
         }
         static const char hex[] = "0123456789abcdef";
-        out_ += '"';
         char32_t cp = 0;
-        for (std::size_t i = 0; i < s.size();) {
+        while (i < s.size()) {
+            std::size_t run = i;
+            while (run < s.size() && plain(static_cast<unsigned char>(s[run])))
+                ++run;
+            out_.append(s, i, run - i);
+            if ((i = run) == s.size()) break;
             auto c = static_cast<unsigned char>(s[i]);
-            if (c >= 0x20 && c < 0x7f) {
-                if (c == '"' || c == '\\') out_ += '\\';
+            if (c == '"' || c == '\\') {
+                out_ += '\\';
                 out_ += static_cast<char>(c);
                 ++i;
                 continue;

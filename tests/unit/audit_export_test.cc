@@ -117,7 +117,12 @@ TEST(ExportVerify, RebuildsEveryDetailExactly) {
         events.push_back(event(static_cast<std::int64_t>(i + 1), awkward_details[i]));
     events[2].event.reason = "bad \xc3\x28 utf-8";
     events[3].event.kind = "kind\xfe";
+    // Valid UTF-8 that needs escaping: quotes, backslashes, controls, BMP and astral code points.
+    events[4].event.reason =
+        "a \"quote\" \\ back\\slash \x01\x1b\x7f caf\xc3\xa9 \xf0\x9f\x98\x80 \xc2\x85";
+    events[5].event.rule = "\"";
     auto lines = export_chain(events);
+    EXPECT_EQ(nlohmann::json::parse(lines[4])["reason"], *events[4].event.reason);
     auto c = check(lines);
     ASSERT_TRUE(c) << c.error().message;
     EXPECT_TRUE(c->ok) << c->problem << " line " << c->bad_line;
