@@ -485,7 +485,9 @@ Runner add_audit(CLI::App &app) {
         "check a JSON-lines export (audit export --format jsonl) instead of a journal, without "
         "the database: each line's hash from its own fields, and each line chaining to the one "
         "before; '-' reads stdin. A CSV export cannot be verified");
-    export_file->excludes(verify_cmd->get_option("--anchor"))->excludes(no_anchor);
+    export_file->excludes(verify_cmd->get_option("--anchor"))
+        ->excludes(no_anchor)
+        ->excludes(verify_cmd->get_option("--db"));
     verify_cmd
         ->add_flag("--allow-gaps", o->allow_gaps,
                    "with --export: accept missing events between lines (an export made "

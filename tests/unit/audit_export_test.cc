@@ -258,7 +258,8 @@ TEST(FilterValues, CoverWhatTheDaemonWrites) {
             EXPECT_TRUE(kinds.count((*it)[2])) << "kind " << (*it)[2];
         }
     EXPECT_GT(seen, 10);
-    std::regex kind_literal(R"re((?:event_for|refuse_action)\(\s*"([^"]+)")re");
+    std::regex kind_literal(
+        R"re((?:event_for|refuse_action)\(\s*"([^"]+)"|\.kind\s*=\s*"([^"]+)")re");
     std::regex decision_literal(R"re((?:\.decision\s*=\s*|refuse_action\([^;]*?,\s*)"([^"]+)")re");
     std::string manager = slurp(src / "daemon/binding_manager.h");
     auto rns = manager.substr(manager.find("namespace reason {"));
@@ -270,8 +271,10 @@ TEST(FilterValues, CoverWhatTheDaemonWrites) {
         if (f.path().extension() != ".cc") continue;
         std::string text = slurp(f.path());
         for (std::sregex_iterator it(text.begin(), text.end(), kind_literal), end; it != end;
-             ++it, ++literals)
-            EXPECT_TRUE(kinds.count((*it)[1])) << "kind " << (*it)[1] << " in " << f.path();
+             ++it, ++literals) {
+            std::string k = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+            EXPECT_TRUE(kinds.count(k)) << "kind " << k << " in " << f.path();
+        }
         for (std::sregex_iterator it(text.begin(), text.end(), decision_literal), end; it != end;
              ++it, ++literals)
             EXPECT_TRUE(decisions.count((*it)[1])) << "decision " << (*it)[1] << " in " << f.path();
