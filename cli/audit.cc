@@ -1,10 +1,13 @@
 // knod-policy audit: what security teams ask of the session journal, on a live host or on a
 // copy gathered from another node. Everything here opens the journal read-only.
+#include "cli/audit_export.h"
 #include "cli/audit_format.h"
 #include "cli/audit_report.h"
 #include "cli/commands.h"
+#include "daemon/journal/export.h"
 #include "daemon/journal/reader.h"
 #include "daemon/journal/verify.h"
+#include "daemon/journal/vocabulary.h"
 #include "knod/json.h"
 
 #include <pwd.h>
@@ -30,11 +33,21 @@ struct Options {
     std::string table = "events";
     std::string anchor;
     bool no_anchor = false;
+    std::string after;       // events after this event id (incremental export)
+    std::string export_file; // verify --export
+    bool allow_gaps = false;
 };
 
 void add_db(CLI::App *cmd, Options &o) {
     cmd->add_option("--db", o.db, "journal database file; a copy works too (nothing is written)")
         ->capture_default_str();
+}
+
+std::string joined(const std::vector<std::string> &v) {
+    std::string out;
+    for (auto &s : v)
+        out += (out.empty() ? "" : ", ") + s;
+    return out;
 }
 
 void add_filters(CLI::App *cmd, Options &o, bool events) {
@@ -45,11 +58,15 @@ void add_filters(CLI::App *cmd, Options &o, bool events) {
     cmd->add_option("--netdev", o.netdev, "one network device");
     cmd->add_option("--gpu", o.gpu, "one GPU");
     cmd->add_option("--rule", o.rule, "the deciding policy rule");
-    cmd->add_option("--reason", o.reason, events ? "the event's reason" : "why the session ended");
+    cmd->add_option("--reason", o.reason,
+                    events ? "the event's reason (its exact text)"
+                           : "why the session ended: " + joined(journal::known_end_reasons()));
     if (events) {
-        cmd->add_option("--decision", o.decision, "allow, deny, quota-exceeded, would-deny, ...");
-        cmd->add_option("--kind", o.kind,
-                        "request-granted, request-denied, session-ended, revoke, ...");
+        cmd->add_option("--decision", o.decision, "one of: " + joined(journal::known_decisions()));
+        cmd->add_option("--kind", o.kind, "one of: " + joined(journal::known_kinds()));
+        cmd->add_option("--after", o.after,
+                        "only events after this event id (an export's event_id, "
+                        "JOURNAL_ID-SEQ): continues an earlier export");
     }
     cmd->add_option("--limit", o.limit, "at most this many rows");
 }
@@ -60,7 +77,22 @@ void add_output(CLI::App *cmd, Options &o) {
     j->excludes(c);
 }
 
-Result<journal::Filter> make_filter(const Options &o) {
+Result<journal::Filter> make_filter(const Options &o, bool events) {
+    // A value no event can have is a typo, never an empty answer.
+    auto member = [](const std::string &what, const std::string &v,
+                     const std::vector<std::string> &accepted) -> Result<void> {
+        if (v.empty()) return {};
+        if (auto bad = check_member(what, v, accepted))
+            return make_error(Errc::invalid_argument, *bad);
+        return {};
+    };
+    if (events) {
+        if (auto r = member("kind", o.kind, journal::known_kinds()); !r) return r.error();
+        if (auto r = member("decision", o.decision, journal::known_decisions()); !r)
+            return r.error();
+    } else if (auto r = member("end reason", o.reason, journal::known_end_reasons()); !r) {
+        return r.error();
+    }
     journal::Filter f;
     std::int64_t now = journal::now_us();
     auto when = [&](const std::string &text,
@@ -119,10 +151,10 @@ class Printer {
         if (o_.csv) std::cout << csv_row(columns_) << "\n";
         if (!o_.csv && !o_.json) row(columns_, true);
     }
-    void add(const nlohmann::json &j, const std::vector<std::string> &fields) {
+    void add(const std::string &json_text, const std::vector<std::string> &fields) {
         ++count_;
         if (o_.json)
-            std::cout << (count_ > 1 ? ",\n" : "[\n") << knod::dump_json(j);
+            std::cout << (count_ > 1 ? ",\n" : "[\n") << json_text;
         else if (o_.csv)
             std::cout << csv_row(fields) << "\n";
         else
@@ -150,7 +182,8 @@ class Printer {
         for (std::size_t i : shown_) {
             std::string v = fields[i];
             if (header) std::transform(v.begin(), v.end(), v.begin(), ::toupper);
-            std::cout << std::left << std::setw(i == shown_.back() ? 0 : 21) << v << " ";
+            int width = columns_[i] == "time" ? 27 : 21; // microseconds and zone
+            std::cout << std::left << std::setw(i == shown_.back() ? 0 : width) << v << " ";
         }
         std::cout << "\n";
     }
@@ -161,13 +194,15 @@ class Printer {
 };
 
 int list_sessions(const Options &o) {
-    auto f = make_filter(o);
+    auto f = make_filter(o, false);
     if (!f) return fail(o, "sessions", f.error());
     auto r = journal::JournalReader::open(o.db);
     if (!r) return fail(o, "sessions", r.error());
+    auto id = r->identity();
+    if (!id) return fail(o, "sessions", id.error());
     Printer p(o, session_columns, {0, 1, 3, 4, 6, 7, 8, 9, 11});
     auto done = r->sessions(*f, [&](const journal::Session &s) {
-        p.add(session_json(s), session_row(s));
+        p.add(o.json ? knod::dump_json(session_json(s, *id)) : std::string(), session_row(s));
         return true;
     });
     if (!done) return p.abort("sessions", done.error());
@@ -175,14 +210,41 @@ int list_sessions(const Options &o) {
     return exit_ok;
 }
 
+// The filter, the journal's identity and --after's seq: what events and export share.
+Result<journal::Filter> event_query(const Options &o, journal::JournalReader &r,
+                                    const std::string &command, journal::JournalIdentity &id) {
+    auto f = make_filter(o, true);
+    if (!f) return f.error();
+    auto got = record_identity(r, o.db, command);
+    if (!got) return got.error();
+    id = *got;
+    if (!o.after.empty()) {
+        auto seq = resume_after(o.after, id, o.db);
+        if (!seq) return seq.error();
+        f->after_seq = *seq;
+    }
+    return f;
+}
+
+// The table shows these columns of event_columns.
+std::vector<std::size_t> shown_event_columns() {
+    std::vector<std::size_t> out;
+    for (const char *name : {"seq", "time", "kind", "session", "uid", "rule", "decision", "reason"})
+        out.push_back(static_cast<std::size_t>(
+            std::find(event_columns.begin(), event_columns.end(), name) - event_columns.begin()));
+    return out;
+}
+
 int list_events(const Options &o) {
-    auto f = make_filter(o);
-    if (!f) return fail(o, "events", f.error());
     auto r = journal::JournalReader::open(o.db);
     if (!r) return fail(o, "events", r.error());
-    Printer p(o, event_columns, {0, 1, 2, 3, 4, 6, 7, 8});
-    auto done = r->events(*f, [&](const journal::StoredEvent &e) {
-        p.add(event_json(e), event_row(e));
+    journal::JournalIdentity id;
+    auto f = event_query(o, *r, "events", id);
+    if (!f) return fail(o, "events", f.error());
+    Printer p(o, event_columns, shown_event_columns());
+    auto done = r->events(*f, [&](const journal::EventRecord &e) {
+        p.add(o.json ? journal::export_line(e, id) : std::string(),
+              o.json ? std::vector<std::string>() : event_row(e, id));
         return true;
     });
     if (!done) return p.abort("events", done.error());
@@ -197,17 +259,19 @@ int show(const Options &o) {
     if (!s) return fail(o, "show", s.error());
     if (!*s) return fail(o, "show", make_error(Errc::not_found, "no session " + o.session));
     journal::Filter f;
-    std::vector<journal::StoredEvent> events;
-    auto done = r->events(f, [&](const journal::StoredEvent &e) {
+    std::vector<journal::EventRecord> events;
+    auto done = r->events(f, [&](const journal::EventRecord &e) {
         if (e.event.session_id == o.session) events.push_back(e);
         return true;
     });
     if (!done) return fail(o, "show", done.error());
     if (o.json) {
-        nlohmann::json j = session_json(**s);
+        auto id = r->identity();
+        if (!id) return fail(o, "show", id.error());
+        nlohmann::json j = session_json(**s, *id);
         j["events"] = nlohmann::json::array();
-        for (auto &e : events)
-            j["events"].push_back(event_json(e));
+        for (auto &e : events) // the export record, with its field order
+            j["events"].push_back(nlohmann::json::parse(journal::export_line(e, *id)));
         std::cout << knod::dump_json(j, 2) << "\n";
         return exit_ok;
     }
@@ -222,7 +286,7 @@ int show(const Options &o) {
 }
 
 int report(const Options &o) {
-    auto f = make_filter(o);
+    auto f = make_filter(o, true);
     if (!f) return fail(o, "report", f.error());
     if (auto done = run_report({o.db, *f, o.json, o.html}); !done)
         return fail(o, "report", done.error());
@@ -230,27 +294,42 @@ int report(const Options &o) {
 }
 
 int export_rows(const Options &o) {
-    auto f = make_filter(o);
-    if (!f) return fail(o, "export", f.error());
     auto r = journal::JournalReader::open(o.db);
     if (!r) return fail(o, "export", r.error());
     bool csv = o.format == "csv";
-    std::size_t n = 0;
+    std::int64_t n = 0;
     Result<void> done;
     if (o.table == "sessions") {
+        if (!o.after.empty())
+            return fail(o, "export",
+                        make_error(Errc::invalid_argument, "--after applies to --table events"));
+        auto f = make_filter(o, false);
+        if (!f) return fail(o, "export", f.error());
+        auto id = r->identity();
+        if (!id) return fail(o, "export", id.error());
         if (csv) std::cout << csv_row(session_columns) << "\n";
         done = r->sessions(*f, [&](const journal::Session &s) {
-            std::cout << (csv ? csv_row(session_row(s)) : knod::dump_json(session_json(s))) << "\n";
+            std::cout << (csv ? csv_row(session_row(s)) : knod::dump_json(session_json(s, *id)))
+                      << "\n";
             ++n;
             return true;
         });
     } else {
-        if (csv) std::cout << csv_row(event_columns) << "\n";
-        done = r->events(*f, [&](const journal::StoredEvent &e) {
-            std::cout << (csv ? csv_row(event_row(e)) : knod::dump_json(event_json(e))) << "\n";
-            ++n;
-            return true;
-        });
+        journal::JournalIdentity id;
+        auto f = event_query(o, *r, "export", id);
+        if (!f) return fail(o, "export", f.error());
+        if (csv) {
+            std::cout << csv_row(event_columns) << "\n";
+            done = r->events(*f, [&](const journal::EventRecord &e) {
+                std::cout << csv_row(event_row(e, id)) << "\n";
+                ++n;
+                return true;
+            });
+        } else if (auto wrote = journal::export_jsonl(*r, *f, id, std::cout); !wrote) {
+            done = wrote.error();
+        } else {
+            n = *wrote;
+        }
     }
     if (!done) return fail(o, "export", done.error());
     std::cerr << "exported " << n << " " << o.table << "\n";
@@ -258,6 +337,7 @@ int export_rows(const Options &o) {
 }
 
 int verify(const Options &o) {
+    if (!o.export_file.empty()) return verify_export_file(o.export_file, o.allow_gaps, o.json);
     bool tty = !o.json && isatty(STDERR_FILENO);
     auto progress = [tty](std::int64_t done, std::int64_t total) {
         if (!tty || total == 0) return;
@@ -320,8 +400,8 @@ Runner add_audit(CLI::App &app) {
     auto *report_cmd = audit->add_subcommand(
         "report", "Per user, netdev, GPU and hour over a period: sessions, bytes, denials, quota "
                   "refusals, other refusals, revocations; and the rules behind the refusals.");
-    auto *export_cmd =
-        audit->add_subcommand("export", "Stream events or sessions as JSON lines or CSV.");
+    auto *export_cmd = audit->add_subcommand(
+        "export", "Stream events or sessions as JSON lines or CSV, for a SIEM or an archive.");
     auto *verify_cmd = audit->add_subcommand(
         "verify", "Check the journal's hash chain and its anchor: finds any edited, deleted, "
                   "inserted or reordered event, and a truncated tail.");
@@ -352,6 +432,13 @@ Runner add_audit(CLI::App &app) {
     export_cmd->add_option("--table", o->table, "events or sessions")
         ->check(CLI::IsMember({"events", "sessions"}))
         ->capture_default_str();
+    export_cmd->footer(
+        "Each event record has event_id (JOURNAL_ID-SEQ, unique across journals and hosts), "
+        "time (RFC 3339, microseconds, UTC) and at_us, host and machine_id, netdev, gpu and "
+        "flows, the hashed fields, prev_hash and hash (docs/audit-export.md). A JSON-lines "
+        "export of events can be re-verified without the database (audit verify --export "
+        "FILE); a CSV export cannot. For an incremental export pass the last event_id exported "
+        "as --after.");
     verify_cmd->add_option("--anchor", o->anchor,
                            "the chain head kept outside the database (default: DB.anchor; missing "
                            "is a failure unless --no-anchor)");
@@ -361,10 +448,25 @@ Runner add_audit(CLI::App &app) {
         "goes unnoticed)");
     no_anchor->excludes(verify_cmd->get_option("--anchor"));
     verify_cmd->add_flag("--json", o->json, "print the result as JSON");
+    auto *export_file = verify_cmd->add_option(
+        "--export", o->export_file,
+        "check a JSON-lines export (audit export --format jsonl) instead of a journal, without "
+        "the database: each line's hash from its own fields, and each line chaining to the one "
+        "before; '-' reads stdin. A CSV export cannot be verified");
+    export_file->excludes(verify_cmd->get_option("--anchor"))
+        ->excludes(no_anchor)
+        ->excludes(verify_cmd->get_option("--db"));
+    verify_cmd
+        ->add_flag("--allow-gaps", o->allow_gaps,
+                   "with --export: accept missing events between lines (an export made "
+                   "with filters); each line is still checked against its hash")
+        ->needs(export_file);
     verify_cmd->footer(
         "Exit 0 when the chain is intact, 1 naming the first bad event (or a missing anchor), "
         "2 when the journal or the anchor cannot be read (with the reason; --json prints "
-        "{\"error\": ...}).");
+        "{\"error\": ...}). With --export: 1 names the first edited, reordered or replaced "
+        "line (file line number and event id) or the gaps; 2 for a file that cannot be read or "
+        "is not an export. What an export's verification proves is in docs/audit-export.md.");
     audit->footer("Times are UTC. Exit codes: 0 ok, 1 verification failed (tampered), 2 bad "
                   "input or an unreadable journal, with the reason.");
 

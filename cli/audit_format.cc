@@ -1,7 +1,9 @@
 #include "cli/audit_format.h"
 
+#include "daemon/journal/export.h"
 #include "policy/parser.h"
 
+#include <algorithm>
 #include <ctime>
 #include <string_view>
 
@@ -12,7 +14,9 @@ const std::vector<std::string> session_columns = {
     "started", "ended", "end_reason", "region_bytes", "rx_bytes", "rx_packets", "dropped_packets",
     "exe",     "unit",  "key_id",     "flows"};
 const std::vector<std::string> event_columns = {
-    "seq", "time", "kind", "session", "uid", "pid", "rule", "decision", "reason", "detail", "hash"};
+    "event_id", "journal_id", "seq",   "time",   "at_us",     "host",     "machine_id",
+    "kind",     "session",    "uid",   "pid",    "rule",      "decision", "reason",
+    "netdev",   "gpu",        "flows", "detail", "prev_hash", "hash"};
 
 std::string format_time(std::optional<std::int64_t> us) {
     if (!us) return {};
@@ -64,57 +68,61 @@ std::string csv_row(const std::vector<std::string> &fields) {
     return out;
 }
 
-nlohmann::json session_json(const journal::Session &s) {
-    return {{"id", s.id},
-            {"uid", s.uid},
-            {"pid", s.pid},
-            {"netdev", s.netdev},
-            {"gpu", s.gpu},
-            {"mode", s.mode},
-            {"rule", s.rule},
-            {"started", format_time(s.started_us)},
-            {"ended", s.ended_us ? nlohmann::json(format_time(s.ended_us)) : nlohmann::json()},
-            {"end_reason", s.end_reason ? nlohmann::json(*s.end_reason) : nlohmann::json()},
-            {"region_bytes", s.region_bytes},
-            {"rx_bytes", s.counters.rx_bytes},
-            {"rx_packets", s.counters.rx_packets},
-            {"dropped_packets", s.counters.dropped_packets},
-            {"exe", s.exe},
-            {"unit", s.unit},
-            {"key_id", s.key_id},
-            {"flows", s.flows}};
+nlohmann::json session_json(const journal::Session &s, const journal::JournalIdentity &id) {
+    auto nonempty = [](const std::string &v) {
+        return v.empty() ? nlohmann::json() : nlohmann::json(v);
+    };
+    return {
+        {"id", s.id},
+        {"journal_id", nonempty(id.journal_id)},
+        {"host", nonempty(id.hostname)},
+        {"machine_id", nonempty(id.machine_id)},
+        {"uid", s.uid},
+        {"pid", s.pid},
+        {"netdev", s.netdev},
+        {"gpu", s.gpu},
+        {"mode", s.mode},
+        {"rule", s.rule},
+        {"started", journal::rfc3339_us(s.started_us)},
+        {"started_us", s.started_us},
+        {"ended", s.ended_us ? nlohmann::json(journal::rfc3339_us(*s.ended_us)) : nlohmann::json()},
+        {"ended_us", s.ended_us ? nlohmann::json(*s.ended_us) : nlohmann::json()},
+        {"end_reason", s.end_reason ? nlohmann::json(*s.end_reason) : nlohmann::json()},
+        {"region_bytes", s.region_bytes},
+        {"rx_bytes", s.counters.rx_bytes},
+        {"rx_packets", s.counters.rx_packets},
+        {"dropped_packets", s.counters.dropped_packets},
+        {"exe", s.exe},
+        {"unit", s.unit},
+        {"key_id", s.key_id},
+        {"flows", s.flows}};
 }
 
 namespace {
-nlohmann::json opt(const std::optional<std::string> &v) {
-    return v ? nlohmann::json(*v) : nlohmann::json();
-}
-nlohmann::json opt(const std::optional<std::int64_t> &v) {
-    return v ? nlohmann::json(*v) : nlohmann::json();
-}
 std::string text(const std::optional<std::string> &v) {
     return v.value_or("");
 }
 std::string text(const std::optional<std::int64_t> &v) {
     return v ? std::to_string(*v) : "";
 }
-} // namespace
 
-nlohmann::json event_json(const journal::StoredEvent &e) {
-    nlohmann::json detail =
-        e.event.detail ? nlohmann::json::parse(*e.event.detail, nullptr, false) : nlohmann::json();
-    return {{"seq", e.seq},
-            {"time", format_time(e.event.at_us)},
-            {"kind", e.event.kind},
-            {"session", opt(e.event.session_id)},
-            {"uid", opt(e.event.uid)},
-            {"pid", opt(e.event.pid)},
-            {"rule", opt(e.event.rule)},
-            {"decision", opt(e.event.decision)},
-            {"reason", opt(e.event.reason)},
-            {"detail", detail.is_discarded() ? nlohmann::json(*e.event.detail) : detail},
-            {"hash", journal::to_hex(e.hash)}};
+// Optimal string alignment distance, for "did you mean": short strings only.
+std::size_t distance(const std::string &a, const std::string &b) {
+    std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+    for (std::size_t i = 0; i <= a.size(); ++i)
+        d[i][0] = i;
+    for (std::size_t j = 0; j <= b.size(); ++j)
+        d[0][j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i)
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
+                                d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+                d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+    return d[a.size()][b.size()];
 }
+} // namespace
 
 std::vector<std::string> session_row(const journal::Session &s) {
     std::string flows;
@@ -140,11 +148,50 @@ std::vector<std::string> session_row(const journal::Session &s) {
             flows};
 }
 
-std::vector<std::string> event_row(const journal::StoredEvent &e) {
-    return {std::to_string(e.seq),    format_time(e.event.at_us), e.event.kind,
-            text(e.event.session_id), text(e.event.uid),          text(e.event.pid),
-            text(e.event.rule),       text(e.event.decision),     text(e.event.reason),
-            text(e.event.detail),     journal::to_hex(e.hash)};
+std::vector<std::string> event_row(const journal::EventRecord &e,
+                                   const journal::JournalIdentity &id) {
+    journal::FlatFields flat = journal::flat_fields(e);
+    std::string flows;
+    for (auto &f : flat.flows.value_or(std::vector<std::string>{}))
+        flows += (flows.empty() ? "" : "; ") + f;
+    return {journal::export_event_id(id.journal_id, e.seq),
+            id.journal_id,
+            std::to_string(e.seq),
+            journal::rfc3339_us(e.event.at_us),
+            std::to_string(e.event.at_us),
+            id.hostname,
+            id.machine_id,
+            e.event.kind,
+            text(e.event.session_id),
+            text(e.event.uid),
+            text(e.event.pid),
+            text(e.event.rule),
+            text(e.event.decision),
+            text(e.event.reason),
+            text(flat.netdev),
+            text(flat.gpu),
+            flows,
+            text(e.event.detail),
+            journal::to_hex(e.prev_hash),
+            journal::to_hex(e.hash)};
+}
+
+std::optional<std::string> check_member(const std::string &what, const std::string &value,
+                                        const std::vector<std::string> &accepted) {
+    if (std::find(accepted.begin(), accepted.end(), value) != accepted.end()) return std::nullopt;
+    std::string best;
+    std::size_t best_d = std::max<std::size_t>(2, value.size() / 3) + 1;
+    for (auto &a : accepted)
+        if (std::size_t d = distance(value, a); d < best_d) {
+            best_d = d;
+            best = a;
+        }
+    std::string msg = "unknown " + what + " '" + value + "'";
+    if (!best.empty()) msg += " (did you mean '" + best + "'?)";
+    msg += "; one of: ";
+    for (std::size_t i = 0; i < accepted.size(); ++i)
+        msg += (i ? ", " : "") + accepted[i];
+    return msg;
 }
 
 } // namespace knod::cli

@@ -1,6 +1,8 @@
 // How audit commands print: times, CSV fields, and one JSON object per session or event.
 #pragma once
 
+#include "daemon/journal/identity.h"
+#include "daemon/journal/reader.h"
 #include "daemon/journal/records.h"
 
 #include <nlohmann/json.hpp>
@@ -20,11 +22,19 @@ std::optional<std::int64_t> parse_time(const std::string &text, std::int64_t now
 std::string csv_field(const std::string &v);
 std::string csv_row(const std::vector<std::string> &fields);
 
-nlohmann::json session_json(const journal::Session &s);
-nlohmann::json event_json(const journal::StoredEvent &e);
+// Sessions as records: times in RFC 3339 with microseconds (and raw *_us), the journal's host.
+nlohmann::json session_json(const journal::Session &s, const journal::JournalIdentity &id = {});
 std::vector<std::string> session_row(const journal::Session &s);
-std::vector<std::string> event_row(const journal::StoredEvent &e);
+// An event as a CSV/table row, the same fields as its export record (journal/export.h): flows
+// joined with "; " (a flow spec itself holds spaces), detail as the stored text.
+std::vector<std::string> event_row(const journal::EventRecord &e,
+                                   const journal::JournalIdentity &id);
 extern const std::vector<std::string> session_columns;
 extern const std::vector<std::string> event_columns;
+
+// A filter value must be one of `accepted`: nullopt if it is, else the message for the user,
+// "unknown kind 'request-deny' (did you mean 'request-denied'?); one of: ...".
+std::optional<std::string> check_member(const std::string &what, const std::string &value,
+                                        const std::vector<std::string> &accepted);
 
 } // namespace knod::cli

@@ -41,11 +41,12 @@ Error journal_error(const Error &e) {
                           e.message + ")");
 }
 
-std::string flows_text(const std::vector<policy::FlowSpec> &flows) {
+// An array of flow specs: exports show it as is (daemons before #16 stored a JSON-encoded string).
+nlohmann::json flows_json(const std::vector<policy::FlowSpec> &flows) {
     nlohmann::json j = nlohmann::json::array();
     for (auto &f : flows)
         j.push_back(f.to_string());
-    return knod::dump_json(j);
+    return j;
 }
 
 } // namespace
@@ -529,7 +530,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           {"gpu", gpu->name},
                           {"mode", args.mode},
                           {"region_bytes", args.length},
-                          {"flows", flows_text(req.flows)},
+                          {"flows", flows_json(req.flows)},
                           {"exe", escape_untrusted(caller.executable)},
                           {"unit", escape_untrusted(caller.unit)},
                           {"user_unit", escape_untrusted(caller.user_unit)},

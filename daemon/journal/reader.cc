@@ -174,7 +174,7 @@ Result<void> JournalReader::sessions(const Filter &f,
 }
 
 Result<void> JournalReader::events(const Filter &f,
-                                   const std::function<bool(const StoredEvent &)> &each) {
+                                   const std::function<bool(const EventRecord &)> &each) {
     Where w;
     w.add("e.at_us >= ?", f.since_us);
     w.add("e.at_us < ?", f.until_us);
@@ -185,8 +185,10 @@ Result<void> JournalReader::events(const Filter &f,
     w.add("e.reason = ?", f.reason);
     w.add("e.decision = ?", f.decision);
     w.add("e.kind = ?", f.kind);
+    w.add("e.seq > ?", f.after_seq);
     auto st = j_.db().prepare("SELECT e.seq, e.at_us, e.kind, e.session_id, e.uid, e.pid, e.rule, "
-                              "e.decision, e.reason, e.detail, e.prev_hash, e.hash FROM events e "
+                              "e.decision, e.reason, e.detail, e.prev_hash, e.hash, s.netdev, "
+                              "s.gpu, s.flows FROM events e "
                               "LEFT JOIN sessions s ON s.id = e.session_id" +
                               w.sql() + " ORDER BY e.seq" + limit_sql(f));
     if (!st) return st.error();
@@ -195,7 +197,7 @@ Result<void> JournalReader::events(const Filter &f,
         auto row = st->step();
         if (!row) return row.error();
         if (!*row) return {};
-        StoredEvent e;
+        EventRecord e;
         e.seq = st->int64(0);
         e.event.at_us = st->int64(1);
         e.event.kind = st->text(2);
@@ -206,8 +208,13 @@ Result<void> JournalReader::events(const Filter &f,
         e.event.decision = st->opt_text(7);
         e.event.reason = st->opt_text(8);
         e.event.detail = st->opt_text(9);
-        std::string h = st->blob(11);
-        if (h.size() == e.hash.size()) std::copy(h.begin(), h.end(), e.hash.begin());
+        for (auto [column, hash] : {std::pair{10, &e.prev_hash}, std::pair{11, &e.hash}}) {
+            std::string h = st->blob(column);
+            if (h.size() == hash->size()) std::copy(h.begin(), h.end(), hash->begin());
+        }
+        e.session_netdev = st->opt_text(12);
+        e.session_gpu = st->opt_text(13);
+        e.session_flows = st->opt_text(14);
         if (!each(e)) return {};
     }
 }

@@ -26,9 +26,17 @@ struct Filter {
     std::optional<std::int64_t> since_us, until_us;
     std::optional<std::int64_t> uid;
     std::optional<std::string> netdev, gpu, rule, reason;
-    std::optional<std::string> decision; // events only: allow, deny, quota-exceeded, would-deny
-    std::optional<std::string> kind;     // events only
+    std::optional<std::string> decision;   // events only: allow, deny, quota-exceeded, would-deny
+    std::optional<std::string> kind;       // events only
+    std::optional<std::int64_t> after_seq; // events only: those after this one (export --after)
     std::optional<std::int64_t> limit;
+};
+
+// An event as the audit tools read it: the chained row plus what its session row says, for
+// events whose own detail does not name the netdev, GPU or flows (a session-ended event).
+struct EventRecord : StoredEvent {
+    std::optional<std::string> session_netdev, session_gpu;
+    std::optional<std::string> session_flows; // the sessions.flows column: a JSON array
 };
 
 struct Tally {
@@ -85,7 +93,7 @@ class JournalReader {
 
     // Calls `each` per matching row in time order; stop early by returning false.
     Result<void> sessions(const Filter &f, const std::function<bool(const Session &)> &each);
-    Result<void> events(const Filter &f, const std::function<bool(const StoredEvent &)> &each);
+    Result<void> events(const Filter &f, const std::function<bool(const EventRecord &)> &each);
     Result<std::optional<Session>> session(const std::string &id);
     // Counts events in [since, until): a session is counted by its grant, its bytes by its end,
     // a revocation for the session's owner. Honours uid, netdev and gpu of `f` (a session's

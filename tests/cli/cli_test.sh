@@ -197,6 +197,107 @@ expect_rc 0 "audit show names a session" -- "$cli" audit show b3 --db "$work/j.d
 expect_rc 2 "audit show on an unknown session" -- "$cli" audit show nope --db "$work/j.db"
 expect_rc 2 "a bad --since is a usage error" -- "$cli" audit sessions --db "$work/j.db" --since yesterday-ish
 
+# Exports a SIEM can ingest and re-verify (#16, 6).
+"$cli" audit export --db "$work/j.db" >"$work/x.jsonl" 2>/dev/null
+expect_rc 0 "audit verify --export passes an untouched export" -- "$cli" audit verify --export "$work/x.jsonl"
+py 'import json,re,sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 40
+jid = r[0]["journal_id"]; assert re.fullmatch("[0-9a-f]{32}", jid), jid
+for x in r:
+    assert x["event_id"] == "%s-%d" % (jid, x["seq"]), x["event_id"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", x["time"]), x["time"]
+    assert x["time"].endswith(".%06dZ" % (x["at_us"] % 1000000)), (x["time"], x["at_us"])
+    assert x["host"] and re.fullmatch("[0-9a-f]{32}", x["machine_id"] or "0"*32), x
+    assert x["netdev"] == "knodsim0" and x["gpu"] == "sim0", x
+    assert x["flows"] == ["udp * -> *:5000"], x["flows"]
+    assert re.fullmatch("[0-9a-f]{64}", x["prev_hash"]) and re.fullmatch("[0-9a-f]{64}", x["hash"])
+grants = [x for x in r if x["kind"] == "request-granted"]
+assert all(isinstance(x["detail"], dict) for x in grants)
+assert all(a["hash"] == b["prev_hash"] for a, b in zip(r, r[1:]))
+assert len({x["event_id"] for x in r}) == 40' "$work/x.jsonl" \
+    && ok "export records: event_id, microsecond RFC 3339 times, host, machine_id, flat netdev/gpu, flows as an array, prev_hash" \
+    || { not_ok "export record shape"; head -3 "$work/x.jsonl"; }
+edit_line() { # edit_line IN OUT LINE PYTHON-EXPR-ON-r
+    py 'import json,sys
+lines = open(sys.argv[1]).read().splitlines(); n = int(sys.argv[3]) - 1
+r = json.loads(lines[n]); exec(sys.argv[4]); lines[n] = json.dumps(r)
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")' "$@"; }
+for edit in 'r["reason"] = "revoke"' 'r["uid"] = 0' 'r["detail"]["region_bytes"] = 1' 'r["at_us"] += 1; r["time"] = r["time"]' \
+            'r["flows"] = ["udp * -> *:22"]' 'r["time"] = r["time"].replace(".", ",")'; do
+    edit_line "$work/x.jsonl" "$work/edited.jsonl" 5 "$edit"
+    id=$(sed -n 5p "$work/x.jsonl" | py 'import json,sys; print(json.load(sys.stdin)["event_id"])')
+    "$cli" audit verify --export "$work/edited.jsonl" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 1 ] && grep -q "line 5 (event $id)" "$work/out" && ok "verify --export finds an edited line ($edit) and names it" || { not_ok "edited export line ($edit): exit $rc"; cat "$work/out"; }
+done
+sed 7d "$work/x.jsonl" >"$work/gap.jsonl"
+"$cli" audit verify --export "$work/gap.jsonl" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 1 ] && grep -q "event 7 (between lines 6 and 7)" "$work/out" && ok "verify --export finds a deleted line as a gap" || { not_ok "deleted export line: exit $rc"; cat "$work/out"; }
+expect_rc 0 "verify --export --allow-gaps accepts a filtered export" -- "$cli" audit verify --export "$work/gap.jsonl" --allow-gaps
+"$cli" audit export --db "$work/j.db" --kind session-ended >"$work/ended.jsonl" 2>/dev/null
+expect_rc 0 "verify --export --allow-gaps checks each line of a --kind export" -- "$cli" audit verify --export "$work/ended.jsonl" --allow-gaps
+awk 'NR == 5 { held = $0; next } { print } NR == 6 { print held }' "$work/x.jsonl" >"$work/swap.jsonl"
+expect_rc 1 "verify --export finds swapped lines" -- "$cli" audit verify --export "$work/swap.jsonl"
+sed '8{p;}' "$work/x.jsonl" >"$work/dup.jsonl"
+expect_rc 1 "verify --export finds a repeated line" -- "$cli" audit verify --export "$work/dup.jsonl"
+expect_rc 0 "verify --export - reads stdin" -- sh -c '"$1" audit verify --export - <"$2"' - "$cli" "$work/x.jsonl"
+{ head -3 "$work/x.jsonl"; echo '{"not": "an export"'; } >"$work/bad.jsonl"
+"$cli" audit verify --export "$work/bad.jsonl" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "line 4: not a JSON object" "$work/out" && ok "verify --export on a malformed line is exit 2 naming it" || { not_ok "malformed export: exit $rc"; cat "$work/out"; }
+expect_rc 2 "verify --export on a missing file is exit 2" -- "$cli" audit verify --export "$work/none.jsonl"
+"$cli" audit verify --export "$work/none.jsonl" --json >"$work/out.json" 2>/dev/null; jerr_ok=$?
+py 'import json,sys; assert json.load(open(sys.argv[1]))["error"]' "$work/out.json" && ok "verify --export --json error is JSON" || { not_ok "verify --export --json error"; cat "$work/out.json"; }
+# Incremental: --after the last exported event_id gives exactly the later events, chaining on.
+"$cli" audit export --db "$work/j.db" --limit 15 >"$work/first.jsonl" 2>/dev/null
+last=$(tail -1 "$work/first.jsonl" | py 'import json,sys; print(json.load(sys.stdin)["event_id"])')
+"$cli" audit export --db "$work/j.db" --after "$last" >"$work/rest.jsonl" 2>/dev/null
+py 'import json,sys
+a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
+assert [x["seq"] for x in a] == list(range(1, 16)), [x["seq"] for x in a]
+assert [x["seq"] for x in b] == list(range(16, 41)), [x["seq"] for x in b]
+assert b[0]["prev_hash"] == a[-1]["hash"]' "$work/first.jsonl" "$work/rest.jsonl" \
+    && ok "export --after gives exactly the later events, chained to the previous export" || { not_ok "export --after"; }
+expect_rc 0 "verify --export on a later export alone (it starts mid-chain)" -- "$cli" audit verify --export "$work/rest.jsonl"
+cat "$work/first.jsonl" "$work/rest.jsonl" >"$work/both.jsonl"
+expect_rc 0 "verify --export on two incremental exports, one after the other" -- "$cli" audit verify --export "$work/both.jsonl"
+cmp -s "$work/both.jsonl" "$work/x.jsonl" && ok "the two incremental exports are the whole export" || not_ok "incremental exports differ from the whole"
+jid=${last%-*}
+"$cli" audit export --db "$work/j.db" --after "$jid-40" >"$work/out" 2>/dev/null; rc=$?
+[ "$rc" -eq 0 ] && [ ! -s "$work/out" ] && ok "export --after the head exports nothing" || { not_ok "--after the head: exit $rc"; cat "$work/out"; }
+"$cli" audit export --db "$work/j.db" --after "0123456789abcdef0123456789abcdef-3" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "journal 0123456789abcdef0123456789abcdef" "$work/out" && grep -q "journal $jid" "$work/out" \
+    && ok "export --after an event of another journal is exit 2 naming both" || { not_ok "--after another journal: exit $rc"; cat "$work/out"; }
+expect_rc 2 "export --after a malformed id is exit 2" -- "$cli" audit export --db "$work/j.db" --after "yesterday"
+# Filters refuse values no event has, listing the accepted ones.
+"$cli" audit events --db "$work/j.db" --kind request-deny >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "unknown kind 'request-deny'" "$work/out" && grep -q "one of: .*request-denied" "$work/out" \
+    && ok "--kind request-deny is exit 2 listing the kinds" || { not_ok "--kind typo: exit $rc"; cat "$work/out"; }
+expect_rc 2 "export --kind typo is exit 2" -- "$cli" audit export --db "$work/j.db" --kind revoked
+expect_rc 2 "--decision typo is exit 2" -- "$cli" audit events --db "$work/j.db" --decision denied
+expect_rc 2 "sessions --reason typo is exit 2" -- "$cli" audit sessions --db "$work/j.db" --reason released
+expect_rc 0 "a known --decision is accepted" -- "$cli" audit events --db "$work/j.db" --decision not-authorized
+# CSV: real columns for netdev, gpu, flows, prev_hash and hash.
+"$cli" audit export --db "$work/j.db" --format csv >"$work/x.csv" 2>/dev/null
+py 'import csv,sys
+r = list(csv.DictReader(open(sys.argv[1], newline="")))
+assert len(r) == 40
+for x in r:
+    assert x["netdev"] == "knodsim0" and x["gpu"] == "sim0" and x["flows"] == "udp * -> *:5000", x
+    assert x["event_id"].endswith("-" + x["seq"]) and len(x["time"]) == 27, x
+assert all(a["hash"] == b["prev_hash"] for a, b in zip(r, r[1:]))' "$work/x.csv" \
+    && ok "export --format csv has netdev, gpu, flows, prev_hash and hash columns" || { not_ok "export csv columns"; head -3 "$work/x.csv"; }
+"$cli" audit events --db "$work/j.db" --csv --limit 2 >"$work/e.csv"
+py 'import csv,sys; r = list(csv.DictReader(open(sys.argv[1], newline=""))); assert r[0]["flows"] and r[0]["at_us"] and r[1]["prev_hash"] == r[0]["hash"], r' "$work/e.csv" \
+    && ok "audit events --csv has the export columns" || { not_ok "events csv"; cat "$work/e.csv"; }
+# A journal from before schema 4 has no id: export still works, and says what ids it uses.
+cp "$work/j.db" "$work/old.db"; sqlite3 "$work/old.db" "DROP TABLE meta"
+"$cli" audit export --db "$work/old.db" >"$work/old.jsonl" 2>"$work/err"; rc=$?
+[ "$rc" -eq 0 ] && grep -q "has no journal id" "$work/err" && py 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; assert len(r)==40 and r[4]["event_id"]=="5" and r[4]["journal_id"] is None and r[4]["host"] is None' "$work/old.jsonl" \
+    && ok "an old journal exports with bare seq event ids and says why" || { not_ok "old journal export: exit $rc"; cat "$work/err"; }
+expect_rc 0 "verify --export passes an old journal's export" -- "$cli" audit verify --export "$work/old.jsonl"
+expect_rc 0 "export --after a bare seq on an old journal" -- "$cli" audit export --db "$work/old.db" --after 38
+expect_rc 2 "export --after a bare seq on a journal with an id" -- "$cli" audit export --db "$work/j.db" --after 38
+
 # A truncated tail: the chain alone looks whole, the anchor beside the database does not.
 cp "$work/j.db" "$work/t.db"; cp "$work/j.db.anchor" "$work/t.db.anchor"
 sqlite3 "$work/t.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq > 37"
@@ -312,7 +413,7 @@ sqlite3 "$work/evil.db" "UPDATE sessions SET unit='=cmd|'' /C calc''!A0', exe='/
     UPDATE sessions SET exe=CAST(x'2f746d702fff2f78' AS TEXT), gpu='+1', netdev='@SUM(A1)' WHERE id='b2';
     DROP TRIGGER events_no_update; UPDATE events SET reason='-2+3'||char(27)||'[2J'||char(13) WHERE seq=2;"
 for cmd in "audit sessions" "audit sessions --csv" "audit events" "audit events --csv" "audit show b1" "audit show b2" \
-           "audit export --format csv --table sessions" "audit export --format csv --table events" \
+           "audit export --format csv --table sessions" "audit export --format csv --table events" "audit export" \
            "audit sessions --json" "audit show b2 --json"; do
     # shellcheck disable=SC2086
     "$cli" $cmd --db "$work/evil.db" >"$work/evil.out" 2>&1

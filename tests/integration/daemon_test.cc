@@ -2,6 +2,7 @@
 // processes and other uids.
 #include "tests/integration/sandbox.h"
 
+#include "daemon/journal/export.h"
 #include "daemon/journal/verify.h"
 
 #include <fcntl.h>
@@ -644,4 +645,42 @@ flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000"]
         return sb.sql("SELECT count(*) FROM events WHERE decision = 'isolation-violation'") == "1";
     }));
     EXPECT_EQ(sb.sql("SELECT count(*) FROM sessions"), "0");
+}
+
+// #16, 6: what the daemon writes exports as a SIEM wants it (flows an array, not a JSON string
+// inside JSON) and re-verifies from the export alone, every detail rebuilt from the record.
+TEST_F(DaemonTest, ItsEventsExportWithFlowsAsAnArrayAndVerify) {
+    auto c = sb().client();
+    auto g = request(c, sim_flow);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_TRUE(c.release(g->id).ok());
+    Output denied = sb().run_client(
+        {"hold", "knodsim0", "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:9000"}, nobody);
+    ASSERT_TRUE(eventually([&] {
+        return sb().sql("SELECT count(*) FROM events WHERE kind = 'session-ended'") == "1" &&
+               sb().sql("SELECT count(*) FROM events WHERE kind = 'request-denied'") == "1";
+    })) << denied.out;
+    EXPECT_EQ(sb().sql("SELECT group_concat(DISTINCT json_type(detail, '$.flows')) FROM events "
+                       "WHERE kind IN ('request-granted', 'request-denied')"),
+              "array");
+
+    auto reader = journal::JournalReader::open(sb().journal());
+    ASSERT_TRUE(reader) << reader.error().message;
+    auto id = reader->identity();
+    ASSERT_TRUE(id);
+    EXPECT_EQ(id->journal_id.size(), 32u);
+    std::stringstream out;
+    auto n = journal::export_jsonl(*reader, {}, *id, out);
+    ASSERT_TRUE(n) << n.error().message;
+    std::string text = out.str();
+    EXPECT_NE(text.find(std::string("\"flows\":[\"") + sim_flow + "\"]"), std::string::npos)
+        << text;
+    EXPECT_EQ(text.find("\"detail_text\""), std::string::npos)
+        << "a detail the daemon wrote does not rebuild from its record: " << text;
+    EXPECT_NE(text.find("\"host\":\""), std::string::npos) << text;
+    auto check = journal::verify_export(out, false);
+    ASSERT_TRUE(check) << check.error().message;
+    EXPECT_TRUE(check->ok) << check->problem << " at line " << check->bad_line;
+    EXPECT_EQ(check->events, *n);
+    EXPECT_EQ(check->first_seq, 1);
 }

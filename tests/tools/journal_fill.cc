@@ -171,6 +171,15 @@ int main(int argc, char **argv) {
         grant.uid = s.uid;
         grant.rule = s.rule;
         grant.decision = "allow";
+        // As the daemon writes it; odd sessions as a daemon before #16 did, with the flows
+        // double-encoded (a JSON string holding the array), which exports must decode.
+        nlohmann::json flows = s.flows;
+        grant.detail =
+            knod::dump_json({{"netdev", s.netdev},
+                             {"gpu", s.gpu},
+                             {"mode", s.mode},
+                             {"region_bytes", s.region_bytes},
+                             {"flows", i % 2 ? nlohmann::json(knod::dump_json(flows)) : flows}});
         knod::journal::Event end;
         end.kind = knod::journal::kind::ended;
         if (!(*j)->open_session(s, grant) || !(*j)->close_session(s.id, "release", {}, end)) {
