@@ -298,6 +298,19 @@ int export_rows(const Options &o) {
     return exit_ok;
 }
 
+// What verify checked beside the chain (table_check.h).
+void print_tables(const journal::VerifyReport &r) {
+    std::cout << "sessions: " << r.sessions_checked
+              << " row(s) match the values their grant and closing events carry\n";
+    if (r.sessions_not_covered)
+        std::cout << "sessions: " << r.sessions_not_covered
+                  << " row(s) written by an older build are not covered (their events carry no "
+                     "values to compare; their existence is checked)\n";
+    std::cout << "policies: " << r.policies_checked
+              << " stored text(s) match their digests; every digest a policy load names is "
+                 "stored\n";
+}
+
 int verify(const Options &o) {
     bool tty = !o.json && isatty(STDERR_FILENO);
     auto progress = [tty](std::int64_t done, std::int64_t total) {
@@ -322,7 +335,12 @@ int verify(const Options &o) {
                                                     {"problem", report->problem},
                                                     {"head_hash", report->head_hash},
                                                     {"anchor_checked", report->anchor_checked},
-                                                    {"anchor_seq", report->anchor_seq}},
+                                                    {"anchor_seq", report->anchor_seq},
+                                                    {"sessions_checked", report->sessions_checked},
+                                                    {"sessions_not_covered",
+                                                     report->sessions_not_covered},
+                                                    {"policies_checked", report->policies_checked},
+                                                    {"chain_intact", report->chain_intact}},
                                      2)
                   << "\n";
     } else if (report->ok) {
@@ -338,6 +356,14 @@ int verify(const Options &o) {
                                       "would not be found\n"
                                     : "anchor: event " + std::to_string(report->anchor_seq) +
                                           " was pruned; the chain head is not compared\n");
+        print_tables(*report);
+    } else if (report->chain_intact) { // a table beside the chain contradicts it
+        std::cout << "FAILED: "
+                  << (report->first_bad_seq ? "first bad event " +
+                                                  std::to_string(report->first_bad_seq) + ": "
+                                            : std::string())
+                  << report->problem << "\n"
+                  << "the chain itself is intact (" << report->events_checked << " event(s))\n";
     } else {
         std::cout << "FAILED: first bad event " << report->first_bad_seq << ": " << report->problem
                   << "\n"
@@ -365,7 +391,9 @@ Runner add_audit(CLI::App &app) {
         audit->add_subcommand("export", "Stream events or sessions as JSON lines or CSV.");
     auto *verify_cmd = audit->add_subcommand(
         "verify", "Check the journal's hash chain and its anchor: finds any edited, deleted, "
-                  "inserted or reordered event, and a truncated tail.");
+                  "inserted or reordered event, and a truncated tail; then every sessions row, "
+                  "stored policy text, meta.journal_id and checkpoint against the events that "
+                  "vouch for them.");
     for (auto *c : {sessions, events, show_cmd, report_cmd, export_cmd, verify_cmd})
         add_db(c, *o);
     add_filters(sessions, *o, false);
@@ -397,6 +425,7 @@ Runner add_audit(CLI::App &app) {
         "Exit 0 when the chain is intact, 1 naming the first bad event (or a missing anchor), "
         "2 when the journal or the anchor cannot be read (with the reason; --json prints "
         "{\"error\": ...}).");
+    auto policy_cmd = add_audit_policy(*audit);
     audit->footer("Times are UTC. Exit codes: 0 ok, 1 verification failed (tampered), 2 bad "
                   "input or an unreadable journal, with the reason.");
 
@@ -407,7 +436,7 @@ Runner add_audit(CLI::App &app) {
         if (report_cmd->parsed()) return report(*o);
         if (export_cmd->parsed()) return export_rows(*o);
         if (verify_cmd->parsed()) return verify(*o);
-        return -1;
+        return policy_cmd();
     };
 }
 

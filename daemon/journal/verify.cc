@@ -211,6 +211,7 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
                            "anchor?); copy the anchor with the journal, name it with --anchor, "
                            "or check the chain alone with --no-anchor");
     }
+    report.chain_intact = report.ok;
     if (report.ok) {
         if (auto t = (*tables)->finish(report.first_seq); !t)
             return std::move(t).error().context(path);
