@@ -327,21 +327,21 @@ int verify(const Options &o) {
     if (tty) std::cerr << "\n";
     if (!report) return fail(o, "verify", report.error());
     if (o.json) {
-        std::cout << knod::dump_json(nlohmann::json{{"ok", report->ok},
-                                                    {"events_checked", report->events_checked},
-                                                    {"total_events", report->total_events},
-                                                    {"first_seq", report->first_seq},
-                                                    {"first_bad_event", report->first_bad_seq},
-                                                    {"problem", report->problem},
-                                                    {"head_hash", report->head_hash},
-                                                    {"anchor_checked", report->anchor_checked},
-                                                    {"anchor_seq", report->anchor_seq},
-                                                    {"sessions_checked", report->sessions_checked},
-                                                    {"sessions_not_covered",
-                                                     report->sessions_not_covered},
-                                                    {"policies_checked", report->policies_checked},
-                                                    {"chain_intact", report->chain_intact}},
-                                     2)
+        std::cout << knod::dump_json(
+                         nlohmann::json{{"ok", report->ok},
+                                        {"events_checked", report->events_checked},
+                                        {"total_events", report->total_events},
+                                        {"first_seq", report->first_seq},
+                                        {"first_bad_event", report->first_bad_seq},
+                                        {"problem", report->problem},
+                                        {"head_hash", report->head_hash},
+                                        {"anchor_checked", report->anchor_checked},
+                                        {"anchor_seq", report->anchor_seq},
+                                        {"sessions_checked", report->sessions_checked},
+                                        {"sessions_not_covered", report->sessions_not_covered},
+                                        {"policies_checked", report->policies_checked},
+                                        {"chain_intact", report->chain_intact}},
+                         2)
                   << "\n";
     } else if (report->ok) {
         std::cout << "ok: " << report->events_checked << " event(s) chain correctly";
@@ -359,9 +359,9 @@ int verify(const Options &o) {
         print_tables(*report);
     } else if (report->chain_intact) { // a table beside the chain contradicts it
         std::cout << "FAILED: "
-                  << (report->first_bad_seq ? "first bad event " +
-                                                  std::to_string(report->first_bad_seq) + ": "
-                                            : std::string())
+                  << (report->first_bad_seq
+                          ? "first bad event " + std::to_string(report->first_bad_seq) + ": "
+                          : std::string())
                   << report->problem << "\n"
                   << "the chain itself is intact (" << report->events_checked << " event(s))\n";
     } else {

@@ -78,7 +78,8 @@ int run(const PolicyOptions &o) {
     auto fail = [&](const Error &e) {
         std::cerr << "knod-policy audit policy: " << e.message << "\n";
         if (o.json)
-            std::cout << knod::dump_json(nlohmann::json{{"error", e.message}, {"command", "policy"}})
+            std::cout << knod::dump_json(
+                             nlohmann::json{{"error", e.message}, {"command", "policy"}})
                       << "\n";
         return exit_usage;
     };
@@ -94,11 +95,11 @@ int run(const PolicyOptions &o) {
         auto p = find(db, o.digest);
         if (!p) return fail(p.error());
         if (o.json) {
-            std::cout << knod::dump_json(nlohmann::json{{"digest", p->digest},
-                                                        {"first_loaded",
-                                                         format_time(p->first_loaded_us)},
-                                                        {"text", p->text}},
-                                         2)
+            std::cout << knod::dump_json(
+                             nlohmann::json{{"digest", p->digest},
+                                            {"first_loaded", format_time(p->first_loaded_us)},
+                                            {"text", p->text}},
+                             2)
                       << "\n";
         } else {
             // The text as loaded; control characters escaped, lines and tabs kept.
@@ -122,9 +123,8 @@ int run(const PolicyOptions &o) {
         std::string digest = st->text(0);
         auto n = counts->count(digest) ? counts->at(digest) : 0;
         if (o.json)
-            all.push_back({{"digest", digest},
-                           {"first_loaded", format_time(st->int64(1))},
-                           {"events", n}});
+            all.push_back(
+                {{"digest", digest}, {"first_loaded", format_time(st->int64(1))}, {"events", n}});
         else
             std::cout << std::setw(66) << escape_untrusted(digest) << std::setw(22)
                       << format_time(st->int64(1)) << n << "\n";

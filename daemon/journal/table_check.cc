@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -108,6 +109,107 @@ Row read_row(const Statement &st) {
     r.key = r.open[0].type == SQLITE_TEXT ? r.open[0].s
                                           : std::string(1, '\0') + std::to_string(r.rowid);
     return r;
+}
+
+// The fast path (most events): where the top-level `key`'s value starts in a detail as the
+// writer dumps it (compact JSON), found by a scan that tracks strings and depth; no parse.
+std::optional<std::size_t> top_level_value(std::string_view json, std::string_view key) {
+    int depth = 0;
+    bool in_string = false;
+    for (std::size_t i = 0; i < json.size(); ++i) {
+        char c = json[i];
+        if (in_string) {
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
+            continue;
+        }
+        if (c == '"') {
+            // "key": at depth 1 is a key of the top-level object (a value is never followed by
+            // a colon).
+            if (depth == 1 && json.size() - i > key.size() + 2 &&
+                json.compare(i + 1, key.size(), key) == 0 && json[i + 1 + key.size()] == '"' &&
+                json[i + 2 + key.size()] == ':')
+                return i + 3 + key.size();
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+        } else if (c == '}' || c == ']') {
+            --depth;
+        }
+    }
+    return std::nullopt;
+}
+
+// A JSON literal of a cell, for the fast path; none when unsure (the full parse decides then):
+// only integers and strings of printable ASCII without escapes beyond \" and \\.
+bool append_literal(std::string &out, const Cell &c) {
+    if (c.type == SQLITE_INTEGER) {
+        out += std::to_string(c.i);
+        return true;
+    }
+    if (c.type != SQLITE_TEXT) return false;
+    out += '"';
+    for (char ch : c.s) {
+        auto u = static_cast<unsigned char>(ch);
+        if (u < 0x20 || u >= 0x7f) return false;
+        if (ch == '"' || ch == '\\') out += '\\';
+        out += ch;
+    }
+    out += '"';
+    return true;
+}
+
+// True when the detail's top-level `key` is exactly the object `literal` (a complete JSON
+// object: a value that starts with it is it). False means "not known": parse and compare.
+bool holds_exactly(const std::optional<std::string> &detail, std::string_view key,
+                   const std::string &literal) {
+    if (!detail || literal.empty()) return false;
+    auto at = top_level_value(*detail, key);
+    return at && detail->compare(*at, literal.size(), literal) == 0;
+}
+
+// The row's values as the writer dumps "session" (keys sorted, compact); "" when unsure. flows
+// is the row's text as is: the writer stores the dump of the very array it puts in the event.
+std::string session_literal(const Row &r) {
+    static const std::array<std::size_t, opening_columns.size()> sorted = [] {
+        std::array<std::size_t, opening_columns.size()> order{};
+        for (std::size_t i = 0; i < order.size(); ++i)
+            order[i] = i;
+        std::sort(order.begin(), order.end(), [](std::size_t a, std::size_t b) {
+            return std::string_view(opening_columns[a]) < std::string_view(opening_columns[b]);
+        });
+        return order;
+    }();
+    std::string out = "{";
+    for (std::size_t i : sorted) {
+        if (out.size() > 1) out += ',';
+        out += '"';
+        out += opening_columns[i];
+        out += "\":";
+        const Cell &c = r.open[i];
+        if (i == 9) {
+            if (c.type != SQLITE_TEXT || c.s.empty() || c.s.front() != '[') return {};
+            out += c.s;
+        } else if (!append_literal(out, c)) {
+            return {};
+        }
+    }
+    return out + "}";
+}
+
+std::string end_literal(const std::array<Cell, end_columns.size()> &end) {
+    // Sorted: dropped_packets, end_reason, ended_us, rx_bytes, rx_packets.
+    std::string out = "{";
+    for (std::size_t i : {4, 1, 0, 2, 3}) {
+        if (out.size() > 1) out += ',';
+        out += '"';
+        out += end_columns[i];
+        out += "\":";
+        if (!append_literal(out, end[i])) return {};
+    }
+    return out + "}";
 }
 
 nlohmann::json object_in(const std::optional<std::string> &detail, const char *key) {
@@ -236,6 +338,11 @@ Result<void> TableCheck::event(std::int64_t seq, const Event &e) {
                             "(deleted)");
             return {};
         }
+        if (holds_exactly(e.detail, "session", session_literal(**row))) {
+            ++counts_.sessions_checked;
+            s.open[id] = {seq, (*row)->end};
+            return {};
+        }
         auto values = object_in(e.detail, "session");
         if (values.is_object()) {
             for (std::size_t i = 0; i < opening_columns.size(); ++i) {
@@ -274,6 +381,7 @@ Result<void> TableCheck::event(std::int64_t seq, const Event &e) {
                             " but open in the sessions table (ended_us is NULL) (edited)");
             return {};
         }
+        if (holds_exactly(e.detail, "end", end_literal(end))) return {};
         auto values = object_in(e.detail, "end");
         if (!values.is_object()) return {}; // closed by an older build
         for (std::size_t i = 0; i < end_columns.size(); ++i) {

@@ -48,11 +48,12 @@ int main(int argc, char **argv) {
         start.uid = 0;
         start.pid = 1;
         auto &id = (*j)->identity();
-        start.detail = nlohmann::json{{"driver", "sim"},
-                                      {"journal_id", id.journal_id},
-                                      {"machine_id", id.machine_id},
-                                      {"hostname", id.hostname}}
-                           .dump();
+        start.detail = nlohmann::json{
+            {"driver", "sim"},
+            {"journal_id", id.journal_id},
+            {"machine_id", id.machine_id},
+            {"hostname",
+             id.hostname}}.dump();
         if (!(*j)->append_policy_load(start, {digest, load.policy.text})) {
             std::cerr << "journal_fill: write failed\n";
             return 1;

@@ -846,3 +846,24 @@ TEST_F(JournalTest, SessionsFromAnOlderBuildAreCountedAsNotCovered) {
     EXPECT_EQ(r.sessions_not_covered, 1);
     EXPECT_EQ(r.sessions_checked, 1);
 }
+
+// Strings verify takes the slow path for (non-ASCII, escapes, bytes that are not UTF-8 and are
+// stored as U+FFFD in both the row and the event) still match, and an edit is still found.
+TEST_F(JournalTest, UnusualStringsInSessionRowsAreCoveredToo) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Session s = session("u1");
+        s.exe = "/opt/caf\xc3\xa9/\\x1b\"q\"";
+        s.unit = std::string("bad\xff\x01", 5);
+        ASSERT_TRUE(j->open_session(s, grant_event()).ok());
+    }
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.sessions_checked, 1);
+    sql("UPDATE sessions SET exe = '/opt/cafe' WHERE id = 'u1'");
+    r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.problem.find("session u1: exe is '/opt/cafe' in the sessions table"),
+              std::string::npos)
+        << r.problem;
+}
