@@ -145,6 +145,9 @@ py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and
 "$cli" audit policy --json --db "$work/c.db" "${digest:0:12}" >"$work/out.json"
 py 'import json,sys,hashlib; d=json.load(open(sys.argv[1])); assert d["digest"]==sys.argv[2] and hashlib.sha256(d["text"].encode()).hexdigest()==sys.argv[2] and d["first_loaded"], d' "$work/out.json" "$digest" \
     && ok "audit policy --json with a digest prefix: {digest, first_loaded, text}" || { not_ok "audit policy --json"; cat "$work/out.json"; }
+"$cli" check --json "$work/policy.toml" >"$work/out.json"
+py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["digest"]==sys.argv[2], d' "$work/out.json" "$digest" \
+    && ok "check --json gives the digest the journal names the policy by" || { not_ok "check --json digest"; cat "$work/out.json"; }
 "$cli" audit policy --json --db "$work/c.db" >"$work/out.json"
 py 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d)==1 and d[0]["digest"]==sys.argv[2] and d[0]["events"]==21, d' "$work/out.json" "$digest" \
     && ok "audit policy lists each digest with the events naming it" || { not_ok "audit policy list"; cat "$work/out.json"; }
