@@ -354,7 +354,9 @@ Journal::Work Journal::open_session_work(Session s, Event grant) {
         if (s.started_us == 0) s.started_us = now_us();
         // The row gets exactly the values the event carries: strings go through the same JSON
         // text first (bytes that are not UTF-8 become U+FFFD in both), numbers as stored.
-        auto written = nlohmann::json::parse(knod::dump_json(session_values(s)));
+        auto written = nlohmann::json::parse(knod::dump_json(session_values(s)), nullptr, false);
+        if (!written.is_object())
+            return make_error(Errc::invalid_argument, "session " + s.id + ": unreadable values");
         auto detail = merge_detail(e.detail, "session", written);
         if (!detail) return std::move(detail).error().context("session " + s.id);
         auto text = [&](const char *k) { return written.at(k).get<std::string>(); };
@@ -390,7 +392,9 @@ namespace {
 Result<void> end_session(Database &db, const std::string &id, const std::string &why,
                          const Counters &c, Event &e) {
     std::int64_t at = e.at_us;
-    auto end = nlohmann::json::parse(knod::dump_json(end_values(at, why, c)));
+    auto end = nlohmann::json::parse(knod::dump_json(end_values(at, why, c)), nullptr, false);
+    if (!end.is_object())
+        return make_error(Errc::invalid_argument, "session " + id + ": unreadable end values");
     auto detail = merge_detail(e.detail, "end", end);
     if (!detail) return std::move(detail).error().context("session " + id);
     std::string reason = end.at("end_reason").get<std::string>();
