@@ -124,7 +124,7 @@ tamper_table() { # tamper_table NAME SQL TEXT [DB]: verify of a copy of DB (c) e
 }
 for set in "uid=0" "pid=1" "exe='/bin/sh'" "unit='x.service'" "netdev='eth9'" "gpu='sim9'" "mode='rx-tx'" \
            "region_bytes=1" "flows='[]'" "key_id='k-x'" "rule='admin'" "started_us=1" "ended_us=2" \
-           "end_reason='revoke'" "rx_bytes=999999" "rx_packets=0" "dropped_packets=0"; do
+           "end_reason='revoke'" "rx_bytes=999999" "rx_packets=5" "dropped_packets=5"; do
     tamper_table "an edited sessions.${set%%=*}" "UPDATE sessions SET $set WHERE id='b12'" "session b12: ${set%%=*} is "
 done
 tamper_table "a deleted session row" "DELETE FROM sessions WHERE id='b12'" "session b12: its grant (event "

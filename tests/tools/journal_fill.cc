@@ -13,7 +13,7 @@
 #include <optional>
 
 int main(int argc, char **argv) {
-    if (argc < 3) {
+    if (argc < 3 || (argc - 3) % 2 != 0) {
         std::cerr << "usage: journal_fill DB SESSIONS [--policy FILE] [--prune KEEP_EVENTS]\n";
         return 2;
     }
@@ -65,8 +65,6 @@ int main(int argc, char **argv) {
         s.id = "b" + std::to_string(i);
         s.uid = 1000 + static_cast<std::uint32_t>(i % 3);
         s.pid = 100 + i;
-        s.exe = "/usr/bin/app";
-        s.unit = "app.service";
         s.netdev = "knodsim0";
         s.gpu = "sim0";
         s.mode = "rx-only";
@@ -82,8 +80,7 @@ int main(int argc, char **argv) {
         if (!digest.empty()) grant.detail = nlohmann::json{{"policy", digest}}.dump();
         knod::journal::Event end;
         end.kind = knod::journal::kind::ended;
-        knod::journal::Counters c{1000u + static_cast<unsigned>(i), 10, 1};
-        if (!(*j)->open_session(s, grant) || !(*j)->close_session(s.id, "release", c, end)) {
+        if (!(*j)->open_session(s, grant) || !(*j)->close_session(s.id, "release", {}, end)) {
             std::cerr << "journal_fill: write failed\n";
             return 1;
         }
