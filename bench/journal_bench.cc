@@ -9,6 +9,7 @@
 #include "daemon/journal/journal.h"
 #include "daemon/journal/reader.h"
 #include "daemon/journal/verify.h"
+#include "knod/sha256.h"
 
 #include <nlohmann/json.hpp>
 
@@ -58,6 +59,21 @@ bool generate(const std::string &path, std::int64_t sessions) {
         prev = h;
     };
     (void)db->exec("BEGIN");
+    // The daemon's start: the policy it loaded, stored once under its digest.
+    const std::string policy_text =
+        "# file: /etc/knod/policy.toml\n[[rule]]\nname = \"ml-inference\"\n";
+    const std::string digest = sha256_hex(policy_text);
+    auto pol = db->prepare("INSERT INTO policies (digest, text, first_loaded_us) VALUES (?,?,?)");
+    if (!pol) return false;
+    pol->bind(1, digest).bind(2, policy_text).bind(3, t0 - 1);
+    (void)pol->run();
+    journal::Event load;
+    load.at_us = t0 - 1;
+    load.kind = journal::kind::daemon_start;
+    load.uid = 0;
+    load.pid = 1;
+    load.detail = nlohmann::json{{"driver", "knod"}, {"policy", digest}}.dump();
+    append(load);
     for (std::int64_t i = 0; i < sessions; ++i) {
         std::string id = "b" + std::to_string(i);
         std::int64_t uid = 1000 + i % 500, start = t0 + i * 10'000'000, end = start + 5'000'000;
@@ -66,8 +82,8 @@ bool generate(const std::string &path, std::int64_t sessions) {
             .bind(2, uid)
             .bind(3, std::int64_t{4000 + i % 30000})
             .bind(4, std::string("/usr/bin/python3"));
-        ses->bind(5, std::string("inference@") + std::to_string(i % 64) + ".service")
-            .bind(6, netdev);
+        std::string unit = "inference@" + std::to_string(i % 64) + ".service";
+        ses->bind(5, unit).bind(6, netdev);
         ses->bind(7, std::string("0000:c1:00.0"))
             .bind(8, std::string("rx-only"))
             .bind(9, std::int64_t{1 << 26});
@@ -80,6 +96,21 @@ bool generate(const std::string &path, std::int64_t sessions) {
             .bind(16, std::int64_t{1 << 24})
             .bind(17, std::int64_t{4096});
         (void)ses->run();
+        // The events as the daemon writes them: the grant carries every value of the row
+        // ("session"), the end the values the row gets ("end"), so verify checks every row.
+        nlohmann::json values{{"id", id},
+                              {"uid", uid},
+                              {"pid", std::int64_t{4000 + i % 30000}},
+                              {"exe", "/usr/bin/python3"},
+                              {"unit", unit},
+                              {"netdev", netdev},
+                              {"gpu", "0000:c1:00.0"},
+                              {"mode", "rx-only"},
+                              {"region_bytes", std::int64_t{1 << 26}},
+                              {"flows", {"udp 10.20.0.0/16:* -> 10.20.1.10:5000-5100"}},
+                              {"key_id", "k-" + id},
+                              {"rule", "ml-inference"},
+                              {"started_us", start}};
         journal::Event g;
         g.at_us = start;
         g.kind = journal::kind::granted;
@@ -88,7 +119,12 @@ bool generate(const std::string &path, std::int64_t sessions) {
         g.rule = "ml-inference";
         g.decision = "allow";
         g.reason = "allowed by rule 'ml-inference'";
-        g.detail = nlohmann::json{{"netdev", netdev}, {"gpu", "0000:c1:00.0"}}.dump();
+        g.detail = nlohmann::json{
+            {"netdev", netdev},
+            {"gpu", "0000:c1:00.0"},
+            {"policy", digest},
+            {"session",
+             values}}.dump();
         append(g);
         journal::Event e;
         e.at_us = end;
@@ -96,7 +132,16 @@ bool generate(const std::string &path, std::int64_t sessions) {
         e.session_id = id;
         e.uid = uid;
         e.reason = "release";
-        e.detail = R"({"rx_bytes":16777216,"rx_packets":4096,"dropped_packets":0})";
+        e.detail = nlohmann::json{{"rx_bytes", 16777216},
+                                  {"rx_packets", 4096},
+                                  {"dropped_packets", 0},
+                                  {"end",
+                                   {{"ended_us", end},
+                                    {"end_reason", "release"},
+                                    {"rx_bytes", 16777216},
+                                    {"rx_packets", 4096},
+                                    {"dropped_packets", 0}}}}
+                       .dump();
         append(e);
         if (i % 100000 == 99999) {
             (void)db->exec("COMMIT; BEGIN");
@@ -105,6 +150,9 @@ bool generate(const std::string &path, std::int64_t sessions) {
     }
     (void)db->exec("COMMIT");
     std::fprintf(stderr, "\n");
+    // The anchor beside it, as the daemon leaves it: verify requires one.
+    std::ofstream(journal::anchor_path(path))
+        << nlohmann::json{{"seq", seq}, {"hash", journal::to_hex(prev)}}.dump() << "\n";
     return db->exec("PRAGMA wal_checkpoint(TRUNCATE)").ok();
 }
 
@@ -186,8 +234,14 @@ int main(int argc, char **argv) {
     t = Clock::now();
     auto v = journal::verify_chain(path, {}, {}, journal::AnchorUse::ignore); // no anchor here
     double verify_ms = ms_since(t);
-    if (!v || !v->ok) return 1;
-    std::printf("verify: %lld events in %.2f s, %.2f s per 1M events (target < 5 s per 1M)\n",
+    if (!v || !v->ok) {
+        std::fprintf(stderr, "verify: %s\n", v ? v->problem.c_str() : v.error().message.c_str());
+        return 1;
+    }
+    std::printf("verify (chain, anchor, and %lld session rows, %lld policy texts against it): "
+                "%lld events in %.2f s, %.2f s per 1M events (target < 5 s per 1M)\n",
+                static_cast<long long>(v->sessions_checked),
+                static_cast<long long>(v->policies_checked),
                 static_cast<long long>(v->events_checked), verify_ms / 1000,
                 verify_ms / 1000 / (static_cast<double>(v->events_checked) / 1e6));
 

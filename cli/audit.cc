@@ -336,6 +336,19 @@ int export_rows(const Options &o) {
     return exit_ok;
 }
 
+// What verify checked beside the chain (table_check.h).
+void print_tables(const journal::VerifyReport &r) {
+    std::cout << "sessions: " << r.sessions_checked
+              << " row(s) match the values their grant and closing events carry\n";
+    if (r.sessions_not_covered)
+        std::cout << "sessions: " << r.sessions_not_covered
+                  << " row(s) written by an older build are not covered (their events carry no "
+                     "values to compare; their existence is checked)\n";
+    std::cout << "policies: " << r.policies_checked
+              << " stored text(s) match their digests; every digest a policy load names is "
+                 "stored\n";
+}
+
 int verify(const Options &o) {
     if (!o.export_file.empty()) return verify_export_file(o.export_file, o.allow_gaps, o.json);
     bool tty = !o.json && isatty(STDERR_FILENO);
@@ -353,16 +366,21 @@ int verify(const Options &o) {
     if (tty) std::cerr << "\n";
     if (!report) return fail(o, "verify", report.error());
     if (o.json) {
-        std::cout << knod::dump_json(nlohmann::json{{"ok", report->ok},
-                                                    {"events_checked", report->events_checked},
-                                                    {"total_events", report->total_events},
-                                                    {"first_seq", report->first_seq},
-                                                    {"first_bad_event", report->first_bad_seq},
-                                                    {"problem", report->problem},
-                                                    {"head_hash", report->head_hash},
-                                                    {"anchor_checked", report->anchor_checked},
-                                                    {"anchor_seq", report->anchor_seq}},
-                                     2)
+        std::cout << knod::dump_json(
+                         nlohmann::json{{"ok", report->ok},
+                                        {"events_checked", report->events_checked},
+                                        {"total_events", report->total_events},
+                                        {"first_seq", report->first_seq},
+                                        {"first_bad_event", report->first_bad_seq},
+                                        {"problem", report->problem},
+                                        {"head_hash", report->head_hash},
+                                        {"anchor_checked", report->anchor_checked},
+                                        {"anchor_seq", report->anchor_seq},
+                                        {"sessions_checked", report->sessions_checked},
+                                        {"sessions_not_covered", report->sessions_not_covered},
+                                        {"policies_checked", report->policies_checked},
+                                        {"chain_intact", report->chain_intact}},
+                         2)
                   << "\n";
     } else if (report->ok) {
         std::cout << "ok: " << report->events_checked << " event(s) chain correctly";
@@ -377,6 +395,14 @@ int verify(const Options &o) {
                                       "would not be found\n"
                                     : "anchor: event " + std::to_string(report->anchor_seq) +
                                           " was pruned; the chain head is not compared\n");
+        print_tables(*report);
+    } else if (report->chain_intact) { // a table beside the chain contradicts it
+        std::cout << "FAILED: "
+                  << (report->first_bad_seq
+                          ? "first bad event " + std::to_string(report->first_bad_seq) + ": "
+                          : std::string())
+                  << report->problem << "\n"
+                  << "the chain itself is intact (" << report->events_checked << " event(s))\n";
     } else {
         std::cout << "FAILED: first bad event " << report->first_bad_seq << ": " << report->problem
                   << "\n"
@@ -404,7 +430,9 @@ Runner add_audit(CLI::App &app) {
         "export", "Stream events or sessions as JSON lines or CSV, for a SIEM or an archive.");
     auto *verify_cmd = audit->add_subcommand(
         "verify", "Check the journal's hash chain and its anchor: finds any edited, deleted, "
-                  "inserted or reordered event, and a truncated tail.");
+                  "inserted or reordered event, and a truncated tail; then every sessions row, "
+                  "stored policy text, meta.journal_id and checkpoint against the events that "
+                  "vouch for them.");
     for (auto *c : {sessions, events, show_cmd, report_cmd, export_cmd, verify_cmd})
         add_db(c, *o);
     add_filters(sessions, *o, false);
@@ -467,6 +495,7 @@ Runner add_audit(CLI::App &app) {
         "{\"error\": ...}). With --export: 1 names the first edited, reordered or replaced "
         "line (file line number and event id) or the gaps; 2 for a file that cannot be read or "
         "is not an export. What an export's verification proves is in docs/audit-export.md.");
+    auto policy_cmd = add_audit_policy(*audit);
     audit->footer("Times are UTC. Exit codes: 0 ok, 1 verification failed (tampered), 2 bad "
                   "input or an unreadable journal, with the reason.");
 
@@ -477,7 +506,7 @@ Runner add_audit(CLI::App &app) {
         if (report_cmd->parsed()) return report(*o);
         if (export_cmd->parsed()) return export_rows(*o);
         if (verify_cmd->parsed()) return verify(*o);
-        return -1;
+        return policy_cmd();
     };
 }
 

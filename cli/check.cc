@@ -50,6 +50,8 @@ Runner add_check(CLI::App &app) {
             out["valid"] = load.ok();
             out["files"] = files;
             out["rules"] = load.policy.rules.size();
+            // What the journal names this policy by once the daemon loads it (audit policy).
+            if (load.ok()) out["digest"] = load.policy.digest;
             out["diagnostics"] = nlohmann::json::array();
             for (auto &d : load.diagnostics)
                 out["diagnostics"].push_back(
@@ -66,7 +68,9 @@ Runner add_check(CLI::App &app) {
             if (load.ok())
                 std::cout << "ok: " << load.policy.rules.size() << " rule(s) in " << files.size()
                           << " file(s)"
-                          << (load.policy.settings.permissive ? " (permissive mode)" : "") << "\n";
+                          << (load.policy.settings.permissive ? " (permissive mode)" : "") << "\n"
+                          << "digest: " << load.policy.digest
+                          << " (how the journal names it once the daemon loads it)\n";
             else
                 std::cerr << load.error_count() << " error(s); the policy is not valid\n";
         }

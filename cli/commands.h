@@ -18,6 +18,8 @@ constexpr int exit_usage = 2;  // bad arguments or unreadable input
 Runner add_check(CLI::App &app);
 Runner add_explain(CLI::App &app);
 Runner add_audit(CLI::App &app);
+// `audit policy` (audit_policy.cc), under the audit command; returns -1 when not chosen.
+Runner add_audit_policy(CLI::App &audit);
 Runner add_daemon_commands(CLI::App &app);
 Runner add_sim_send(CLI::App &app);
 Runner add_doctor(CLI::App &app);

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <openssl/rand.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -63,7 +64,10 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
       limiter_(config_.requests_per_second, config_.request_burst),
       refusals_(
           std::chrono::duration_cast<std::chrono::microseconds>(config_.refusal_window).count()),
-      host_(config_.host.sysfs, config_.host.proc) {}
+      host_(config_.host.sysfs, config_.host.proc) {
+    // A policy built without the parser still gets the digest of the text it carries.
+    if (policy_.digest.empty()) policy_.digest = policy::policy_digest(policy_.text);
+}
 
 // The journal first: its writer may still answer queued work, and those answers post to the
 // loop through post_, which must outlive it.
@@ -102,11 +106,15 @@ void BindingManager::start() {
     std::map<std::string, std::string> handoffs;
     if (journal_ready())
         if (auto taken = journal_->take_handoffs()) handoffs = std::move(*taken);
-    journal::Event e;
-    e.kind = journal::kind::daemon_start;
+    // The daemon loads the policy it starts with: its own uid and pid are the actor's.
+    Peer self;
+    self.uid = ::getuid();
+    self.pid = ::getpid();
+    journal::Event e = event_for(journal::kind::daemon_start, self);
     nlohmann::json detail{{"driver", driver_.name()},
                           {"rules", policy_.rules.size()},
-                          {"handed_over", handoffs.size()}};
+                          {"handed_over", handoffs.size()},
+                          {"policy", policy_.digest}};
     if (journal_) { // where this journal lives, inside the chain (meta may be edited)
         auto &id = journal_->identity();
         detail["journal_id"] = id.journal_id;
@@ -114,7 +122,7 @@ void BindingManager::start() {
         detail["hostname"] = escape_untrusted(id.hostname);
     }
     e.detail = knod::dump_json(detail);
-    record(std::move(e));
+    record_load(std::move(e));
     if (!journal_) return;
     // Bindings the previous daemon handed over come back if their handles did and their
     // holders live; every other open session (a crash, a stop that discarded the fd store, a
@@ -348,7 +356,46 @@ void BindingManager::record(journal::Event e) {
     keep(std::move(e));
 }
 
-void BindingManager::keep(std::variant<journal::Event, PendingEnd> record) {
+void BindingManager::record_load(journal::Event e) {
+    name_policy(e);
+    forward(e);
+    PendingLoad load{std::move(e), {policy_.digest, policy_.text}};
+    if (pending_.empty() && !stopping_ && journal_ready()) {
+        journal_->append_policy_load_async(load.event, load.policy,
+                                           [this, load](Result<std::int64_t> r) {
+                                               if (!r) post_([this, load] { keep(load); });
+                                           });
+        return;
+    }
+    keep(std::move(load));
+}
+
+void BindingManager::name_policy(journal::Event &e) const {
+    nlohmann::json d = nlohmann::json::object();
+    if (e.detail) d = nlohmann::json::parse(*e.detail, nullptr, false);
+    if (!d.is_object()) return; // never: details are built here, as objects
+    d["policy"] = policy_.digest;
+    e.detail = knod::dump_json(d);
+}
+
+Result<std::int64_t> BindingManager::write_now(const Pending &record) {
+    if (auto *e = std::get_if<journal::Event>(&record)) return journal_->append(*e);
+    if (auto *l = std::get_if<PendingLoad>(&record))
+        return journal_->append_policy_load(l->event, l->policy);
+    auto &end = std::get<PendingEnd>(record);
+    return journal_->close_session(end.id, end.reason, end.counters, end.event);
+}
+
+void BindingManager::write_async(const Pending &record, journal::Journal::Done done) {
+    if (auto *e = std::get_if<journal::Event>(&record))
+        return journal_->append_async(*e, std::move(done));
+    if (auto *l = std::get_if<PendingLoad>(&record))
+        return journal_->append_policy_load_async(l->event, l->policy, std::move(done));
+    auto &end = std::get<PendingEnd>(record);
+    journal_->close_session_async(end.id, end.reason, end.counters, end.event, std::move(done));
+}
+
+void BindingManager::keep(Pending record) {
     if (pending_.size() >= max_pending_records) {
         ++dropped_records_; // bounded memory beats an OOM kill that loses everything
         return;
@@ -373,13 +420,7 @@ void BindingManager::flush_pending_async() {
             flush_pending_async();
         });
     };
-    auto &next = pending_.front();
-    if (auto *e = std::get_if<journal::Event>(&next)) {
-        journal_->append_async(*e, done);
-    } else {
-        auto &end = std::get<PendingEnd>(next);
-        journal_->close_session_async(end.id, end.reason, end.counters, end.event, done);
-    }
+    write_async(pending_.front(), done);
 }
 
 Result<void> BindingManager::flush_pending_now() {
@@ -394,15 +435,10 @@ Result<void> BindingManager::flush_pending_now() {
     if (pending_.empty()) return {};
     if (!journal_ready()) return make_error(Errc::journal_unavailable, "journal not open");
     while (!pending_.empty()) {
-        auto &next = pending_.front();
-        if (auto *e = std::get_if<journal::Event>(&next)) {
-            auto r = journal_->append(*e);
-            if (!r) return r.error();
-        } else {
-            auto &end = std::get<PendingEnd>(next);
-            auto r = journal_->close_session(end.id, end.reason, end.counters, end.event);
-            if (!r && r.error().code != Errc::not_found) return r.error();
-        }
+        auto r = write_now(pending_.front());
+        // A kept end whose session row is already gone was written before.
+        bool end = std::holds_alternative<PendingEnd>(pending_.front());
+        if (!r && !(end && r.error().code == Errc::not_found)) return r.error();
         pending_.pop_front();
     }
     return {};
@@ -534,7 +570,8 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           {"exe", escape_untrusted(caller.executable)},
                           {"unit", escape_untrusted(caller.unit)},
                           {"user_unit", escape_untrusted(caller.user_unit)},
-                          {"gids", caller.gids}};
+                          {"gids", caller.gids},
+                          {"policy", policy_.digest}};
     decision.detail = knod::dump_json(detail);
     if (!d.granted()) {
         refuse(std::move(decision));
@@ -696,7 +733,8 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
         journal::Event e = event_for(journal::kind::denied, b.owner);
         e.decision = "journal-unavailable";
         e.reason = "granted by rule '" + b.rule + "' but not recorded: " + written.error().message;
-        e.detail = knod::dump_json(nlohmann::json{{"netdev", b.netdev}, {"gpu", b.gpu}});
+        e.detail = knod::dump_json(
+            nlohmann::json{{"netdev", b.netdev}, {"gpu", b.gpu}, {"policy", policy_.digest}});
         forward(e, b.netdev, b.gpu);
         keep(std::move(e));
         return done(journal_error(written.error()));
@@ -720,16 +758,21 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
     if (!ok) {
         journal::Event e = event_for(journal::kind::activate_refused, presenter);
         e.session_id = id;
+        e.decision = "key-refused";
         e.reason = ok.error().message;
+        name_policy(e);
         refuse(std::move(e));
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
     if (auto r = driver_.activate(id); !r) {
-        journal::Event e = event_for("activate-failed", presenter);
+        // A refusal like a wrong key (same kind, coalesced per uid), told apart by decision.
+        journal::Event e = event_for(journal::kind::activate_refused, presenter);
         e.session_id = id;
-        e.reason = r.error().message;
-        record(std::move(e));
+        e.decision = "driver-failure";
+        e.reason = escape_untrusted(r.error().message, Escape::message);
+        name_policy(e);
+        refuse(std::move(e));
         return make_error(Errc::driver_failure, r.error().message);
     }
     b.state = BindingState::active;
@@ -762,6 +805,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
         journal::Event e = event_for("renew-refused", presenter);
         e.session_id = id;
         e.reason = why;
+        name_policy(e);
         refuse(std::move(e));
         return make_error(code, why);
     };
@@ -782,7 +826,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     journal::Event e = event_for("renewed", presenter);
     e.session_id = id;
     e.rule = d.rule;
-    e.detail = knod::dump_json(nlohmann::json{{"expires_us", until}});
+    e.detail = knod::dump_json(nlohmann::json{{"expires_us", until}, {"policy", policy_.digest}});
     record(std::move(e));
     return until;
 }
@@ -794,6 +838,7 @@ void BindingManager::close_session(const Binding &b, const std::string &why,
     e.detail = knod::dump_json(nlohmann::json{{"rx_bytes", c.rx_bytes},
                                               {"rx_packets", c.rx_packets},
                                               {"dropped_packets", c.dropped_packets}});
+    if (why == reason::policy_reload) name_policy(e); // the policy that ended it
     forward(e, b.netdev, b.gpu);
     if (pending_.empty() && !stopping_ && journal_ready()) {
         PendingEnd end{b.id, why, c, e};
@@ -860,6 +905,7 @@ void BindingManager::refuse_action(const char *kind, const Peer &by, const std::
     // The caller's text, not necessarily a binding that exists: detail only, escaped.
     if (binding)
         e.detail = knod::dump_json(nlohmann::json{{"binding", escape_untrusted(*binding)}});
+    name_policy(e); // the policy in force: it names who may administer (admin_group)
     refuse(std::move(e));
 }
 
@@ -873,6 +919,7 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
         return err;
     }
     policy_ = std::move(next);
+    if (policy_.digest.empty()) policy_.digest = policy::policy_digest(policy_.text);
     std::vector<std::string> doomed;
     for (auto &[id, b] : bindings_) {
         if (!decide_again(b).granted()) doomed.push_back(id);
@@ -881,7 +928,7 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
     e.reason = "reloaded by " + via; // as before: "uid N" (D-Bus) or "SIGHUP"
     e.detail =
         knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}});
-    record(std::move(e));
+    record_load(std::move(e));
     for (auto &id : doomed)
         end_binding(id, reason::policy_reload);
     events_.policy_reloaded(policy_.rules.size(), doomed.size());

@@ -210,6 +210,12 @@ class BindingManager {
                  const std::string &gpu = {});
     // Writes an event now, or keeps it to write once the journal is back.
     void record(journal::Event e);
+    // A policy load (daemon-start, policy-reload): the event, and the policy's text stored
+    // under its digest, in one transaction (now, or kept for when the journal is back).
+    void record_load(journal::Event e);
+    // Puts "policy": the digest in force into the event's detail: every decision names the
+    // policy that made it.
+    void name_policy(journal::Event &e) const;
     void end_binding(const std::string &id, const std::string &why, Done durable = {},
                      const std::string &note = {});
     // Journals a session's end (now, or kept for when the journal is back).
@@ -240,7 +246,15 @@ class BindingManager {
         journal::Counters counters;
         journal::Event event;
     };
-    void keep(std::variant<journal::Event, PendingEnd> record);
+    struct PendingLoad {
+        journal::Event event;
+        journal::PolicyText policy;
+    };
+    using Pending = std::variant<journal::Event, PendingEnd, PendingLoad>;
+    void keep(Pending record);
+    // Writes one kept record, waiting, or (`done` set) on the writer thread.
+    Result<std::int64_t> write_now(const Pending &record);
+    void write_async(const Pending &record, journal::Journal::Done done);
 
     ManagerConfig config_;
     driver::Driver &driver_;
@@ -260,7 +274,7 @@ class BindingManager {
     RateLimiter limiter_;
     RefusalCoalescer refusals_;
     FlowClaims claims_; // flows of live and in-flight bindings, per netdev
-    std::deque<std::variant<journal::Event, PendingEnd>> pending_;
+    std::deque<Pending> pending_;
     // The outcome of the kept record being retried now (pending_.front()); null when none is.
     enum { flush_running, flush_written, flush_failed };
     std::shared_ptr<std::atomic<int>> flushing_;

@@ -520,6 +520,10 @@ std::optional<std::chrono::seconds> parse_duration(std::string_view text) {
 
 void PolicyParser::add_text(std::string_view text, const std::string &file) {
     load_.policy.files.push_back(file);
+    std::string &all = load_.policy.text; // the canonical text (policy.h)
+    all += "# file: " + file + "\n";
+    all += text;
+    if (!text.empty() && text.back() != '\n') all += '\n';
     FileReader reader(load_, file);
     if (auto over = scan_limits(text, file)) return reader.error_at(over->first, over->second);
     try {
@@ -547,6 +551,7 @@ void PolicyParser::add_file(const std::string &path) {
 }
 
 PolicyLoad PolicyParser::finish() {
+    load_.policy.digest = policy_digest(load_.policy.text);
     auto &rules = load_.policy.rules;
     for (std::size_t i = 0; i < rules.size(); ++i) {
         for (std::size_t j = 0; j < i; ++j) {

@@ -1,5 +1,7 @@
 #include "policy/policy.h"
 
+#include "knod/sha256.h"
+
 namespace knod::policy {
 
 const char *to_string(Mode m) {
@@ -28,6 +30,10 @@ const char *to_string(IommuRequirement r) {
 
 const char *to_string(Action a) {
     return a == Action::allow ? "allow" : "deny";
+}
+
+std::string policy_digest(std::string_view text) {
+    return sha256_hex(text);
 }
 
 std::optional<Mode> parse_mode(std::string_view t) {

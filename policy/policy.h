@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace knod::policy {
@@ -77,6 +78,15 @@ struct Policy {
     Settings settings;
     std::vector<Rule> rules;
     std::vector<std::string> files; // the files it was read from, in order
+    // What it was loaded from, in one canonical text: for each file in load order,
+    // "# file: PATH\n" then the file's bytes, then "\n" if they are not empty and do not end
+    // with one. The journal stores it once per digest, so an auditor can read the exact policy
+    // that decided.
+    std::string text;
+    std::string digest; // SHA-256 of `text`, 64 lowercase hex digits (policy_digest())
 };
+
+// The digest that names a policy text everywhere (events' "policy", the policies table).
+std::string policy_digest(std::string_view text);
 
 } // namespace knod::policy

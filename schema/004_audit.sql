@@ -11,6 +11,12 @@ CREATE TABLE meta (
 );
 INSERT INTO meta (key, value) VALUES ('journal_id', lower(hex(randomblob(16))));
 
+-- What the chain covers (daemon/journal/table_check.h): every sessions row is checked against
+-- the "session" values of its grant event and the "end" values of its closing event, each
+-- policies row against its digest and the policy loads that name it, meta.journal_id against
+-- the daemon-start events, each checkpoint against its retention-prune event. Only the sessions
+-- handoff column (restart state under a key MAC) is outside.
+
 -- policies: the text of every policy the daemon ran with, once per SHA-256 digest (lowercase
 -- hex of the text). Decision events name the digest in force; verify checks each row's text
 -- against its digest and that every digest the chain names has its row.

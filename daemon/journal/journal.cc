@@ -12,6 +12,49 @@
 #include <cstdio>
 
 namespace knod::journal {
+namespace {
+
+// The caller's detail (a JSON object, or none) with `key` set to `value`: what the journal
+// vouches for goes into whatever the caller wrote, so no caller can leave it out.
+Result<std::string> merge_detail(const std::optional<std::string> &detail, const char *key,
+                                 nlohmann::json value) {
+    nlohmann::json j = nlohmann::json::object();
+    if (detail) {
+        j = nlohmann::json::parse(*detail, nullptr, false);
+        if (!j.is_object())
+            return make_error(Errc::invalid_argument, "event detail is not a JSON object");
+    }
+    j[key] = std::move(value);
+    return knod::dump_json(j);
+}
+
+// A grant event's "session": every column of the row as written (not handoff: see verify.cc).
+nlohmann::json session_values(const Session &s) {
+    return {{"id", s.id},
+            {"uid", std::int64_t{s.uid}},
+            {"pid", s.pid},
+            {"exe", s.exe},
+            {"unit", s.unit},
+            {"netdev", s.netdev},
+            {"gpu", s.gpu},
+            {"mode", s.mode},
+            {"region_bytes", static_cast<std::int64_t>(s.region_bytes)},
+            {"flows", s.flows},
+            {"key_id", s.key_id},
+            {"rule", s.rule},
+            {"started_us", s.started_us}};
+}
+
+// A closing event's "end": the values the row gets when the session ends.
+nlohmann::json end_values(std::int64_t at, const std::string &reason, const Counters &c) {
+    return {{"ended_us", at},
+            {"end_reason", reason},
+            {"rx_bytes", static_cast<std::int64_t>(c.rx_bytes)},
+            {"rx_packets", static_cast<std::int64_t>(c.rx_packets)},
+            {"dropped_packets", static_cast<std::int64_t>(c.dropped_packets)}};
+}
+
+} // namespace
 
 int latest_schema_version() {
     int v = 0;
@@ -275,6 +318,29 @@ void Journal::append_async(Event event, Done done) {
                  std::move(done));
 }
 
+Result<std::int64_t> Journal::append_policy_load(Event load, PolicyText policy) {
+    return submit(policy_load_work(std::move(load), std::move(policy)));
+}
+
+void Journal::append_policy_load_async(Event load, PolicyText policy, Done done) {
+    submit_async(policy_load_work(std::move(load), std::move(policy)), std::move(done));
+}
+
+Journal::Work Journal::policy_load_work(Event e, PolicyText p) {
+    return [e = std::move(e), p = std::move(p)](Writer &w) mutable -> Result<std::int64_t> {
+        auto detail = merge_detail(e.detail, "policy", p.digest);
+        if (!detail) return std::move(detail).error().context("policy load");
+        if (e.at_us == 0) e.at_us = now_us();
+        auto st = w.db().cached(
+            "INSERT OR IGNORE INTO policies (digest, text, first_loaded_us) VALUES (?,?,?)");
+        if (!st) return st.error();
+        (*st)->bind(1, p.digest).bind(2, p.text).bind(3, e.at_us);
+        if (auto r = (*st)->run(); !r) return std::move(r).error().context("policy " + p.digest);
+        e.detail = std::move(*detail);
+        return w.append(std::move(e));
+    };
+}
+
 Result<std::int64_t> Journal::open_session(Session s, Event grant) {
     return submit(open_session_work(std::move(s), std::move(grant)));
 }
@@ -286,34 +352,52 @@ void Journal::open_session_async(Session s, Event grant, Done done) {
 Journal::Work Journal::open_session_work(Session s, Event grant) {
     return [s = std::move(s), e = std::move(grant)](Writer &w) mutable -> Result<std::int64_t> {
         if (s.started_us == 0) s.started_us = now_us();
+        // The row gets exactly the values the event carries: strings go through the same JSON
+        // text first (bytes that are not UTF-8 become U+FFFD in both), numbers as stored.
+        auto written = nlohmann::json::parse(knod::dump_json(session_values(s)), nullptr, false);
+        if (!written.is_object())
+            return make_error(Errc::invalid_argument, "session " + s.id + ": unreadable values");
+        auto detail = merge_detail(e.detail, "session", written);
+        if (!detail) return std::move(detail).error().context("session " + s.id);
+        auto text = [&](const char *k) { return written.at(k).get<std::string>(); };
         auto st = w.db().cached("INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, "
                                 "mode, region_bytes, flows, "
                                 "key_id, rule, started_us) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
         if (!st) return st.error();
         (*st)
-            ->bind(1, s.id)
+            ->bind(1, text("id"))
             .bind(2, std::int64_t{s.uid})
             .bind(3, s.pid)
-            .bind(4, s.exe)
-            .bind(5, s.unit);
-        (*st)->bind(6, s.netdev).bind(7, s.gpu).bind(8, s.mode);
+            .bind(4, text("exe"))
+            .bind(5, text("unit"));
+        (*st)->bind(6, text("netdev")).bind(7, text("gpu")).bind(8, text("mode"));
         (*st)->bind(9, static_cast<std::int64_t>(s.region_bytes));
         (*st)
-            ->bind(10, knod::dump_json(nlohmann::json(s.flows)))
-            .bind(11, s.key_id)
-            .bind(12, s.rule);
+            ->bind(10, knod::dump_json(written.at("flows")))
+            .bind(11, text("key_id"))
+            .bind(12, text("rule"));
         (*st)->bind(13, s.started_us);
         if (auto r = (*st)->run(); !r) return std::move(r).error().context("session " + s.id);
-        e.session_id = s.id;
+        e.session_id = text("id");
         e.at_us = s.started_us;
+        e.detail = std::move(*detail);
         return w.append(std::move(e));
     };
 }
 
 namespace {
 
-Result<void> end_session(Database &db, const std::string &id, const std::string &reason,
-                         const Counters &c, std::int64_t at) {
+// Ends the row and puts the values it gets into the closing event `e` (stamped: at_us set).
+// The reason goes through the event's JSON text first, so the row holds exactly what it says.
+Result<void> end_session(Database &db, const std::string &id, const std::string &why,
+                         const Counters &c, Event &e) {
+    std::int64_t at = e.at_us;
+    auto end = nlohmann::json::parse(knod::dump_json(end_values(at, why, c)), nullptr, false);
+    if (!end.is_object())
+        return make_error(Errc::invalid_argument, "session " + id + ": unreadable end values");
+    auto detail = merge_detail(e.detail, "end", end);
+    if (!detail) return std::move(detail).error().context("session " + id);
+    std::string reason = end.at("end_reason").get<std::string>();
     auto st = db.cached("UPDATE sessions SET ended_us = ?, end_reason = ?, rx_bytes = ?, "
                         "rx_packets = ?, dropped_packets = ? WHERE id = ? AND ended_us IS NULL");
     if (!st) return st.error();
@@ -322,6 +406,8 @@ Result<void> end_session(Database &db, const std::string &id, const std::string 
     (*st)->bind(5, static_cast<std::int64_t>(c.dropped_packets)).bind(6, id);
     if (auto r = (*st)->run(); !r) return r.error();
     if (sqlite3_changes(db.get()) != 1) return make_error(Errc::not_found, "no open session " + id);
+    e.session_id = id;
+    e.detail = std::move(*detail);
     return {};
 }
 
@@ -341,8 +427,7 @@ Journal::Work Journal::close_session_work(const std::string &id, const std::stri
                                           const Counters &counters, Event closing) {
     return [=, e = std::move(closing)](Writer &w) mutable -> Result<std::int64_t> {
         if (e.at_us == 0) e.at_us = now_us();
-        if (auto r = end_session(w.db(), id, reason, counters, e.at_us); !r) return r.error();
-        e.session_id = id;
+        if (auto r = end_session(w.db(), id, reason, counters, e); !r) return r.error();
         if (!e.reason) e.reason = reason;
         return w.append(std::move(e));
     };
@@ -412,7 +497,7 @@ Result<std::vector<std::string>> Journal::close_open_sessions(const std::string 
             e.uid = o.uid;
             e.pid = o.pid;
             e.reason = reason;
-            if (auto ended = end_session(w.db(), o.id, reason, o.c, e.at_us); !ended)
+            if (auto ended = end_session(w.db(), o.id, reason, o.c, e); !ended)
                 return ended.error();
             auto seq = w.append(std::move(e));
             if (!seq) return seq.error();
@@ -448,33 +533,46 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
         auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
         if (!first) return first.error();
         if (cut < *first) return std::int64_t{0};
-        auto st = db.prepare("SELECT hash, at_us FROM events WHERE seq = ?");
+        auto st = db.prepare("SELECT hash FROM events WHERE seq = ?");
         if (!st) return st.error();
         st->bind(1, cut);
         if (auto row = st->step(); !row || !*row)
             return make_error(Errc::corrupt, "no event " + std::to_string(cut));
         std::string hash = st->blob(0);
-        std::int64_t cut_at = st->int64(1);
         std::int64_t removed = cut - *first + 1;
+        std::int64_t pruned_at = now_us();
         auto ins = db.prepare(
             "INSERT INTO checkpoints (seq, hash, pruned_at_us, events) VALUES (?,?,?,?)");
         if (!ins) return ins.error();
-        ins->bind(1, cut).bind_blob(2, hash.data(), hash.size()).bind(3, now_us()).bind(4, removed);
+        ins->bind(1, cut)
+            .bind_blob(2, hash.data(), hash.size())
+            .bind(3, pruned_at)
+            .bind(4, removed);
         if (auto r = ins->run(); !r) return r.error();
+        // Exactly the sessions whose grant event goes (verify wants a row for every grant in the
+        // chain and a grant for every row), and rows an older build's prune left behind (their
+        // grant already gone) once their closing event goes too. Open sessions keep their
+        // trail (cut above), so none of these is open.
+        std::string gone = "DELETE FROM sessions WHERE id IN (SELECT session_id FROM events WHERE "
+                           "seq <= " +
+                           std::to_string(cut) + " AND session_id IS NOT NULL AND kind IN ('" +
+                           kind::granted + "', '" + kind::ended + "'))";
+        if (auto r = db.exec(gone); !r) return r.error();
         // The append-only trigger is lifted for this one statement, inside this transaction.
         std::string del = "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq <= " +
                           std::to_string(cut) +
                           "; CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN SELECT "
-                          "RAISE(ABORT, 'events are append-only'); END; DELETE FROM sessions WHERE "
-                          "ended_us IS NOT NULL AND ended_us <= " +
-                          std::to_string(cut_at) + ";";
+                          "RAISE(ABORT, 'events are append-only'); END;";
         if (auto r = db.exec(del); !r) return r.error();
+        // The event repeats every field of the checkpoint row, so verify can check the row.
         Event e;
         e.kind = kind::prune;
+        e.at_us = pruned_at;
         e.detail = knod::dump_json(
             nlohmann::json{{"pruned_through", cut},
                            {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
-                           {"events", removed}});
+                           {"events", removed},
+                           {"pruned_at_us", pruned_at}});
         auto seq = w.append(std::move(e));
         if (!seq) return seq.error();
         return removed;

@@ -41,9 +41,17 @@ class Journal {
 
     // Appends one event; returns its sequence number once durable.
     Result<std::int64_t> append(Event event);
-    // Writes a new session row and its grant event in one transaction.
+    // A policy load (daemon-start, policy-reload): stores the policy's text under its digest
+    // (once per digest) and appends the event, whose detail gets "policy": DIGEST, in one
+    // transaction.
+    Result<std::int64_t> append_policy_load(Event load, PolicyText policy);
+    // Writes a new session row and its grant event in one transaction. The event's detail (a
+    // JSON object) gets "session": every value of the row as written, so verify can check the
+    // row against the chain.
     Result<std::int64_t> open_session(Session session, Event grant);
-    // Ends a session (reason, final counters) and appends its closing event in one transaction.
+    // Ends a session (reason, final counters) and appends its closing event in one transaction;
+    // the event's detail gets "end": the values the row gets (ended_us, end_reason, rx_bytes,
+    // rx_packets, dropped_packets).
     Result<std::int64_t> close_session(const std::string &id, const std::string &reason,
                                        const Counters &counters, Event closing);
     // Closes every session still open (after a crash), one closing event each, except those in
@@ -57,9 +65,10 @@ class Journal {
     // later crash never takes back stale state.
     Result<std::map<std::string, std::string>> take_handoffs();
     // Retention: deletes the oldest events (those before `before_us`, and beyond the newest
-    // `keep_events`) and the sessions that ended before the last one deleted, leaving a
-    // checkpoint and a retention-prune event so the rest still verifies. Open sessions and
-    // their events are kept. Returns how many events went.
+    // `keep_events`) and exactly the sessions whose grant event goes with them (and rows an
+    // older build left behind whose closing event goes), leaving a checkpoint and a
+    // retention-prune event so the rest still verifies. Open sessions and their events are
+    // kept. Returns how many events went.
     Result<std::int64_t> prune(std::optional<std::int64_t> before_us,
                                std::optional<std::int64_t> keep_events);
 
@@ -68,6 +77,7 @@ class Journal {
     // one commit.
     using Done = std::function<void(Result<std::int64_t>)>;
     void append_async(Event event, Done done);
+    void append_policy_load_async(Event load, PolicyText policy, Done done);
     void open_session_async(Session session, Event grant, Done done);
     void close_session_async(const std::string &id, const std::string &reason,
                              const Counters &counters, Event closing, Done done);
@@ -91,6 +101,7 @@ class Journal {
     Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer);
     Result<std::int64_t> submit(Work work);
     void submit_async(Work work, Done done);
+    static Work policy_load_work(Event load, PolicyText policy);
     static Work open_session_work(Session s, Event grant);
     static Work close_session_work(const std::string &id, const std::string &reason,
                                    const Counters &counters, Event closing);

@@ -56,6 +56,12 @@ struct StoredEvent {
     Hash hash{};
 };
 
+// A policy as the journal keeps it: its canonical text once per SHA-256 digest (policies table).
+struct PolicyText {
+    std::string digest; // 64 lowercase hex digits
+    std::string text;
+};
+
 struct Counters {
     std::uint64_t rx_bytes = 0;
     std::uint64_t rx_packets = 0;

@@ -62,6 +62,8 @@ class Statement {
 
     std::int64_t int64(int col) const { return sqlite3_column_int64(stmt_, col); }
     bool is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+    int type(int col) const { return sqlite3_column_type(stmt_, col); } // SQLITE_INTEGER, ...
+    double real(int col) const { return sqlite3_column_double(stmt_, col); }
     std::string text(int col) const;
     std::optional<std::string> opt_text(int col) const;
     std::optional<std::int64_t> opt_int64(int col) const;

@@ -3,6 +3,7 @@
 #include "daemon/journal/reader.h"
 #include "daemon/journal/records.h"
 #include "daemon/journal/sqlite.h"
+#include "daemon/journal/table_check.h"
 
 #include <nlohmann/json.hpp>
 
@@ -87,6 +88,8 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
     auto st = db->prepare("SELECT seq, at_us, kind, session_id, uid, pid, rule, decision, reason, "
                           "detail, prev_hash, hash FROM events ORDER BY seq");
     if (!st) return st.error();
+    auto tables = TableCheck::open(*db);
+    if (!tables) return std::move(tables).error().context(path);
 
     std::string anchor_path_used = anchor_file.empty() ? anchor_path(path) : anchor_file;
     std::optional<Anchor> anchor;
@@ -174,6 +177,7 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
                 pruned_through.insert(d["pruned_through"].get<std::int64_t>());
         }
         if (anchor && seq == anchor->seq) anchor_seen_hash = to_hex(stored);
+        if (auto t = (*tables)->event(seq, e); !t) return std::move(t).error().context(path);
         prev = stored;
         ++expected;
         ++report.events_checked;
@@ -206,6 +210,16 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
                            " beside the journal: a truncated tail could not be found (deleted "
                            "anchor?); copy the anchor with the journal, name it with --anchor, "
                            "or check the chain alone with --no-anchor");
+    }
+    report.chain_intact = report.ok;
+    if (report.ok) {
+        if (auto t = (*tables)->finish(report.first_seq); !t)
+            return std::move(t).error().context(path);
+        if (auto &p = (*tables)->problem()) fail(p->seq, p->what);
+        auto &n = (*tables)->counts();
+        report.sessions_checked = n.sessions_checked;
+        report.sessions_not_covered = n.sessions_not_covered;
+        report.policies_checked = n.policies_checked;
     }
     return report;
 }

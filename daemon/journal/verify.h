@@ -1,5 +1,7 @@
 // Chain verification: reads a journal read-only and checks that every event follows the one
-// before it (sequence without gaps, stored prev_hash, recomputed hash).
+// before it (sequence without gaps, stored prev_hash, recomputed hash), then that the tables
+// beside the chain (sessions, policies, meta, checkpoints) hold what the chain's events say
+// (table_check.h).
 #pragma once
 
 #include "knod/result.h"
@@ -20,6 +22,13 @@ struct VerifyReport {
     std::int64_t first_seq = 0;     // above 1 after retention pruned the oldest events
     bool anchor_checked = false;    // the head recorded outside the database was compared
     std::int64_t anchor_seq = 0;
+    // The tables beside the chain (table_check.h), checked once the chain is intact: when they
+    // fail, chain_intact stays true and first_bad_seq is the event the bad row contradicts (0
+    // for a row no event explains).
+    bool chain_intact = true;
+    std::int64_t sessions_checked = 0;     // rows that match the values their events carry
+    std::int64_t sessions_not_covered = 0; // opened by an older build: the chain has no values
+    std::int64_t policies_checked = 0;     // stored policy texts that match their digests
 };
 
 // How verify treats the anchor beside the journal.

@@ -44,6 +44,7 @@ inline const std::vector<std::string> &known_decisions() {
                                                "isolation-violation",
                                                "flow-conflict",
                                                "driver-failure",
+                                               "key-refused",
                                                "journal-unavailable",
                                                "not-authorized",
                                                "invalid-policy",

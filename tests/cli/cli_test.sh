@@ -102,6 +102,57 @@ tamper inserted "INSERT INTO events (seq, at_us, kind, prev_hash, hash) SELECT 4
 tamper reordered "UPDATE events SET seq=-5 WHERE seq=5; UPDATE events SET seq=5 WHERE seq=6; UPDATE events SET seq=6 WHERE seq=-5" 5
 expect_rc 2 "audit verify on a non-journal file is a usage error" -- "$cli" audit verify --db "$src/README.md"
 
+py() { python3 -c "$1" "${@:2}"; }
+# The chain covers the tables beside it (#16, 1): a journal as the daemon writes it (a policy
+# load first, grants naming its digest; a copy after a retention prune), then sqlite3 edits of
+# every table.
+cp "$src/packaging/policy.example.toml" "$work/policy.toml"
+"$fill" "$work/c.db" 20 --policy "$work/policy.toml" || { not_ok "journal_fill --policy"; exit 1; }
+"$fill" "$work/cp.db" 20 --policy "$work/policy.toml" --prune 36 || { not_ok "journal_fill --prune"; exit 1; }
+for db in c cp; do
+    "$cli" audit verify --db "$work/$db.db" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 0 ] && grep -q "^sessions: $([ $db = c ] && echo 20 || echo 18) row(s) match" "$work/out" && grep -q "^policies: 1 stored" "$work/out" \
+        && ok "audit verify checks every session row and stored policy of an intact journal ($db)" || { not_ok "covered tables intact $db (exit $rc)"; cat "$work/out"; }
+done
+digest=$(sqlite3 "$work/c.db" "SELECT digest FROM policies")
+tamper_table() { # tamper_table NAME SQL TEXT [DB]: verify of a copy of DB (c) exits 1, says TEXT
+    cp "$work/${4:-c}.db" "$work/t.db"; cp "$work/${4:-c}.db.anchor" "$work/t.db.anchor"
+    sqlite3 "$work/t.db" "$2"
+    "$cli" audit verify --db "$work/t.db" >"$work/out" 2>&1; rc=$?
+    if [ "$rc" -eq 1 ] && grep -qF -- "$3" "$work/out"; then ok "audit verify finds $1"
+    else not_ok "audit verify on $1: exit $rc, wanted 1 and '$3'"; cat "$work/out"; fi
+}
+for set in "uid=0" "pid=1" "exe='/bin/sh'" "unit='x.service'" "netdev='eth9'" "gpu='sim9'" "mode='rx-tx'" \
+           "region_bytes=1" "flows='[]'" "key_id='k-x'" "rule='admin'" "started_us=1" "ended_us=2" \
+           "end_reason='revoke'" "rx_bytes=999999" "rx_packets=5" "dropped_packets=5"; do
+    tamper_table "an edited sessions.${set%%=*}" "UPDATE sessions SET $set WHERE id='b12'" "session b12: ${set%%=*} is "
+done
+tamper_table "a deleted session row" "DELETE FROM sessions WHERE id='b12'" "session b12: its grant (event "
+tamper_table "an inserted session row" "INSERT INTO sessions (id, uid, pid, netdev, gpu, mode, region_bytes, flows, key_id, rule, started_us, ended_us, end_reason) SELECT 'b99', uid, pid, netdev, gpu, mode, region_bytes, flows, key_id, rule, started_us, ended_us, end_reason FROM sessions WHERE id='b12'" "session b99: a row in the sessions table with no grant event in the chain (inserted)"
+tamper_table "an edited policy text" "UPDATE policies SET text = text || 'x'" "policy '$digest': its stored text does not match its digest (edited)"
+tamper_table "a replaced policy digest" "UPDATE policies SET digest = lower(hex(randomblob(32)))" "its stored text does not match its digest (edited)"
+tamper_table "a deleted policy row" "DELETE FROM policies" "policy '$digest': named by event 1 but its text is missing from the policies table (deleted)"
+tamper_table "an edited meta.journal_id" "UPDATE meta SET value = lower(hex(randomblob(16))) WHERE key = 'journal_id'" "meta.journal_id is "
+tamper_table "an edited checkpoint" "UPDATE checkpoints SET events = events + 1" "checkpoint at event " cp
+"$cli" audit verify --json --db "$work/t.db" >"$work/out.json" 2>/dev/null
+py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["chain_intact"] is True and "checkpoint" in d["problem"], d' "$work/out.json" \
+    && ok "audit verify --json says the chain is intact but a table is not" || { not_ok "verify --json tables"; cat "$work/out.json"; }
+
+# audit policy (#16, 3): the text of the policy a digest names, and every stored policy.
+"$cli" audit policy --db "$work/c.db" "$digest" >"$work/out" 2>&1
+{ printf '# file: %s\n' "$work/policy.toml"; cat "$work/policy.toml"; } | cmp -s - "$work/out" \
+    && ok "audit policy DIGEST prints the policy as loaded" || { not_ok "audit policy DIGEST"; cat "$work/out"; }
+"$cli" audit policy --json --db "$work/c.db" "${digest:0:12}" >"$work/out.json"
+py 'import json,sys,hashlib; d=json.load(open(sys.argv[1])); assert d["digest"]==sys.argv[2] and hashlib.sha256(d["text"].encode()).hexdigest()==sys.argv[2] and d["first_loaded"], d' "$work/out.json" "$digest" \
+    && ok "audit policy --json with a digest prefix: {digest, first_loaded, text}" || { not_ok "audit policy --json"; cat "$work/out.json"; }
+"$cli" check --json "$work/policy.toml" >"$work/out.json"
+py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["digest"]==sys.argv[2], d' "$work/out.json" "$digest" \
+    && ok "check --json gives the digest the journal names the policy by" || { not_ok "check --json digest"; cat "$work/out.json"; }
+"$cli" audit policy --json --db "$work/c.db" >"$work/out.json"
+py 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d)==1 and d[0]["digest"]==sys.argv[2] and d[0]["events"]==21, d' "$work/out.json" "$digest" \
+    && ok "audit policy lists each digest with the events naming it" || { not_ok "audit policy list"; cat "$work/out.json"; }
+expect_rc 2 "audit policy with an unknown digest is exit 2" -- "$cli" audit policy --db "$work/c.db" 0123456789abcdef
+
 # audit queries: output parses back, filters select what they should.
 py() { python3 -c "$1" "${@:2}"; }
 "$cli" audit sessions --db "$work/j.db" --csv >"$work/s.csv"
@@ -387,7 +438,9 @@ fi
 # The anchor (#16, 2): without it a truncated tail looks whole, so a missing one is a failure
 # unless --no-anchor; a malformed one is a clear error (exit 2), never an abort.
 mkdir "$work/anc"; cp "$work/j.db" "$work/anc/t.db"
-sqlite3 "$work/anc/t.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq > 37"
+# The truncation removes the tail's session rows too: their events are gone, and the sessions
+# table (checked against the chain) would show it otherwise.
+sqlite3 "$work/anc/t.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq > 36; DELETE FROM sessions WHERE id IN ('b18', 'b19')"
 "$cli" audit verify --db "$work/anc/t.db" >"$work/out" 2>&1; rc=$?
 [ "$rc" -eq 1 ] && grep -q "no anchor file" "$work/out" && ok "audit verify fails a truncated journal whose anchor was deleted" || { not_ok "deleted anchor (exit $rc)"; cat "$work/out"; }
 "$cli" audit verify --json --db "$work/anc/t.db" >"$work/out.json" 2>/dev/null; rc=$?

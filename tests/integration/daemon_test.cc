@@ -684,3 +684,72 @@ TEST_F(DaemonTest, ItsEventsExportWithFlowsAsAnArrayAndVerify) {
     EXPECT_EQ(check->events, *n);
     EXPECT_EQ(check->first_seq, 1);
 }
+
+// #16, 1 and 3, through the real daemon: grants, a denial, a revoke, a holder killed, reloads by
+// D-Bus and by SIGHUP, a daemon killed and restarted (its open sessions closed at the start).
+// Then `audit verify` checks every session row against the chain, every decision names the
+// policy in force by digest, every policy load carries its actor, and each text is stored.
+TEST_F(DaemonTest, TheChainCoversSessionsAndNamesThePolicyOfEveryDecision) {
+    auto verify = [&] {
+        std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sb().journal() +
+                          " >" + sb().dir() + "/verify.out 2>&1";
+        return std::system(cmd.c_str()) == 0;
+    };
+    auto c = sb().client();
+    auto kept = request(c);
+    auto revoked = request(c);
+    ASSERT_TRUE(kept.ok() && revoked.ok());
+    Holder killed(sb(), {"knodsim0", "sim0", "4096", sim_flow}, nobody);
+    ASSERT_TRUE(killed.ok()) << killed.line();
+    Holder denied(sb(), {"knodsim0", "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:9000"}, nobody);
+    EXPECT_FALSE(denied.ok()) << denied.line();
+    ASSERT_TRUE(c.revoke(revoked->id, "audit test").ok());
+    killed.kill_now(SIGKILL);
+    std::string me = std::to_string(getpid());
+    std::string reloaded = policy_text + "\n# reloaded\n";
+    sb().write_policy(reloaded);
+    ASSERT_TRUE(c.reload().ok());
+    ASSERT_EQ(kill(sb().daemon_pid(), SIGHUP), 0);
+    EXPECT_TRUE(eventually([&] {
+        return sb().sql("SELECT count(*) FROM events WHERE kind = 'policy-reload'") == "2" &&
+               sb().sql("SELECT count(*) FROM sessions WHERE ended_us IS NOT NULL") == "2";
+    })) << sb().sql("SELECT kind, uid, pid FROM events");
+    EXPECT_TRUE(verify()) << slurp(sb().dir() + "/verify.out");
+
+    // Killed with a binding open; the next start closes its session (daemon-restart).
+    pid_t first = sb().daemon_pid();
+    sb().stop_daemon(SIGKILL);
+    sb().start_daemon();
+    EXPECT_TRUE(eventually([&] {
+        return sb().sql("SELECT end_reason FROM sessions WHERE id = '" + kept->id + "'") ==
+               "daemon-restart";
+    }));
+    EXPECT_TRUE(verify()) << slurp(sb().dir() + "/verify.out");
+    EXPECT_NE(slurp(sb().dir() + "/verify.out").find("sessions: 3 row(s) match"), std::string::npos)
+        << slurp(sb().dir() + "/verify.out");
+
+    // Policy loads: the daemon's own start (its uid and pid), then the actors of the reloads.
+    EXPECT_EQ(sb().sql("SELECT group_concat(actor, ' ') FROM (SELECT uid || '/' || pid AS actor "
+                       "FROM events WHERE kind IN ('daemon-start', 'policy-reload') ORDER BY "
+                       "seq)"),
+              "0/" + std::to_string(first) + " 0/" + me + " 0/" + me + " 0/" +
+                  std::to_string(sb().daemon_pid()));
+    EXPECT_EQ(sb().sql("SELECT count(*) FROM events WHERE kind IN ('daemon-start', "
+                       "'policy-reload') AND json_extract(detail, '$.policy') NOT IN (SELECT "
+                       "digest FROM policies)"),
+              "0");
+    EXPECT_EQ(sb().sql("SELECT count(*) FROM policies"), "2") << "two texts, each stored once";
+    // Every decision names a stored policy: the grants and the denial.
+    EXPECT_EQ(sb().sql("SELECT count(*) FROM events WHERE kind IN ('request-granted', "
+                       "'request-denied') AND json_extract(detail, '$.policy') IN (SELECT digest "
+                       "FROM policies)"),
+              "4")
+        << sb().sql("SELECT kind, detail FROM events WHERE kind LIKE 'request-%'");
+    // The digest in force names the reloaded text, as `audit policy` prints it.
+    std::string digest = sb().sql("SELECT json_extract(detail, '$.policy') FROM events WHERE kind "
+                                  "= 'daemon-start' ORDER BY seq DESC LIMIT 1");
+    Output text =
+        sb().run_program({KNOD_CLI_BIN, "audit", "policy", "--db", sb().journal(), digest});
+    reloaded.pop_back(); // run_program drops the output's last newline
+    EXPECT_EQ(text.out, "# file: " + sb().policy_file() + "\n" + reloaded) << text.out;
+}

@@ -1,10 +1,18 @@
 // Test helper: writes sessions and events into a journal through the real writer, so that
-// shell tests can tamper with a genuine file. Usage: journal_fill DB SESSIONS
+// shell tests can tamper with a genuine file.
+// Usage: journal_fill DB SESSIONS [--policy FILE] [--prune KEEP_EVENTS]
+//   --policy: first a daemon-start event that loads FILE (its text stored under its digest, the
+//             journal's id inside the chain), as the daemon writes it; grants name the digest.
+//   --prune:  then retention keeps only the newest KEEP_EVENTS events (a checkpoint).
 #include "daemon/journal/journal.h"
 #include "knod/json.h"
+#include "policy/parser.h"
+
+#include <nlohmann/json.hpp>
 
 #include <ctime>
 #include <iostream>
+#include <optional>
 
 namespace {
 
@@ -144,14 +152,52 @@ int report_main(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc >= 3 && std::string(argv[1]) == "--report") return report_main(argc, argv);
-    if (argc != 3) {
-        std::cerr << "usage: journal_fill DB SESSIONS\n";
+    if (argc < 3 || (argc - 3) % 2 != 0) {
+        std::cerr << "usage: journal_fill DB SESSIONS [--policy FILE] [--prune KEEP_EVENTS] | "
+                     "--report DB [--hostile]\n";
         return 2;
+    }
+    std::optional<std::string> policy_file;
+    std::optional<std::int64_t> prune;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        std::string flag = argv[i];
+        if (flag == "--policy")
+            policy_file = argv[i + 1];
+        else if (flag == "--prune")
+            prune = std::stoll(argv[i + 1]);
+        else {
+            std::cerr << "journal_fill: unknown option " << flag << "\n";
+            return 2;
+        }
     }
     auto j = knod::journal::Journal::open(argv[1]);
     if (!j) {
         std::cerr << j.error().message << "\n";
         return 1;
+    }
+    std::string digest;
+    if (policy_file) {
+        auto load = knod::policy::load_policy_files({*policy_file});
+        if (!load.ok()) {
+            std::cerr << load.errors_text();
+            return 1;
+        }
+        digest = load.policy.digest;
+        knod::journal::Event start;
+        start.kind = knod::journal::kind::daemon_start;
+        start.uid = 0;
+        start.pid = 1;
+        auto &id = (*j)->identity();
+        start.detail = nlohmann::json{
+            {"driver", "sim"},
+            {"journal_id", id.journal_id},
+            {"machine_id", id.machine_id},
+            {"hostname",
+             id.hostname}}.dump();
+        if (!(*j)->append_policy_load(start, {digest, load.policy.text})) {
+            std::cerr << "journal_fill: write failed\n";
+            return 1;
+        }
     }
     int n = std::stoi(argv[2]);
     for (int i = 0; i < n; ++i) {
@@ -180,12 +226,21 @@ int main(int argc, char **argv) {
                              {"mode", s.mode},
                              {"region_bytes", s.region_bytes},
                              {"flows", i % 2 ? nlohmann::json(knod::dump_json(flows)) : flows}});
+        if (!digest.empty()) { // a policy the daemon ran with, named like the daemon does
+            auto d = nlohmann::json::parse(*grant.detail);
+            d["policy"] = digest;
+            grant.detail = knod::dump_json(d);
+        }
         knod::journal::Event end;
         end.kind = knod::journal::kind::ended;
         if (!(*j)->open_session(s, grant) || !(*j)->close_session(s.id, "release", {}, end)) {
             std::cerr << "journal_fill: write failed\n";
             return 1;
         }
+    }
+    if (prune && !(*j)->prune(std::nullopt, *prune)) {
+        std::cerr << "journal_fill: prune failed\n";
+        return 1;
     }
     return 0;
 }

@@ -1,11 +1,14 @@
 #include "daemon/journal/journal.h"
 #include "daemon/journal/reader.h"
 #include "daemon/journal/verify.h"
+#include "policy/policy.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 using namespace knod;
@@ -643,4 +646,291 @@ TEST_F(JournalTest, AWalWithoutShmIsReadAndNothingIsCreatedBesideIt) {
     EXPECT_EQ(r->first_bad_seq, 3) << "the -wal was read";
     EXPECT_EQ(std::distance(fs::directory_iterator(copy_dir), fs::directory_iterator{}), 3)
         << "no -shm appeared beside the copy";
+}
+
+// Issue #16, 1: the tables beside the chain are covered by it. A journal with sessions closed
+// (with counters), one still open, a policy load and a daemon start; then each edit an attacker
+// with write access could make, on a fresh copy, must fail verify naming what was changed.
+class CoveredTablesTest : public JournalTest {
+  protected:
+    void SetUp() override {
+        JournalTest::SetUp();
+        auto j = std::move(Journal::open(path_)).value();
+        Event start;
+        start.kind = kind::daemon_start;
+        start.uid = 0;
+        start.pid = 1;
+        start.detail = nlohmann::json{{"journal_id", j->identity().journal_id}}.dump();
+        ASSERT_TRUE(j->append_policy_load(start, {policy_digest_, policy_text_}).ok());
+        for (int i = 0; i < 4; ++i) {
+            Session s = session("b" + std::to_string(i));
+            s.uid = 1000 + static_cast<std::uint32_t>(i);
+            s.exe = "/usr/bin/app" + std::to_string(i);
+            s.unit = "app.service";
+            s.flows = {"udp * -> *:500" + std::to_string(i), "udp * -> *:600" + std::to_string(i)};
+            Event g = grant_event();
+            g.detail = R"({"netdev":"knodsim0","policy":")" + policy_digest_ + R"("})";
+            auto seq = j->open_session(s, g);
+            ASSERT_TRUE(seq.ok()) << seq.error().message;
+            grant_seq_[s.id] = *seq;
+        }
+        Event end;
+        end.kind = kind::ended;
+        for (int i = 0; i < 3; ++i) {
+            std::string id = "b" + std::to_string(i);
+            auto seq = j->close_session(id, i == 2 ? "revoke" : "release",
+                                        {1234u + static_cast<unsigned>(i), 7, 1}, end);
+            ASSERT_TRUE(seq.ok()) << seq.error().message;
+            close_seq_[id] = *seq;
+        }
+        ASSERT_TRUE(j->prune(std::nullopt, 1000).ok()); // nothing goes: no checkpoint yet
+    }
+
+    // Verifies a copy of the journal after `statement`.
+    VerifyReport tampered(const std::string &statement) {
+        std::string copy = (dir_ / ("t" + std::to_string(++copies_) + ".db")).string();
+        fs::copy_file(path_, copy);
+        fs::copy_file(anchor_path(path_), anchor_path(copy));
+        {
+            auto db = Database::open(copy, SQLITE_OPEN_READWRITE);
+            EXPECT_TRUE(db.ok());
+            auto r = db->exec(statement);
+            EXPECT_TRUE(r.ok()) << statement << ": " << r.error().message;
+        }
+        auto r = verify_chain(copy);
+        EXPECT_TRUE(r.ok()) << r.error().message;
+        return r ? *r : VerifyReport{};
+    }
+    void expect_found(const std::string &statement, const std::string &says,
+                      std::int64_t seq = -1) {
+        VerifyReport r = tampered(statement);
+        EXPECT_FALSE(r.ok) << statement;
+        EXPECT_NE(r.problem.find(says), std::string::npos) << statement << "\n" << r.problem;
+        if (seq >= 0) {
+            EXPECT_EQ(r.first_bad_seq, seq) << statement;
+        }
+    }
+
+    std::string policy_text_ = "# file: /etc/knod/policy.toml\n[[rule]]\nname = \"x\"\n";
+    std::string policy_digest_ = policy::policy_digest(policy_text_);
+    std::map<std::string, std::int64_t> grant_seq_, close_seq_;
+    int copies_ = 0;
+};
+
+TEST_F(CoveredTablesTest, AnIntactJournalVerifiesWithEveryRowChecked) {
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.sessions_checked, 4);
+    EXPECT_EQ(r.sessions_not_covered, 0);
+    EXPECT_EQ(r.policies_checked, 1);
+    // The detail shapes exports flatten: "session", "end", "policy" (and the caller's own keys).
+    auto db = std::move(Database::open(path_, SQLITE_OPEN_READONLY)).value();
+    auto st = db.prepare("SELECT detail FROM events WHERE session_id = 'b2' ORDER BY seq");
+    ASSERT_TRUE(st.ok() && *st->step());
+    auto grant = nlohmann::json::parse(st->text(0));
+    EXPECT_EQ(grant["netdev"], "knodsim0");
+    EXPECT_EQ(grant["policy"], policy_digest_);
+    EXPECT_EQ(grant["session"]["uid"], 1002);
+    EXPECT_EQ(grant["session"]["flows"], (nlohmann::json{"udp * -> *:5002", "udp * -> *:6002"}));
+    EXPECT_EQ(grant["session"].size(), 13u);
+    ASSERT_TRUE(*st->step());
+    auto end = nlohmann::json::parse(st->text(0));
+    EXPECT_EQ(end["end"]["end_reason"], "revoke");
+    EXPECT_EQ(end["end"]["rx_bytes"], 1236);
+    EXPECT_EQ(end["end"].size(), 5u);
+    EXPECT_EQ(*db.scalar("SELECT count(*) FROM policies"), 1);
+}
+
+TEST_F(CoveredTablesTest, AnEditOfAnySessionColumnNamesTheSessionAndTheField) {
+    std::int64_t grant = grant_seq_["b1"];
+    // Each column audit shows, on a closed session (b1: grant, then its closing event).
+    for (auto [column, value] : std::vector<std::pair<std::string, std::string>>{
+             {"uid", "0"},
+             {"uid", "CAST('1001' AS BLOB)"}, // 1001 to the eye, not to verify
+             {"pid", "1"},
+             {"exe", "'/usr/bin/other'"},
+             {"unit", "'x.service'"},
+             {"netdev", "'eth9'"},
+             {"gpu", "'sim1'"},
+             {"mode", "'rx-tx'"},
+             {"region_bytes", "1"},
+             {"flows", "'[\"udp * -> *:1\"]'"},
+             {"flows", "'[ \"udp * -> *:5001\", \"udp * -> *:6001\"]'"}, // same value, new text
+             {"key_id", "'k-2'"},
+             {"rule", "'admin'"},
+             {"started_us", "started_us + 1"}}) {
+        expect_found("UPDATE sessions SET " + column + " = " + value + " WHERE id = 'b1'",
+                     "session b1: " + column + " is ", grant);
+    }
+    for (auto [column, value] :
+         std::vector<std::pair<std::string, std::string>>{{"ended_us", "ended_us - 1"},
+                                                          {"end_reason", "'release'"},
+                                                          {"rx_bytes", "999999"},
+                                                          {"rx_packets", "0"},
+                                                          {"dropped_packets", "0"}}) {
+        expect_found("UPDATE sessions SET " + column + " = " + value + " WHERE id = 'b2'",
+                     "session b2: " + column + " is ", close_seq_["b2"]);
+    }
+    // The issue's example, word for word in shape.
+    VerifyReport r = tampered("UPDATE sessions SET rx_bytes = 999999 WHERE id = 'b0'");
+    EXPECT_NE(r.problem.find("session b0: rx_bytes is 999999 in the sessions table but 1234 in "
+                             "event "),
+              std::string::npos)
+        << r.problem;
+    EXPECT_NE(r.problem.find("(edited)"), std::string::npos) << r.problem;
+}
+
+TEST_F(CoveredTablesTest, OpenAndEndedRowsMustAgreeWithTheChain) {
+    // b3 is open: ending it by hand, or giving it counters, is found; so is reopening b0.
+    expect_found("UPDATE sessions SET ended_us = started_us + 5, end_reason = 'release' WHERE id "
+                 "= 'b3'",
+                 "session b3: ended in the sessions table", grant_seq_["b3"]);
+    expect_found("UPDATE sessions SET rx_bytes = 5 WHERE id = 'b3'",
+                 "session b3: rx_bytes is 5 in the sessions table but 0 for a session the chain "
+                 "has not closed");
+    expect_found("UPDATE sessions SET ended_us = NULL WHERE id = 'b0'",
+                 "session b0: closed by event");
+}
+
+TEST_F(CoveredTablesTest, DeletedAndInsertedRowsAreFound) {
+    expect_found("DELETE FROM sessions WHERE id = 'b2'",
+                 "session b2: its grant (event " + std::to_string(grant_seq_["b2"]) +
+                     ") is in the chain but its row is missing from the sessions table (deleted)",
+                 grant_seq_["b2"]);
+    expect_found("INSERT INTO sessions (id, uid, pid, netdev, gpu, mode, region_bytes, flows, "
+                 "key_id, rule, started_us) SELECT 'b9', uid, pid, netdev, gpu, mode, "
+                 "region_bytes, flows, key_id, rule, started_us FROM sessions WHERE id = 'b1'",
+                 "session b9: a row in the sessions table with no grant event in the chain "
+                 "(inserted)",
+                 0);
+    expect_found("UPDATE sessions SET id = 'b7' WHERE id = 'b1'", "session b1: its grant");
+    // Deleted and put back unchanged (another rowid, out of order): the same values, so intact.
+    VerifyReport back = tampered("CREATE TEMP TABLE k AS SELECT * FROM sessions WHERE id = 'b0'; "
+                                 "DELETE FROM sessions WHERE id = 'b0'; INSERT INTO sessions "
+                                 "SELECT * FROM k");
+    EXPECT_TRUE(back.ok) << back.problem;
+    EXPECT_EQ(back.sessions_checked, 4);
+}
+
+TEST_F(CoveredTablesTest, PolicyMetaAndCheckpointEditsAreFound) {
+    expect_found("UPDATE policies SET text = text || 'allow_all = true'",
+                 "policy '" + policy_digest_ + "': its stored text does not match its digest");
+    expect_found("DELETE FROM policies",
+                 "policy '" + policy_digest_ + "': named by event 1 but its text is missing", 1);
+    expect_found("UPDATE meta SET value = '00000000000000000000000000000000' WHERE key = "
+                 "'journal_id'",
+                 "meta.journal_id is '00000000000000000000000000000000' in the meta table", 1);
+    expect_found("DELETE FROM meta WHERE key = 'journal_id'", "meta.journal_id is missing", 1);
+    // A checkpoint: prune, then edit each field of its row, or delete it.
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Event e;
+        e.kind = kind::denied;
+        for (int i = 0; i < 5; ++i)
+            ASSERT_TRUE(j->append(e).ok());
+        auto pruned = j->prune(std::nullopt, 3);
+        ASSERT_TRUE(pruned.ok()) << pruned.error().message;
+        ASSERT_GT(*pruned, 0) << "b3 is open: everything before its grant may go";
+    }
+    VerifyReport r = verify();
+    ASSERT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.policies_checked, 1) << "the text stays when its load event is pruned";
+    expect_found("UPDATE checkpoints SET events = events + 1", "checkpoint at event ");
+    expect_found("UPDATE checkpoints SET pruned_at_us = 1", "pruned_at_us is 1 in the checkpoints");
+    expect_found("UPDATE checkpoints SET hash = zeroblob(32)", "does not chain");
+    expect_found("DELETE FROM checkpoints", "no retention checkpoint");
+}
+
+TEST_F(CoveredTablesTest, PruneTakesExactlyTheSessionsWhoseGrantItTakes) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Event end;
+        end.kind = kind::ended;
+        ASSERT_TRUE(j->close_session("b3", "release", {}, end).ok());
+        // Through b1's grant: b0 and b1 go (b1's closing event stays in the chain).
+        auto head = std::move(Database::open(path_, SQLITE_OPEN_READONLY))
+                        .value()
+                        .scalar("SELECT max(seq) FROM events");
+        ASSERT_TRUE(head.ok());
+        ASSERT_TRUE(j->prune(std::nullopt, *head - grant_seq_["b1"]).ok());
+    }
+    auto db = std::move(Database::open(path_, SQLITE_OPEN_READONLY)).value();
+    auto st = db.prepare("SELECT group_concat(id) FROM (SELECT id FROM sessions ORDER BY id)");
+    ASSERT_TRUE(st.ok() && *st->step());
+    EXPECT_EQ(st->text(0), "b2,b3");
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.sessions_checked, 2);
+}
+
+// Many sessions, some left open by a crash and closed at the next start, a prune: intact.
+TEST_F(JournalTest, ManySessionsARestartAndAPruneStillVerify) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        for (int i = 0; i < 400; ++i) {
+            Session s = session("s" + std::to_string(i));
+            s.pid = i;
+            ASSERT_TRUE(j->open_session(s, grant_event()).ok());
+            Event end;
+            end.kind = kind::ended;
+            if (i % 5) {
+                ASSERT_TRUE(j->close_session(s.id, "release",
+                                             {static_cast<std::uint64_t>(i) * 100, 1, 0}, end)
+                                .ok());
+            }
+        }
+    } // a crash: 80 sessions left open
+    auto j = std::move(Journal::open(path_)).value();
+    auto closed = j->close_open_sessions("daemon-restart");
+    ASSERT_TRUE(closed.ok());
+    EXPECT_EQ(closed->size(), 80u);
+    EXPECT_TRUE(verify().ok);
+    auto pruned = j->prune(std::nullopt, 300);
+    ASSERT_TRUE(pruned.ok() && *pruned > 0);
+    j.reset();
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    auto db = std::move(Database::open(path_, SQLITE_OPEN_READONLY)).value();
+    EXPECT_EQ(r.sessions_checked, *db.scalar("SELECT count(*) FROM sessions"));
+    EXPECT_EQ(r.sessions_not_covered, 0);
+}
+
+// A session an older build granted (no "session" values in its grant) is not failed: verify
+// counts it as not covered.
+TEST_F(JournalTest, SessionsFromAnOlderBuildAreCountedAsNotCovered) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Event g = grant_event();
+        g.session_id = "old";
+        ASSERT_TRUE(j->append(g).ok());
+        ASSERT_TRUE(j->open_session(session("new"), grant_event()).ok());
+    }
+    sql("INSERT INTO sessions (id, uid, pid, netdev, gpu, mode, region_bytes, flows, key_id, "
+        "rule, started_us) VALUES ('old', 1000, 1, 'knodsim0', 'sim0', 'rx-only', 4096, '[]', "
+        "'k', 'r', 1)");
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.sessions_not_covered, 1);
+    EXPECT_EQ(r.sessions_checked, 1);
+}
+
+// Strings verify takes the slow path for (non-ASCII, escapes, bytes that are not UTF-8 and are
+// stored as U+FFFD in both the row and the event) still match, and an edit is still found.
+TEST_F(JournalTest, UnusualStringsInSessionRowsAreCoveredToo) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Session s = session("u1");
+        s.exe = "/opt/caf\xc3\xa9/\\x1b\"q\"";
+        s.unit = std::string("bad\xff\x01", 5);
+        ASSERT_TRUE(j->open_session(s, grant_event()).ok());
+    }
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.sessions_checked, 1);
+    sql("UPDATE sessions SET exe = '/opt/cafe' WHERE id = 'u1'");
+    r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.problem.find("session u1: exe is '/opt/cafe' in the sessions table"),
+              std::string::npos)
+        << r.problem;
 }

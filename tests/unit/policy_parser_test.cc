@@ -212,3 +212,24 @@ TEST(PolicyParser, SizesAndDurations) {
     EXPECT_EQ(parse_duration("2d"), std::chrono::hours(48));
     EXPECT_FALSE(parse_duration("1y"));
 }
+
+// The canonical text the journal stores, and its digest: each file in load order after a
+// "# file: PATH" line, ending with a newline.
+TEST(PolicyParser, PolicyTextAndDigestAreCanonical) {
+    PolicyParser p;
+    p.add_text("[settings]\npermissive = false", "/etc/knod/policy.toml");
+    p.add_text("", "/etc/knod/policy.d/empty.toml");
+    p.add_text("[[rule]]\nname = \"x\"\naction = \"deny\"\n", "/etc/knod/policy.d/10-x.toml");
+    auto load = p.finish();
+    ASSERT_TRUE(load.ok()) << load.errors_text();
+    EXPECT_EQ(load.policy.text, "# file: /etc/knod/policy.toml\n[settings]\npermissive = false\n"
+                                "# file: /etc/knod/policy.d/empty.toml\n"
+                                "# file: /etc/knod/policy.d/10-x.toml\n[[rule]]\nname = "
+                                "\"x\"\naction = \"deny\"\n");
+    EXPECT_EQ(load.policy.digest, policy_digest(load.policy.text));
+    EXPECT_EQ(policy_digest(""),
+              "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    EXPECT_NE(parse_policy_text("[settings]\n", "a.toml").policy.digest,
+              parse_policy_text("[settings]\n", "b.toml").policy.digest)
+        << "the path is part of what was loaded";
+}

@@ -1,0 +1,137 @@
+// #16, 3: an activation the driver fails is journaled as a refusal, with the presenter as the
+// actor and the policy in force, like every other refused step. The manager runs with the sim's
+// control half whose activation is made to fail (a queue that cannot be opened on hardware).
+#include "daemon/binding_manager.h"
+#include "daemon/driver/sim_driver.h"
+#include "daemon/journal/verify.h"
+#include "policy/parser.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+
+using namespace knod;
+namespace fs = std::filesystem;
+
+namespace {
+
+class FailingActivation : public driver::SimDriver {
+  public:
+    FailingActivation() : SimDriver(config(), nullptr) {}
+    Result<void> activate(const std::string &) override {
+        return make_error(Errc::driver_failure, "queue 0 of knodsim0: Device or resource busy");
+    }
+
+  private:
+    static driver::SimConfig config() {
+        driver::SimConfig c;
+        c.datapath = false;
+        return c;
+    }
+};
+
+struct NoEvents : daemon::BindingEvents {
+    void binding_created(const daemon::Binding &) override {}
+    void binding_ended(const daemon::Binding &, const std::string &, const std::string &) override {
+    }
+    void policy_reloaded(std::size_t, std::size_t) override {}
+};
+
+// The daemon's loop, played by the test thread: journal completions are posted here.
+struct Loop {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> posted;
+    void post(std::function<void()> f) {
+        std::lock_guard lock(mu);
+        posted.push_back(std::move(f));
+        cv.notify_all();
+    }
+    bool run_until(const std::function<bool()> &done) {
+        auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!done()) {
+            std::unique_lock lock(mu);
+            if (!cv.wait_until(lock, end, [&] { return !posted.empty(); })) return false;
+            auto f = std::move(posted.front());
+            posted.pop_front();
+            lock.unlock();
+            f();
+        }
+        return true;
+    }
+};
+
+} // namespace
+
+TEST(ActivateFailure, IsJournaledAsARefusalWithTheActorAndThePolicy) {
+    fs::path dir = fs::temp_directory_path() / ("knod-activate-" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    auto load = policy::parse_policy_text(R"([[rule]]
+name = "sim"
+netdevs = ["knodsim0"]
+max_region = "1MiB"
+flows = ["udp * -> *:5000"]
+iommu = "any"
+)",
+                                          "/etc/knod/policy.toml");
+    ASSERT_TRUE(load.ok()) << load.errors_text();
+    std::string digest = load.policy.digest;
+    FailingActivation driver;
+    ASSERT_TRUE(driver.start().ok());
+    std::array<std::uint8_t, 32> secret{};
+    NoEvents events;
+    Loop loop;
+    daemon::ManagerConfig config;
+    config.journal_path = (dir / "journal.db").string();
+    {
+        daemon::BindingManager m(config, driver,
+                                 std::move(keys::KeyAuthority::with_secret(secret)).value(),
+                                 std::move(load.policy), events,
+                                 [&](std::function<void()> f) { loop.post(std::move(f)); });
+        m.start();
+        daemon::Peer me;
+        me.uid = 4321;
+        me.pid = getpid();
+        int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(ftruncate(fd, 4096), 0);
+        ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+        daemon::RequestArgs args{
+            "knodsim0", "sim0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5000"}};
+        std::optional<Result<daemon::Granted>> granted;
+        m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
+        ASSERT_TRUE(loop.run_until([&] { return granted.has_value(); }));
+        close(fd);
+        ASSERT_TRUE(granted->ok()) << granted->error().message;
+        auto r = m.activate((*granted)->id, me, (*granted)->key);
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.error().code, Errc::driver_failure);
+        m.shutdown();
+    }
+    auto db = std::move(journal::Database::open(config.journal_path, SQLITE_OPEN_READONLY)).value();
+    auto st = db.prepare("SELECT uid, pid, decision, reason, json_extract(detail, '$.policy') "
+                         "FROM events WHERE kind = 'activate-refused'");
+    ASSERT_TRUE(st.ok());
+    auto row = st->step();
+    ASSERT_TRUE(row.ok() && *row) << "the failed activation is an event";
+    EXPECT_EQ(st->int64(0), 4321);
+    EXPECT_EQ(st->int64(1), getpid());
+    EXPECT_EQ(st->text(2), "driver-failure");
+    EXPECT_NE(st->text(3).find("Device or resource busy"), std::string::npos) << st->text(3);
+    EXPECT_EQ(st->text(4), digest);
+    // The daemon's start loaded that policy: its text is stored, the chain verifies.
+    EXPECT_EQ(*db.scalar("SELECT count(*) FROM policies WHERE digest = '" + digest + "'"), 1);
+    auto v = journal::verify_chain(config.journal_path);
+    ASSERT_TRUE(v.ok()) << v.error().message;
+    EXPECT_TRUE(v->ok) << v->problem;
+    EXPECT_EQ(v->sessions_checked, 1);
+    fs::remove_all(dir);
+}
