@@ -227,6 +227,8 @@ void Journal::run() {
         Writer &w = *writer_;
         std::vector<Result<std::int64_t>> results;
         results.reserve(batch.size());
+        // Before the batch's work: each append moves the head, the commit does not.
+        std::int64_t head_before = w.head_seq();
         auto begun = w.begin();
         for (auto &p : batch) {
             if (!begun) {
@@ -245,7 +247,6 @@ void Journal::run() {
             results.push_back(std::move(r));
         }
         bool committed = false;
-        std::int64_t head_before = w.head_seq();
         if (begun) {
             auto c = w.commit();
             committed = c.ok();

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 using namespace knod;
@@ -576,4 +577,30 @@ TEST_F(JournalTest, AWalWithoutShmIsReadAndNothingIsCreatedBesideIt) {
     EXPECT_EQ(r->first_bad_seq, 3) << "the -wal was read";
     EXPECT_EQ(std::distance(fs::directory_iterator(copy_dir), fs::directory_iterator{}), 3)
         << "no -shm appeared beside the copy";
+}
+
+// #16 item 2: the commit listener (the daemon's copy of the head to the system journal) hears
+// every commit that adds events, with the head it made. It was never called: the head before
+// the batch was taken after the batch's appends.
+TEST_F(JournalTest, TheCommitListenerHearsEachNewHead) {
+    auto j = Journal::open(path_);
+    ASSERT_TRUE(j.ok()) << j.error().message;
+    std::mutex mu;
+    std::vector<std::pair<std::int64_t, std::string>> heads;
+    (*j)->set_commit_listener([&](std::int64_t seq, const Hash &head) {
+        std::lock_guard lock(mu);
+        heads.emplace_back(seq, to_hex(head));
+    });
+    for (int i = 0; i < 3; ++i) {
+        Event e;
+        e.kind = kind::reload;
+        e.reason = "event " + std::to_string(i);
+        ASSERT_TRUE((*j)->append(e).ok());
+    }
+    j->reset();
+    std::lock_guard lock(mu);
+    ASSERT_EQ(heads.size(), 3u);
+    EXPECT_EQ(heads.back().first, 3);
+    VerifyReport r = verify_chain(path_, {}, {}, AnchorUse::ignore).value();
+    EXPECT_EQ(heads.back().second, r.head_hash);
 }
