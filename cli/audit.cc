@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "daemon/journal/export.h"
 #include "daemon/journal/reader.h"
+#include "daemon/journal/system_journal.h"
 #include "daemon/journal/verify.h"
 #include "daemon/journal/vocabulary.h"
 #include "knod/json.h"
@@ -36,6 +37,11 @@ struct Options {
     std::string after;       // events after this event id (incremental export)
     std::string export_file; // verify --export
     bool allow_gaps = false;
+    // The chain-head copies in the system journal: checked where readable unless
+    // --no-system-journal; required (exit 2 when unreadable) when asked for by name.
+    bool system_journal = false, no_system_journal = false;
+    std::string system_journal_dir;
+    std::vector<std::string> system_journal_files;
 };
 
 void add_db(CLI::App *cmd, Options &o) {
@@ -349,6 +355,46 @@ void print_tables(const journal::VerifyReport &r) {
                  "stored\n";
 }
 
+// The system journal's part of verify: nullopt when it was not read (skipped, or unreadable
+// and not asked for by name: `note` says why); an error when asked for by name and unreadable.
+struct SystemJournalPart {
+    std::optional<journal::SystemJournalCheck> check;
+    std::string source;
+    std::string note;
+};
+
+Result<SystemJournalPart> check_system_journal(const Options &o) {
+    SystemJournalPart part;
+    journal::SystemJournalSource source{o.system_journal_dir, o.system_journal_files};
+    part.source = source.describe();
+    bool required = o.system_journal || !source.local();
+    if (o.no_system_journal) {
+        part.note = "not checked (--no-system-journal)";
+        return part;
+    }
+    auto unread = [&](const Error &e) -> Result<SystemJournalPart> {
+        if (required) return e;
+        part.note = "not checked: " + e.message;
+        return part;
+    };
+    // The id first, the copies next, the database's snapshot last: the daemon sends a head only
+    // after committing it, so no copy read here can be ahead of an intact database.
+    auto reader = journal::JournalReader::open(o.db);
+    if (!reader) return reader.error();
+    auto id = reader->identity();
+    if (!id) return id.error();
+    if (id->journal_id.empty())
+        return unread(make_error(Errc::unsupported,
+                                 "the journal has no id (written before schema 4), so its "
+                                 "copies in the system journal cannot be told apart"));
+    auto copies = journal::read_anchor_copies(source, id->journal_id);
+    if (!copies) return unread(copies.error());
+    auto check = journal::check_anchor_copies(o.db, *copies);
+    if (!check) return check.error();
+    part.check = *check;
+    return part;
+}
+
 int verify(const Options &o) {
     if (!o.export_file.empty()) return verify_export_file(o.export_file, o.allow_gaps, o.json);
     bool tty = !o.json && isatty(STDERR_FILENO);
@@ -360,14 +406,32 @@ int verify(const Options &o) {
                      static_cast<long long>(total), static_cast<long long>(done * 100 / total));
         std::fflush(stderr);
     };
+    auto system = check_system_journal(o);
+    if (!system) return fail(o, "verify", system.error());
     auto report = journal::verify_chain(o.db, progress, o.anchor,
                                         o.no_anchor ? journal::AnchorUse::ignore
                                                     : journal::AnchorUse::require);
     if (tty) std::cerr << "\n";
     if (!report) return fail(o, "verify", report.error());
+    const auto &sys = system->check;
+    bool ok = report->ok && (!sys || sys->ok);
+    nlohmann::json sys_json{{"checked", sys.has_value()}, {"source", system->source}};
+    if (sys) {
+        sys_json["ok"] = sys->ok;
+        sys_json["records"] = sys->records;
+        sys_json["compared"] = sys->compared;
+        sys_json["pruned"] = sys->pruned;
+        sys_json["newest_seq"] = sys->newest ? nlohmann::json(sys->newest->seq) : nlohmann::json();
+        sys_json["newest_at"] =
+            sys->newest ? nlohmann::json(format_time(sys->newest->at_us)) : nlohmann::json();
+        sys_json["first_bad_event"] = sys->bad_seq;
+        sys_json["problem"] = sys->problem;
+    } else {
+        sys_json["note"] = system->note;
+    }
     if (o.json) {
         std::cout << knod::dump_json(
-                         nlohmann::json{{"ok", report->ok},
+                         nlohmann::json{{"ok", ok},
                                         {"events_checked", report->events_checked},
                                         {"total_events", report->total_events},
                                         {"first_seq", report->first_seq},
@@ -379,10 +443,13 @@ int verify(const Options &o) {
                                         {"sessions_checked", report->sessions_checked},
                                         {"sessions_not_covered", report->sessions_not_covered},
                                         {"policies_checked", report->policies_checked},
-                                        {"chain_intact", report->chain_intact}},
+                                        {"chain_intact", report->chain_intact},
+                                        {"system_journal", sys_json}},
                          2)
                   << "\n";
-    } else if (report->ok) {
+        return ok ? exit_ok : exit_failed;
+    }
+    if (report->ok) {
         std::cout << "ok: " << report->events_checked << " event(s) chain correctly";
         if (report->first_seq > 1)
             std::cout << " from event " << report->first_seq
@@ -408,7 +475,28 @@ int verify(const Options &o) {
                   << "\n"
                   << report->events_checked << " event(s) before it chain correctly\n";
     }
-    return report->ok ? exit_ok : exit_failed;
+    if (!sys) {
+        std::cout << "system journal: " << system->note
+                  << (o.no_system_journal ? ""
+                                          : " (a rollback of the database with its anchor "
+                                            "would not be found)")
+                  << "\n";
+    } else if (sys->ok) {
+        std::cout << "system journal: " << sys->compared << " chain-head record(s) in "
+                  << system->source << " match";
+        if (sys->pruned) std::cout << ", " << sys->pruned << " name pruned events";
+        if (sys->newest)
+            std::cout << "; newest: event " << sys->newest->seq << " at "
+                      << format_time(sys->newest->at_us);
+        else
+            std::cout << " (none found for this journal)";
+        std::cout << "\n";
+    } else {
+        std::cout << "FAILED: system journal: " << sys->problem << "\n"
+                  << "system journal: " << sys->records << " chain-head record(s) of this journal "
+                  << "read from " << system->source << ", " << sys->compared << " match\n";
+    }
+    return ok ? exit_ok : exit_failed;
 }
 
 } // namespace
@@ -475,6 +563,21 @@ Runner add_audit(CLI::App &app) {
         "check the chain alone, for a copy taken without its anchor (a truncated tail then "
         "goes unnoticed)");
     no_anchor->excludes(verify_cmd->get_option("--anchor"));
+    auto *sys_on = verify_cmd->add_flag(
+        "--system-journal", o->system_journal,
+        "compare the chain-head records the daemon sent to the system journal (default: where "
+        "it can be read; with this flag an unreadable system journal is exit 2)");
+    auto *sys_off = verify_cmd->add_flag("--no-system-journal", o->no_system_journal,
+                                         "do not read the system journal");
+    auto *sys_dir = verify_cmd->add_option(
+        "--system-journal-dir", o->system_journal_dir,
+        "read the chain-head records from the journal files in DIR (gathered from the host)");
+    auto *sys_files =
+        verify_cmd->add_option("--system-journal-file", o->system_journal_files,
+                               "read the chain-head records from this journal file (repeatable)");
+    for (auto *opt : {sys_on, sys_dir, sys_files})
+        sys_off->excludes(opt);
+    sys_dir->excludes(sys_files);
     verify_cmd->add_flag("--json", o->json, "print the result as JSON");
     auto *export_file = verify_cmd->add_option(
         "--export", o->export_file,
@@ -490,9 +593,11 @@ Runner add_audit(CLI::App &app) {
                    "with filters); each line is still checked against its hash")
         ->needs(export_file);
     verify_cmd->footer(
-        "Exit 0 when the chain is intact, 1 naming the first bad event (or a missing anchor), "
-        "2 when the journal or the anchor cannot be read (with the reason; --json prints "
-        "{\"error\": ...}). With --export: 1 names the first edited, reordered or replaced "
+        "Exit 0 when the chain is intact, 1 naming the first bad event (or a missing anchor, or "
+        "a chain-head record in the system journal that the database no longer matches), 2 "
+        "when the journal, the anchor or a system journal asked for cannot be read (with the "
+        "reason; --json prints {\"error\": ...}). With --export: 1 names the first edited, "
+        "reordered or replaced "
         "line (file line number and event id) or the gaps; 2 for a file that cannot be read or "
         "is not an export. What an export's verification proves is in docs/audit-export.md.");
     auto policy_cmd = add_audit_policy(*audit);

@@ -3,6 +3,7 @@
 #include "client/client.h"
 
 #include "knod/json.h"
+#include "knod/untrusted.h"
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -12,6 +13,28 @@
 
 namespace knod::cli {
 namespace {
+
+// One line per copy sink: what it took, refused and lost, and whether it fails now (why).
+void print_sinks(const nlohmann::json &sinks) {
+    auto each = sinks.value("each", nlohmann::json::array());
+    if (!each.is_array() || each.empty()) {
+        std::cout << "sinks:    none\n";
+        return;
+    }
+    for (auto &k : each) {
+        if (!k.is_object()) continue;
+        std::cout << "sink:     " << escape_untrusted(k.value("name", "?")) << ": "
+                  << k.value("written", std::uint64_t{0}) << " written, "
+                  << k.value("failed", std::uint64_t{0}) << " failed, "
+                  << k.value("dropped", std::uint64_t{0}) << " dropped";
+        if (k.value("failing", false))
+            std::cout << " (FAILING: " << escape_untrusted(k.value("last_error", "")) << ")";
+        else if (k.value("failed", std::uint64_t{0}) > 0)
+            std::cout << " (works again; last error: "
+                      << escape_untrusted(k.value("last_error", "")) << ")";
+        std::cout << "\n";
+    }
+}
 
 struct Common {
     std::string address;
@@ -90,11 +113,7 @@ Runner add_daemon_commands(CLI::App &app) {
                     std::cout << ", " << st->pending_journal_records
                               << " record(s) waiting for the disk";
                 std::cout << "\n";
-                if (!sinks.empty())
-                    std::cout << "sinks:    "
-                              << (sinks["names"].empty() ? std::string("none")
-                                                         : knod::dump_json(sinks["names"]))
-                              << ", " << sinks["dropped"] << " record(s) dropped\n";
+                if (!sinks.empty()) print_sinks(sinks);
                 if (!datapath.empty()) {
                     std::cout << "datapath:";
                     for (auto &[k, v] : datapath.items())

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <thread>
@@ -75,20 +76,46 @@ BindingManager::~BindingManager() {
     journal_.reset();
 }
 
+void BindingManager::set_sinks(sinks::SinkQueue *sinks) {
+    sinks_ = sinks;
+    if (!sinks_) return;
+    std::weak_ptr<bool> alive = alive_;
+    sinks_->on_transition([this, alive](const std::string &sink, bool failing,
+                                        const std::string &error) {
+        post_([this, alive, sink, failing, error] {
+            if (alive.expired()) return;
+            journal::Event e;
+            e.kind = failing ? journal::kind::sink_failing : journal::kind::sink_recovered;
+            e.reason = failing ? sink + ": " + error : sink + " takes records again";
+            e.detail = knod::dump_json(failing ? nlohmann::json{{"sink", sink}, {"error", error}}
+                                               : nlohmann::json{{"sink", sink}});
+            record(std::move(e));
+        });
+    });
+}
+
 bool BindingManager::journal_ready() {
     if (journal_) return true;
     auto j = journal::Journal::open(config_.journal_path);
     if (!j) return false;
     journal_ = std::move(*j);
+    std::error_code ec;
+    auto absolute = std::filesystem::absolute(config_.journal_path, ec);
+    std::string path = ec ? config_.journal_path : absolute.lexically_normal().string();
     // A second anchor of the chain head, in the system journal, at most once a second.
-    journal_->set_commit_listener([this, last = std::make_shared<std::atomic<std::int64_t>>(0)](
-                                      std::int64_t seq, const journal::Hash &head) {
+    journal_->set_commit_listener([this, last = std::make_shared<std::atomic<std::int64_t>>(0),
+                                   journal_id = journal_->identity().journal_id,
+                                   path](std::int64_t seq, const journal::Hash &head) {
         std::int64_t now = journal::now_us();
         if (!sinks_ || now - last->load() < 1000000) return;
         last->store(now);
         journal::Event e;
         e.kind = journal::kind::anchor;
-        e.detail = knod::dump_json(nlohmann::json{{"seq", seq}, {"hash", journal::to_hex(head)}});
+        // The journal's id and path: `audit verify` matches each copy to one journal.
+        e.detail = knod::dump_json(nlohmann::json{{"journal_id", journal_id},
+                                                  {"path", path},
+                                                  {"seq", seq},
+                                                  {"hash", journal::to_hex(head)}});
         e.reason = "chain head " + std::to_string(seq) + " " + journal::to_hex(head);
         sinks_->offer({e, {}, {}});
     });
@@ -1059,7 +1086,8 @@ ManagerStatus BindingManager::status() const {
             pending_.size(),
             dropped_records_,
             sinks_ ? sinks_->dropped() : 0,
-            sinks_ ? sinks_->names() : std::vector<std::string>{}};
+            sinks_ ? sinks_->names() : std::vector<std::string>{},
+            sinks_ ? sinks_->stats() : std::vector<sinks::SinkStats>{}};
 }
 
 } // namespace knod::daemon

@@ -115,6 +115,7 @@ struct ManagerStatus {
     std::uint64_t journal_dropped = 0;
     std::uint64_t sink_dropped = 0; // journald / Linux audit copies that did not fit the queue
     std::vector<std::string> sinks;
+    std::vector<sinks::SinkStats> sink_stats; // per sink: written, failed, dropped, failing
 };
 
 // Runs a function on the daemon's event-loop thread (journal completions arrive on the
@@ -193,8 +194,9 @@ class BindingManager {
     const driver::Driver &driver() const { return driver_; }
     const host::HostPaths &host_paths() const { return config_.host; }
     std::size_t max_flows() const { return config_.max_flows; }
-    // Copies of every event go here too (journald, Linux audit); optional.
-    void set_sinks(sinks::SinkQueue *sinks) { sinks_ = sinks; }
+    // Copies of every event go here too (journald, Linux audit); optional. A sink that starts
+    // or stops failing becomes a sink-failing / sink-recovered event.
+    void set_sinks(sinks::SinkQueue *sinks);
     // Applies the retention settings now; returns how many events went.
     Result<std::int64_t> apply_retention();
 
@@ -282,6 +284,9 @@ class BindingManager {
     void report_unwritten(const Result<void> &flushed) const;
     std::uint64_t dropped_records_ = 0;
     sinks::SinkQueue *sinks_ = nullptr;
+    // Sink reports are posted from the sink thread; one that runs after the manager is gone
+    // finds this expired.
+    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     HandleStore *store_ = nullptr;
     host::SysfsHost host_;
     std::int64_t last_retention_us_ = 0;

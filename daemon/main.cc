@@ -275,8 +275,10 @@ int main(int argc, char **argv) {
                   << "knod-policyd: refusing to start with an invalid policy\n";
         return 1;
     }
-    // Everything the daemon creates is its own alone, whoever started it and with what umask.
-    umask(077);
+    // Everything the daemon creates is its own, whoever started it and with what umask: no one
+    // else may write it, and only the state dir's group may read what is meant for it (the
+    // journal's files; the key secret is 0600 whatever the umask).
+    umask(027);
     if (auto dir = knod::daemon::prepare_state_dir(o.state_dir); !dir) {
         std::cerr << "knod-policyd: refusing to start: " << dir.error().message << "\n";
         return 1;
@@ -293,10 +295,15 @@ int main(int argc, char **argv) {
                   << "\n";
         return 1;
     }
-    auto state_files = knod::daemon::check_state_files(
-        o.state_dir,
-        {"journal.db", "journal.db-wal", "journal.db-shm", "journal.db.anchor", "key-secret"},
-        "journal.db");
+    // The journal is for the auditors too (the state dir's group; knod-audit when packaged),
+    // the key secret for the daemon alone.
+    auto state_files = knod::daemon::check_state_files(o.state_dir,
+                                                       {{"journal.db", 0640},
+                                                        {"journal.db-wal", 0640},
+                                                        {"journal.db-shm", 0640},
+                                                        {"journal.db.anchor", 0640},
+                                                        {"key-secret", 0600}},
+                                                       "journal.db");
     if (!state_files) {
         std::cerr << "knod-policyd: refusing to start: " << state_files.error().message << "\n";
         return 1;

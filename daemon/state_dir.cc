@@ -1,6 +1,7 @@
 #include "daemon/state_dir.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +22,11 @@ std::string octal(mode_t mode) {
 std::string user_name(uid_t uid) {
     if (struct passwd *pw = getpwuid(uid)) return pw->pw_name;
     return std::to_string(uid);
+}
+
+std::string group_name(gid_t gid) {
+    if (struct group *gr = getgrgid(gid)) return gr->gr_name;
+    return std::to_string(gid);
 }
 
 } // namespace
@@ -51,19 +57,24 @@ Result<void> prepare_state_dir(const std::string &dir) {
 }
 
 Result<std::vector<std::string>> check_state_files(const std::string &dir,
-                                                   const std::vector<std::string> &names,
+                                                   const std::vector<StateFile> &files,
                                                    const std::string &create_name) {
     std::vector<std::string> notes;
-    if (!create_name.empty()) {
-        std::string path = dir + "/" + create_name;
-        int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat dir_st {};
+    if (::stat(dir.c_str(), &dir_st) != 0)
+        return make_error(Errc::io, "state dir " + dir + ": " + std::strerror(errno));
+    for (const auto &file : files) {
+        if (file.name != create_name) continue;
+        std::string path = dir + "/" + file.name;
+        int fd =
+            ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, file.mode);
         if (fd >= 0)
             ::close(fd);
         else if (errno != EEXIST)
             return make_error(Errc::io, "cannot create " + path + ": " + std::strerror(errno));
     }
-    for (const auto &name : names) {
-        std::string path = dir + "/" + name;
+    for (const auto &file : files) {
+        std::string path = dir + "/" + file.name;
         // O_PATH|O_NOFOLLOW: a link is opened as itself and refused below; nothing is read.
         int fd = ::open(path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) {
@@ -89,19 +100,32 @@ Result<std::vector<std::string>> check_state_files(const std::string &dir,
                                                 user_name(::geteuid()) +
                                                 "; it was not made by this daemon: move it away");
         }
-        if ((st.st_mode & 077) != 0) {
-            // fchmod does not work on O_PATH descriptors: go through /proc/self/fd, which
-            // names this very file (no path lookup to race).
-            std::string self = "/proc/self/fd/" + std::to_string(fd);
-            if (::chmod(self.c_str(), 0600) != 0) {
+        // fchmod does not work on O_PATH descriptors: go through /proc/self/fd, which names
+        // this very file (no path lookup to race).
+        std::string self = "/proc/self/fd/" + std::to_string(fd);
+        if ((st.st_mode & 0777 & ~file.mode) != 0) {
+            mode_t tight = st.st_mode & file.mode & 0777;
+            if (::chmod(self.c_str(), tight) != 0) {
                 int e = errno;
                 close_fd();
-                return make_error(Errc::io,
-                                  path + " has mode " + octal(st.st_mode) +
-                                      " and cannot be tightened to 0600: " + std::strerror(e));
+                return make_error(Errc::io, path + " has mode " + octal(st.st_mode) +
+                                                " and cannot be tightened to " + octal(tight) +
+                                                ": " + std::strerror(e));
             }
-            notes.push_back(path + " had mode " + octal(st.st_mode) + "; tightened to 0600");
+            notes.push_back(path + " had mode " + octal(st.st_mode) + "; tightened to " +
+                            octal(tight));
         }
+        // The auditors read the journal through the dir's group: a file of another group (made
+        // before the dir was given to them) is moved to it. Root, or a member, may.
+        bool group_reads = (dir_st.st_mode & S_IRGRP) && (file.mode & S_IRGRP);
+        if (group_reads && st.st_gid != dir_st.st_gid &&
+            ::fchownat(fd, "", static_cast<uid_t>(-1), dir_st.st_gid, AT_EMPTY_PATH) != 0)
+            notes.push_back(path + " belongs to group " + group_name(st.st_gid) +
+                            ", not to the state dir's group " + group_name(dir_st.st_gid) + " (" +
+                            std::strerror(errno) +
+                            "), so that group cannot read it; fix: "
+                            "chgrp " +
+                            group_name(dir_st.st_gid) + " " + path);
         close_fd();
     }
     return notes;

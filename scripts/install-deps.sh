@@ -20,6 +20,8 @@ packages=(
   chromium python3-pil
   # running: a private bus, namespaces, the journal by hand
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
+  # journal files written from export format (audit verify against the system journal's copies)
+  systemd-journal-remote
   # packaging and its test: the Debian package, its lint, polkit, the unit checks
   debhelper dpkg-dev lintian polkitd systemd man-db bash-completion git
 )

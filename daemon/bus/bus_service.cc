@@ -64,6 +64,7 @@ const sd_bus_vtable manager_vtable[] = {
     SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property, 0, 0),
     SD_BUS_PROPERTY("PendingJournalRecords", "t", BusService::manager_property, 0, 0),
     SD_BUS_PROPERTY("SinkDroppedRecords", "t", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("SinkFailedRecords", "t", BusService::manager_property, 0, 0),
     // Anyone: the policy decides, as the caller's own uid.
     SD_BUS_METHOD_WITH_NAMES("RequestBinding", "ssshttas",
                              SD_BUS_PARAM(netdev) SD_BUS_PARAM(gpu) SD_BUS_PARAM(mode)
@@ -440,7 +441,19 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
         else
             j["host"] = {{"error", host.error().message}};
         auto st = s->manager_->status();
-        j["sinks"] = {{"names", st.sinks}, {"dropped", st.sink_dropped}};
+        nlohmann::json each = nlohmann::json::array();
+        std::uint64_t failed = 0;
+        for (auto &k : st.sink_stats) {
+            failed += k.failed;
+            each.push_back({{"name", k.name},
+                            {"written", k.written},
+                            {"failed", k.failed},
+                            {"dropped", k.dropped},
+                            {"failing", k.failing},
+                            {"last_error", k.last_error}});
+        }
+        j["sinks"] = {
+            {"names", st.sinks}, {"dropped", st.sink_dropped}, {"failed", failed}, {"each", each}};
         j["journal"] = {{"available", st.journal_available},
                         {"pending_records", st.pending_records},
                         {"dropped_records", st.journal_dropped}};
@@ -537,6 +550,12 @@ int BusService::manager_property(sd_bus *, const char *, const char *, const cha
             return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
         if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
         if (p == "SinkDroppedRecords") return sd_bus_message_append(reply, "t", st.sink_dropped);
+        if (p == "SinkFailedRecords") {
+            std::uint64_t failed = 0;
+            for (auto &k : st.sink_stats)
+                failed += k.failed;
+            return sd_bus_message_append(reply, "t", failed);
+        }
         if (p == "PendingJournalRecords")
             return sd_bus_message_append(reply, "t",
                                          static_cast<std::uint64_t>(st.pending_records));

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,7 +136,12 @@ class Journal::Writer {
     }
     std::int64_t head_seq() const { return head_seq_; }
     const Hash &head_hash() const { return head_hash_; }
-    void set_anchor(std::string path) { anchor_ = std::move(path); }
+    // The anchor is read by whoever may read the database (the auditors' group): it gets the
+    // database's read bits, never more than 0640.
+    void set_anchor(std::string path, mode_t mode) {
+        anchor_ = std::move(path);
+        anchor_mode_ = (mode & 0640) | 0600;
+    }
     void rollback() {
         (void)db_.exec("ROLLBACK");
         head_seq_ = committed_seq_;
@@ -168,6 +174,8 @@ class Journal::Writer {
         std::string tmp = anchor_ + ".XXXXXX";
         int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
         if (fd < 0) return;
+        (void)::fchmod(fd, anchor_mode_); // mkostemp makes 0600
+
         bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
         ::close(fd);
         if (!written || std::rename(tmp.c_str(), anchor_.c_str()) != 0) ::unlink(tmp.c_str());
@@ -200,6 +208,7 @@ class Journal::Writer {
     std::int64_t head_seq_ = 0;
     Hash head_hash_{};
     std::string anchor_;
+    mode_t anchor_mode_ = 0600;
     std::int64_t committed_seq_ = 0, saved_seq_ = 0;
     Hash committed_hash_{}, saved_hash_{};
 };
@@ -207,7 +216,8 @@ class Journal::Writer {
 Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
     auto writer = Writer::open(path);
     if (!writer) return std::move(writer).error().context("journal");
-    (*writer)->set_anchor(anchor_path(path));
+    struct stat st {};
+    (*writer)->set_anchor(anchor_path(path), ::stat(path.c_str(), &st) == 0 ? st.st_mode : 0600);
     if (auto r = write_host((*writer)->db(), this_host()); !r)
         return std::move(r).error().context("journal " + path);
     auto identity = read_identity((*writer)->db());
@@ -260,6 +270,8 @@ void Journal::run() {
         Writer &w = *writer_;
         std::vector<Result<std::int64_t>> results;
         results.reserve(batch.size());
+        // Before the batch's work: each append moves the head, the commit does not.
+        std::int64_t head_before = w.head_seq();
         auto begun = w.begin();
         for (auto &p : batch) {
             if (!begun) {
@@ -278,7 +290,6 @@ void Journal::run() {
             results.push_back(std::move(r));
         }
         bool committed = false;
-        std::int64_t head_before = w.head_seq();
         if (begun) {
             auto c = w.commit();
             committed = c.ok();

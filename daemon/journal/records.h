@@ -35,6 +35,10 @@ inline constexpr const char *adopted = "adopted";
 inline constexpr const char *not_adopted = "not-adopted";
 inline constexpr const char *anchor =
     "journal-anchor"; // sinks only: the chain head, never in the chain
+// A copy sink (journald, linux-audit) started refusing records, or takes them again; `rule`
+// names the sink, `reason` the error. Once per change (and at most one per sink per 10 s).
+inline constexpr const char *sink_failing = "sink-failing";
+inline constexpr const char *sink_recovered = "sink-recovered";
 } // namespace kind
 
 struct Event {

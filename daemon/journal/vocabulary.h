@@ -30,7 +30,9 @@ inline const std::vector<std::string> &known_kinds() {
                                                kind::rate_limited,
                                                kind::coalesced,
                                                kind::adopted,
-                                               kind::not_adopted};
+                                               kind::not_adopted,
+                                               kind::sink_failing,
+                                               kind::sink_recovered};
     return v;
 }
 

@@ -2,9 +2,15 @@
 // entries, one MESSAGE_ID per event type) and Linux audit (grants, denials, revocations). The
 // SQLite journal stays the record of truth; a sink never blocks a decision: records go through
 // a bounded queue to a thread of their own, and what does not fit is counted and dropped.
+// What a sink refuses is counted too (per sink: written, failed, dropped), and a sink that starts
+// or stops failing is reported once per change, so the missing copies are never silent.
 #pragma once
 
 #include "daemon/journal/records.h"
+#include "knod/result.h"
+
+#include <chrono>
+#include <functional>
 
 #include <atomic>
 #include <condition_variable>
@@ -27,15 +33,20 @@ class Sink {
   public:
     virtual ~Sink() = default;
     virtual const char *name() const = 0;
-    virtual void write(const SinkRecord &r) = 0;
+    // An error says why the record did not reach the sink (with the system's reason).
+    virtual Result<void> write(const SinkRecord &r) = 0;
 };
 
 // sd_journal_send; fields KNOD_EVENT, KNOD_UID, KNOD_BINDING, KNOD_NETDEV, KNOD_GPU, KNOD_RULE,
-// KNOD_DECISION, KNOD_REASON, and MESSAGE_ID per kind (message_id()).
+// KNOD_DECISION, KNOD_REASON, and MESSAGE_ID per kind (message_id()). Anchor records (the chain
+// head) also carry KNOD_JOURNAL_ID, KNOD_JOURNAL_PATH, KNOD_SEQ and KNOD_HASH, from the
+// record's detail, so `audit verify` can match each to one journal.
 class JournaldSink : public Sink {
   public:
     const char *name() const override { return "journald"; }
-    void write(const SinkRecord &r) override;
+    Result<void> write(const SinkRecord &r) override;
+    // Where sd_journal_send sends (fixed in libsystemd).
+    static constexpr const char *socket_path = "/run/systemd/journal/socket";
     // The MESSAGE_ID for an event kind (128-bit, fixed: tools filter on it).
     static const char *message_id(const std::string &kind);
 };
@@ -47,31 +58,67 @@ class LinuxAuditSink : public Sink {
     static std::unique_ptr<LinuxAuditSink> open();
     ~LinuxAuditSink() override;
     const char *name() const override { return "linux-audit"; }
-    void write(const SinkRecord &r) override;
+    Result<void> write(const SinkRecord &r) override;
 
   private:
     explicit LinuxAuditSink(int fd) : fd_(fd) {}
     int fd_;
 };
 
+// One sink's counts, as status shows them.
+struct SinkStats {
+    std::string name;
+    std::uint64_t written = 0; // records the sink took
+    std::uint64_t failed = 0;  // records the sink refused (write returned an error)
+    std::uint64_t dropped = 0; // records that did not fit the queue (never offered to it)
+    bool failing = false;      // its last write failed
+    std::string last_error;    // why the last failed write failed; kept after a recovery
+};
+
+// A sink started failing (`failing`, with the error) or works again. Called on the queue's
+// thread, at most once per change and, per sink, at most once per hold-off interval.
+using SinkTransition =
+    std::function<void(const std::string &sink, bool failing, const std::string &error)>;
+
 class SinkQueue {
   public:
-    explicit SinkQueue(std::vector<std::unique_ptr<Sink>> sinks, std::size_t capacity = 4096);
+    // `hold_off`: after a reported change, the next one of that sink waits at least this long
+    // (a sink that fails every other record reports two changes per interval, not two per
+    // record; the reports are records too, and go through the sinks).
+    explicit SinkQueue(std::vector<std::unique_ptr<Sink>> sinks, std::size_t capacity = 4096,
+                       std::chrono::milliseconds hold_off = std::chrono::seconds(10));
     ~SinkQueue(); // drains what is queued, then stops
+    // Set before the first offer().
+    void on_transition(SinkTransition listener) { listener_ = std::move(listener); }
     // Never blocks: a full queue drops the record and counts it.
     void offer(SinkRecord r);
     std::uint64_t dropped() const { return dropped_.load(); }
     std::uint64_t written() const { return written_.load(); }
     std::vector<std::string> names() const;
+    std::vector<SinkStats> stats() const;
+    // Waits until everything offered so far was handed to the sinks (tests).
+    void drain();
 
   private:
+    struct State {
+        std::uint64_t written = 0, failed = 0;
+        bool failing = false; // the state last reported (or not yet reported) as a change
+        bool last_failed = false;
+        std::string last_error;
+        std::chrono::steady_clock::time_point reported{};
+        bool ever_reported = false;
+    };
     void run();
+    void account(std::size_t i, const Result<void> &r);
     std::vector<std::unique_ptr<Sink>> sinks_;
     std::size_t capacity_;
-    std::mutex mu_;
-    std::condition_variable wake_;
+    std::chrono::milliseconds hold_off_;
+    SinkTransition listener_;
+    mutable std::mutex mu_;
+    std::condition_variable wake_, idle_;
     std::deque<SinkRecord> queue_;
-    bool stopping_ = false;
+    std::vector<State> state_; // guarded by mu_
+    bool stopping_ = false, busy_ = false;
     std::atomic<std::uint64_t> dropped_{0}, written_{0};
     std::thread thread_;
 };

@@ -16,8 +16,9 @@ build)
     # also reach TOML_UNREACHABLE on some non-ASCII whitespace, so UBSan's unreachable check is
     # off; policy files are root's own input, and this is toml++'s to fix, not ours to hide.
     policy_srcs=("$src"/policy/*.cc)
-    clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/policy_fuzz.cc" -o "$out/policy_fuzz" &
-    clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/flow_spec_fuzz.cc" -o "$out/flow_spec_fuzz" &
+    # The policy's digest is OpenSSL's SHA-256.
+    clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/policy_fuzz.cc" -lcrypto -o "$out/policy_fuzz" &
+    clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/flow_spec_fuzz.cc" -lcrypto -o "$out/flow_spec_fuzz" &
     wait -n && wait -n
     ;;
 run)

@@ -4,9 +4,11 @@
 
 #include "daemon/journal/export.h"
 #include "daemon/journal/verify.h"
+#include "daemon/sinks/sinks.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -752,4 +754,73 @@ TEST_F(DaemonTest, TheChainCoversSessionsAndNamesThePolicyOfEveryDecision) {
         sb().run_program({KNOD_CLI_BIN, "audit", "policy", "--db", sb().journal(), digest});
     reloaded.pop_back(); // run_program drops the output's last newline
     EXPECT_EQ(text.out, "# file: " + sb().policy_file() + "\n" + reloaded) << text.out;
+}
+
+// #16 item 8: a host without journald. The journald sink's copies fail; status counts them
+// (per sink: written, failed, dropped, failing with the reason) and the journal says once that
+// the sink started failing, however many records it refused.
+TEST(DaemonSinks, AMissingJournaldIsCountedAndJournaledOnce) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
+    if (access(sinks::JournaldSink::socket_path, F_OK) == 0)
+        GTEST_SKIP() << "journald runs here; this test needs a host without it";
+    Sandbox sb(policy_text, {"--journald=true", "--linux-audit=false"});
+    auto c = sb.client();
+    std::vector<std::string> ids;
+    for (int i = 0; i < 3; ++i) {
+        int fd = make_region(65536);
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 65536,
+                                   {"udp 10.99.0.1:* -> 10.99.0.2:" + std::to_string(5300 + i)});
+        close(fd);
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        ids.push_back(g->id);
+    }
+    nlohmann::json journald;
+    ASSERT_TRUE(eventually(
+        [&] {
+            auto report = c.host_report();
+            if (!report) return false;
+            auto j = nlohmann::json::parse(*report, nullptr, false);
+            if (!j.is_object() || !j["sinks"]["each"].is_array()) return false;
+            for (auto &k : j["sinks"]["each"])
+                if (k["name"] == "journald") journald = k;
+            return journald.is_object() && journald["failed"].get<std::uint64_t>() >= 4;
+        },
+        5000))
+        << journald.dump();
+    EXPECT_TRUE(journald["failing"].get<bool>());
+    EXPECT_EQ(journald["written"].get<std::uint64_t>(), 0u);
+    EXPECT_NE(journald["last_error"].get<std::string>().find("no journald"), std::string::npos);
+    auto prop = sb.run_program({"/usr/bin/busctl", "--address=" + sb.address(), "get-property",
+                                "org.knod.Policy1", "/org/knod/Policy1", "org.knod.Policy1.Manager",
+                                "SinkFailedRecords"});
+    EXPECT_EQ(prop.status, 0) << "[" << prop.out << "]";
+    EXPECT_EQ(prop.out.rfind("t ", 0), 0u) << prop.out;
+    EXPECT_GE(std::atoll(prop.out.c_str() + std::min<std::size_t>(2, prop.out.size())), 4)
+        << prop.out;
+
+    // The CLI shows it, in text and JSON.
+    auto text = sb.run_program({KNOD_CLI_BIN, "status", "--bus-address", sb.address()});
+    EXPECT_EQ(text.status, 0) << text.out;
+    EXPECT_NE(text.out.find("journald: 0 written"), std::string::npos) << text.out;
+    EXPECT_NE(text.out.find("FAILING: no journald"), std::string::npos) << text.out;
+    auto json = sb.run_program({KNOD_CLI_BIN, "status", "--json", "--bus-address", sb.address()});
+    auto j = nlohmann::json::parse(json.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << json.out;
+    EXPECT_GE(j["sinks"]["failed"].get<std::uint64_t>(), 4u) << json.out;
+
+    // One sink-failing event for all those records, naming the sink and the error.
+    ASSERT_TRUE(eventually([&] {
+        return sb.sql("SELECT count(*) FROM events WHERE kind = "
+                      "'sink-failing'") == "1";
+    })) << sb.sql("SELECT kind FROM events");
+    auto detail = nlohmann::json::parse(
+        sb.sql("SELECT detail FROM events WHERE kind = 'sink-failing'"), nullptr, false);
+    ASSERT_TRUE(detail.is_object());
+    EXPECT_EQ(detail["sink"], "journald");
+    EXPECT_NE(detail["error"].get<std::string>().find("no journald"), std::string::npos);
+    EXPECT_EQ(sb.sql("SELECT count(*) FROM events WHERE kind = 'sink-recovered'"), "0");
+    for (auto &id : ids)
+        EXPECT_TRUE(c.release(id).ok());
+    EXPECT_EQ(sb.stop_daemon(SIGTERM), 0);
+    EXPECT_EQ(sb.sql("SELECT count(*) FROM events WHERE kind = 'sink-failing'"), "1");
 }

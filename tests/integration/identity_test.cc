@@ -203,7 +203,7 @@ TEST_F(IdentityTest, DaemonWithTheUnitsCapabilitiesServesOtherUsers) {
     struct stat st {};
     ASSERT_EQ(::stat(s.journal().c_str(), &st), 0);
     EXPECT_EQ(st.st_uid, daemon_uid);
-    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(st.st_mode & 0777, 0640u); // the state dir's group (the auditors) may read it
 }
 
 namespace {
@@ -267,8 +267,9 @@ TEST_F(IdentityTest, StateDirNotTheDaemonsOwnIsRefused) {
     EXPECT_NE(err.find("journal.db belongs to"), std::string::npos) << err;
 }
 
-// Failure 12: the daemon's own journal left world-readable is tightened to 0600 (and said so);
-// a link planted at the anchor's old temporary path is never followed.
+// Failure 12: the daemon's own journal left world-readable is tightened to 0640 (its group, the
+// auditors, may read it), its key secret left group-readable to 0600 (and said so); a link
+// planted at the anchor's old temporary path is never followed.
 TEST_F(IdentityTest, StateFilesArePrivateAndLinksAreNotFollowed) {
     Sandbox s(sim_policy);
     s.stop_daemon(SIGTERM);
@@ -277,12 +278,18 @@ TEST_F(IdentityTest, StateFilesArePrivateAndLinksAreNotFollowed) {
     std::string anchor = s.journal() + ".anchor";
     for (const std::string &link : {anchor + ".tmp", anchor + ".tmp.1"})
         ASSERT_EQ(::symlink(precious.c_str(), link.c_str()), 0);
-    ASSERT_EQ(::chmod(s.journal().c_str(), 0644), 0);
+    ASSERT_EQ(::chmod(s.journal().c_str(), 0664), 0);
+    std::string secret = s.state_dir() + "/key-secret";
+    ASSERT_EQ(::chmod(secret.c_str(), 0640), 0);
     s.start_daemon();
     struct stat st {};
     ASSERT_EQ(::stat(s.journal().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0640u);
+    ASSERT_EQ(::stat(secret.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
-    EXPECT_NE(slurp(s.dir() + "/daemon.log").find("tightened to 0600"), std::string::npos);
+    std::string log = slurp(s.dir() + "/daemon.log");
+    EXPECT_NE(log.find("journal.db had mode 0664; tightened to 0640"), std::string::npos) << log;
+    EXPECT_NE(log.find("key-secret had mode 0640; tightened to 0600"), std::string::npos) << log;
     // Journal writes move the anchor.
     for (int i = 0; i < 3; ++i)
         EXPECT_TRUE(starts_with(request_once(s, {}, flow_5000).out, "ok"));
@@ -290,7 +297,64 @@ TEST_F(IdentityTest, StateFilesArePrivateAndLinksAreNotFollowed) {
     EXPECT_EQ(slurp(precious), "keep me\n");
     ASSERT_EQ(::lstat(anchor.c_str(), &st), 0);
     EXPECT_TRUE(S_ISREG(st.st_mode));
-    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(st.st_mode & 0777, 0640u); // as the journal
     ASSERT_EQ(::lstat(s.state_dir().c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+// #16 item 5: the packaged layout. The state dir is 2750 daemon:auditors (tmpfiles.d); the
+// journal's files take its group and are 0640, so an auditor reads the live journal (WAL, with
+// a -shm it may only read); the key secret stays the daemon's alone; someone outside the group
+// cannot read the journal and is told so (exit 2).
+TEST_F(IdentityTest, AuditorsOfTheStateDirsGroupReadTheLiveJournal) {
+    struct passwd *pw = getpwnam("daemon");
+    if (!pw) GTEST_SKIP() << "no 'daemon' account to run the daemon as";
+    const uid_t daemon_uid = pw->pw_uid;
+    const gid_t auditors = 4260;
+    const uid_t auditor = 4261, outsider = 4262;
+    Sandbox s(sim_policy, {"--linux-audit=false"}, daemon_uid, /*start=*/false);
+    ASSERT_EQ(::chown(s.state_dir().c_str(), daemon_uid, auditors), 0);
+    ASSERT_EQ(::chmod(s.state_dir().c_str(), 02750), 0);
+    s.start_daemon();
+    for (int i = 0; i < 3; ++i)
+        EXPECT_TRUE(starts_with(request_once(s, {}, flow_5000).out, "ok"));
+    std::string db = s.journal();
+    EXPECT_TRUE(eventually([&] { return fs::exists(db + "-shm"); }));
+    for (const char *suffix : {"", "-wal", "-shm", ".anchor"}) {
+        struct stat st {};
+        ASSERT_EQ(::stat((db + suffix).c_str(), &st), 0) << suffix;
+        EXPECT_EQ(st.st_mode & 0777, 0640u) << suffix;
+        EXPECT_EQ(st.st_gid, auditors) << suffix;
+    }
+    struct stat st {};
+    ASSERT_EQ(::stat((s.state_dir() + "/key-secret").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+    auto audit = [&](uid_t uid, bool member, const std::string &sub) {
+        std::vector<std::string> argv{"setpriv",
+                                      "--reuid=" + std::to_string(uid),
+                                      "--regid=" + std::to_string(uid),
+                                      member ? "--groups=" + std::to_string(auditors)
+                                             : std::string("--clear-groups"),
+                                      "sh",
+                                      "-c",
+                                      "exec \"$0\" audit " + sub + " --db \"$1\" 2>&1",
+                                      KNOD_CLI_BIN,
+                                      db};
+        return s.run_program(argv);
+    };
+    for (std::string sub : {"verify --no-system-journal", "sessions", "events"}) {
+        auto out = audit(auditor, true, sub);
+        EXPECT_EQ(out.status, 0) << sub << ": " << out.out;
+        if (sub.rfind("verify", 0) == 0) {
+            EXPECT_NE(out.out.find("matches the head kept outside the database"), std::string::npos)
+                << out.out;
+        }
+        out = audit(outsider, false, sub);
+        EXPECT_TRUE(WIFEXITED(out.status) && WEXITSTATUS(out.status) == 2)
+            << sub << ": " << out.out;
+        EXPECT_NE(out.out.find("cannot read the journal"), std::string::npos) << out.out;
+        EXPECT_NE(out.out.find("Permission denied"), std::string::npos) << out.out;
+    }
+    EXPECT_EQ(s.stop_daemon(SIGTERM), 0);
 }

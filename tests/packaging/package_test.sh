@@ -68,7 +68,7 @@ done
 check "/etc/knod/policy.toml is a conffile" 'dpkg-query -W -f="\${Conffiles}" knod-policy | grep -q /etc/knod/policy.toml'
 check "sysusers made the daemon's account" 'getent passwd knod-policy | grep -q nologin'
 check "sysusers made the auditor group" 'getent group knod-audit >/dev/null'
-check "tmpfiles made the state dir 0700 for the daemon" '[ "$(stat -c "%a %U" /var/lib/knod-policy)" = "700 knod-policy" ]'
+check "tmpfiles made the state dir 2750 knod-policy:knod-audit" '[ "$(stat -c "%a %U %G" /var/lib/knod-policy)" = "2750 knod-policy knod-audit" ]'
 check "the installed default policy is valid" 'knod-policy check /etc/knod/policy.toml >/dev/null'
 knod-policy explain --policy /etc/knod --user 0 --netdev eth0 --gpu 0000:c1:00.0 \
     --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000' --bytes 4096 >/dev/null 2>&1
@@ -104,6 +104,16 @@ passed=$((passed + $(grep -c '^ok - ' "$work/session.log")))
 failed=$((failed + $(grep -c '^not ok - ' "$work/session.log")))
 check "the bus and polkit session ran to the end" '[ $session_rc -eq 0 ]'
 check "the daemon left a journal in the installed state dir" '[ -s /var/lib/knod-policy/journal.db ]'
+# The stopped daemon's journal (#16 item 5): a knod-audit member verifies it and lists its
+# sessions; a non-member is told it cannot be read (exit 2).
+as_uid() { setpriv --reuid=61010 --regid=61010 "$@"; }
+for sub in verify sessions; do
+    as_uid --groups=knod-audit knod-policy audit $sub >"$work/out" 2>&1
+    check "a knod-audit member runs audit $sub on /var/lib/knod-policy's journal" '[ $? -eq 0 ]' || cat "$work/out"
+    as_uid --clear-groups knod-policy audit $sub >"$work/out" 2>&1
+    check "a non-member's audit $sub: exit 2, cannot read" '[ $? -eq 2 ] && grep -q "cannot read the journal" "$work/out"' ||
+        cat "$work/out"
+done
 
 # --- purge ------------------------------------------------------------------------------
 dpkg --purge knod-policy >"$work/purge.log" 2>&1

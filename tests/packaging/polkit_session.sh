@@ -163,5 +163,26 @@ else
         'for _ in $(seq 50); do [ "$(revokes)" -ge 1 ] && break; sleep 0.1; done; [ "$(revokes)" -ge 1 ]'
 fi
 
+# Auditors (#16 item 5): knod-audit members read the live journal (WAL, the daemon writing it)
+# read-only; anyone else is told they cannot read it (exit 2); nobody but the daemon reads the
+# key secret.
+db=/var/lib/knod-policy/journal.db
+as_auditor() { setpriv --reuid=knodt-user --regid=knodt-user --groups=knod-audit "$@"; }
+check "the live journal's files are 0640 knod-policy:knod-audit" \
+    '[ "$(stat -c "%a %U %G" "$db" "$db-wal" "$db-shm" "$db.anchor" | sort -u)" = "640 knod-policy knod-audit" ]' ||
+    ls -la /var/lib/knod-policy
+check "the key secret is 0600 knod-policy" '[ "$(stat -c "%a %U" /var/lib/knod-policy/key-secret)" = "600 knod-policy" ]'
+for sub in verify sessions events; do
+    as_auditor knod-policy audit $sub --db "$db" >"$work/out" 2>&1
+    check "a knod-audit member runs audit $sub on the live journal" '[ $? -eq 0 ]' || cat "$work/out"
+    as_user knodt-user knod-policy audit $sub --db "$db" >"$work/out" 2>&1
+    check "a non-member's audit $sub: exit 2, cannot read the journal" \
+        '[ $? -eq 2 ] && grep -q "cannot read the journal $db: Permission denied" "$work/out"' || cat "$work/out"
+done
+as_auditor knod-policy audit verify --db "$db" >"$work/out" 2>&1
+check "the auditor's verify compares the anchor too" 'grep -q "^anchor: event [0-9]* matches" "$work/out"' || cat "$work/out"
+as_auditor cat /var/lib/knod-policy/key-secret >/dev/null 2>&1
+check "a knod-audit member cannot read the key secret" '[ $? -ne 0 ]'
+
 echo "# session: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

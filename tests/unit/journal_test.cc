@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <thread>
 
 using namespace knod;
@@ -933,4 +934,30 @@ TEST_F(JournalTest, UnusualStringsInSessionRowsAreCoveredToo) {
     EXPECT_NE(r.problem.find("session u1: exe is '/opt/cafe' in the sessions table"),
               std::string::npos)
         << r.problem;
+}
+
+// #16 item 2: the commit listener (the daemon's copy of the head to the system journal) hears
+// every commit that adds events, with the head it made. It was never called: the head before
+// the batch was taken after the batch's appends.
+TEST_F(JournalTest, TheCommitListenerHearsEachNewHead) {
+    auto j = Journal::open(path_);
+    ASSERT_TRUE(j.ok()) << j.error().message;
+    std::mutex mu;
+    std::vector<std::pair<std::int64_t, std::string>> heads;
+    (*j)->set_commit_listener([&](std::int64_t seq, const Hash &head) {
+        std::lock_guard lock(mu);
+        heads.emplace_back(seq, to_hex(head));
+    });
+    for (int i = 0; i < 3; ++i) {
+        Event e;
+        e.kind = kind::reload;
+        e.reason = "event " + std::to_string(i);
+        ASSERT_TRUE((*j)->append(e).ok());
+    }
+    j->reset();
+    std::lock_guard lock(mu);
+    ASSERT_EQ(heads.size(), 3u);
+    EXPECT_EQ(heads.back().first, 3);
+    VerifyReport r = verify_chain(path_, {}, {}, AnchorUse::ignore).value();
+    EXPECT_EQ(heads.back().second, r.head_hash);
 }

@@ -11,8 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 using namespace knod;
@@ -33,7 +35,7 @@ void capture(int out, const sinks::SinkRecord &rec) {
     std::strcpy(addr.sun_path, "/run/systemd/journal/socket");
     if (bind(s, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) _exit(3);
     sinks::JournaldSink sink;
-    sink.write(rec);
+    if (!sink.write(rec)) _exit(5);
     char buf[8192];
     ssize_t n = recv(s, buf, sizeof buf, MSG_DONTWAIT);
     if (n <= 0) _exit(4);
@@ -96,13 +98,156 @@ TEST(Sinks, JournaldEntryCarriesTheFields) {
     EXPECT_NE(f["MESSAGE"].find("request-denied"), std::string::npos);
 }
 
+// #16 item 2: an anchor record names its journal, so `audit verify` can match it to one.
+TEST(Sinks, AnchorRecordsCarryTheJournalIdentity) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root for a private mount namespace";
+    sinks::SinkRecord rec;
+    rec.event.kind = journal::kind::anchor;
+    rec.event.detail = R"({"journal_id":"0123456789abcdef0123456789abcdef",)"
+                       R"("path":"/var/lib/knod-policy/journal.db","seq":42,"hash":")" +
+                       std::string(64, 'a') + "\"}";
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        capture(p[1], rec);
+    }
+    close(p[1]);
+    std::string got;
+    char buf[8192];
+    ssize_t n;
+    while ((n = read(p[0], buf, sizeof buf)) > 0)
+        got.append(buf, static_cast<std::size_t>(n));
+    close(p[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    auto f = fields_of(got);
+    EXPECT_EQ(f["KNOD_EVENT"], "journal-anchor");
+    EXPECT_EQ(f["KNOD_JOURNAL_ID"], "0123456789abcdef0123456789abcdef");
+    EXPECT_EQ(f["KNOD_JOURNAL_PATH"], "/var/lib/knod-policy/journal.db");
+    EXPECT_EQ(f["KNOD_SEQ"], "42");
+    EXPECT_EQ(f["KNOD_HASH"], std::string(64, 'a'));
+}
+
 namespace {
 class SlowSink : public sinks::Sink {
   public:
     const char *name() const override { return "slow"; }
-    void write(const sinks::SinkRecord &) override { usleep(20000); }
+    Result<void> write(const sinks::SinkRecord &) override {
+        usleep(20000);
+        return {};
+    }
+};
+
+// Fails while `broken` is set, with a fixed error.
+class SwitchSink : public sinks::Sink {
+  public:
+    explicit SwitchSink(std::atomic<bool> &broken) : broken_(broken) {}
+    const char *name() const override { return "switch"; }
+    Result<void> write(const sinks::SinkRecord &) override {
+        if (broken_) return make_error(Errc::io, "switched off");
+        return {};
+    }
+
+  private:
+    std::atomic<bool> &broken_;
+};
+
+struct Change {
+    std::string sink;
+    bool failing;
+    std::string error;
 };
 } // namespace
+
+// #16 item 8: with no journald the send fails; the sink says so instead of dropping it silently.
+TEST(Sinks, JournaldWithoutJournaldIsAnError) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root for a private mount namespace";
+    pid_t pid = fork();
+    if (pid == 0) { // an empty /run: no journald socket
+        if (unshare(CLONE_NEWNS) != 0 ||
+            mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+            mount("tmpfs", "/run", "tmpfs", 0, "mode=0755") != 0)
+            _exit(2);
+        sinks::JournaldSink sink;
+        sinks::SinkRecord rec;
+        rec.event.kind = journal::kind::granted;
+        auto r = sink.write(rec);
+        _exit(!r && r.error().message.find("no journald") != std::string::npos ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(Sinks, FailuresAreCountedAndEachChangeReportedOnce) {
+    std::atomic<bool> broken{true};
+    std::vector<std::unique_ptr<sinks::Sink>> list;
+    list.push_back(std::make_unique<SwitchSink>(broken));
+    sinks::SinkQueue q(std::move(list), 64, std::chrono::milliseconds(0));
+    std::mutex mu;
+    std::vector<Change> changes;
+    q.on_transition([&](const std::string &sink, bool failing, const std::string &error) {
+        std::lock_guard lock(mu);
+        changes.push_back({sink, failing, error});
+    });
+    for (int i = 0; i < 5; ++i)
+        q.offer({});
+    q.drain();
+    broken = false;
+    for (int i = 0; i < 3; ++i)
+        q.offer({});
+    q.drain();
+    auto st = q.stats();
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0].name, "switch");
+    EXPECT_EQ(st[0].failed, 5u);
+    EXPECT_EQ(st[0].written, 3u);
+    EXPECT_FALSE(st[0].failing);
+    EXPECT_EQ(st[0].last_error, "switched off");
+    std::lock_guard lock(mu);
+    ASSERT_EQ(changes.size(), 2u); // failing once for five failures, recovered once
+    EXPECT_TRUE(changes[0].failing);
+    EXPECT_EQ(changes[0].sink, "switch");
+    EXPECT_EQ(changes[0].error, "switched off");
+    EXPECT_FALSE(changes[1].failing);
+}
+
+TEST(Sinks, ASinkThatWorksReportsNothing) {
+    std::atomic<bool> broken{false};
+    std::vector<std::unique_ptr<sinks::Sink>> list;
+    list.push_back(std::make_unique<SwitchSink>(broken));
+    sinks::SinkQueue q(std::move(list), 64, std::chrono::milliseconds(0));
+    int changes = 0;
+    q.on_transition([&](const std::string &, bool, const std::string &) { ++changes; });
+    for (int i = 0; i < 4; ++i)
+        q.offer({});
+    q.drain();
+    EXPECT_EQ(changes, 0);
+    EXPECT_EQ(q.stats()[0].written, 4u);
+    EXPECT_EQ(q.stats()[0].failed, 0u);
+}
+
+// A sink that flaps on every record reports one change per hold-off, not one per record.
+TEST(Sinks, AFlappingSinkIsHeldOff) {
+    std::atomic<bool> broken{false};
+    std::vector<std::unique_ptr<sinks::Sink>> list;
+    list.push_back(std::make_unique<SwitchSink>(broken));
+    sinks::SinkQueue q(std::move(list), 64, std::chrono::hours(1));
+    int changes = 0;
+    q.on_transition([&](const std::string &, bool, const std::string &) { ++changes; });
+    for (int i = 0; i < 20; ++i) {
+        broken = i % 2 == 0;
+        q.offer({});
+        q.drain();
+    }
+    EXPECT_EQ(changes, 1);
+    EXPECT_EQ(q.stats()[0].failed, 10u);
+    EXPECT_EQ(q.stats()[0].written, 10u);
+}
 
 TEST(Sinks, AFullQueueDropsAndCountsInsteadOfBlocking) {
     std::vector<std::unique_ptr<sinks::Sink>> list;

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# knod-policy audit verify against the chain-head copies in the system journal (#16 item 2), and
+# a journal on read-only media (#16 item 4). Journal files are written from journal export format
+# by systemd-journal-remote, as journald would have written them on the host.
+# Usage: audit_trail_test.sh KNOD_POLICY JOURNAL_FILL
+set -u
+cli=$(readlink -f "$1") fill=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok - $*"; }
+not_ok() { failed=$((failed + 1)); echo "not ok - $*"; }
+skip() { echo "ok - # SKIP $*"; }
+py() { python3 -c "$1" "${@:2}"; }
+run() { "$@" >"$work/out" 2>&1; rc=$?; } # sets rc; output in $work/out
+remote=$(command -v systemd-journal-remote || echo /lib/systemd/systemd-journal-remote)
+
+"$fill" "$work/j.db" 20 >/dev/null || { not_ok "journal_fill"; exit 1; }
+id=$(sqlite3 "$work/j.db" "SELECT value FROM meta WHERE key = 'journal_id'")
+hash_of() { sqlite3 "$1" "SELECT lower(hex(hash)) FROM events WHERE seq = $2"; }
+[ ${#id} -eq 32 ] || not_ok "the journal has no id: '$id'"
+
+# anchors FILE "JOURNAL_ID SEQ HASH UID" ...: a journal file holding those anchor records, each
+# as the daemon sends it (KNOD_EVENT=journal-anchor), with journald's trusted _UID.
+anchors() {
+    local out=$1; shift
+    py 'import sys, time
+t = int(time.time() * 1e6) - 10**9
+for i, spec in enumerate(sys.argv[1:]):
+    jid, seq, h, uid = spec.split()
+    print(f"__REALTIME_TIMESTAMP={t + i * 10**6}\n__MONOTONIC_TIMESTAMP={1000 + i}\n"
+          f"_BOOT_ID=0123456789abcdef0123456789abcdef\n_UID={uid}\n_COMM=knod-policyd\n"
+          f"SYSLOG_IDENTIFIER=knod-policyd\nMESSAGE=knod-policy journal-anchor\n"
+          f"KNOD_EVENT=journal-anchor\nKNOD_JOURNAL_ID={jid}\nKNOD_JOURNAL_PATH=/var/lib/knod-policy/journal.db\n"
+          f"KNOD_SEQ={seq}\nKNOD_HASH={h}\n")' "$@" | "$remote" -o "$out" - 2>/dev/null
+}
+
+# --- without a system journal: reported, not a failure; asked for by name, exit 2 ----------
+run "$cli" audit verify --db "$work/j.db"
+[ "$rc" -eq 0 ] && grep -q "^system journal: " "$work/out" && ok "verify says what it did with the system journal" ||
+    { not_ok "verify default (exit $rc)"; cat "$work/out"; }
+if [ -z "$(find /var/log/journal /run/log/journal -name '*.journal' 2>/dev/null | head -1)" ]; then
+    grep -q "^system journal: not checked: cannot read the system journal" "$work/out" &&
+        ok "no system journal here: verify says it was not checked, and why" || { not_ok "no system journal note"; cat "$work/out"; }
+    run "$cli" audit verify --system-journal --db "$work/j.db"
+    [ "$rc" -eq 2 ] && grep -q "cannot read the system journal" "$work/out" &&
+        ok "--system-journal with none readable: exit 2 with the reason" || { not_ok "--system-journal unreadable (exit $rc)"; cat "$work/out"; }
+else
+    skip "this host has journal files: the unreadable case is not tested"
+fi
+run "$cli" audit verify --no-system-journal --db "$work/j.db"
+[ "$rc" -eq 0 ] && grep -q "^system journal: not checked (--no-system-journal)" "$work/out" &&
+    ok "--no-system-journal skips it and says so" || { not_ok "--no-system-journal (exit $rc)"; cat "$work/out"; }
+run "$cli" audit verify --system-journal-file "$work/none.journal" --db "$work/j.db"
+[ "$rc" -eq 2 ] && grep -q "none.journal" "$work/out" && ok "a missing --system-journal-file: exit 2 naming it" ||
+    { not_ok "missing journal file (exit $rc)"; cat "$work/out"; }
+mkdir "$work/empty"
+run "$cli" audit verify --system-journal-dir "$work/empty" --db "$work/j.db"
+[ "$rc" -eq 2 ] && grep -q "cannot read the journal files in $work/empty" "$work/out" &&
+    ok "an empty --system-journal-dir: exit 2 with the reason" || { not_ok "empty journal dir (exit $rc)"; cat "$work/out"; }
+run "$cli" audit verify --system-journal --no-system-journal --db "$work/j.db"
+[ "$rc" -eq 2 ] && ok "--system-journal and --no-system-journal exclude each other" || not_ok "both flags (exit $rc)"
+
+if [ ! -x "$remote" ]; then
+    skip "systemd-journal-remote is not installed (scripts/install-deps.sh installs it)"
+else
+    other=0123456789abcdef0123456789abcdef
+    # An intact journal: its records match; another journal's records (far ahead) are not read.
+    mkdir "$work/sys"
+    anchors "$work/sys/system.journal" "$id 10 $(hash_of "$work/j.db" 10) 0" \
+        "$id 25 $(hash_of "$work/j.db" 25) 0" "$other 9999 $(hash_of "$work/j.db" 1) 0" \
+        "$id 40 $(hash_of "$work/j.db" 40) 0"
+    [ -s "$work/sys/system.journal" ] || not_ok "systemd-journal-remote wrote no journal file"
+    run "$cli" audit verify --db "$work/j.db" --system-journal-file "$work/sys/system.journal"
+    [ "$rc" -eq 0 ] && grep -q "^system journal: 3 chain-head record(s) in the journal file .* match; newest: event 40 at " "$work/out" &&
+        ok "an intact journal: its 3 records match, the newest named; another journal's are ignored" || { not_ok "intact (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/j.db" --system-journal-dir "$work/sys" --json
+    py 'import json,sys; d=json.load(open(sys.argv[1])); s=d["system_journal"]; assert d["ok"] and s["checked"] and s["compared"]==3 and s["records"]==3 and s["newest_seq"]==40, d' "$work/out" &&
+        [ "$rc" -eq 0 ] && ok "--system-journal-dir and --json: compared 3, newest 40" || { not_ok "dir --json (exit $rc)"; cat "$work/out"; }
+
+    # A rollback of the database and its anchor together: the chain and the anchor agree, the
+    # system journal's copy of a later head does not.
+    cp "$work/j.db" "$work/rb.db"
+    h30=$(hash_of "$work/rb.db" 30)
+    sqlite3 "$work/rb.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq > 30;
+        DELETE FROM sessions WHERE id NOT IN (SELECT session_id FROM events WHERE session_id IS NOT NULL)"
+    printf '{"hash":"%s","seq":30}\n' "$h30" >"$work/rb.db.anchor"
+    run "$cli" audit verify --db "$work/rb.db" --no-system-journal
+    [ "$rc" -eq 0 ] && ok "a rollback of database and anchor passes the chain and anchor alone (the stated limit)" ||
+        { not_ok "rollback without the system journal (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/rb.db" --system-journal-file "$work/sys/system.journal"
+    [ "$rc" -eq 1 ] && grep -q "recorded event 40 .* ends at event 30" "$work/out" &&
+        ok "the same rollback is caught by the system journal's copy (exit 1)" || { not_ok "rollback with the system journal (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/rb.db" --system-journal-file "$work/sys/system.journal" --json
+    py 'import json,sys; d=json.load(open(sys.argv[1])); s=d["system_journal"]; assert not d["ok"] and not s["ok"] and s["first_bad_event"]==40 and "truncated" in s["problem"], d' "$work/out" &&
+        [ "$rc" -eq 1 ] && ok "the rollback in --json" || { not_ok "rollback --json (exit $rc)"; cat "$work/out"; }
+
+    # Same seq, another hash: rewritten.
+    anchors "$work/rewritten.journal" "$id 20 $(hash_of "$work/j.db" 21) 0"
+    run "$cli" audit verify --db "$work/j.db" --system-journal-file "$work/rewritten.journal"
+    [ "$rc" -eq 1 ] && grep -q "event 20 differs from the head the system journal recorded" "$work/out" &&
+        ok "a record whose hash differs: rewritten (exit 1)" || { not_ok "rewritten (exit $rc)"; cat "$work/out"; }
+
+    # Anyone may send journald entries with KNOD_* fields: only root's and the daemon's count.
+    anchors "$work/forged.journal" "$id 10 $(hash_of "$work/j.db" 10) 0" "$id 9999 $(hash_of "$work/j.db" 1) 4242"
+    run "$cli" audit verify --db "$work/j.db" --system-journal-file "$work/forged.journal"
+    [ "$rc" -eq 0 ] && grep -q "^system journal: 1 chain-head record(s)" "$work/out" &&
+        ok "a record sent by another user is not the daemon's and is ignored" || { not_ok "forged record (exit $rc)"; cat "$work/out"; }
+
+    # Events retention removed: their records are older than the first event and are fine.
+    cp "$work/j.db" "$work/pr.db"; cp "$work/j.db.anchor" "$work/pr.db.anchor"
+    anchors "$work/pruned.journal" "$id 2 $(hash_of "$work/j.db" 2) 0" "$id 40 $(hash_of "$work/j.db" 40) 0"
+    sqlite3 "$work/pr.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq <= 4"
+    run "$cli" audit verify --db "$work/pr.db" --no-anchor --system-journal-file "$work/pruned.journal" --json
+    py 'import json,sys; s=json.load(open(sys.argv[1]))["system_journal"]; assert s["ok"] and s["pruned"]==1 and s["compared"]==1, s' "$work/out" &&
+        ok "a record of an event no longer in the database counts as pruned, not as a failure" || { not_ok "pruned"; cat "$work/out"; }
+fi
+
+# --- a journal on read-only media (#16 item 4) ------------------------------------------
+# A live journal's three files (database, -wal with committed events, -shm), as a crashed
+# daemon leaves them or a snapshot of a running host holds them, on a read-only bind mount:
+# every audit command works, nothing can be written, and the answers are the -wal's.
+if [ "$(id -u)" -eq 0 ] && unshare -m true 2>/dev/null; then
+    mkdir "$work/live" "$work/plain"
+    cp "$work/j.db" "$work/plain/journal.db"; cp "$work/j.db.anchor" "$work/plain/journal.db.anchor"
+    cp "$work/j.db" "$work/live/journal.db"; cp "$work/j.db.anchor" "$work/live/journal.db.anchor"
+    py 'import sqlite3, shutil, sys, os
+d = sys.argv[1]
+c = sqlite3.connect(d + "/journal.db", isolation_level=None)
+c.execute("PRAGMA journal_mode=WAL"); c.execute("PRAGMA wal_autocheckpoint=0")
+c.execute("DROP TRIGGER events_no_update")
+c.execute("UPDATE events SET reason = reason WHERE seq = 1")  # a change only in the -wal
+snap = d + ".snap"; os.mkdir(snap)
+for suffix in ("", "-wal", "-shm"):
+    shutil.copy(d + "/journal.db" + suffix, snap + "/journal.db" + suffix)
+c.close()' "$work/live" || not_ok "making the live-journal fixture"
+    cp "$work/j.db.anchor" "$work/live.snap/journal.db.anchor"
+    for dir in "$work/plain" "$work/live.snap"; do
+        ls -A "$dir" | sort >"$work/before"
+        # shellcheck disable=SC2016
+        unshare -m sh -c 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 99
+            touch "$1/probe" 2>/dev/null && exit 98
+            "$2" audit verify --no-system-journal --db "$1/journal.db" >"$3.verify" 2>&1 || exit 1
+            "$2" audit sessions --json --db "$1/journal.db" >"$3.sessions" 2>&1 || exit 2
+            "$2" audit events --json --db "$1/journal.db" >"$3.events" 2>&1 || exit 3' - "$dir" "$cli" "$work/ro"
+        rc=$?
+        name=${dir#"$work"/}
+        if [ "$rc" -eq 0 ] && py 'import json,sys; assert len(json.load(open(sys.argv[1])))==20 and len(json.load(open(sys.argv[2])))==40' "$work/ro.sessions" "$work/ro.events"; then
+            ok "$name on a read-only bind mount: audit verify, sessions and events work"
+        else
+            not_ok "$name on a read-only bind mount (step $rc)"; cat "$work/ro.verify" "$work/ro.sessions" "$work/ro.events" 2>/dev/null | head -20
+        fi
+        ls -A "$dir" | sort | diff -q - "$work/before" >/dev/null && ok "$name: nothing was created beside it" ||
+            not_ok "$name: files changed: $(ls -A "$dir")"
+    done
+else
+    skip "read-only bind mounts need root and unshare -m"
+fi
+
+# --- paths are file names (#16 item 4): sessions too, besides verify and events -------------
+mkdir "$work/p"
+cp "$work/j.db" "$work/p/a%41b.db"; cp "$work/j.db.anchor" "$work/p/a%41b.db.anchor"
+"$fill" "$work/p/aAb.db" 3 >/dev/null # the file '%41' would name as a URI: 3 sessions, not 20
+for name in "a%41b.db" "x#y.db" "q?z.db"; do
+    [ -e "$work/p/$name" ] || { cp "$work/j.db" "$work/p/$name"; cp "$work/j.db.anchor" "$work/p/$name.anchor"; }
+    n=$("$cli" audit sessions --json --db "$work/p/$name" | py 'import json,sys; print(len(json.load(sys.stdin)))')
+    [ "$n" = 20 ] && ok "audit sessions --db '$name' reads exactly that file" || not_ok "audit sessions --db '$name': $n"
+done
+[ "$(ls -A "$work/p" | wc -l)" -eq 8 ] && ok "nothing was created beside those files" || not_ok "files appeared: $(ls -A "$work/p")"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
