@@ -47,8 +47,9 @@ mkdir -m 0700 "$state"
     cli=$1 work=$2
     for i in 1 2 3 4; do
         "$cli" reload >/dev/null || exit 1
-        [ "$i" -eq 2 ] && { sqlite3 "$KNOD_STATE_DIR/journal.db" ".backup $work/old.db" || exit 1
-            cp "$KNOD_STATE_DIR/journal.db.anchor" "$work/old.db.anchor"; }
+        # Anchor first, then the database: the anchor is never ahead of the copy (docs/audit.md).
+        [ "$i" -eq 2 ] && { cp "$KNOD_STATE_DIR/journal.db.anchor" "$work/old.db.anchor" &&
+            sqlite3 "$KNOD_STATE_DIR/journal.db" ".backup $work/old.db" || exit 1; }
         sleep 1.2
     done
     "$cli" status --json >"$work/status.json"' - "$cli" "$work" >"$work/sandbox.log" 2>&1
