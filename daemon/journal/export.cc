@@ -1,5 +1,7 @@
 #include "daemon/journal/export.h"
 
+#include "daemon/journal/compact_json.h"
+
 #include "knod/hex.h"
 #include "knod/untrusted.h"
 
@@ -53,16 +55,22 @@ std::optional<std::string> string_member(const Json &detail, const char *name) {
     return it->get<std::string>();
 }
 
+// What the detail does not name comes from the event's session row.
+void session_fallback(FlatFields &f, const EventRecord &e) {
+    if (!f.netdev) f.netdev = e.session_netdev;
+    if (!f.gpu) f.gpu = e.session_gpu;
+    if (f.flows || !e.session_flows) return;
+    f.flows = scan_compact_string_array(*e.session_flows);
+    if (!f.flows) f.flows = flows_of(Json::parse(*e.session_flows, nullptr, false));
+}
+
 FlatFields flat_from(const Json &detail, const EventRecord &e) {
     FlatFields f;
     f.netdev = string_member(detail, "netdev");
-    if (!f.netdev) f.netdev = e.session_netdev;
     f.gpu = string_member(detail, "gpu");
-    if (!f.gpu) f.gpu = e.session_gpu;
     if (detail.is_object())
         if (auto it = detail.find("flows"); it != detail.end()) f.flows = flows_of(*it);
-    if (!f.flows && e.session_flows)
-        f.flows = flows_of(Json::parse(*e.session_flows, nullptr, false));
+    session_fallback(f, e);
     return f;
 }
 
@@ -201,10 +209,20 @@ std::string export_line(const EventRecord &e, const JournalIdentity &id) {
     check(e.event.rule, "rule");
     check(e.event.decision, "decision");
     check(e.event.reason, "reason");
+    // The fast path: a detail already in the daemon's exact form is copied, not parsed and
+    // dumped again (most of an export's time otherwise); see compact_json.h.
+    std::optional<CompactObject> compact;
+    if (e.event.detail) compact = scan_compact_object(*e.event.detail);
     Json parsed;
-    bool utf8_detail = !e.event.detail || valid_utf8(*e.event.detail);
-    if (e.event.detail && utf8_detail) parsed = Json::parse(*e.event.detail, nullptr, false);
-    FlatFields flat = flat_from(parsed, e);
+    bool utf8_detail = compact || !e.event.detail || valid_utf8(*e.event.detail);
+    FlatFields flat;
+    if (compact) {
+        flat = {std::move(compact->netdev), std::move(compact->gpu), std::move(compact->flows)};
+        session_fallback(flat, e);
+    } else {
+        if (e.event.detail && utf8_detail) parsed = Json::parse(*e.event.detail, nullptr, false);
+        flat = flat_from(parsed, e);
+    }
 
     std::string out;
     out.reserve(768);
@@ -245,6 +263,8 @@ std::string export_line(const EventRecord &e, const JournalIdentity &id) {
     const auto &d = e.event.detail;
     if (!d) {
         w.null();
+    } else if (compact) {
+        w.verbatim(*d);
     } else if (!utf8_detail) {
         w.string(*d);
         raw.emplace_back("detail", hex_of(*d));

@@ -2,14 +2,17 @@
 // flat fields, and that an export rebuilds every event's hashed bytes exactly, whatever the
 // stored detail looks like, while any edit shows.
 #include "cli/audit_format.h"
+#include "daemon/journal/compact_json.h"
 #include "daemon/journal/export.h"
 #include "daemon/journal/vocabulary.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -24,6 +27,116 @@ TEST(ExportTime, Rfc3339WithMicroseconds) {
     EXPECT_EQ(rfc3339_us(1796095621390768), "2026-12-01T03:27:01.390768Z");
     EXPECT_EQ(rfc3339_us(1796095621000001), "2026-12-01T03:27:01.000001Z");
     EXPECT_EQ(rfc3339_us(-1), "1969-12-31T23:59:59.999999Z");
+}
+
+// The export's fast path (compact_json.h) may only recognise a text that the general path
+// (nlohmann parse, compact dump) would give back byte for byte, with the same lifted fields.
+void expect_fast_path_agrees(const std::string &text, bool expect_recognised) {
+    auto fast = scan_compact_object(text);
+    EXPECT_EQ(fast.has_value(), expect_recognised) << text;
+    if (!fast) return;
+    auto j = nlohmann::ordered_json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    EXPECT_EQ(j.dump(), text);
+    EventRecord e;
+    e.event.detail = text;
+    FlatFields slow = flat_fields(e);
+    EXPECT_EQ(fast->netdev, slow.netdev) << text;
+    EXPECT_EQ(fast->gpu, slow.gpu) << text;
+    EXPECT_EQ(fast->flows, slow.flows) << text;
+}
+
+TEST(ExportFastPath, RecognisesOnlyTheDaemonsExactForm) {
+    for (const char *yes :
+         {R"({})", R"({"a":1})",
+          R"({"netdev":"eth0","gpu":"0000:c1:00.0","flows":["udp * -> *:5000"]})",
+          R"({"a":{"netdev":"x"},"netdev":"y"})", R"({"q":"say \"hi\" \\ /"})",
+          R"({"n":-12,"z":0,"t":true,"f":false,"u":null,"a":[1,[2,{}],"x"]})", R"({"flows":[]})",
+          R"({"netdev":null})", R"({"session":{"flows":["a"],"id":"b1"}})"})
+        expect_fast_path_agrees(yes, true);
+    for (const char *no : {R"([])",
+                           R"("x")",
+                           R"({"a":1} )",
+                           R"( {"a":1})",
+                           R"({"a": 1})",
+                           R"({"a":1,"a":2})",
+                           R"({"a":{"b":1,"b":1}})",
+                           R"({"a":-0})",
+                           R"({"a":01})",
+                           R"({"a":1.0})",
+                           R"({"a":1e2})",
+                           R"({"a":"\n"})",
+                           R"({"a":"\u0041"})",
+                           R"({"a":"\/"})",
+                           R"({"a":"é"})",
+                           R"({"a":""})",
+                           R"({"flows":"[\"udp\"]"})",
+                           R"({"flows":["a",1]})",
+                           R"({"a":1234567890123456789})",
+                           R"({"a":1,})",
+                           R"({"a":tru})",
+                           R"({"a")",
+                           R"({)"})
+        expect_fast_path_agrees(no, false);
+    std::string deep(70, '[');
+    expect_fast_path_agrees("{\"a\":" + deep + std::string(70, ']') + "}", false);
+}
+
+// Random details as the daemon dumps them: every one the fast path takes must round-trip, and
+// the plain-ASCII integer ones must all be taken.
+TEST(ExportFastPath, AgreesWithTheGeneralPathOnRandomDetails) {
+    std::mt19937 rng(20261201);
+    const std::string alphabet = "ab\"\\/ -_:.*>x\n\x01\x7f\xc3\xa9";
+    auto str = [&] {
+        std::string s;
+        for (int n = rng() % 6; n > 0; --n)
+            s += alphabet[rng() % alphabet.size()];
+        return s;
+    };
+    std::function<nlohmann::ordered_json(int)> value = [&](int depth) -> nlohmann::ordered_json {
+        switch (rng() % (depth > 3 ? 4 : 6)) {
+        case 0:
+            return static_cast<std::int64_t>(rng()) - (1 << 30);
+        case 1:
+            return str();
+        case 2:
+            return rng() % 2 == 0;
+        case 3:
+            return nullptr;
+        case 4: {
+            auto a = nlohmann::ordered_json::array();
+            for (int n = rng() % 4; n > 0; --n)
+                a.push_back(value(depth + 1));
+            return a;
+        }
+        default: {
+            auto o = nlohmann::ordered_json::object();
+            for (int n = rng() % 4; n > 0; --n)
+                o[rng() % 3 == 0 ? std::string("netdev") : str()] = value(depth + 1);
+            return o;
+        }
+        }
+    };
+    int taken = 0;
+    for (int i = 0; i < 3000; ++i) {
+        auto o = nlohmann::ordered_json::object();
+        for (int n = rng() % 5; n > 0; --n) {
+            static const char *keys[] = {"netdev", "gpu", "flows", "k", "session"};
+            o[keys[rng() % 5]] = value(1);
+        }
+        std::string text = o.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+        bool plain =
+            std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; }) &&
+            text.find("\\n") == std::string::npos && text.find("\\u") == std::string::npos;
+        auto fast = scan_compact_object(text);
+        if (fast) {
+            ++taken;
+            expect_fast_path_agrees(text, true);
+        } else if (plain && !o.contains("flows")) {
+            ADD_FAILURE() << "not taken: " << text;
+        }
+    }
+    EXPECT_GT(taken, 300);
 }
 
 TEST(ExportEventId, RoundTrips) {
