@@ -388,13 +388,13 @@ Result<SystemJournalPart> check_system_journal(const Options &o) {
         std::int64_t version = 0;
         if (auto j = journal::ReadOnlyJournal::open(o.db))
             if (auto v = j->db().scalar("PRAGMA user_version")) version = *v;
-        if (version >= 4)
-            return make_error(Errc::corrupt,
-                              "the journal has no id in its meta table although its schema "
-                              "(version " +
-                                  std::to_string(version) +
-                                  ") makes one (deleted: tampered), so its copies in the system "
-                                  "journal cannot be found");
+        if (version >= 4) // verify reports it as tampering; here it only means unread
+            return unread(make_error(
+                Errc::corrupt, "the journal has no id in its meta table although its schema "
+                               "(version " +
+                                   std::to_string(version) +
+                                   ") makes one (deleted: tampered), so its copies in the system "
+                                   "journal cannot be found"));
         return unread(make_error(Errc::unsupported,
                                  "the journal has no id (written before schema 4), so its "
                                  "copies in the system journal cannot be told apart"));
