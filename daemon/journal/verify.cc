@@ -16,7 +16,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 namespace knod::journal {
 namespace {
@@ -127,12 +126,38 @@ std::string mistyped_column(const Statement &st) {
     return {};
 }
 
-// SQL as compared: runs of white space are one space.
+// SQL as compared: comments dropped (SQLite stores those inside a CREATE TABLE, and editing one
+// in schema/ must not fail older journals), runs of white space one space.
 std::string normalized(const std::string &sql) {
-    std::istringstream in(sql);
-    std::string word, out;
-    while (in >> word)
-        out += (out.empty() ? "" : " ") + word;
+    std::string out;
+    auto space = [&] {
+        if (!out.empty() && out.back() != ' ') out += ' ';
+    };
+    for (std::size_t i = 0; i < sql.size(); ++i) {
+        char c = sql[i];
+        if (c == '-' && i + 1 < sql.size() && sql[i + 1] == '-') {
+            i = sql.find('\n', i);
+            if (i == std::string::npos) break;
+            space();
+        } else if (c == '/' && i + 1 < sql.size() && sql[i + 1] == '*') {
+            i = sql.find("*/", i + 2);
+            if (i == std::string::npos) break;
+            ++i;
+            space();
+        } else if (c == '\'' || c == '"' || c == '`' || c == '[') {
+            char close = c == '[' ? ']' : c; // quoted: kept as is
+            std::size_t end = sql.find(close, i + 1);
+            if (end == std::string::npos) end = sql.size() - 1;
+            out.append(sql, i, end - i + 1);
+            i = end;
+        } else if (std::isspace(static_cast<unsigned char>(c))) {
+            space();
+        } else {
+            out += c;
+        }
+    }
+    while (!out.empty() && out.back() == ' ')
+        out.pop_back();
     return out;
 }
 
