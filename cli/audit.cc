@@ -383,10 +383,22 @@ Result<SystemJournalPart> check_system_journal(const Options &o) {
     if (!reader) return reader.error();
     auto id = reader->identity();
     if (!id) return id.error();
-    if (id->journal_id.empty())
+    if (id->journal_id.empty()) {
+        // Schema 4 makes the id with the table: a newer journal without one had it deleted.
+        std::int64_t version = 0;
+        if (auto j = journal::ReadOnlyJournal::open(o.db))
+            if (auto v = j->db().scalar("PRAGMA user_version")) version = *v;
+        if (version >= 4) // verify reports it as tampering; here it only means unread
+            return unread(make_error(
+                Errc::corrupt, "the journal has no id in its meta table although its schema "
+                               "(version " +
+                                   std::to_string(version) +
+                                   ") makes one (deleted: tampered), so its copies in the system "
+                                   "journal cannot be found"));
         return unread(make_error(Errc::unsupported,
                                  "the journal has no id (written before schema 4), so its "
                                  "copies in the system journal cannot be told apart"));
+    }
     auto copies = journal::read_anchor_copies(source, id->journal_id);
     if (!copies) return unread(copies.error());
     auto check = journal::check_anchor_copies(o.db, *copies);
@@ -470,6 +482,8 @@ int verify(const Options &o) {
                           : std::string())
                   << report->problem << "\n"
                   << "the chain itself is intact (" << report->events_checked << " event(s))\n";
+    } else if (report->first_bad_seq == 0) { // a table changed: the chain was not walked
+        std::cout << "FAILED: " << report->problem << "\n";
     } else {
         std::cout << "FAILED: first bad event " << report->first_bad_seq << ": " << report->problem
                   << "\n"

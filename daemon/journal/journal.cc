@@ -523,7 +523,9 @@ Result<std::vector<std::string>> Journal::close_open_sessions(const std::string 
 
 Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
                                     std::optional<std::int64_t> keep_events) {
-    return submit([=](Writer &w) -> Result<std::int64_t> {
+    // The journal's id inside the chain: a pruned journal may keep no daemon-start, and verify
+    // checks meta's id (which the system journal's copies are matched by) against it.
+    return submit([=, journal_id = identity_.journal_id](Writer &w) -> Result<std::int64_t> {
         Database &db = w.db();
         // The last event that may go: old enough (or beyond the count), and older than the
         // oldest open session's first event, so a live session keeps its whole trail.
@@ -579,11 +581,12 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
         Event e;
         e.kind = kind::prune;
         e.at_us = pruned_at;
-        e.detail = knod::dump_json(
-            nlohmann::json{{"pruned_through", cut},
-                           {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
-                           {"events", removed},
-                           {"pruned_at_us", pruned_at}});
+        nlohmann::json detail{{"pruned_through", cut},
+                              {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
+                              {"events", removed},
+                              {"pruned_at_us", pruned_at}};
+        if (!journal_id.empty()) detail["journal_id"] = journal_id;
+        e.detail = knod::dump_json(detail);
         auto seq = w.append(std::move(e));
         if (!seq) return seq.error();
         return removed;

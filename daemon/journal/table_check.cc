@@ -11,6 +11,7 @@
 #include <array>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -243,10 +244,15 @@ struct TableCheck::State {
     };
     std::unordered_map<std::string, Open> open;      // granted in the chain, not closed yet
     std::unordered_set<std::string> closed_unopened; // closed in the chain, grant pruned
-    std::map<std::string, std::int64_t> named;       // policy digest -> first event naming it
+    std::optional<std::string> duplicate;            // a second row with a session's id
+    // policy digest -> the first load event naming it: seq, at_us
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> named;
+    std::optional<std::int64_t> first_at_us; // the chain's first event
     std::map<std::int64_t, std::pair<std::int64_t, nlohmann::json>> prunes; // through -> event
     bool has_meta = false, has_policies = false, has_checkpoints = false;
-    std::optional<std::string> journal_id;
+    std::optional<std::string> journal_id, machine_id, hostname; // meta
+    // The newest daemon-start recording its host: seq, machine_id, hostname (as recorded).
+    std::optional<std::tuple<std::int64_t, std::string, std::string>> host;
 
     Result<void> advance() {
         auto row = rows->step();
@@ -282,7 +288,8 @@ struct TableCheck::State {
         by_id->reset();
         if (cur && r.rowid > cur->rowid) {
             while (cur && cur->rowid < r.rowid) {
-                passed.emplace(cur->key, std::move(*cur));
+                std::string key = cur->key;
+                if (!passed.emplace(key, std::move(*cur)).second) duplicate = key;
                 if (auto a = advance(); !a) return a.error();
             }
             if (cur && cur->rowid == r.rowid)
@@ -295,7 +302,7 @@ struct TableCheck::State {
 TableCheck::TableCheck(std::unique_ptr<State> state) : s_(std::move(state)) {}
 TableCheck::~TableCheck() = default;
 
-Result<std::unique_ptr<TableCheck>> TableCheck::open(Database &db) {
+Result<std::unique_ptr<TableCheck>> TableCheck::open(Database &db, std::int64_t schema_version) {
     auto s = std::make_unique<State>(db);
     auto rows = db.prepare(std::string(row_select) + " ORDER BY rowid");
     if (!rows) return rows.error();
@@ -310,15 +317,48 @@ Result<std::unique_ptr<TableCheck>> TableCheck::open(Database &db) {
         if (!has) return has.error();
         *flag = *has;
     }
+    std::optional<TableProblem> first;
+    auto note = [&](std::string what) {
+        if (!first) first = TableProblem{0, std::move(what)};
+    };
     if (s->has_meta) {
-        auto st = db.prepare("SELECT value FROM meta WHERE key = 'journal_id'");
+        auto st = db.prepare("SELECT key, value FROM meta WHERE key IN ('journal_id', "
+                             "'machine_id', 'hostname') ORDER BY key");
         if (!st) return st.error();
-        auto row = st->step();
-        if (!row) return row.error();
-        if (*row) s->journal_id = st->text(0);
+        for (;;) {
+            auto row = st->step();
+            if (!row) return row.error();
+            if (!*row) break;
+            std::string key = st->text(0);
+            if (st->type(1) != SQLITE_TEXT) {
+                note("meta." + key + " is " + shown(cell(*st, 1)) +
+                     ": not the text the journal writes (edited)");
+                continue;
+            }
+            (key == "journal_id"   ? s->journal_id
+             : key == "machine_id" ? s->machine_id
+                                   : s->hostname) = st->text(1);
+        }
     }
+    // Schema 4 makes the id with the meta table; none means it was deleted, and the system
+    // journal's copies (matched by it) would go unfound.
+    if (schema_version >= 4 && !s->journal_id)
+        note("meta.journal_id is missing, but schema version " + std::to_string(schema_version) +
+             " always has one (deleted)");
+    // A rebuilt table without its primary key can hold a second, forged row for a session:
+    // found by `WHERE id = ?` instead of the one the chain vouches for.
+    auto dup = db.prepare("SELECT id, count(*) FROM sessions GROUP BY id HAVING count(*) > 1 "
+                          "LIMIT 1");
+    if (!dup) return dup.error();
+    if (auto row = dup->step(); !row)
+        return row.error();
+    else if (*row)
+        note(session_name(dup->text(0)) + ": " + std::to_string(dup->int64(1)) +
+             " rows in the sessions table (inserted)");
     if (auto a = s->advance(); !a) return a.error();
-    return std::unique_ptr<TableCheck>(new TableCheck(std::move(s)));
+    auto check = std::unique_ptr<TableCheck>(new TableCheck(std::move(s)));
+    check->problem_ = std::move(first);
+    return check;
 }
 
 void TableCheck::report(std::int64_t seq, std::string what) {
@@ -327,6 +367,7 @@ void TableCheck::report(std::int64_t seq, std::string what) {
 
 Result<void> TableCheck::event(std::int64_t seq, const Event &e) {
     State &s = *s_;
+    if (!s.first_at_us) s.first_at_us = e.at_us;
     std::string ev = "event " + std::to_string(seq);
     if (e.session_id && e.kind == kind::granted) {
         const std::string &id = *e.session_id;
@@ -396,26 +437,39 @@ Result<void> TableCheck::event(std::int64_t seq, const Event &e) {
         }
         return {};
     }
-    if (e.kind == kind::daemon_start || e.kind == kind::reload) {
-        if (!e.detail) return {};
-        auto d = nlohmann::json::parse(*e.detail, nullptr, false);
-        if (!d.is_object()) return {};
-        if (auto p = d.find("policy"); p != d.end() && p->is_string())
-            s.named.emplace(p->get<std::string>(), seq);
-        auto j = d.find("journal_id");
-        if (e.kind == kind::daemon_start && j != d.end() && j->is_string() &&
-            s.journal_id != j->get<std::string>())
+    if (e.kind == kind::daemon_start || e.kind == kind::reload || e.kind == kind::prune) {
+        auto d = e.detail ? nlohmann::json::parse(*e.detail, nullptr, false) : nlohmann::json();
+        if (!d.is_object()) {
+            if (e.kind == kind::prune)
+                report(seq, ev + " (retention-prune): its detail is not a JSON object (malformed)");
+            return {};
+        }
+        auto text = [&](const char *key) -> std::optional<std::string> {
+            auto it = d.find(key);
+            if (it == d.end() || !it->is_string()) return std::nullopt;
+            return it->get<std::string>();
+        };
+        if (e.kind != kind::prune)
+            if (auto p = text("policy")) s.named.emplace(*p, std::pair{seq, e.at_us});
+        // Both carry the journal's id inside the chain (a pruned journal may keep no start).
+        if (auto j = text("journal_id"); j && s.journal_id != *j)
             report(seq,
                    "meta.journal_id is " +
                        (s.journal_id ? quote_untrusted(*s.journal_id) : std::string("missing")) +
-                       " in the meta table but " + quote_untrusted(j->get<std::string>()) + " in " +
-                       ev + " (daemon-start) (edited)");
+                       " in the meta table but " + quote_untrusted(*j) + " in " + ev + " (" +
+                       e.kind + ") (edited)");
+        if (e.kind == kind::daemon_start) {
+            auto m = text("machine_id"), h = text("hostname");
+            if (m && h) s.host.emplace(seq, *m, *h);
+        }
+        if (e.kind == kind::prune) {
+            auto through = d.find("pruned_through");
+            if (through == d.end() || !through->is_number_integer())
+                report(seq, ev + " (retention-prune): no integer pruned_through (malformed)");
+            else
+                s.prunes[through->get<std::int64_t>()] = {seq, d};
+        }
         return {};
-    }
-    if (e.kind == kind::prune && e.detail) {
-        auto d = nlohmann::json::parse(*e.detail, nullptr, false);
-        if (d.is_object() && d.contains("pruned_through") && d["pruned_through"].is_number())
-            s.prunes[d["pruned_through"].get<std::int64_t>()] = {seq, d};
     }
     return {};
 }
@@ -468,59 +522,109 @@ Result<void> TableCheck::finish(std::int64_t first_seq) {
         if (auto a = s.advance(); !a) return a.error();
     }
 
-    // Policies: every stored text matches its digest; every digest a load names is stored.
+    if (s.duplicate)
+        report(0, session_name(*s.duplicate) + ": two rows in the sessions table (inserted)");
+
+    // The host meta says wrote the journal, against the newest start that recorded its host
+    // (the daemon records the hostname escaped).
+    if (s.host) {
+        auto &[seq, machine, host] = *s.host;
+        std::string ev = "event " + std::to_string(seq) + " (daemon-start)";
+        if (s.machine_id != machine)
+            report(seq, "meta.machine_id is " +
+                            (s.machine_id ? quote_untrusted(*s.machine_id) : "missing") +
+                            " in the meta table but " + quote_untrusted(machine) + " in " + ev +
+                            " (edited)");
+        else if (!s.hostname || (*s.hostname != host && escape_untrusted(*s.hostname) != host))
+            report(seq, "meta.hostname is " +
+                            (s.hostname ? quote_untrusted(*s.hostname) : "missing") +
+                            " in the meta table but " + quote_untrusted(host) + " in " + ev +
+                            " (edited)");
+    }
+
+    // Policies: every stored text matches its digest and was loaded by an event in the chain at
+    // its first_loaded_us (or, after retention, before the chain's first event: its load was
+    // pruned); every digest a load names is stored.
     std::set<std::string> stored;
     if (s.has_policies) {
-        auto st = s.db.prepare("SELECT digest, text FROM policies ORDER BY digest");
+        auto st =
+            s.db.prepare("SELECT digest, text, first_loaded_us FROM policies ORDER BY digest");
         if (!st) return st.error();
         for (;;) {
             auto row = st->step();
             if (!row) return row.error();
             if (!*row) break;
-            Cell digest = cell(*st, 0);
-            std::string text = st->text(1);
-            if (digest.type != SQLITE_TEXT || sha256_hex(text) != digest.s) {
-                report(0, "policy " + shown(digest) +
-                              ": its stored text does not match its digest (edited)");
+            Cell digest = cell(*st, 0), text = cell(*st, 1), loaded = cell(*st, 2);
+            std::string name = "policy " + shown(digest);
+            if (digest.type != SQLITE_TEXT || text.type != SQLITE_TEXT ||
+                sha256_hex(text.s) != digest.s) {
+                report(0, name + ": its stored text does not match its digest (edited)");
                 continue;
             }
-            stored.insert(digest.s);
-            ++counts_.policies_checked;
+            if (!stored.insert(digest.s).second) {
+                report(0, name + ": two rows in the policies table (inserted)");
+                continue;
+            }
+            ++counts_.policies_checked; // the text is the one its digest names
+            auto named = s.named.find(digest.s);
+            bool load_pruned = first_seq > 1 && loaded.type == SQLITE_INTEGER && s.first_at_us &&
+                               loaded.i < *s.first_at_us;
+            if (named == s.named.end()) {
+                if (!load_pruned)
+                    report(0, name + ": named by no policy load in the chain (inserted)");
+                continue;
+            }
+            auto [seq, at] = named->second;
+            if (!(loaded.type == SQLITE_INTEGER && loaded.i == at) && !load_pruned) {
+                report(seq, name + ": first_loaded_us is " + shown(loaded) +
+                                " in the policies table but event " + std::to_string(seq) +
+                                ", its first load, is at " + std::to_string(at) + " (edited)");
+            }
         }
     }
-    for (auto &[digest, seq] : s.named)
+    for (auto &[digest, load] : s.named)
         if (!stored.count(digest))
-            report(seq, "policy " + quote_untrusted(digest) + ": named by event " +
-                            std::to_string(seq) +
-                            " but its text is missing from the policies table (deleted)");
+            report(load.first, "policy " + quote_untrusted(digest) + ": named by event " +
+                                   std::to_string(load.first) +
+                                   " but its text is missing from the policies table (deleted)");
 
-    // Checkpoints: each one a retention-prune event in the chain made, as it made it.
+    // Checkpoints: each one a retention-prune event in the chain made, as it made it. Older
+    // ones (their prune events pruned since) are those reached back from the one the chain
+    // starts at: each prune removed `events` events, so the one before it ends there.
     if (s.has_checkpoints) {
         auto st =
             s.db.prepare("SELECT seq, hash, pruned_at_us, events FROM checkpoints ORDER BY seq");
         if (!st) return st.error();
         std::set<std::int64_t> seen;
+        struct Older {
+            std::string name;
+            std::int64_t events;
+        };
+        std::map<std::int64_t, Older> older; // rows no prune event in the chain names
         for (;;) {
             auto row = st->step();
             if (!row) return row.error();
             if (!*row) break;
             Cell seq = cell(*st, 0), hash = cell(*st, 1), at = cell(*st, 2), n = cell(*st, 3);
             std::string name = "checkpoint at event " + shown(seq);
-            auto it = seq.type == SQLITE_INTEGER ? s.prunes.find(seq.i) : s.prunes.end();
+            if (seq.type != SQLITE_INTEGER || hash.type != SQLITE_BLOB || hash.s.size() != 32 ||
+                at.type != SQLITE_INTEGER || n.type != SQLITE_INTEGER || n.i < 1 || seq.i < n.i) {
+                report(0, name + ": not a row retention writes (hash " + shown(hash) +
+                              ", pruned_at_us " + shown(at) + ", events " + shown(n) +
+                              ") (inserted or edited)");
+                continue;
+            }
+            auto it = s.prunes.find(seq.i);
             if (it == s.prunes.end()) {
-                // Older ones were made by prune events pruned since; one the chain still
-                // covers was never made by retention.
-                if (seq.type != SQLITE_INTEGER || seq.i >= first_seq - 1)
-                    report(0, name + ": no retention-prune event in the chain made it (inserted)");
+                older[seq.i] = {name, n.i};
                 continue;
             }
             seen.insert(seq.i);
+            older[seq.i] = {name, n.i}; // where the walk back starts or passes
             auto &[by, d] = it->second;
             Cell hex = hash;
-            if (hash.type == SQLITE_BLOB) {
-                hex.type = SQLITE_TEXT;
-                hex.s = hex_of(hash.s);
-            }
+            hex.type = SQLITE_TEXT;
+            hex.s = hex_of(hash.s);
             for (auto [field, c] : {std::pair<const char *, const Cell *>{"hash", &hex},
                                     {"events", &n},
                                     {"pruned_at_us", &at}}) {
@@ -534,6 +638,19 @@ Result<void> TableCheck::finish(std::int64_t first_seq) {
                 }
             }
         }
+        // Walk back from the checkpoint the chain starts at (verify checked that a prune event
+        // in the chain made it); every row not in the chain must be on that walk.
+        std::set<std::int64_t> reached;
+        for (std::int64_t at = first_seq - 1; at > 0;) {
+            auto it = older.find(at);
+            if (it == older.end()) break;
+            reached.insert(at);
+            at -= it->second.events;
+        }
+        for (auto &[at, o] : older)
+            if (!seen.count(at) && !reached.count(at))
+                report(0, o.name + ": no retention-prune event in the chain made it, and no "
+                                   "later checkpoint follows it (inserted)");
         for (auto &[through, p] : s.prunes)
             if (!seen.count(through))
                 report(p.first, "checkpoint at event " + std::to_string(through) +

@@ -35,8 +35,8 @@ struct TableCounts {
 
 class TableCheck {
   public:
-    // Inside the caller's read transaction on `db`.
-    static Result<std::unique_ptr<TableCheck>> open(Database &db);
+    // Inside the caller's read transaction on `db`; `schema_version`: its user_version.
+    static Result<std::unique_ptr<TableCheck>> open(Database &db, std::int64_t schema_version);
     ~TableCheck();
 
     // Each event the chain walk verified, in chain order. An error is a read failure.

@@ -1,5 +1,6 @@
 #include "daemon/journal/verify.h"
 
+#include "daemon/journal/migrations.h"
 #include "daemon/journal/reader.h"
 #include "daemon/journal/records.h"
 #include "daemon/journal/sqlite.h"
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -55,7 +57,8 @@ Result<std::optional<Anchor>> read_anchor(const std::string &path) {
     return std::optional<Anchor>(Anchor{seq->get<std::int64_t>(), h});
 }
 
-// Checkpoints left by retention: the last pruned event's seq -> its hash.
+// Checkpoints left by retention: the last pruned event's seq -> its hash. A row of other types
+// (a text hash the same 32 bytes, a text seq) is not one the journal made: table_check.cc says so.
 Result<std::map<std::int64_t, Hash>> read_checkpoints(Database &db) {
     std::map<std::int64_t, Hash> out;
     auto has = db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'checkpoints'");
@@ -67,9 +70,150 @@ Result<std::map<std::int64_t, Hash>> read_checkpoints(Database &db) {
         auto row = st->step();
         if (!row) return row.error();
         if (!*row) return out;
+        if (st->type(0) != SQLITE_INTEGER || st->type(1) != SQLITE_BLOB) continue;
         Hash h{};
         if (to_hash(st->blob(1), h)) out[st->int64(0)] = h;
     }
+}
+
+// The storage type of each events column as the writer binds it. SQLite keeps whatever type
+// an UPDATE gives a value, and reading it as text or integer coerces: a BLOB 'request-denied'
+// hashes like the text but is not what `audit` filters on, an at_us '17... UTC' reads as its
+// number. Checked on the row the walk reads (no second pass).
+struct ColumnType {
+    const char *name;
+    int type;
+    bool nullable;
+};
+constexpr std::array<ColumnType, 12> event_columns = {{{"seq", SQLITE_INTEGER, false},
+                                                       {"at_us", SQLITE_INTEGER, false},
+                                                       {"kind", SQLITE_TEXT, false},
+                                                       {"session_id", SQLITE_TEXT, true},
+                                                       {"uid", SQLITE_INTEGER, true},
+                                                       {"pid", SQLITE_INTEGER, true},
+                                                       {"rule", SQLITE_TEXT, true},
+                                                       {"decision", SQLITE_TEXT, true},
+                                                       {"reason", SQLITE_TEXT, true},
+                                                       {"detail", SQLITE_TEXT, true},
+                                                       {"prev_hash", SQLITE_BLOB, false},
+                                                       {"hash", SQLITE_BLOB, false}}};
+
+const char *type_name(int type) {
+    switch (type) {
+    case SQLITE_INTEGER:
+        return "integer";
+    case SQLITE_FLOAT:
+        return "real";
+    case SQLITE_TEXT:
+        return "text";
+    case SQLITE_BLOB:
+        return "blob";
+    default:
+        return "null";
+    }
+}
+
+// The first column of the current row whose storage type is not the writer's; "" when none.
+std::string mistyped_column(const Statement &st) {
+    for (std::size_t i = 0; i < event_columns.size(); ++i) {
+        int t = st.type(static_cast<int>(i));
+        const ColumnType &c = event_columns[i];
+        if (t != c.type && !(c.nullable && t == SQLITE_NULL))
+            return std::string(c.name) + " is stored as " + type_name(t) +
+                   " where the journal writes " + type_name(c.type) +
+                   (c.nullable ? " or null" : "");
+    }
+    return {};
+}
+
+// SQL as compared: comments dropped (SQLite stores those inside a CREATE TABLE, and editing one
+// in schema/ must not fail older journals), runs of white space one space.
+std::string normalized(const std::string &sql) {
+    std::string out;
+    auto space = [&] {
+        if (!out.empty() && out.back() != ' ') out += ' ';
+    };
+    for (std::size_t i = 0; i < sql.size(); ++i) {
+        char c = sql[i];
+        if (c == '-' && i + 1 < sql.size() && sql[i + 1] == '-') {
+            i = sql.find('\n', i);
+            if (i == std::string::npos) break;
+            space();
+        } else if (c == '/' && i + 1 < sql.size() && sql[i + 1] == '*') {
+            i = sql.find("*/", i + 2);
+            if (i == std::string::npos) break;
+            ++i;
+            space();
+        } else if (c == '\'' || c == '"' || c == '`' || c == '[') {
+            char close = c == '[' ? ']' : c; // quoted: kept as is
+            std::size_t end = sql.find(close, i + 1);
+            if (end == std::string::npos) end = sql.size() - 1;
+            out.append(sql, i, end - i + 1);
+            i = end;
+        } else if (std::isspace(static_cast<unsigned char>(c))) {
+            space();
+        } else {
+            out += c;
+        }
+    }
+    while (!out.empty() && out.back() == ' ')
+        out.pop_back();
+    return out;
+}
+
+// The definitions of the tables verify reads, as the migrations up to the journal's version
+// make them. A table rebuilt another way (no primary key, so a second row with a session's id;
+// a column type or default changed) reads differently from what the chain vouches for, however
+// its rows look. The first table that differs, named; nullopt when all are as made.
+Result<std::optional<std::string>> changed_table(Database &db) {
+    auto version = db.scalar("PRAGMA user_version");
+    if (!version) return version.error();
+    auto made = Database::open(":memory:", SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    if (!made) return made.error();
+    for (auto &m : migrations())
+        if (m.version <= *version)
+            if (auto r = made->exec(std::string(m.sql)); !r)
+                return std::move(r).error().context("migration " + std::string(m.name));
+    auto tables = [](Database &d) -> Result<std::map<std::string, std::string>> {
+        std::map<std::string, std::string> out;
+        auto st = d.prepare("SELECT name, type, sql FROM sqlite_master WHERE name IN "
+                            "('sessions', 'events', 'checkpoints', 'meta', 'policies')");
+        if (!st) return st.error();
+        for (;;) {
+            auto row = st->step();
+            if (!row) return row.error();
+            if (!*row) return out;
+            out[st->text(0)] = st->text(1) + " " + normalized(st->text(2));
+        }
+    };
+    auto want = tables(*made);
+    if (!want) return want.error();
+    auto have = tables(db);
+    if (!have) return have.error();
+    for (const char *name : {"events", "sessions", "policies", "meta", "checkpoints"}) {
+        auto w = want->find(name), h = have->find(name);
+        if (w == want->end() && h == have->end()) continue;
+        if (h == have->end())
+            return std::optional<std::string>(std::string("the ") + name +
+                                              " table is missing (schema version " +
+                                              std::to_string(*version) + " makes it) (deleted)");
+        if (w == want->end() || w->second != h->second)
+            return std::optional<std::string>(
+                std::string("the ") + name + " table is not defined as schema version " +
+                std::to_string(*version) + " defines it (rebuilt or altered: tampered)");
+    }
+    return std::optional<std::string>();
+}
+
+// pruned_through of a retention-prune event's detail; nullopt when the detail is not the
+// object the journal writes.
+std::optional<std::int64_t> pruned_through_of(const std::optional<std::string> &detail) {
+    if (!detail) return std::nullopt;
+    auto d = nlohmann::json::parse(*detail, nullptr, false);
+    if (!d.is_object()) return std::nullopt;
+    auto it = d.find("pruned_through");
+    if (it == d.end() || !it->is_number_integer()) return std::nullopt;
+    return it->get<std::int64_t>();
 }
 
 } // namespace
@@ -83,12 +227,24 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
     if (auto r = db->exec("BEGIN"); !r) return std::move(r).error().context(path);
     auto total = db->scalar("SELECT count(*) FROM events");
     if (!total) return std::move(total).error().context(path + ": not a knod journal");
+    auto changed = changed_table(*db);
+    if (!changed) return std::move(changed).error().context(path);
+    if (*changed) {
+        // Not walked: what a changed table holds is not what the chain vouches for.
+        VerifyReport report;
+        report.total_events = *total;
+        report.ok = report.chain_intact = false;
+        report.problem = **changed;
+        return report;
+    }
     auto checkpoints = read_checkpoints(*db);
     if (!checkpoints) return checkpoints.error();
     auto st = db->prepare("SELECT seq, at_us, kind, session_id, uid, pid, rule, decision, reason, "
                           "detail, prev_hash, hash FROM events ORDER BY seq");
     if (!st) return st.error();
-    auto tables = TableCheck::open(*db);
+    auto version = db->scalar("PRAGMA user_version");
+    if (!version) return std::move(version).error().context(path);
+    auto tables = TableCheck::open(*db, *version);
     if (!tables) return std::move(tables).error().context(path);
 
     std::string anchor_path_used = anchor_file.empty() ? anchor_path(path) : anchor_file;
@@ -119,6 +275,8 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
         if (!row) return std::move(row).error().context(path);
         if (!*row) break;
         std::int64_t seq = st->int64(0);
+        // Before any read: reading converts the value the statement holds.
+        std::string mistyped = mistyped_column(*st);
         Event e;
         e.at_us = st->int64(1);
         e.kind = st->text(2);
@@ -157,6 +315,10 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
                           : "event " + std::to_string(seq) + " is out of sequence (inserted)");
             break;
         }
+        if (!mistyped.empty()) {
+            fail(seq, "event " + std::to_string(seq) + ": " + mistyped + " (edited)");
+            break;
+        }
         if (!to_hash(st->blob(10), stored_prev) || !to_hash(st->blob(11), stored)) {
             fail(seq, "event " + std::to_string(seq) + " has a malformed hash");
             break;
@@ -171,10 +333,15 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
             fail(seq, "event " + std::to_string(seq) + " does not match its hash (edited)");
             break;
         }
-        if (e.kind == kind::prune && e.detail) {
-            auto d = nlohmann::json::parse(*e.detail, nullptr, false);
-            if (d.is_object() && d.contains("pruned_through"))
-                pruned_through.insert(d["pruned_through"].get<std::int64_t>());
+        if (e.kind == kind::prune) {
+            auto through = pruned_through_of(e.detail);
+            if (!through) {
+                fail(seq, "event " + std::to_string(seq) +
+                              " (retention-prune) has no integer pruned_through in its detail "
+                              "(malformed)");
+                break;
+            }
+            pruned_through.insert(*through);
         }
         if (anchor && seq == anchor->seq) anchor_seen_hash = to_hex(stored);
         if (auto t = (*tables)->event(seq, e); !t) return std::move(t).error().context(path);

@@ -137,6 +137,20 @@ tamper_table "an edited checkpoint" "UPDATE checkpoints SET events = events + 1"
 "$cli" audit verify --json --db "$work/t.db" >"$work/out.json" 2>/dev/null
 py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["chain_intact"] is True and "checkpoint" in d["problem"], d' "$work/out.json" \
     && ok "audit verify --json says the chain is intact but a table is not" || { not_ok "verify --json tables"; cat "$work/out.json"; }
+# The red team's tamperings (#16): values of another storage type, a sessions table rebuilt
+# without its key holding a forged twin, the journal id of a pruned journal (no daemon-start
+# left), rows no event made.
+tamper_table "a BLOB kind" "DROP TRIGGER events_no_update; UPDATE events SET kind=CAST(kind AS BLOB) WHERE seq=7" "event 7: kind is stored as blob"
+tamper_table "a BLOB session_id" "DROP TRIGGER events_no_update; UPDATE events SET session_id=CAST(session_id AS BLOB) WHERE seq=12" "event 12: session_id is stored as blob"
+tamper_table "a text at_us" "DROP TRIGGER events_no_update; UPDATE events SET at_us=at_us||' UTC' WHERE seq=4" "event 4: at_us is stored as text"
+tamper_table "a sessions table rebuilt with a forged twin" "CREATE TABLE s2 AS SELECT * FROM sessions; DROP TABLE sessions; ALTER TABLE s2 RENAME TO sessions; INSERT INTO sessions SELECT * FROM sessions WHERE id='b12'; UPDATE sessions SET uid=0 WHERE rowid=(SELECT max(rowid) FROM sessions); CREATE INDEX f ON sessions (id, uid)" "the sessions table is not defined as schema version 4 defines it"
+[ -z "$(sqlite3 "$work/cp.db" "SELECT 1 FROM events WHERE kind='daemon-start'")" ] || not_ok "the pruned journal still has a daemon-start"
+tamper_table "an edited journal id of a pruned journal" "UPDATE meta SET value='0123456789abcdef0123456789abcdef' WHERE key='journal_id'" "meta.journal_id is '0123456789abcdef0123456789abcdef' in the meta table but" cp
+tamper_table "a deleted journal id of a pruned journal" "DELETE FROM meta WHERE key='journal_id'" "meta.journal_id is missing" cp
+tamper_table "an edited hostname" "UPDATE meta SET value='elsewhere' WHERE key='hostname'" "meta.hostname is 'elsewhere'"
+other=$(printf 'x' | sha256sum | cut -c1-64)
+tamper_table "a policy no event names" "INSERT INTO policies VALUES ('$other', 'x', 5)" "policy '$other': named by no policy load in the chain (inserted)"
+tamper_table "a junk checkpoint" "INSERT INTO checkpoints VALUES (-5, x'00', 0, 0)" "checkpoint at event -5"
 
 # audit policy (#16, 3): the text of the policy a digest names, and every stored policy.
 "$cli" audit policy --db "$work/c.db" "$digest" >"$work/out" 2>&1

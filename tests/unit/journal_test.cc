@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 using namespace knod;
 using namespace knod::journal;
@@ -661,7 +662,10 @@ class CoveredTablesTest : public JournalTest {
         start.kind = kind::daemon_start;
         start.uid = 0;
         start.pid = 1;
-        start.detail = nlohmann::json{{"journal_id", j->identity().journal_id}}.dump();
+        start.detail = nlohmann::json{{"journal_id", j->identity().journal_id},
+                                      {"machine_id", j->identity().machine_id},
+                                      {"hostname", j->identity().hostname}}
+                           .dump();
         ASSERT_TRUE(j->append_policy_load(start, {policy_digest_, policy_text_}).ok());
         for (int i = 0; i < 4; ++i) {
             Session s = session("b" + std::to_string(i));
@@ -821,7 +825,8 @@ TEST_F(CoveredTablesTest, PolicyMetaAndCheckpointEditsAreFound) {
     expect_found("UPDATE meta SET value = '00000000000000000000000000000000' WHERE key = "
                  "'journal_id'",
                  "meta.journal_id is '00000000000000000000000000000000' in the meta table", 1);
-    expect_found("DELETE FROM meta WHERE key = 'journal_id'", "meta.journal_id is missing", 1);
+    // Schema 4 always makes the id: none left is tampering, whether or not an event names it.
+    expect_found("DELETE FROM meta WHERE key = 'journal_id'", "meta.journal_id is missing", 0);
     // A checkpoint: prune, then edit each field of its row, or delete it.
     {
         auto j = std::move(Journal::open(path_)).value();
@@ -862,6 +867,135 @@ TEST_F(CoveredTablesTest, PruneTakesExactlyTheSessionsWhoseGrantItTakes) {
     VerifyReport r = verify();
     EXPECT_TRUE(r.ok) << r.problem;
     EXPECT_EQ(r.sessions_checked, 2);
+}
+
+// Issue #16 (red team): SQLite keeps the storage type an UPDATE gives a value, and reading it as
+// text or integer coerces, so a BLOB kind hashes like the text but is not what `audit` filters
+// on. Every hashed or compared value must have the type the journal writes.
+TEST_F(CoveredTablesTest, AValueOfAnotherStorageTypeIsFound) {
+    std::int64_t g = grant_seq_["b1"], c = close_seq_["b2"];
+    for (auto [set, says, seq] : std::vector<std::tuple<std::string, std::string, std::int64_t>>{
+             {"kind = CAST(kind AS BLOB) WHERE seq = " + std::to_string(g),
+              "kind is stored as blob", g},
+             {"session_id = CAST(session_id AS BLOB) WHERE seq = " + std::to_string(c),
+              "session_id is stored as blob", c},
+             {"at_us = at_us || ' UTC' WHERE seq = 4", "at_us is stored as text", 4},
+             {"uid = CAST(uid AS BLOB) WHERE seq = " + std::to_string(g), "uid is stored as blob",
+              g},
+             {"detail = CAST(detail AS BLOB) WHERE seq = 1", "detail is stored as blob", 1},
+             {"hash = CAST(hash AS TEXT) WHERE seq = 2", "hash is stored as text", 2}}) {
+        expect_found("DROP TRIGGER events_no_update; UPDATE events SET " + set,
+                     "event " + std::to_string(seq) + ": " + says, seq);
+    }
+    expect_found("UPDATE meta SET value = CAST(value AS BLOB) WHERE key = 'journal_id'",
+                 "meta.journal_id is x'");
+    expect_found("UPDATE policies SET text = CAST(text AS BLOB)",
+                 "its stored text does not match its digest");
+    expect_found("UPDATE policies SET first_loaded_us = first_loaded_us || ' UTC'",
+                 "first_loaded_us is '");
+}
+
+// A table rebuilt another way reads differently from what the chain vouches for: sessions
+// without its primary key holds a forged second row for b1 that `WHERE id = ?` finds first.
+TEST_F(CoveredTablesTest, ARebuiltOrAlteredTableIsFound) {
+    expect_found("CREATE TABLE s2 AS SELECT * FROM sessions; DROP TABLE sessions; "
+                 "ALTER TABLE s2 RENAME TO sessions; INSERT INTO sessions SELECT * FROM "
+                 "sessions WHERE id = 'b1'; UPDATE sessions SET uid = 0 WHERE rowid = "
+                 "(SELECT max(rowid) FROM sessions); CREATE INDEX forged ON sessions (id, uid)",
+                 "the sessions table is not defined as schema version 4 defines it", 0);
+    expect_found("ALTER TABLE events ADD COLUMN note TEXT",
+                 "the events table is not defined as schema version", 0);
+    expect_found("DROP TABLE policies", "the policies table is missing", 0);
+    expect_found("DROP TABLE meta", "the meta table is missing", 0);
+    expect_found("CREATE TABLE p2 (digest TEXT, text TEXT, first_loaded_us INTEGER); INSERT INTO "
+                 "p2 SELECT * FROM policies; INSERT INTO p2 SELECT * FROM policies; DROP TABLE "
+                 "policies; ALTER TABLE p2 RENAME TO policies",
+                 "the policies table is not defined");
+    // A comment inside a CREATE TABLE (SQLite keeps it) is not the definition: one edited in
+    // schema/ since a journal was made must not fail it.
+    VerifyReport same = tampered(
+        "PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql = replace(sql, '-- binding "
+        "id', '/* another */ -- the binding id') WHERE name = 'sessions'; PRAGMA "
+        "writable_schema = OFF");
+    EXPECT_TRUE(same.ok) << same.problem;
+}
+
+// Rows no event in the chain made: a policy text (with its correct digest) no load names, a
+// junk checkpoint in a journal never pruned; and a policy's first load time edited.
+TEST_F(CoveredTablesTest, PolicyAndCheckpointRowsNoEventMadeAreFound) {
+    std::string other = policy::policy_digest("[[rule]]\nname = \"all\"\n");
+    expect_found("INSERT INTO policies VALUES ('" + other + "', '[[rule]]\nname = \"all\"\n', 5)",
+                 "policy '" + other + "': named by no policy load in the chain (inserted)", 0);
+    expect_found("UPDATE policies SET first_loaded_us = first_loaded_us - 1", "first_loaded_us is ",
+                 1);
+    expect_found("INSERT INTO checkpoints VALUES (-5, x'00', 0, 0)", "checkpoint at event -5", 0);
+    expect_found("INSERT INTO checkpoints VALUES (3, zeroblob(32), 1, 3)",
+                 "checkpoint at event 3: no retention-prune event in the chain made it", 0);
+}
+
+// A pruned journal may keep no daemon-start: its prune events carry the journal id, and the
+// meta host is the newest daemon-start's.
+TEST_F(CoveredTablesTest, JournalIdAndHostInMetaAreCheckedAfterRetentionToo) {
+    expect_found("UPDATE meta SET value = 'elsewhere' WHERE key = 'hostname'",
+                 "meta.hostname is 'elsewhere' in the meta table", 1);
+    expect_found("UPDATE meta SET value = '0123' WHERE key = 'machine_id'",
+                 "meta.machine_id is '0123'", 1);
+    std::int64_t prune_seq = 0;
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Event end;
+        end.kind = kind::ended;
+        ASSERT_TRUE(j->close_session("b3", "release", {}, end).ok());
+        auto pruned = j->prune(std::nullopt, 1);
+        ASSERT_TRUE(pruned.ok()) << pruned.error().message;
+        Event e;
+        e.kind = kind::denied;
+        ASSERT_TRUE(j->append(e).ok()); // an older checkpoint, made by a prune pruned since
+        ASSERT_TRUE(j->append(e).ok());
+        ASSERT_TRUE(j->prune(std::nullopt, 1).ok());
+        prune_seq = *Database::open(path_, SQLITE_OPEN_READONLY)
+                         .value()
+                         .scalar("SELECT max(seq) FROM events WHERE kind = 'retention-prune'");
+    }
+    VerifyReport r = verify();
+    ASSERT_TRUE(r.ok) << r.problem;
+    EXPECT_GT(r.first_seq, 1);
+    expect_found("UPDATE meta SET value = '00000000000000000000000000000000' WHERE key = "
+                 "'journal_id'",
+                 "meta.journal_id is '00000000000000000000000000000000' in the meta table but",
+                 prune_seq);
+    expect_found("DELETE FROM meta WHERE key = 'journal_id'", "meta.journal_id is missing");
+    // The older checkpoint is reached back from the newer; a junk one below it is not.
+    expect_found("INSERT INTO checkpoints VALUES (1, zeroblob(32), 1, 1)",
+                 "checkpoint at event 1: no retention-prune event in the chain made it", 0);
+    expect_found("UPDATE checkpoints SET hash = CAST(hash AS TEXT)",
+                 "no retention checkpoint anchors the rest");
+    expect_found("UPDATE checkpoints SET hash = CAST(hash AS TEXT) WHERE seq = (SELECT min(seq) "
+                 "FROM checkpoints)",
+                 "not a row retention writes");
+}
+
+// A retention-prune event whose detail is not what retention writes (a rewritten chain) is a
+// failure naming it, not a crash.
+TEST_F(JournalTest, AMalformedPruneDetailIsAFailureNotACrash) {
+    for (std::string detail :
+         {R"({"pruned_through":"5"})", R"({"pruned_through":1.5})", "[]", "not json"}) {
+        fs::remove(path_);
+        fs::remove(anchor_path(path_));
+        std::int64_t seq = 0;
+        {
+            auto j = std::move(Journal::open(path_)).value();
+            Event e;
+            e.kind = kind::prune;
+            e.detail = detail;
+            seq = j->append(e).value();
+        }
+        auto r = verify_chain(path_);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        EXPECT_FALSE(r->ok) << detail;
+        EXPECT_EQ(r->first_bad_seq, seq) << detail;
+        EXPECT_NE(r->problem.find("retention-prune"), std::string::npos) << r->problem;
+    }
 }
 
 // Many sessions, some left open by a crash and closed at the next start, a prune: intact.
