@@ -523,7 +523,7 @@ r = [json.loads(l) for l in open(sys.argv[1])][3]
 assert isinstance(r["detail"], str) and r["detail_text"] == r["detail"] and r["detail"].startswith("{\"x\":[[[")' "$work/deep.jsonl" \
     && ok "a too-deep detail is exported as its text" || not_ok "too-deep detail export"
 expect_rc 1 "verify --export of the edited deep detail is exit 1, not a crash" -- "$cli" audit verify --export "$work/deep.jsonl"
-{ head -3 "$work/x.jsonl"; py 'import sys; print("{\"detail\":{\"x\":" + "["*100000 + "]"*100000 + "}}")'; } >"$work/deepline.jsonl"
+{ head -3 "$work/x.jsonl"; sed -n 4p "$work/x.jsonl" | py 'import sys; print(sys.stdin.read().strip().replace("\"detail\":{", "\"detail\":{\"x\":" + "["*100000 + "]"*100000 + ",", 1))'; } >"$work/deepline.jsonl"
 "$cli" audit verify --export "$work/deepline.jsonl" >"$work/out" 2>&1; rc=$?
 [ "$rc" -eq 2 ] && grep -q "line 4: not a JSON object (nested deeper than" "$work/out" && ok "verify --export on a line nested 100,000 deep is exit 2" || { not_ok "deep export line: exit $rc"; head -c 300 "$work/out"; }
 # verify --export: repeated keys (nlohmann keeps the last value), unknown fields, an empty file,
