@@ -503,33 +503,40 @@ std::optional<std::string> unknown_field(const Json &record) {
     return std::nullopt;
 }
 
-// A session's later events (its session-ended line) show the netdev, GPU and flows from its
-// sessions row, which no hash covers in the export; its grant line's detail vouches for them.
+// A session's later lines (its session-ended) show the netdev, GPU and flows of its sessions
+// row, which no hash covers. The grant's detail records that row ("session", hashed), so when
+// the grant line is in the file the later lines must show what it recorded.
 class GrantValues {
   public:
-    // Compares a line's flat fields with its session's grant line earlier in the file; records
-    // the grant's (hash-checked) values when the line is one.
+    // Records a grant line's session values, or compares a later line of the same session.
     std::string mismatch(const Json &record, const Rebuilt &r) {
         if (!r.event.session_id) return {};
+        auto detail = r.event.detail ? knod::parse_json<Json>(*r.event.detail) : Json();
         if (r.event.kind == kind::granted) {
-            auto detail = r.event.detail ? knod::parse_json<Json>(*r.event.detail) : Json();
-            if (!detail.is_object()) return {};
-            Flat vouched; // only what the grant's own detail names (flat_mismatch checked it)
-            for (std::size_t i = 0; i < vouched.size(); ++i)
-                if (detail.contains(names[i]))
-                    if (auto it = record.find(names[i]); it != record.end())
-                        vouched[i] = dump_stored(*it);
-            seen_[*r.event.session_id] = std::move(vouched);
+            auto session = detail.is_object() ? detail.find("session") : detail.end();
+            if (session == detail.end() || !session->is_object()) return {};
+            Flat row; // as the sessions row holds them, and as an export shows them
+            for (std::size_t i = 0; i < row.size(); ++i) {
+                auto it = session->find(names[i]);
+                if (it == session->end()) continue;
+                if (i == flows_index) {
+                    if (auto flows = flows_of(*it)) row[i] = dump_stored(Json(*flows));
+                } else if (it->is_string()) {
+                    row[i] = dump_stored(*it);
+                }
+            }
+            seen_[*r.event.session_id] = std::move(row);
             return {};
         }
         auto it = seen_.find(*r.event.session_id);
         if (it == seen_.end()) return {};
         for (std::size_t i = 0; i < it->second.size(); ++i) {
-            if (!it->second[i]) continue;
+            // A field the line's own detail names was checked against it (flat_mismatch).
+            if (!it->second[i] || (detail.is_object() && detail.contains(names[i]))) continue;
             auto shown = record.find(names[i]);
             if (shown == record.end() || dump_stored(*shown) != *it->second[i])
                 return std::string("its ") + names[i] +
-                       " differs from its session's grant line (edited)";
+                       " differs from the session its grant line records (edited)";
         }
         return {};
     }
@@ -537,6 +544,7 @@ class GrantValues {
   private:
     using Flat = std::array<std::optional<std::string>, 3>;
     static constexpr const char *names[] = {"netdev", "gpu", "flows"};
+    static constexpr std::size_t flows_index = 2;
     std::map<std::string, Flat> seen_;
 };
 

@@ -544,9 +544,17 @@ done
 rewrite "$work/unknown.jsonl" 2 't.replace("{\"event_id\"", "{\"comment\":\"x\",\"event_id\"", 1)'
 "$cli" audit verify --export "$work/unknown.jsonl" >"$work/out" 2>&1; rc=$?
 [ "$rc" -eq 2 ] && grep -q "line 2: unknown field 'comment'" "$work/out" && ok "verify --export refuses an unknown field" || { not_ok "unknown field: exit $rc"; cat "$work/out"; }
-rewrite "$work/ended.jsonl" 3 't.replace("\"netdev\":\"knodsim0\"", "\"netdev\":\"eth-evil\"", 1)'
-"$cli" audit verify --export "$work/ended.jsonl" >"$work/out" 2>&1; rc=$?
-[ "$rc" -eq 1 ] && grep -q "line 3 .*netdev differs from its session's grant line" "$work/out" && ok "verify --export checks a session-ended line's netdev against its grant line" || { not_ok "session-ended netdev: exit $rc"; cat "$work/out"; }
+for field in netdev gpu flows; do
+    case $field in
+        netdev) edit='t.replace("\"netdev\":\"knodsim0\"", "\"netdev\":\"eth-evil\"", 1)' ;;
+        gpu) edit='t.replace("\"gpu\":\"sim0\"", "\"gpu\":\"gpu-evil\"", 1)' ;;
+        flows) edit='t.replace("\"flows\":[\"udp * -> *:5000\"]", "\"flows\":[\"udp * -> *:22\"]", 1)' ;;
+    esac
+    rewrite "$work/ended.jsonl" 3 "$edit"
+    "$cli" audit verify --export "$work/ended.jsonl" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 1 ] && grep -q "line 3 .*$field differs from the session its grant line records" "$work/out" \
+        && ok "verify --export checks a session-ended line's $field against its grant line" || { not_ok "session-ended $field: exit $rc"; cat "$work/out"; }
+done
 : >"$work/empty.jsonl"
 "$cli" audit verify --export "$work/empty.jsonl" >"$work/out" 2>&1; rc=$?
 [ "$rc" -eq 2 ] && grep -q "no events" "$work/out" && ok "verify --export of an empty file is exit 2" || { not_ok "empty export: exit $rc"; cat "$work/out"; }
