@@ -15,6 +15,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
@@ -121,7 +122,11 @@ Result<journal::Filter> make_filter(const Options &o, bool events) {
     f.until_us = *until;
     if (!o.user.empty()) {
         if (std::all_of(o.user.begin(), o.user.end(), ::isdigit)) {
-            f.uid = std::stoll(o.user);
+            std::uint32_t uid = 0; // a uid_t: a larger number is no uid (and stoll would throw)
+            auto [end, ec] = std::from_chars(o.user.data(), o.user.data() + o.user.size(), uid);
+            if (ec != std::errc() || end != o.user.data() + o.user.size())
+                return make_error(Errc::invalid_argument, "--user: no such uid " + o.user);
+            f.uid = uid;
         } else if (struct passwd *pw = getpwnam(o.user.c_str())) {
             f.uid = pw->pw_uid;
         } else {

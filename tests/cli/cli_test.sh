@@ -566,6 +566,7 @@ for args in "sessions" "events" "show b1"; do
     [ "$rc" -eq 0 ] && ! grep -q '^forged\|^b9 0 forged' "$work/out" && ! grep -q "$(printf '\t')" "$work/out" && grep -q 'r\\x0ab9 0 forged\|release\\x0aforged' "$work/out" \
         && ok "audit $args escapes a stored newline and tab in its table" || { not_ok "audit $args newline: exit $rc"; cat "$work/out"; }
 done
+expect_rc 2 "a --uid past any uid is exit 2 (stoll threw: exit 134)" -- "$cli" audit events --db "$work/h0.db" --uid 99999999999999999999
 expect_rc 2 "--limit -1 is exit 2" -- "$cli" audit events --db "$work/h0.db" --limit -1
 expect_rc 2 "--limit 0 is exit 2" -- "$cli" audit sessions --db "$work/h0.db" --limit 0
 "$cli" audit events --db "$work/h0.db" --limit 2 --json >"$work/out.json" 2>/dev/null
