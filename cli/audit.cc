@@ -10,13 +10,16 @@
 #include "daemon/journal/verify.h"
 #include "daemon/journal/vocabulary.h"
 #include "knod/json.h"
+#include "knod/untrusted.h"
 
 #include <pwd.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 
 namespace knod::cli {
 namespace {
@@ -74,7 +77,8 @@ void add_filters(CLI::App *cmd, Options &o, bool events) {
                         "only events after this event id (an export's event_id, "
                         "JOURNAL_ID-SEQ): continues an earlier export");
     }
-    cmd->add_option("--limit", o.limit, "at most this many rows");
+    cmd->add_option("--limit", o.limit, "at most this many rows (1 or more)")
+        ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
 }
 
 void add_output(CLI::App *cmd, Options &o) {
@@ -118,7 +122,11 @@ Result<journal::Filter> make_filter(const Options &o, bool events) {
     f.until_us = *until;
     if (!o.user.empty()) {
         if (std::all_of(o.user.begin(), o.user.end(), ::isdigit)) {
-            f.uid = std::stoll(o.user);
+            std::uint32_t uid = 0; // a uid_t: a larger number is no uid (and stoll would throw)
+            auto [end, ec] = std::from_chars(o.user.data(), o.user.data() + o.user.size(), uid);
+            if (ec != std::errc() || end != o.user.data() + o.user.size())
+                return make_error(Errc::invalid_argument, "--user: no such uid " + o.user);
+            f.uid = uid;
         } else if (struct passwd *pw = getpwnam(o.user.c_str())) {
             f.uid = pw->pw_uid;
         } else {
@@ -147,6 +155,12 @@ int fail(const Options &o, const std::string &what, const Error &e) {
         std::cout << knod::dump_json(nlohmann::json{{"error", e.message}, {"command", what}})
                   << "\n";
     return exit_usage;
+}
+
+// A journal value in a table cell or a `show` line: every control character, newline and tab
+// included, as \xNN (the output stream lets newlines through for whole messages).
+std::string cell(const std::string &v) {
+    return escape_untrusted(v);
 }
 
 // Prints rows as a table, a JSON array or CSV, as they stream in.
@@ -186,7 +200,8 @@ class Printer {
   private:
     void row(const std::vector<std::string> &fields, bool header) {
         for (std::size_t i : shown_) {
-            std::string v = fields[i];
+            // One row per line: a stored newline or tab would forge a row or shift columns.
+            std::string v = cell(fields[i]);
             if (header) std::transform(v.begin(), v.end(), v.begin(), ::toupper);
             int width = columns_[i] == "time" ? 27 : 21; // microseconds and zone
             std::cout << std::left << std::setw(i == shown_.back() ? 0 : width) << v << " ";
@@ -265,9 +280,10 @@ int show(const Options &o) {
     if (!s) return fail(o, "show", s.error());
     if (!*s) return fail(o, "show", make_error(Errc::not_found, "no session " + o.session));
     journal::Filter f;
+    f.session = o.session;
     std::vector<journal::EventRecord> events;
     auto done = r->events(f, [&](const journal::EventRecord &e) {
-        if (e.event.session_id == o.session) events.push_back(e);
+        events.push_back(e);
         return true;
     });
     if (!done) return fail(o, "show", done.error());
@@ -276,18 +292,22 @@ int show(const Options &o) {
         if (!id) return fail(o, "show", id.error());
         nlohmann::json j = session_json(**s, *id);
         j["events"] = nlohmann::json::array();
-        for (auto &e : events) // the export record, with its field order
-            j["events"].push_back(nlohmann::json::parse(journal::export_line(e, *id)));
+        for (auto &e : events) { // the export record, with its field order
+            std::string line = journal::export_line(e, *id);
+            auto record = knod::parse_json(line);
+            j["events"].push_back(record.is_discarded() ? nlohmann::json(line) : record);
+        }
         std::cout << knod::dump_json(j, 2) << "\n";
         return exit_ok;
     }
     auto row = session_row(**s);
     for (std::size_t i = 0; i < session_columns.size(); ++i)
-        std::cout << std::left << std::setw(16) << session_columns[i] + ":" << row[i] << "\n";
+        std::cout << std::left << std::setw(16) << session_columns[i] + ":" << cell(row[i]) << "\n";
     std::cout << "events:\n";
     for (auto &e : events)
-        std::cout << "  " << e.seq << "  " << format_time(e.event.at_us) << "  " << e.event.kind
-                  << (e.event.reason ? "  (" + *e.event.reason + ")" : "") << "\n";
+        std::cout << "  " << e.seq << "  " << format_time(e.event.at_us) << "  "
+                  << cell(e.event.kind)
+                  << (e.event.reason ? "  (" + cell(*e.event.reason) + ")" : "") << "\n";
     return exit_ok;
 }
 

@@ -77,8 +77,6 @@ int verify_export_file(const std::string &file, bool allow_gaps, bool json) {
     } else if (!c->ok) {
         std::cout << "FAILED: " << name << " line " << c->bad_line << " (event " << c->bad_event_id
                   << "): " << c->problem << "\n";
-    } else if (c->events == 0) {
-        std::cout << "ok: " << name << " holds no events\n";
     } else {
         std::cout << "ok: " << c->events << " event(s) of journal "
                   << (c->journal_id.empty() ? "(no id)" : c->journal_id) << ", events "

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -153,8 +154,18 @@ Result<void> write_file(const std::string &path, const std::string &content) {
         std::fflush(stdout);
         return {};
     }
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // The page names users, devices and rules: not world-readable. A symlink at the path (one
+    // planted in a shared directory) is refused, never followed.
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0 && errno == ELOOP)
+        return make_error(Errc::invalid_argument,
+                          "cannot write " + path + ": it is a symbolic link (not followed)");
     if (fd < 0) return make_error(Errc::io, "cannot write " + path + ": " + std::strerror(errno));
+    if (::fchmod(fd, 0640) != 0) { // an existing file keeps its mode through O_TRUNC
+        int err = errno;
+        ::close(fd);
+        return make_error(Errc::io, "cannot write " + path + ": chmod: " + std::strerror(err));
+    }
     std::size_t done = 0;
     while (done < content.size()) {
         ssize_t n = ::write(fd, content.data() + done, content.size() - done);

@@ -3,12 +3,16 @@
 #include "daemon/journal/compact_json.h"
 
 #include "knod/hex.h"
+#include "knod/json.h"
 #include "knod/untrusted.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdio>
 #include <ctime>
+#include <map>
+#include <set>
 
 namespace knod::journal {
 namespace {
@@ -38,7 +42,7 @@ std::string hex_of(std::string_view bytes) {
 std::optional<std::vector<std::string>> flows_of(const Json &v) {
     // An older daemon stored the flows as a JSON-encoded string inside the detail.
     Json decoded =
-        v.is_string() ? Json::parse(v.get_ref<const std::string &>(), nullptr, false) : Json();
+        v.is_string() ? knod::parse_json<Json>(v.get_ref<const std::string &>()) : Json();
     const Json &a = v.is_string() ? decoded : v;
     if (!a.is_array()) return std::nullopt;
     std::vector<std::string> out;
@@ -61,7 +65,7 @@ void session_fallback(FlatFields &f, const EventRecord &e) {
     if (!f.gpu) f.gpu = e.session_gpu;
     if (f.flows || !e.session_flows) return;
     f.flows = scan_compact_string_array(*e.session_flows);
-    if (!f.flows) f.flows = flows_of(Json::parse(*e.session_flows, nullptr, false));
+    if (!f.flows) f.flows = flows_of(knod::parse_json<Json>(*e.session_flows));
 }
 
 FlatFields flat_from(const Json &detail, const EventRecord &e) {
@@ -110,7 +114,7 @@ std::optional<EventId> parse_event_id(std::string_view text) {
 }
 
 FlatFields flat_fields(const EventRecord &e) {
-    return flat_from(e.event.detail ? Json::parse(*e.event.detail, nullptr, false) : Json(), e);
+    return flat_from(e.event.detail ? knod::parse_json<Json>(*e.event.detail) : Json(), e);
 }
 
 namespace {
@@ -220,7 +224,7 @@ std::string export_line(const EventRecord &e, const JournalIdentity &id) {
         flat = {std::move(compact->netdev), std::move(compact->gpu), std::move(compact->flows)};
         session_fallback(flat, e);
     } else {
-        if (e.event.detail && utf8_detail) parsed = Json::parse(*e.event.detail, nullptr, false);
+        if (e.event.detail && utf8_detail) parsed = knod::parse_json<Json>(*e.event.detail);
         flat = flat_from(parsed, e);
     }
 
@@ -400,7 +404,7 @@ Result<std::optional<std::string>> detail_text_of(const Fields &f, std::string &
     if (f.find("detail_text")) {
         auto text = f.string("detail_text");
         if (!text) return text.error();
-        auto parsed = Json::parse(*text, nullptr, false);
+        auto parsed = knod::parse_json<Json>(*text);
         bool agrees = parsed.is_discarded() ? *detail == Json(*text) : *detail == parsed;
         if (!agrees) inconsistency = "its detail differs from its detail_text (edited)";
         return std::optional<std::string>(*text);
@@ -464,7 +468,7 @@ Result<Rebuilt> rebuild(const Json &j) {
 // The flat fields an event's own detail vouches for must be what the record shows.
 std::string flat_mismatch(const Json &record, const Rebuilt &r) {
     if (!r.event.detail) return {};
-    auto detail = Json::parse(*r.event.detail, nullptr, false);
+    auto detail = knod::parse_json<Json>(*r.event.detail);
     if (!detail.is_object()) return {};
     for (const char *name : {"netdev", "gpu"}) {
         auto want = string_member(detail, name);
@@ -487,6 +491,63 @@ std::string flat_mismatch(const Json &record, const Rebuilt &r) {
     return {};
 }
 
+// The top-level fields an export record may have (export_line writes no others).
+std::optional<std::string> unknown_field(const Json &record) {
+    static const std::set<std::string, std::less<>> known = {
+        "event_id",    "journal_id", "seq",       "time", "at_us", "host",
+        "machine_id",  "kind",       "session",   "uid",  "pid",   "rule",
+        "decision",    "reason",     "netdev",    "gpu",  "flows", "detail",
+        "detail_text", "raw",        "prev_hash", "hash"};
+    for (auto &[key, value] : record.items())
+        if (!known.contains(key)) return key;
+    return std::nullopt;
+}
+
+// A session's later lines (its session-ended) show the netdev, GPU and flows of its sessions
+// row, which no hash covers. The grant's detail records that row ("session", hashed), so when
+// the grant line is in the file the later lines must show what it recorded.
+class GrantValues {
+  public:
+    // Records a grant line's session values, or compares a later line of the same session.
+    std::string mismatch(const Json &record, const Rebuilt &r) {
+        if (!r.event.session_id) return {};
+        auto detail = r.event.detail ? knod::parse_json<Json>(*r.event.detail) : Json();
+        if (r.event.kind == kind::granted) {
+            auto session = detail.is_object() ? detail.find("session") : detail.end();
+            if (session == detail.end() || !session->is_object()) return {};
+            Flat row; // as the sessions row holds them, and as an export shows them
+            for (std::size_t i = 0; i < row.size(); ++i) {
+                auto it = session->find(names[i]);
+                if (it == session->end()) continue;
+                if (i == flows_index) {
+                    if (auto flows = flows_of(*it)) row[i] = dump_stored(Json(*flows));
+                } else if (it->is_string()) {
+                    row[i] = dump_stored(*it);
+                }
+            }
+            seen_[*r.event.session_id] = std::move(row);
+            return {};
+        }
+        auto it = seen_.find(*r.event.session_id);
+        if (it == seen_.end()) return {};
+        for (std::size_t i = 0; i < it->second.size(); ++i) {
+            // A field the line's own detail names was checked against it (flat_mismatch).
+            if (!it->second[i] || (detail.is_object() && detail.contains(names[i]))) continue;
+            auto shown = record.find(names[i]);
+            if (shown == record.end() || dump_stored(*shown) != *it->second[i])
+                return std::string("its ") + names[i] +
+                       " differs from the session its grant line records (edited)";
+        }
+        return {};
+    }
+
+  private:
+    using Flat = std::array<std::optional<std::string>, 3>;
+    static constexpr const char *names[] = {"netdev", "gpu", "flows"};
+    static constexpr std::size_t flows_index = 2;
+    std::map<std::string, Flat> seen_;
+};
+
 std::string range(std::int64_t from, std::int64_t to) {
     return from == to ? "event " + std::to_string(from)
                       : "events " + std::to_string(from) + "-" + std::to_string(to);
@@ -500,6 +561,7 @@ Result<ExportCheck> verify_export(std::istream &in, bool allow_gaps) {
     std::int64_t line_no = 0, prev_line = 0, prev_seq = 0;
     Hash prev_hash{};
     std::string prev_id;
+    GrantValues grants;
     auto fail = [&](std::int64_t line, const std::string &id, std::string why) {
         c.ok = false;
         c.bad_line = line;
@@ -510,10 +572,19 @@ Result<ExportCheck> verify_export(std::istream &in, bool allow_gaps) {
     while (std::getline(in, text)) {
         ++line_no;
         if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-        auto j = Json::parse(text, nullptr, false);
+        bool duplicate = false;
+        auto j = knod::parse_json<Json>(text, {.duplicate_key = &duplicate});
         if (!j.is_object())
-            return make_error(Errc::corrupt,
-                              "line " + std::to_string(line_no) + ": not a JSON object");
+            return make_error(
+                Errc::corrupt,
+                "line " + std::to_string(line_no) + ": not a JSON object" +
+                    (json_depth_within(text)
+                         ? ""
+                         : " (nested deeper than " + std::to_string(max_json_depth) + ")"));
+        if (auto unknown = unknown_field(j))
+            return make_error(Errc::corrupt, "line " + std::to_string(line_no) +
+                                                 ": unknown field " + quote_untrusted(*unknown) +
+                                                 " (not a knod-policy audit export record)");
         auto r = rebuild(j);
         if (!r)
             return make_error(Errc::corrupt, "line " + std::to_string(line_no) + ": " +
@@ -529,7 +600,13 @@ Result<ExportCheck> verify_export(std::istream &in, bool allow_gaps) {
         if (!r->inconsistency.empty()) return fail(line_no, id, r->inconsistency);
         if (chain_hash(r->prev, r->seq, r->event) != r->hash)
             return fail(line_no, id, "it does not match its hash (edited)");
+        // Only after its hash matched: a repeated key may be how a line was edited, so say so.
+        if (duplicate)
+            return fail(line_no, id,
+                        "it repeats a key in an object (edited: a reader may see "
+                        "either value)");
         if (auto m = flat_mismatch(j, *r); !m.empty()) return fail(line_no, id, m);
+        if (auto m = grants.mismatch(j, *r); !m.empty()) return fail(line_no, id, m);
         if (r->seq == 1 && r->prev != Hash{})
             return fail(line_no, id,
                         "event 1 does not start the chain (its prev_hash is not zero)");
@@ -571,6 +648,8 @@ Result<ExportCheck> verify_export(std::istream &in, bool allow_gaps) {
         prev_id = id;
     }
     if (in.bad()) return make_error(Errc::io, "read error after line " + std::to_string(line_no));
+    // An empty file proves nothing: a truncated or wrong file must not read as "ok".
+    if (c.events == 0) return make_error(Errc::corrupt, "no events in the export");
     if (!c.gaps.empty() && !allow_gaps) {
         c.ok = false;
         c.problem = std::to_string(c.gaps.size()) + " gap(s): " + c.gaps.front() +

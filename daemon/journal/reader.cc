@@ -1,5 +1,7 @@
 #include "daemon/journal/reader.h"
 
+#include "knod/json.h"
+
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
@@ -59,10 +61,14 @@ Session read_session(Statement &st) {
     s.gpu = st.text(6);
     s.mode = st.text(7);
     s.region_bytes = static_cast<std::uint64_t>(st.int64(8));
-    auto flows = nlohmann::json::parse(st.text(9), nullptr, false);
+    // The column is JSON the daemon wrote; anything else in it is shown as what it is.
+    std::string flows_text = st.text(9);
+    auto flows = knod::parse_json(flows_text);
     if (flows.is_array())
         for (auto &f : flows)
-            s.flows.push_back(f.get<std::string>());
+            s.flows.push_back(f.is_string() ? f.get<std::string>() : knod::dump_json(f));
+    else if (!flows_text.empty() && flows_text != "[]")
+        s.flows.push_back(flows_text);
     s.key_id = st.text(10);
     s.rule = st.text(11);
     s.started_us = st.int64(12);
@@ -74,9 +80,13 @@ Session read_session(Statement &st) {
     return s;
 }
 
+// An event's detail for json_extract: NULL when it is not JSON (or nests too deep for SQLite),
+// so one malformed detail is no field rather than an error for the whole query.
+const std::string detail_json = "CASE WHEN json_valid(e.detail) THEN e.detail END";
+
 const char *session_columns =
-    "id, uid, pid, exe, unit, netdev, gpu, mode, region_bytes, flows, key_id, "
-    "rule, started_us, ended_us, end_reason, rx_bytes, rx_packets, dropped_packets";
+    "id, uid, pid, exe, unit, netdev, gpu, mode, region_bytes, flows, key_id, rule, started_us, "
+    "ended_us, end_reason, rx_bytes, rx_packets, dropped_packets";
 
 std::string limit_sql(const Filter &f) {
     return f.limit ? " LIMIT " + std::to_string(*f.limit) : std::string();
@@ -179,18 +189,19 @@ Result<void> JournalReader::events(const Filter &f,
     w.add("e.at_us >= ?", f.since_us);
     w.add("e.at_us < ?", f.until_us);
     w.add("e.uid = ?", f.uid);
-    w.add("coalesce(s.netdev, json_extract(e.detail, '$.netdev')) = ?", f.netdev);
-    w.add("coalesce(s.gpu, json_extract(e.detail, '$.gpu')) = ?", f.gpu);
+    w.add("coalesce(s.netdev, json_extract(" + detail_json + ", '$.netdev')) = ?", f.netdev);
+    w.add("coalesce(s.gpu, json_extract(" + detail_json + ", '$.gpu')) = ?", f.gpu);
     w.add("e.rule = ?", f.rule);
     w.add("e.reason = ?", f.reason);
     w.add("e.decision = ?", f.decision);
     w.add("e.kind = ?", f.kind);
     w.add("e.seq > ?", f.after_seq);
-    auto st = j_.db().prepare("SELECT e.seq, e.at_us, e.kind, e.session_id, e.uid, e.pid, e.rule, "
-                              "e.decision, e.reason, e.detail, e.prev_hash, e.hash, s.netdev, "
-                              "s.gpu, s.flows FROM events e "
-                              "LEFT JOIN sessions s ON s.id = e.session_id" +
-                              w.sql() + " ORDER BY e.seq" + limit_sql(f));
+    w.add("e.session_id = ?", f.session);
+    auto st =
+        j_.db().prepare("SELECT e.seq, e.at_us, e.kind, e.session_id, e.uid, e.pid, e.rule, "
+                        "e.decision, e.reason, e.detail, e.prev_hash, e.hash, s.netdev, s.gpu, "
+                        "s.flows FROM events e LEFT JOIN sessions s ON s.id = e.session_id" +
+                        w.sql() + " ORDER BY e.seq" + limit_sql(f));
     if (!st) return st.error();
     w.bind(*st);
     for (;;) {
@@ -295,8 +306,8 @@ Result<Report> JournalReader::report(const Filter &f) {
     w.add("e.at_us >= ?", f.since_us);
     w.add("e.at_us < ?", f.until_us);
     w.add("coalesce(s.uid, e.uid) = ?", f.uid);
-    w.add("coalesce(s.netdev, json_extract(e.detail, '$.netdev')) = ?", f.netdev);
-    w.add("coalesce(s.gpu, json_extract(e.detail, '$.gpu')) = ?", f.gpu);
+    w.add("coalesce(s.netdev, json_extract(" + detail_json + ", '$.netdev')) = ?", f.netdev);
+    w.add("coalesce(s.gpu, json_extract(" + detail_json + ", '$.gpu')) = ?", f.gpu);
     // One pass over the period's events, grouped by everything a view needs; each view is then
     // a sum over these rows. A session's events count for its owner (a revoke is done by an
     // admin, but to the owner) and its device; a refusal names the requested device in detail.
@@ -306,13 +317,16 @@ Result<Report> JournalReader::report(const Filter &f) {
     where += "(e.kind IN ('request-granted', 'request-denied', 'session-ended', 'revoke') OR "
              "(e.kind = 'refusals-coalesced' AND e.decision = 'request-denied'))";
     auto st = j_.db().prepare(
-        "SELECT coalesce(s.uid, e.uid), coalesce(s.netdev, json_extract(e.detail, '$.netdev')), "
-        "coalesce(s.gpu, json_extract(e.detail, '$.gpu')), e.at_us / 3600000000, e.kind, "
-        "e.decision, e.rule, count(*), sum(CASE WHEN e.kind = 'refusals-coalesced' THEN "
-        "coalesce(json_extract(e.detail, '$.count'), 0) ELSE 0 END), sum(CASE WHEN e.kind = "
-        "'session-ended' THEN coalesce(json_extract(e.detail, '$.rx_bytes'), "
-        "json_extract(e.detail, '$.end.rx_bytes'), s.rx_bytes, 0) ELSE 0 END) FROM events e "
-        "LEFT JOIN sessions s ON s.id = e.session_id" +
+        "SELECT coalesce(s.uid, e.uid), coalesce(s.netdev, json_extract(" + detail_json +
+        ", '$.netdev')), coalesce(s.gpu, json_extract(" + detail_json +
+        ", '$.gpu')), e.at_us / 3600000000, e.kind, e.decision, e.rule, count(*), sum(CASE WHEN "
+        "e.kind = 'refusals-coalesced' THEN coalesce(json_extract(" +
+        detail_json +
+        ", '$.count'), 0) ELSE 0 END), sum(CASE WHEN e.kind = 'session-ended' THEN "
+        "coalesce(json_extract(" +
+        detail_json + ", '$.rx_bytes'), json_extract(" + detail_json +
+        ", '$.end.rx_bytes'), s.rx_bytes, 0) ELSE 0 END) FROM events e LEFT JOIN sessions s ON "
+        "s.id = e.session_id" +
         where + " GROUP BY 1, 2, 3, 4, 5, 6, 7");
     if (!st) return st.error();
     w.bind(*st);

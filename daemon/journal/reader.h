@@ -29,6 +29,7 @@ struct Filter {
     std::optional<std::string> decision;   // events only: allow, deny, quota-exceeded, would-deny
     std::optional<std::string> kind;       // events only
     std::optional<std::int64_t> after_seq; // events only: those after this one (export --after)
+    std::optional<std::string> session;    // events only: of this session (audit show)
     std::optional<std::int64_t> limit;
 };
 

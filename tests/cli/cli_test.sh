@@ -504,6 +504,97 @@ assert "\\x1b]0;pwned\\x07" in b1["exe"], b1["exe"]' "$work/evil.csv" \
 py 'import json,sys; d=json.load(open(sys.argv[1])); assert any("pwned" in s["exe"] for s in d)' "$work/evil.json" \
     && ok "audit --json stays valid JSON with hostile values" || { not_ok "audit --json hostile"; cat "$work/evil.json"; }
 
+# Hostile journal content (#16 red team): nothing in a journal or an export may crash the
+# CLI (an uncaught JSON exception was exit 134, deep nesting exit 139) or forge output.
+"$fill" "$work/h0.db" 5 --policy "$work/policy.toml" || not_ok "journal_fill h0"
+hdb() { # hdb NAME SQL [PYTHON-EXPR]: a copy of h0.db with SQL (;-separated) applied, ? bound to the value
+    cp "$work/h0.db" "$work/$1.db" && py 'import sqlite3,sys
+c = sqlite3.connect(sys.argv[1]); c.execute("DROP TRIGGER events_no_update")
+for st in sys.argv[2].split(";"): c.execute(st, (eval(sys.argv[3]),) if "?" in st else ())
+c.commit()' "$work/$1.db" "${@:2}"; }
+hdb hflows "UPDATE sessions SET flows='[1,{\"a\":2}]' WHERE id='b1'"
+hdb hflows2 "UPDATE sessions SET flows='{\"not\":\"an array\"}' WHERE id='b1'"
+hdb hdetail "UPDATE events SET detail='{\"netdev\":5,\"gpu\":[1],\"flows\":[1,[\"x\"],null]}' WHERE seq=4"
+for db in hflows hflows2 hdetail; do
+    for args in "sessions" "sessions --json" "sessions --csv" "show b1" "show b1 --json" "events" "events --json" \
+                "export" "export --format csv" "export --table sessions" "export --table sessions --format csv" "report --json"; do
+        # shellcheck disable=SC2086
+        expect_rc 0 "audit $args on a journal with malformed JSON ($db)" -- "$cli" audit $args --db "$work/$db.db"
+    done
+done
+"$cli" audit show b1 --db "$work/hflows.db" >"$work/out" 2>&1
+grep -q '^flows: *1; {"a":2}$' "$work/out" && ok "malformed session flows are shown as what they are" || { not_ok "malformed flows shown"; cat "$work/out"; }
+"$cli" audit show b1 --db "$work/hflows2.db" >"$work/out" 2>&1
+grep -q '^flows: *{"not":"an array"}$' "$work/out" && ok "a flows column that is no array is shown as its text" || { not_ok "non-array flows shown"; cat "$work/out"; }
+hdb hdeep "UPDATE events SET detail=? WHERE seq=4" '"{\"x\":" + "["*100000 + "]"*100000 + "}"'
+for args in "export" "export --netdev knodsim0" "events" "events --json" "events --gpu sim0" "show b1" "show b1 --json" "report --json" "sessions --json"; do
+    # shellcheck disable=SC2086
+    expect_rc 0 "audit $args with a detail nested 100,000 deep" -- "$cli" audit $args --db "$work/hdeep.db"
+done
+"$cli" audit export --db "$work/hdeep.db" >"$work/deep.jsonl" 2>/dev/null
+py 'import json,sys
+r = [json.loads(l) for l in open(sys.argv[1])][3]
+assert isinstance(r["detail"], str) and r["detail_text"] == r["detail"] and r["detail"].startswith("{\"x\":[[[")' "$work/deep.jsonl" \
+    && ok "a too-deep detail is exported as its text" || not_ok "too-deep detail export"
+expect_rc 1 "verify --export of the edited deep detail is exit 1, not a crash" -- "$cli" audit verify --export "$work/deep.jsonl"
+{ head -3 "$work/x.jsonl"; sed -n 4p "$work/x.jsonl" | py 'import sys; print(sys.stdin.read().strip().replace("\"detail\":{", "\"detail\":{\"x\":" + "["*100000 + "]"*100000 + ",", 1))'; } >"$work/deepline.jsonl"
+"$cli" audit verify --export "$work/deepline.jsonl" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "line 4: not a JSON object (nested deeper than" "$work/out" && ok "verify --export on a line nested 100,000 deep is exit 2" || { not_ok "deep export line: exit $rc"; head -c 300 "$work/out"; }
+# verify --export: repeated keys (nlohmann keeps the last value), unknown fields, an empty file,
+# and a session-ended line whose flat fields its grant line contradicts.
+"$cli" audit export --db "$work/h0.db" >"$work/h0.jsonl" 2>/dev/null
+expect_rc 0 "verify --export passes the untouched h0 export" -- "$cli" audit verify --export "$work/h0.jsonl"
+rewrite() { # rewrite OUT LINE PYTHON-EXPR-ON-TEXT-t
+    py 'import sys
+lines = open(sys.argv[1]).read().splitlines(); n = int(sys.argv[3]) - 1
+t = lines[n]; t2 = eval(sys.argv[4]); assert t2 != t, "no change"; lines[n] = t2
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")' "$work/h0.jsonl" "$@"; }
+for edit in 't.replace("\"netdev\":\"knodsim0\",\"policy\"", "\"netdev\":\"eth-evil\",\"netdev\":\"knodsim0\",\"policy\"")' \
+            't.replace(",\"netdev\":\"knodsim0\",\"gpu\":\"sim0\",\"flows\":[", ",\"netdev\":\"eth-evil\",\"netdev\":\"knodsim0\",\"gpu\":\"sim0\",\"flows\":[", 1)'; do
+    rewrite "$work/dupkey.jsonl" 2 "$edit" || not_ok "rewrite $edit"
+    "$cli" audit verify --export "$work/dupkey.jsonl" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 1 ] && grep -q "line 2 .*repeats a key" "$work/out" && ok "verify --export refuses a repeated key ($edit)" || { not_ok "repeated key: exit $rc ($edit)"; cat "$work/out"; }
+done
+rewrite "$work/unknown.jsonl" 2 't.replace("{\"event_id\"", "{\"comment\":\"x\",\"event_id\"", 1)'
+"$cli" audit verify --export "$work/unknown.jsonl" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "line 2: unknown field 'comment'" "$work/out" && ok "verify --export refuses an unknown field" || { not_ok "unknown field: exit $rc"; cat "$work/out"; }
+for field in netdev gpu flows; do
+    case $field in
+        netdev) edit='t.replace("\"netdev\":\"knodsim0\"", "\"netdev\":\"eth-evil\"", 1)' ;;
+        gpu) edit='t.replace("\"gpu\":\"sim0\"", "\"gpu\":\"gpu-evil\"", 1)' ;;
+        flows) edit='t.replace("\"flows\":[\"udp * -> *:5000\"]", "\"flows\":[\"udp * -> *:22\"]", 1)' ;;
+    esac
+    rewrite "$work/ended.jsonl" 3 "$edit"
+    "$cli" audit verify --export "$work/ended.jsonl" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 1 ] && grep -q "line 3 .*$field differs from the session its grant line records" "$work/out" \
+        && ok "verify --export checks a session-ended line's $field against its grant line" || { not_ok "session-ended $field: exit $rc"; cat "$work/out"; }
+done
+: >"$work/empty.jsonl"
+"$cli" audit verify --export "$work/empty.jsonl" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "no events" "$work/out" && ok "verify --export of an empty file is exit 2" || { not_ok "empty export: exit $rc"; cat "$work/out"; }
+# A stored newline or tab must not forge a table row or shift a column.
+hdb hnl "UPDATE sessions SET rule='r'||char(10)||'b9 0 forged', unit='u'||char(9)||'x' WHERE id='b1';UPDATE events SET reason=? WHERE seq=5" '"release\nforged"'
+for args in "sessions" "events" "show b1"; do
+    # shellcheck disable=SC2086
+    "$cli" audit $args --db "$work/hnl.db" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 0 ] && ! grep -q '^forged\|^b9 0 forged' "$work/out" && ! grep -q "$(printf '\t')" "$work/out" && grep -q 'r\\x0ab9 0 forged\|release\\x0aforged' "$work/out" \
+        && ok "audit $args escapes a stored newline and tab in its table" || { not_ok "audit $args newline: exit $rc"; cat "$work/out"; }
+done
+expect_rc 2 "a --uid past any uid is exit 2 (stoll threw: exit 134)" -- "$cli" audit events --db "$work/h0.db" --uid 99999999999999999999
+expect_rc 2 "--limit -1 is exit 2" -- "$cli" audit events --db "$work/h0.db" --limit -1
+expect_rc 2 "--limit 0 is exit 2" -- "$cli" audit sessions --db "$work/h0.db" --limit 0
+"$cli" audit events --db "$work/h0.db" --limit 2 --json >"$work/out.json" 2>/dev/null
+py 'import json,sys; assert len(json.load(open(sys.argv[1]))) == 2' "$work/out.json" && ok "--limit 2 gives two rows" || not_ok "--limit 2"
+# report --html: a private mode, and a symlink at the path is refused, never followed.
+rm -f "$work/r.html"; "$cli" audit report --db "$work/h0.db" --html "$work/r.html" >/dev/null 2>&1
+[ "$(stat -c %a "$work/r.html")" = 640 ] && ok "report --html writes the page 0640" || not_ok "report --html mode $(stat -c %a "$work/r.html")"
+echo keep >"$work/victim"; ln -sf "$work/victim" "$work/link.html"
+"$cli" audit report --db "$work/h0.db" --html "$work/link.html" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "symbolic link" "$work/out" && [ "$(cat "$work/victim")" = keep ] && ok "report --html refuses a symlink" || { not_ok "report --html symlink: exit $rc"; cat "$work/out"; }
+"$cli" audit show b1 --db "$work/h0.db" --json >"$work/out.json" 2>/dev/null
+py 'import json,sys; e=json.load(open(sys.argv[1]))["events"]; assert [x["seq"] for x in e] == [4, 5] and all(x["session"] == "b1" for x in e), e' "$work/out.json" \
+    && ok "audit show lists exactly its session's events" || not_ok "audit show events"
+
 # Policy files that crashed toml++ (a 50,000-part dotted key overflowed its stack: exit 139)
 # or nested without bound are refused with file:line:col.
 py 'import sys; open(sys.argv[1],"w").write("[settings]\na" + ".a"*50000 + " = 1\n")' "$work/dotted.toml"

@@ -5,6 +5,7 @@
 #include "daemon/journal/compact_json.h"
 #include "daemon/journal/export.h"
 #include "daemon/journal/vocabulary.h"
+#include "knod/json.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -327,10 +328,60 @@ TEST(ExportVerify, GapsOrderAndMalformedInput) {
     EXPECT_FALSE(c->ok);
     EXPECT_FALSE(check({"{\"seq\": 1}"}));
     EXPECT_FALSE(check({lines[0], "garbage"}));
+    // An empty export proves nothing: it is not "ok".
     c = check({});
+    ASSERT_FALSE(c);
+    EXPECT_NE(c.error().message.find("no events"), std::string::npos);
+}
+
+TEST(BoundedJson, RefusesDeepNestingOutsideStringsOnly) {
+    auto nested = [](std::size_t n) { return std::string(n, '[') + std::string(n, ']'); };
+    EXPECT_TRUE(knod::parse_json(nested(max_json_depth)).is_array());
+    EXPECT_TRUE(knod::parse_json(nested(max_json_depth + 1)).is_discarded());
+    EXPECT_TRUE(knod::parse_json("{\"x\":" + nested(100000) + "}").is_discarded());
+    // Brackets inside strings (escaped quotes included) are text, not nesting.
+    std::string in_string = "[\"\\\"" + std::string(1000, '[') + "\"]";
+    EXPECT_TRUE(knod::parse_json(in_string).is_array());
+    EXPECT_TRUE(knod::parse_json("not json").is_discarded());
+}
+
+TEST(BoundedJson, FindsARepeatedKeyAtAnyDepthOnly) {
+    bool dup = false;
+    EXPECT_TRUE(knod::parse_json(R"({"a":{"b":1,"c":2},"d":{"b":1}})", {.duplicate_key = &dup})
+                    .is_object());
+    EXPECT_FALSE(dup); // the same key in sibling objects is fine
+    knod::parse_json(R"({"a":1,"a":2})", {.duplicate_key = &dup});
+    EXPECT_TRUE(dup);
+    knod::parse_json(R"({"x":[{"n":"eth-evil","n":"knodsim0"}]})", {.duplicate_key = &dup});
+    EXPECT_TRUE(dup);
+}
+
+TEST(ExportVerify, ADetailTooDeepToParseIsExportedAsTextAndStillVerifies) {
+    std::string deep = "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+    auto lines = export_chain({event(1, R"({"netdev":"n"})"), event(2, deep)});
+    auto r = knod::parse_json(lines[1]);
+    ASSERT_TRUE(r.is_object());
+    EXPECT_EQ(r["detail"], deep);
+    EXPECT_EQ(r["detail_text"], deep);
+    auto c = check(lines);
+    ASSERT_TRUE(c) << c.error().message;
+    EXPECT_TRUE(c->ok) << c->problem;
+}
+
+TEST(ExportVerify, RepeatedKeysAndUnknownFieldsAreRefused) {
+    auto lines = export_chain({event(1, R"({"gpu":"g","netdev":"knodsim0"})")});
+    ASSERT_TRUE(check(lines)->ok);
+    auto edited = lines[0];
+    auto at = edited.find(R"("netdev":"knodsim0")");
+    ASSERT_NE(at, std::string::npos);
+    edited.insert(at, R"("netdev":"eth-evil",)");
+    auto c = check({edited});
     ASSERT_TRUE(c);
-    EXPECT_TRUE(c->ok);
-    EXPECT_EQ(c->events, 0);
+    EXPECT_FALSE(c->ok);
+    EXPECT_NE(c->problem.find("repeats a key"), std::string::npos) << c->problem;
+    auto extra = lines[0];
+    extra.insert(1, R"("note":"x",)");
+    EXPECT_FALSE(check({extra}));
 }
 
 TEST(FilterValues, UnknownValuesAreNamedWithTheAcceptedOnes) {
