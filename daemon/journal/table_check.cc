@@ -215,7 +215,7 @@ std::string end_literal(const std::array<Cell, end_columns.size()> &end) {
 
 nlohmann::json object_in(const std::optional<std::string> &detail, const char *key) {
     if (!detail) return {};
-    auto d = nlohmann::json::parse(*detail, nullptr, false);
+    auto d = knod::parse_json(*detail);
     if (!d.is_object()) return {};
     auto it = d.find(key);
     return it != d.end() && it->is_object() ? *it : nlohmann::json();
@@ -438,7 +438,7 @@ Result<void> TableCheck::event(std::int64_t seq, const Event &e) {
         return {};
     }
     if (e.kind == kind::daemon_start || e.kind == kind::reload || e.kind == kind::prune) {
-        auto d = e.detail ? nlohmann::json::parse(*e.detail, nullptr, false) : nlohmann::json();
+        auto d = e.detail ? knod::parse_json(*e.detail) : nlohmann::json();
         if (!d.is_object()) {
             if (e.kind == kind::prune)
                 report(seq, ev + " (retention-prune): its detail is not a JSON object (malformed)");

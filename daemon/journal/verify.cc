@@ -6,6 +6,7 @@
 #include "daemon/journal/sqlite.h"
 #include "daemon/journal/table_check.h"
 
+#include "knod/json.h"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -43,7 +44,13 @@ Result<std::optional<Anchor>> read_anchor(const std::string &path) {
     auto bad = [&](const std::string &why) {
         return make_error(Errc::corrupt, "the anchor file " + path + " is malformed: " + why);
     };
-    auto j = nlohmann::json::parse(in, nullptr, false);
+    // The daemon writes ~100 bytes; anything much longer is not its anchor (and is never
+    // parsed whole, nor nested deep enough to exhaust the stack).
+    std::string text(4096, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    if (!in.eof()) return bad("longer than 4 KiB");
+    auto j = knod::parse_json(text);
     if (!j.is_object()) return bad("not a JSON object");
     auto seq = j.find("seq");
     auto hash = j.find("hash");
@@ -209,7 +216,7 @@ Result<std::optional<std::string>> changed_table(Database &db) {
 // object the journal writes.
 std::optional<std::int64_t> pruned_through_of(const std::optional<std::string> &detail) {
     if (!detail) return std::nullopt;
-    auto d = nlohmann::json::parse(*detail, nullptr, false);
+    auto d = knod::parse_json(*detail);
     if (!d.is_object()) return std::nullopt;
     auto it = d.find("pruned_through");
     if (it == d.end() || !it->is_number_integer()) return std::nullopt;

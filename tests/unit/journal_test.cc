@@ -998,6 +998,35 @@ TEST_F(JournalTest, AMalformedPruneDetailIsAFailureNotACrash) {
     }
 }
 
+// Details and anchors nested 100,000 deep (a chain rewritten by someone who can): nlohmann
+// parses them, but would destroy them recursively and overflow the stack. Verify answers.
+TEST_F(JournalTest, DeeplyNestedDetailsAndAnchorsAreAnswersNotCrashes) {
+    std::string deep = "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+    for (const char *k : {kind::prune, kind::daemon_start, kind::granted}) {
+        fs::remove(path_);
+        fs::remove(anchor_path(path_));
+        {
+            auto j = std::move(Journal::open(path_)).value();
+            Event e;
+            e.kind = k;
+            e.detail = deep;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        auto r = verify_chain(path_);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        if (std::string(k) == kind::prune) {
+            EXPECT_FALSE(r->ok);
+        }
+    }
+    {
+        std::ofstream out(anchor_path(path_), std::ios::trunc);
+        out << deep;
+    }
+    auto r = verify_chain(path_);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("malformed"), std::string::npos) << r.error().message;
+}
+
 // Many sessions, some left open by a crash and closed at the next start, a prune: intact.
 TEST_F(JournalTest, ManySessionsARestartAndAPruneStillVerify) {
     {
