@@ -145,7 +145,8 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
                                                 ": " + ec.message());
         }
     }
-    auto db = Database::open(file_uri(open_path, query), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+    std::string uri = file_uri(open_path, query);
+    auto db = Database::open(uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
     if (!db)
         return make_error(db.error().code,
                           "cannot open the journal " + path + ": " + db.error().message);
@@ -153,7 +154,11 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
     if (!ok)
         return make_error(Errc::corrupt, path + " is not a knod journal: " + ok.error().message);
     if (*ok != 2) return make_error(Errc::corrupt, path + " is not a knod journal");
-    return ReadOnlyJournal(std::move(copy), std::move(*db));
+    return ReadOnlyJournal(std::move(copy), std::move(uri), std::move(*db));
+}
+
+Result<Database> ReadOnlyJournal::another_connection() const {
+    return Database::open(uri_, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
 }
 
 Result<JournalReader> JournalReader::open(const std::string &path) {

@@ -79,12 +79,16 @@ class ReadOnlyJournal {
   public:
     static Result<ReadOnlyJournal> open(const std::string &path);
     Database &db() { return db_; }
+    // A second read-only connection to the same file (or private copy), for work on another
+    // thread; it must be closed before this object goes.
+    Result<Database> another_connection() const;
 
   private:
     struct PrivateCopy; // a temporary directory, removed with everything in it
-    ReadOnlyJournal(std::shared_ptr<PrivateCopy> copy, Database db)
-        : copy_(std::move(copy)), db_(std::move(db)) {}
+    ReadOnlyJournal(std::shared_ptr<PrivateCopy> copy, std::string uri, Database db)
+        : copy_(std::move(copy)), uri_(std::move(uri)), db_(std::move(db)) {}
     std::shared_ptr<PrivateCopy> copy_; // declared first: outlives the connection
+    std::string uri_;
     Database db_;
 };
 

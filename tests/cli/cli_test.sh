@@ -151,6 +151,18 @@ tamper_table "an edited hostname" "UPDATE meta SET value='elsewhere' WHERE key='
 other=$(printf 'x' | sha256sum | cut -c1-64)
 tamper_table "a policy no event names" "INSERT INTO policies VALUES ('$other', 'x', 5)" "policy '$other': named by no policy load in the chain (inserted)"
 tamper_table "a junk checkpoint" "INSERT INTO checkpoints VALUES (-5, x'00', 0, 0)" "checkpoint at event -5"
+# The second round (#16): the schema beside the tables. An index built from another definition
+# whose stored text was then rewritten to the expected one answers `audit show`, `sessions
+# --uid` and `report` wrongly; an added trigger would run in the daemon's next write.
+tamper_table "an expression index rewritten in sqlite_master" "DROP INDEX events_session; CREATE INDEX events_session ON events (CASE WHEN seq=9 THEN 'b2' WHEN seq=7 THEN 'zz' ELSE session_id END); PRAGMA writable_schema=ON; UPDATE sqlite_master SET sql='CREATE INDEX events_session ON events (session_id)' WHERE name='events_session'" "SQLite's integrity check fails"
+tamper_table "a partial index rewritten in sqlite_master" "DROP INDEX sessions_uid_started; CREATE INDEX sessions_uid_started ON sessions (uid, started_us) WHERE uid<>1002; PRAGMA writable_schema=ON; UPDATE sqlite_master SET sql='CREATE INDEX sessions_uid_started ON sessions (uid, started_us)' WHERE name='sessions_uid_started'" "SQLite's integrity check fails"
+tamper_table "a partial index left as written" "DROP INDEX events_at; CREATE INDEX events_at ON events (at_us) WHERE kind <> 'revoke'" "the events_at index is not defined as schema version 4 defines it"
+tamper_table "an added trigger" "CREATE TRIGGER t1 AFTER INSERT ON events BEGIN DELETE FROM sessions; END" "the t1 trigger is not part of schema version 4 (added: tampered)"
+tamper_table "an added view" "CREATE VIEW v AS SELECT 1" "the v view is not part of schema version 4 (added: tampered)"
+tamper_table "an added table" "CREATE TABLE extra (x)" "the extra table is not part of schema version 4 (added: tampered)"
+cp "$work/c.db" "$work/t.db"; cp "$work/c.db.anchor" "$work/t.db.anchor"
+sqlite3 "$work/t.db" "DROP TRIGGER events_no_update; DROP INDEX events_at; ANALYZE"
+expect_rc 0 "audit verify: a dropped index or append-only trigger and ANALYZE's statistics change no answer" -- "$cli" audit verify --db "$work/t.db" --no-system-journal
 
 # audit policy (#16, 3): the text of the policy a digest names, and every stored policy.
 "$cli" audit policy --db "$work/c.db" "$digest" >"$work/out" 2>&1
@@ -434,7 +446,7 @@ c.executescript(sys.argv[3])
 shutil.copy(sys.argv[1], sys.argv[2] + "/journal.db"); shutil.copy(sys.argv[1] + "-wal", sys.argv[2] + "/journal.db-wal")
 c.close()' "$work/wal-src.db" "$1" "$2"
     rm -f "$work/wal-src.db" "$work/wal-src.db-wal" "$work/wal-src.db-shm"; }
-wal_copy "$work/wal-ok" "CREATE TABLE scratch (x); INSERT INTO scratch VALUES (1);"
+wal_copy "$work/wal-ok" "ANALYZE;" # a change only in the -wal that alters no answer
 wal_copy "$work/wal-bad" "DROP TRIGGER events_no_update; UPDATE events SET reason='release' WHERE seq=9;"
 [ -s "$work/wal-ok/journal.db-wal" ] && [ ! -e "$work/wal-ok/journal.db-shm" ] || not_ok "the -wal copy fixture has no -wal or has a -shm"
 expect_rc 0 "audit verify passes a -wal copy with no -shm" -- "$cli" audit verify --db "$work/wal-ok/journal.db"
@@ -444,7 +456,7 @@ for d in wal-ok wal-bad; do
     [ "$(ls -A "$work/$d" | tr '\n' ' ')" = "journal.db journal.db-wal journal.db.anchor " ] && ok "nothing created beside $d" || not_ok "files appeared beside $d: $(ls -A "$work/$d")"
 done
 if [ "$(id -u)" -eq 0 ] && unshare -m true 2>/dev/null; then
-    wal_copy "$work/wal-ro" "CREATE TABLE scratch (x);"
+    wal_copy "$work/wal-ro" "ANALYZE;"
     unshare -m sh -c 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && exec "$2" audit verify --db "$1/journal.db"' - "$work/wal-ro" "$cli" >"$work/out" 2>&1; rc=$?
     [ "$rc" -eq 0 ] && ok "audit verify passes a -wal copy on a read-only bind mount" || { not_ok "-wal copy on a read-only mount (exit $rc)"; cat "$work/out"; }
 fi
