@@ -375,15 +375,19 @@ void print_tables(const journal::VerifyReport &r) {
                  "stored\n";
 }
 
-// The system journal's part of verify: nullopt when it was not read (skipped, or unreadable
-// and not asked for by name: `note` says why); an error when asked for by name and unreadable.
+// The system journal's part of verify. `copies` holds this journal's chain-head copies once
+// read; without them (skipped, or unreadable and not asked for by name) `note` says why; an
+// error when asked for by name and unreadable. `check` is filled once the snapshot is verified.
 struct SystemJournalPart {
+    std::optional<std::vector<journal::AnchorCopy>> copies;
     std::optional<journal::SystemJournalCheck> check;
     std::string source;
     std::string note;
 };
 
-Result<SystemJournalPart> check_system_journal(const Options &o) {
+// Reads the copies before verify takes its snapshot: the daemon sends a head only after
+// committing it, so no copy read here can be ahead of an intact database.
+Result<SystemJournalPart> read_system_journal(const Options &o, journal::Database &db) {
     SystemJournalPart part;
     journal::SystemJournalSource source{o.system_journal_dir, o.system_journal_files};
     part.source = source.describe();
@@ -397,22 +401,17 @@ Result<SystemJournalPart> check_system_journal(const Options &o) {
         part.note = "not checked: " + e.message;
         return part;
     };
-    // The id first, the copies next, the database's snapshot last: the daemon sends a head only
-    // after committing it, so no copy read here can be ahead of an intact database.
-    auto reader = journal::JournalReader::open(o.db);
-    if (!reader) return reader.error();
-    auto id = reader->identity();
+    auto id = journal::read_identity(db);
     if (!id) return id.error();
     if (id->journal_id.empty()) {
         // Schema 4 makes the id with the table: a newer journal without one had it deleted.
-        std::int64_t version = 0;
-        if (auto j = journal::ReadOnlyJournal::open(o.db))
-            if (auto v = j->db().scalar("PRAGMA user_version")) version = *v;
-        if (version >= 4) // verify reports it as tampering; here it only means unread
+        auto version = db.scalar("PRAGMA user_version");
+        if (!version) return version.error();
+        if (*version >= 4) // verify reports it as tampering; here it only means unread
             return unread(make_error(
                 Errc::corrupt, "the journal has no id in its meta table although its schema "
                                "(version " +
-                                   std::to_string(version) +
+                                   std::to_string(*version) +
                                    ") makes one (deleted: tampered), so its copies in the system "
                                    "journal cannot be found"));
         return unread(make_error(Errc::unsupported,
@@ -421,9 +420,7 @@ Result<SystemJournalPart> check_system_journal(const Options &o) {
     }
     auto copies = journal::read_anchor_copies(source, id->journal_id);
     if (!copies) return unread(copies.error());
-    auto check = journal::check_anchor_copies(o.db, *copies);
-    if (!check) return check.error();
-    part.check = *check;
+    part.copies = std::move(*copies);
     return part;
 }
 
@@ -438,13 +435,22 @@ int verify(const Options &o) {
                      static_cast<long long>(total), static_cast<long long>(done * 100 / total));
         std::fflush(stderr);
     };
-    auto system = check_system_journal(o);
+    // One connection for all of it (a copy with a -wal but no -shm is copied once, not per
+    // check), and the copies compared with the very snapshot the chain walk verified.
+    auto opened = journal::ReadOnlyJournal::open(o.db);
+    if (!opened) return fail(o, "verify", opened.error());
+    auto system = read_system_journal(o, opened->db());
     if (!system) return fail(o, "verify", system.error());
-    auto report = journal::verify_chain(o.db, progress, o.anchor,
+    auto report = journal::verify_chain(*opened, o.db, progress, o.anchor,
                                         o.no_anchor ? journal::AnchorUse::ignore
                                                     : journal::AnchorUse::require);
     if (tty) std::cerr << "\n";
     if (!report) return fail(o, "verify", report.error());
+    if (system->copies) {
+        auto check = journal::check_anchor_copies(opened->db(), o.db, *system->copies);
+        if (!check) return fail(o, "verify", check.error());
+        system->check = std::move(*check);
+    }
     const auto &sys = system->check;
     bool ok = report->ok && (!sys || sys->ok);
     nlohmann::json sys_json{{"checked", sys.has_value()}, {"source", system->source}};

@@ -128,12 +128,10 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
     return out;
 }
 
-Result<SystemJournalCheck> check_anchor_copies(const std::string &db_path,
+Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &db_path,
                                                const std::vector<AnchorCopy> &copies) {
-    auto journal = ReadOnlyJournal::open(db_path);
-    if (!journal) return journal.error();
-    Database &db = journal->db();
-    if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
+    if (sqlite3_get_autocommit(db.get()))
+        if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
     auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
     if (!first) return std::move(first).error().context(db_path + ": not a knod journal");
     auto last = db.scalar("SELECT coalesce(max(seq), 0) FROM events");

@@ -5,6 +5,7 @@
 // files, or named files gathered from a host) and compares each with the database.
 #pragma once
 
+#include "daemon/journal/sqlite.h"
 #include "knod/result.h"
 
 #include <cstdint>
@@ -45,11 +46,13 @@ struct SystemJournalCheck {
     std::string problem;
 };
 
-// Compares each copy with the database at `db_path` (read-only, one snapshot): a copy beyond the
-// last event means the database lost its tail (truncated or rolled back), a copy whose hash
-// differs means the event was rewritten, a copy below the first remaining event was pruned.
-// Read the copies before calling: the daemon sends a head only after committing it.
-Result<SystemJournalCheck> check_anchor_copies(const std::string &db_path,
+// Compares each copy with the journal `db` (read-only, one snapshot: begun here unless the
+// caller's transaction is open, e.g. the one verify_chain() leaves; `name` names it in
+// messages): a copy beyond the last event means the database lost its tail (truncated or rolled
+// back), a copy whose hash differs means the event was rewritten, a copy below the first
+// remaining event was pruned. Read the copies before the snapshot begins: the daemon sends a
+// head only after committing it.
+Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &name,
                                                const std::vector<AnchorCopy> &copies);
 
 } // namespace knod::journal

@@ -269,9 +269,17 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
                                   const std::string &anchor_file, AnchorUse use) {
     auto journal = ReadOnlyJournal::open(path);
     if (!journal) return journal.error();
+    return verify_chain(*journal, path, progress, anchor_file, use);
+}
+
+Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &path,
+                                  const VerifyProgress &progress, const std::string &anchor_file,
+                                  AnchorUse use) {
+    ReadOnlyJournal *journal = &opened;
     Database *db = &journal->db();
     // One read transaction, so a live daemon appending meanwhile does not move the ground.
-    if (auto r = db->exec("BEGIN"); !r) return std::move(r).error().context(path);
+    if (sqlite3_get_autocommit(db->get()))
+        if (auto r = db->exec("BEGIN"); !r) return std::move(r).error().context(path);
     auto total = db->scalar("SELECT count(*) FROM events");
     if (!total) return std::move(total).error().context(path + ": not a knod journal");
     auto changed = changed_schema(*db);

@@ -4,6 +4,7 @@
 // (table_check.h).
 #pragma once
 
+#include "daemon/journal/reader.h"
 #include "knod/result.h"
 
 #include <cstdint>
@@ -45,6 +46,14 @@ using VerifyProgress = std::function<void(std::int64_t done, std::int64_t total)
 // was truncated; one whose event differs from the anchor was rewritten; with AnchorUse::require
 // a missing anchor is a failure. A malformed or unreadable anchor file is an error.
 Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {},
+                                  const std::string &anchor = {},
+                                  AnchorUse use = AnchorUse::require);
+
+// The same on a journal the caller opened (`path` names it in messages and places the default
+// anchor). The reads share one transaction, begun here unless the caller began one, and left
+// open: whatever the caller reads next on this connection sees the snapshot that was verified.
+Result<VerifyReport> verify_chain(ReadOnlyJournal &journal, const std::string &path,
+                                  const VerifyProgress &progress = {},
                                   const std::string &anchor = {},
                                   AnchorUse use = AnchorUse::require);
 
