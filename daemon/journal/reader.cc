@@ -94,6 +94,20 @@ std::string limit_sql(const Filter &f) {
 
 } // namespace
 
+Event event_from_row(const Statement &st) {
+    Event e;
+    e.at_us = st.int64(1);
+    e.kind = st.text(2);
+    e.session_id = st.opt_text(3);
+    e.uid = st.opt_int64(4);
+    e.pid = st.opt_int64(5);
+    e.rule = st.opt_text(6);
+    e.decision = st.opt_text(7);
+    e.reason = st.opt_text(8);
+    e.detail = st.opt_text(9);
+    return e;
+}
+
 struct ReadOnlyJournal::PrivateCopy {
     std::string dir;
     ~PrivateCopy() {
@@ -215,15 +229,7 @@ Result<void> JournalReader::events(const Filter &f,
         if (!*row) return {};
         EventRecord e;
         e.seq = st->int64(0);
-        e.event.at_us = st->int64(1);
-        e.event.kind = st->text(2);
-        e.event.session_id = st->opt_text(3);
-        e.event.uid = st->opt_int64(4);
-        e.event.pid = st->opt_int64(5);
-        e.event.rule = st->opt_text(6);
-        e.event.decision = st->opt_text(7);
-        e.event.reason = st->opt_text(8);
-        e.event.detail = st->opt_text(9);
+        e.event = event_from_row(*st);
         for (auto [column, hash] : {std::pair{10, &e.prev_hash}, std::pair{11, &e.hash}}) {
             std::string h = st->blob(column);
             if (h.size() == hash->size()) std::copy(h.begin(), h.end(), hash->begin());

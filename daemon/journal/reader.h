@@ -74,6 +74,10 @@ struct Report {
     std::vector<std::pair<std::int64_t, Tally>> timeline; // hour start (us), only hours with counts
 };
 
+// The columns after seq of a row of "SELECT seq, at_us, kind, session_id, uid, pid, rule,
+// decision, reason, detail, ... FROM events": the event as stored.
+Event event_from_row(const Statement &st);
+
 // A journal opened read-only as described above; removes its private copy, if any, on close.
 class ReadOnlyJournal {
   public:

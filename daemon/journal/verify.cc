@@ -337,16 +337,7 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
         std::int64_t seq = st->int64(0);
         // Before any read: reading converts the value the statement holds.
         std::string mistyped = mistyped_column(*st);
-        Event e;
-        e.at_us = st->int64(1);
-        e.kind = st->text(2);
-        e.session_id = st->opt_text(3);
-        e.uid = st->opt_int64(4);
-        e.pid = st->opt_int64(5);
-        e.rule = st->opt_text(6);
-        e.decision = st->opt_text(7);
-        e.reason = st->opt_text(8);
-        e.detail = st->opt_text(9);
+        Event e = event_from_row(*st);
         if (first_row) {
             first_row = false;
             report.first_seq = seq;

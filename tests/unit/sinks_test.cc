@@ -54,6 +54,27 @@ std::map<std::string, std::string> fields_of(const std::string &datagram) {
     return out;
 }
 
+// `rec` as the journald sink sends it, captured in a child (capture()): the datagram's fields,
+// and the child's wait status.
+std::map<std::string, std::string> journald_fields(const sinks::SinkRecord &rec, int &status) {
+    int p[2];
+    if (pipe(p) != 0) return {};
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        capture(p[1], rec);
+    }
+    close(p[1]);
+    std::string got;
+    char buf[8192];
+    ssize_t n;
+    while ((n = read(p[0], buf, sizeof buf)) > 0)
+        got.append(buf, static_cast<std::size_t>(n));
+    close(p[0]);
+    waitpid(pid, &status, 0);
+    return fields_of(got);
+}
+
 } // namespace
 
 TEST(Sinks, JournaldEntryCarriesTheFields) {
@@ -67,24 +88,9 @@ TEST(Sinks, JournaldEntryCarriesTheFields) {
     rec.event.reason = "denied by rule 'no-guests'";
     rec.netdev = "eth2";
     rec.gpu = "0000:c1:00.0";
-    int p[2];
-    ASSERT_EQ(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        capture(p[1], rec);
-    }
-    close(p[1]);
-    std::string got;
-    char buf[8192];
-    ssize_t n;
-    while ((n = read(p[0], buf, sizeof buf)) > 0)
-        got.append(buf, static_cast<std::size_t>(n));
-    close(p[0]);
     int status = 0;
-    waitpid(pid, &status, 0);
+    auto f = journald_fields(rec, status);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-    auto f = fields_of(got);
     EXPECT_EQ(f["MESSAGE_ID"], sinks::JournaldSink::message_id(journal::kind::denied));
     EXPECT_NE(f["MESSAGE_ID"], sinks::JournaldSink::message_id(journal::kind::granted));
     EXPECT_EQ(f["KNOD_EVENT"], "request-denied");
@@ -106,24 +112,9 @@ TEST(Sinks, AnchorRecordsCarryTheJournalIdentity) {
     rec.event.detail = R"({"journal_id":"0123456789abcdef0123456789abcdef",)"
                        R"("path":"/var/lib/knod-policy/journal.db","seq":42,"hash":")" +
                        std::string(64, 'a') + "\"}";
-    int p[2];
-    ASSERT_EQ(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        capture(p[1], rec);
-    }
-    close(p[1]);
-    std::string got;
-    char buf[8192];
-    ssize_t n;
-    while ((n = read(p[0], buf, sizeof buf)) > 0)
-        got.append(buf, static_cast<std::size_t>(n));
-    close(p[0]);
     int status = 0;
-    waitpid(pid, &status, 0);
+    auto f = journald_fields(rec, status);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-    auto f = fields_of(got);
     EXPECT_EQ(f["KNOD_EVENT"], "journal-anchor");
     EXPECT_EQ(f["KNOD_JOURNAL_ID"], "0123456789abcdef0123456789abcdef");
     EXPECT_EQ(f["KNOD_JOURNAL_PATH"], "/var/lib/knod-policy/journal.db");
