@@ -42,12 +42,7 @@ struct Child {
         if (pid == 0) {
             dup2(i[0], 0);
             dup2(o[1], 1);
-            std::vector<char *> args;
-            for (auto &a : argv)
-                args.push_back(const_cast<char *>(a.c_str()));
-            args.push_back(nullptr);
-            execvp(args[0], args.data());
-            _exit(127);
+            exec_argv(argv);
         }
         close(o[1]);
         close(i[0]);

@@ -151,6 +151,16 @@ class RestartTest : public ::testing::Test {
 
     std::string sql(const std::string &q) { return sandbox_->sql(q); }
     // `knod-policy audit verify` on the journal, as an auditor runs it.
+    // A stop that ends everything (as without systemd) exits 0 and leaves a journal that
+    // verifies whole; the daemon is started again for the teardown.
+    bool plain_stop_verifies() {
+        sandbox_->set_notify_socket({});
+        bool stopped = sandbox_->stop_daemon(SIGTERM) == 0;
+        bool verifies = chain_verifies();
+        sandbox_->start_daemon();
+        return stopped && verifies;
+    }
+
     bool chain_verifies() const {
         std::string cmd = std::string(KNOD_CLI_BIN) + " audit verify --db " + sandbox_->journal() +
                           " >/dev/null 2>&1";
@@ -384,10 +394,7 @@ TEST_F(RestartTest, TheJournalChainVerifiesAfterARestartWithAdoption) {
             return why == "process-exit" || why == "disconnect";
         },
         10000));
-    sandbox_->set_notify_socket({});
-    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
-    EXPECT_TRUE(chain_verifies());
-    sandbox_->start_daemon();
+    EXPECT_TRUE(plain_stop_verifies());
 }
 
 // A daemon killed after it took bindings back (the handoff rows are gone, systemd still holds
@@ -415,10 +422,7 @@ TEST_F(RestartTest, ACrashAfterAdoptionEndsTheSessionsOnceAtTheNextStart) {
         store_.drain();
         return store_.size() == 0;
     }));
-    sandbox_->set_notify_socket({});
-    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
-    EXPECT_TRUE(chain_verifies());
-    sandbox_->start_daemon();
+    EXPECT_TRUE(plain_stop_verifies());
 }
 
 // A journal that cannot take the handoff at the stop (locked: SQLite busy): nothing is handed
@@ -441,10 +445,7 @@ TEST_F(RestartTest, AJournalFailureAtTheStopHandsNothingOver) {
     EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='session-ended' AND session_id='" +
                   h.id() + "'"),
               "1");
-    sandbox_->set_notify_socket({});
-    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
-    EXPECT_TRUE(chain_verifies());
-    sandbox_->start_daemon();
+    EXPECT_TRUE(plain_stop_verifies());
 }
 
 // A key that expired while no daemon ran is not taken back: its binding ends at the start

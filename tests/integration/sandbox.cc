@@ -18,6 +18,16 @@
 namespace fs = std::filesystem;
 
 namespace knod::test {
+
+void exec_argv(const std::vector<std::string> &argv) {
+    std::vector<char *> args;
+    for (auto &a : argv)
+        args.push_back(const_cast<char *>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+}
+
 namespace {
 
 pid_t spawn(const std::vector<std::string> &argv, int stdin_fd = -1, int stdout_fd = -1,
@@ -30,12 +40,7 @@ pid_t spawn(const std::vector<std::string> &argv, int stdin_fd = -1, int stdout_
         int fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) dup2(fd, 2);
     }
-    std::vector<char *> args;
-    for (auto &a : argv)
-        args.push_back(const_cast<char *>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
+    exec_argv(argv);
 }
 
 std::vector<std::string> as_uid(uid_t uid, std::vector<std::string> argv) {
@@ -161,12 +166,7 @@ void Sandbox::start_daemon() {
         }
         int log = open((dir_ + "/daemon.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (log >= 0) dup2(log, 2);
-        std::vector<char *> args;
-        for (auto &a : argv)
-            args.push_back(const_cast<char *>(a.c_str()));
-        args.push_back(nullptr);
-        execvp(args[0], args.data());
-        _exit(127);
+        exec_argv(argv);
     }
     bool up = eventually(
         [&] {

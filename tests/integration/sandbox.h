@@ -12,6 +12,9 @@
 
 namespace knod::test {
 
+// In a forked child: runs argv (searched in PATH), or exits 127.
+[[noreturn]] void exec_argv(const std::vector<std::string> &argv);
+
 struct Output {
     int status = -1;
     std::string out;

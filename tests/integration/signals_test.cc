@@ -73,12 +73,7 @@ class Process {
             dup2(in[0], 0);
             dup2(out[1], 1);
             dup2(out[1], 2);
-            std::vector<char *> args;
-            for (auto &a : full)
-                args.push_back(const_cast<char *>(a.c_str()));
-            args.push_back(nullptr);
-            execvp(args[0], args.data());
-            _exit(127);
+            exec_argv(full);
         }
         close(in[0]);
         close(out[1]);
