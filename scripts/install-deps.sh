@@ -24,6 +24,9 @@ packages=(
   systemd-journal-remote
   # packaging and its test: the Debian package, its lint, polkit, the unit checks
   debhelper dpkg-dev lintian polkitd systemd man-db bash-completion git
+  # live-kernel and whole-system tests (tests/vm): QEMU, a kernel's modules, an initramfs, a
+  # Debian root filesystem
+  qemu-system-x86 mmdebstrap busybox-static cpio kmod pciutils ethtool e2fsprogs
 )
 export DEBIAN_FRONTEND=noninteractive
 stamp=/var/lib/apt/periodic/update-success-stamp
