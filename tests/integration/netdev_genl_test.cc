@@ -4,6 +4,7 @@
 // PCI NIC and a real dma-buf exist (the QEMU run, tests/vm/devmem.sh) the kernel's answers and
 // their hints are checked per kernel. Also the rtnetlink inventory on the same veth. The
 // namespace is removed even when a test fails.
+#include "bpf/flow_filter.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/dma_device.h"
 #include "daemon/driver/netdev_genl.h"
@@ -24,6 +25,7 @@
 #include <arpa/inet.h>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -209,6 +211,32 @@ TEST(NetdevGenl, NoNetdevWithoutAPciParentReachesTheKernel) {
     EXPECT_GT(refused, 0) << "lo at least has no parent";
 }
 
+// queue-get on every netdev that is up (the kernel lists only those) names as many RX queues as
+// sysfs has rx-N entries: e1000e, virtio-net and netdevsim in the QEMU run, eth0 and lo here.
+TEST(NetdevGenl, QueueGetAnswersForEveryNetdevThatIsUp) {
+    auto nl = NetdevGenl::open();
+    ASSERT_TRUE(nl) << nl.error().message;
+    int checked = 0;
+    for (auto &n : all_netdevs()) {
+        std::string dir = "/sys/class/net/" + n.netdev;
+        std::ifstream flags_file(dir + "/flags");
+        unsigned long flags = 0;
+        if (!(flags_file >> std::hex >> flags) || !(flags & IFF_UP)) continue;
+        long sysfs_rx = 0;
+        std::error_code ec;
+        for (auto &e : std::filesystem::directory_iterator(dir + "/queues", ec))
+            sysfs_rx += e.path().filename().string().rfind("rx-", 0) == 0;
+        auto queues = nl->queues(static_cast<int>(if_nametoindex(n.netdev.c_str())));
+        ASSERT_TRUE(queues) << n.netdev << ": " << queues.error().message;
+        long rx = std::count_if(queues->begin(), queues->end(),
+                                [](auto &q) { return q.type == NetdevQueue::Type::rx; });
+        std::cout << "# " << n.netdev << ": " << rx << " RX queue(s)\n";
+        EXPECT_EQ(rx, sysfs_rx) << n.netdev;
+        ++checked;
+    }
+    EXPECT_GT(checked, 0) << "lo is up";
+}
+
 // netdevsim ("echo '1 1 4' > /sys/bus/netdevsim/new_device") has a bus device but no DMA mask:
 // queue-get answers, bind-rx and the devmem driver's request-time check refuse it.
 TEST(NetdevGenl, NetdevsimAnswersQueueGetAndIsNeverBound) {
@@ -298,6 +326,26 @@ TEST(NetdevGenl, BindRxOnAPciNicAnswersPerKernelWithMatchingHints) {
         EXPECT_TRUE(einval || (has(not_dmabuf, no_qmgmt) && has(not_dmabuf, no_qmgmt_hint)))
             << not_dmabuf;
     }
+
+    // An XDP program on the device (the flow filter, generic XDP on e1000e): 6.12 refuses before
+    // it maps the dma-buf.
+    std::string pins = "/sys/fs/bpf/knod-genl-" + std::to_string(getpid());
+    {
+        bpf::FilterOptions o;
+        o.pin_root = pins;
+        auto filter = bpf::FlowFilter::attach(nic->netdev, o);
+        ASSERT_TRUE(filter) << filter.error().message;
+        std::string xdp = answer("queue 0 + dma-buf, XDP attached", 0, dmabuf);
+        bool eexist = has(xdp, "File exists") && has(xdp, "XDP program attached") &&
+                      has(xdp, "an XDP program is attached to the device");
+        if (kernel_6_12()) {
+            EXPECT_TRUE(eexist) << xdp;
+        } else {
+            EXPECT_TRUE(eexist || (has(xdp, no_qmgmt) && has(xdp, no_qmgmt_hint))) << xdp;
+        }
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(pins, ec);
     close(dmabuf);
 }
 
