@@ -11,15 +11,18 @@
 
 namespace knod::driver {
 
-Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths) {
+Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths, DeviceCheck check) {
     auto probe = NetdevGenl::open();
     if (!probe) return std::move(probe).error();
-    return std::unique_ptr<DevmemDriver>(new DevmemDriver(std::move(paths), std::move(*probe)));
+    return std::unique_ptr<DevmemDriver>(
+        new DevmemDriver(std::move(paths), std::move(*probe), std::move(check)));
 }
 
 Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan) {
     int ifindex = static_cast<int>(if_nametoindex(plan.netdev.c_str()));
     if (ifindex == 0) return make_error(Errc::driver_failure, "devmem: no netdev " + plan.netdev);
+    // At request time already, not only at activation: a netdev bind-rx can never succeed on.
+    if (auto dma = check_(ifindex); !dma) return std::move(dma).error();
     // Refuse flows the NIC cannot steer now, not at activation.
     for (auto &f : plan.flows)
         for (auto family : {policy::Family::ipv4, policy::Family::ipv6})

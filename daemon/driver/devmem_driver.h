@@ -5,10 +5,12 @@
 // closes the socket, which makes the kernel unbind.
 #pragma once
 
+#include "daemon/driver/dma_device.h"
 #include "daemon/driver/driver.h"
 #include "daemon/driver/hardware_inventory.h"
 #include "daemon/driver/netdev_genl.h"
 
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -16,8 +18,13 @@ namespace knod::driver {
 
 class DevmemDriver : public Driver {
   public:
+    // Whether a netdev may carry a binding at all: require_dma_device, asked at attach (request
+    // time). Tests of queue reservation on veth pass one that lets it through; bind-rx itself
+    // checks again whatever this says.
+    using DeviceCheck = std::function<Result<void>(int ifindex)>;
     // Fails when the kernel has no netdev family.
-    static Result<std::unique_ptr<DevmemDriver>> open(host::HostPaths paths);
+    static Result<std::unique_ptr<DevmemDriver>> open(host::HostPaths paths,
+                                                      DeviceCheck check = require_dma_device);
 
     std::string name() const override { return "devmem"; }
     RegionKind region_kind() const override { return RegionKind::dma_buf; }
@@ -45,8 +52,8 @@ class DevmemDriver : public Driver {
     journal::Counters counters(const std::string &) const override { return {}; }
 
   private:
-    DevmemDriver(host::HostPaths paths, NetdevGenl probe)
-        : inventory_(std::move(paths)), probe_(std::move(probe)) {}
+    DevmemDriver(host::HostPaths paths, NetdevGenl probe, DeviceCheck check)
+        : inventory_(std::move(paths)), probe_(std::move(probe)), check_(std::move(check)) {}
 
     struct Binding {
         BindingPlan plan;
@@ -59,6 +66,7 @@ class DevmemDriver : public Driver {
 
     HardwareInventory inventory_;
     NetdevGenl probe_; // for queue-get; never binds
+    DeviceCheck check_;
     std::map<std::string, Binding> bindings_;
 };
 

@@ -1,5 +1,7 @@
 #include "daemon/driver/netdev_genl.h"
 
+#include "daemon/driver/dma_device.h"
+
 #include <linux/netlink.h>
 #include <netlink/attr.h>
 #include <netlink/genl/ctrl.h>
@@ -128,29 +130,6 @@ Result<void> exchange(nl_sock *sock, nl_msg *msg, Exchange &x, const char *what,
     return {};
 }
 
-// What each errno of bind-rx usually means (net/core/netdev-genl.c, devmem.c).
-std::string bind_rx_hint(int error) {
-    switch (-error) {
-    case EOPNOTSUPP:
-        return "the NIC's driver has no queue management for devmem TCP (upstream: gve, bnxt_en, "
-               "mlx5_core, fbnic)";
-    case ERANGE:
-        return "a queue id is beyond the device's RX queues";
-    case EINVAL:
-        return "the device refuses the binding (header split off, or a bad queue list)";
-    case EEXIST:
-        return "an XDP program is attached, or the queue already has a memory provider";
-    case EBUSY:
-        return "an AF_XDP socket uses the queue";
-    case ENODEV:
-        return "no such device in the daemon's network namespace";
-    case EBADF:
-        return "the region is not a dma-buf";
-    default:
-        return "devmem bind-rx refused";
-    }
-}
-
 Result<MsgPtr> request(int family, int cmd, int flags) {
     MsgPtr msg(nlmsg_alloc(), nlmsg_free);
     if (!msg) return make_error(Errc::io, "cannot allocate a netlink message");
@@ -162,6 +141,42 @@ Result<MsgPtr> request(int family, int cmd, int flags) {
 }
 
 } // namespace
+
+// What each errno of bind-rx means on Linux 6.12 and newer (net/core/netdev-genl.c, devmem.c,
+// netdev_rx_queue.c). The extack, when the kernel sent one, tells apart the causes an errno shares.
+std::string bind_rx_hint(int error, const std::string &extack) {
+    auto said = [&](const char *s) { return extack.find(s) != std::string::npos; };
+    switch (error < 0 ? -error : error) {
+    case EOPNOTSUPP:
+        if (said("DMA")) return "the netdev has no DMA device to map the dma-buf for";
+        return "the NIC's driver has no queue management for devmem TCP (upstream: gve, bnxt_en, "
+               "mlx5_core, fbnic)";
+    case ERANGE:
+        return "a queue id is beyond the device's active RX queues";
+    case EINVAL:
+        if (said("Failed to bind dmabuf to device"))
+            return "the netdev has no DMA device to attach the dma-buf to";
+        if (said("tcp-data-split") || said("hds"))
+            return "header split is off or hds-thresh is not 0 (ethtool -G DEV tcp-data-split on "
+                   "hds-thresh 0)";
+        return "the region is not a dma-buf, or the NIC cannot take it: header split off or "
+               "hds-thresh not 0 (ethtool -G DEV tcp-data-split on hds-thresh 0)";
+    case EEXIST:
+        if (said("XDP")) return "an XDP program is attached to the device";
+        if (said("memory provider"))
+            return "the queue already has a memory provider (devmem or io_uring zero-copy receive)";
+        return "an XDP program is attached, or the queue already has a memory provider (devmem or "
+               "io_uring zero-copy receive)";
+    case EBUSY:
+        return "an AF_XDP socket uses the queue";
+    case ENODATA:
+        return "the queue's page pool cannot take unreadable memory";
+    case ENODEV:
+        return "no such device in the daemon's network namespace (it went away)";
+    default:
+        return "devmem bind-rx refused";
+    }
+}
 
 Result<NetdevGenl> NetdevGenl::open() {
     nl_sock *sock = nl_socket_alloc();
@@ -253,6 +268,8 @@ Result<std::vector<NetdevQueue>> NetdevGenl::queues(int ifindex) {
 
 Result<std::uint32_t> NetdevGenl::bind_rx(int ifindex, const std::vector<std::uint32_t> &rx_queues,
                                           int dmabuf_fd) {
+    // Never ask for a netdev without a DMA device: 6.12 answers with a kernel WARNING.
+    if (auto dma = require_dma_device(ifindex); !dma) return std::move(dma).error();
     auto msg = request(family_, cmd_bind_rx, 0);
     if (!msg) return std::move(msg).error();
     nla_put_u32(msg->get(), a_dmabuf_ifindex, static_cast<std::uint32_t>(ifindex));
@@ -272,7 +289,7 @@ Result<std::uint32_t> NetdevGenl::bind_rx(int ifindex, const std::vector<std::ui
     static const std::map<int, const char *> names = {
         {a_dmabuf_ifindex, "ifindex"}, {a_dmabuf_queues, "queues"}, {a_dmabuf_fd, "fd"}};
     if (auto r = exchange(sock_, msg->get(), x, "netdev bind-rx", names); !r)
-        return std::move(r).error().context(bind_rx_hint(x.error));
+        return std::move(r).error().context(bind_rx_hint(x.error, x.extack));
     if (!id) return make_error(Errc::driver_failure, "netdev bind-rx: the reply has no binding id");
     return *id;
 }

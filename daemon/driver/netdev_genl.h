@@ -48,7 +48,8 @@ class NetdevGenl {
     // Every queue of `ifindex`, RX and TX, in queue order.
     Result<std::vector<NetdevQueue>> queues(int ifindex);
     // Binds the dma-buf to the RX queues; returns the kernel's binding id. Errors carry the
-    // kernel's own reason (extack) and errno.
+    // kernel's own reason (extack) and errno. A netdev whose parent is not a PCI function is
+    // refused without asking the kernel (require_dma_device).
     Result<std::uint32_t> bind_rx(int ifindex, const std::vector<std::uint32_t> &rx_queues,
                                   int dmabuf_fd);
 
@@ -57,5 +58,8 @@ class NetdevGenl {
     nl_sock *sock_ = nullptr;
     int family_ = 0;
 };
+
+// What a bind-rx errno (and the kernel's extack text, when it sent one) means, for the error.
+std::string bind_rx_hint(int error, const std::string &extack);
 
 } // namespace knod::driver

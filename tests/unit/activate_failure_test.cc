@@ -1,13 +1,17 @@
 // #16, 3: an activation the driver fails is journaled as a refusal, with the presenter as the
 // actor and the policy in force, like every other refused step. The manager runs with the sim's
 // control half whose activation is made to fail (a queue that cannot be opened on hardware).
+// #17, 3: a request for a netdev without a DMA device (the devmem rule) is refused at attach,
+// before any key is handed out, and journaled as a refusal.
 #include "daemon/binding_manager.h"
+#include "daemon/driver/dma_device.h"
 #include "daemon/driver/sim_driver.h"
 #include "daemon/journal/verify.h"
 #include "policy/parser.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <net/if.h>
 #include <nlohmann/json.hpp>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -34,6 +38,17 @@ class FailingActivation : public driver::SimDriver {
         driver::SimConfig c;
         c.datapath = false;
         return c;
+    }
+};
+
+// A netdev without a DMA device, refused at request time by the devmem backend's own rule
+// (require_dma_device on lo, the real check): the request is denied before any key is handed out.
+class NoDmaDevice : public FailingActivation {
+  public:
+    Result<std::vector<std::uint32_t>> attach(const driver::BindingPlan &) override {
+        if (auto dma = driver::require_dma_device(static_cast<int>(if_nametoindex("lo"))); !dma)
+            return std::move(dma).error();
+        return make_error(Errc::driver_failure, "lo passed the DMA-device rule");
     }
 };
 
@@ -133,5 +148,63 @@ iommu = "any"
     ASSERT_TRUE(v.ok()) << v.error().message;
     EXPECT_TRUE(v->ok) << v->problem;
     EXPECT_EQ(v->sessions_checked, 1);
+    fs::remove_all(dir);
+}
+
+TEST(AttachFailure, ANetdevWithoutADmaDeviceIsRefusedAtRequestTimeAndJournaled) {
+    fs::path dir = fs::temp_directory_path() / ("knod-nodma-" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    auto load = policy::parse_policy_text(R"([[rule]]
+name = "sim"
+netdevs = ["knodsim0"]
+max_region = "1MiB"
+flows = ["udp * -> *:5000"]
+iommu = "any"
+)",
+                                          "/etc/knod/policy.toml");
+    ASSERT_TRUE(load.ok()) << load.errors_text();
+    NoDmaDevice driver;
+    ASSERT_TRUE(driver.start().ok());
+    std::array<std::uint8_t, 32> secret{};
+    NoEvents events;
+    Loop loop;
+    daemon::ManagerConfig config;
+    config.journal_path = (dir / "journal.db").string();
+    {
+        daemon::BindingManager m(config, driver,
+                                 std::move(keys::KeyAuthority::with_secret(secret)).value(),
+                                 std::move(load.policy), events,
+                                 [&](std::function<void()> f) { loop.post(std::move(f)); });
+        m.start();
+        daemon::Peer me;
+        me.uid = 4321;
+        me.pid = getpid();
+        int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(ftruncate(fd, 4096), 0);
+        ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+        daemon::RequestArgs args{
+            "knodsim0", "sim0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5000"}};
+        std::optional<Result<daemon::Granted>> granted;
+        m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
+        ASSERT_TRUE(loop.run_until([&] { return granted.has_value(); }));
+        close(fd);
+        ASSERT_FALSE(granted->ok()) << "granted on a netdev without a DMA device";
+        EXPECT_EQ(granted->error().code, Errc::driver_failure);
+        EXPECT_NE(granted->error().message.find("'lo' has no parent device"), std::string::npos)
+            << granted->error().message;
+        m.shutdown();
+    }
+    auto db = std::move(journal::Database::open(config.journal_path, SQLITE_OPEN_READONLY)).value();
+    auto st = db.prepare("SELECT uid, decision, reason FROM events WHERE kind = 'request-denied'");
+    ASSERT_TRUE(st.ok());
+    auto row = st->step();
+    ASSERT_TRUE(row.ok() && *row) << "the refusal is an event";
+    EXPECT_EQ(st->int64(0), 4321);
+    EXPECT_EQ(st->text(1), "driver-failure");
+    EXPECT_NE(st->text(2).find("no DMA device"), std::string::npos) << st->text(2);
+    EXPECT_NE(st->text(2).find("the kernel is not asked"), std::string::npos) << st->text(2);
+    EXPECT_EQ(*db.scalar("SELECT count(*) FROM sessions"), 0);
     fs::remove_all(dir);
 }

@@ -1,0 +1,55 @@
+#!/bin/sh
+# The devmem paths on a live 6.12 kernel (runs as root inside the VM, under dash; see devmem.sh).
+# NICs: e1000e (PCI parent, no devmem queue management), virtio-net (parent on the virtio bus)
+# and netdevsim (its own bus, no DMA mask); dma-buf exporters: udmabuf, virtio-gpu, vgem.
+fail=0
+ok() { echo "ok - $*"; }
+not_ok() {
+    echo "not ok - $*"
+    fail=1
+}
+check() { # check DESCRIPTION COMMAND...
+    what=$1
+    shift
+    if "$@"; then ok "$what"; else not_ok "$what"; fi
+}
+
+# iproute2 keeps named network namespaces in /var/run/netns (the tests' veth pairs live there).
+mkdir -p /var && ln -sfn /run /var/run
+
+for m in veth e1000e virtio_net netdevsim vgem virtio_gpu; do
+    check "modprobe $m" modprobe "$m"
+done
+check "netdevsim device with 4 RX queues made" sh -c 'echo "1 1 4" >/sys/bus/netdevsim/new_device'
+# Devices appear asynchronously: wait (up to 10 s) for three NICs and two DRM cards.
+i=0
+while [ $i -lt 100 ]; do
+    nics=$(ls /sys/class/net | grep -vc '^lo$')
+    cards=$(ls /dev/dri 2>/dev/null | grep -c '^card')
+    [ "$nics" -ge 3 ] && [ "$cards" -ge 2 ] && break
+    sleep 0.1
+    i=$((i + 1))
+done
+for n in $(ls /sys/class/net); do
+    ip link set "$n" up
+    echo "# $n: $(readlink -f /sys/class/net/$n/device 2>/dev/null || echo 'no device')"
+done
+check "three NICs (e1000e, virtio-net, netdevsim)" [ "$nics" -ge 3 ]
+check "two DRM cards (virtio-gpu, vgem)" [ "$cards" -ge 2 ]
+check "/dev/udmabuf" [ -c /dev/udmabuf ]
+
+# The devmem integration tests, every one of them run (none may skip here): region checks on
+# real dma-bufs, queue-get, bind-rx refused unasked for each non-PCI netdev, the kernel's answers
+# on e1000e with matching hints.
+KNOD_EXPECT_DMABUF_EXPORTERS=1 knod_devmem_integration_tests >/tmp/gtest.log 2>&1
+rc=$?
+cat /tmp/gtest.log
+check "devmem integration tests pass on $(uname -r)" [ $rc -eq 0 ]
+check "no devmem integration test skipped" sh -c '! grep -q "^\[  SKIPPED \]" /tmp/gtest.log'
+check "the e1000e answered bind-rx itself (EOPNOTSUPP)" \
+    grep -q 'queue 0 + dma-buf: .*netdev bind-rx: Operation not supported' /tmp/gtest.log
+
+# The doctor sees the same machine (a smoke check that the CLI runs on this kernel).
+check "knod-policy doctor runs" sh -c 'knod-policy doctor >/tmp/doctor.log 2>&1; [ $? -le 2 ]'
+
+exit $fail
