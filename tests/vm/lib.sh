@@ -78,6 +78,7 @@ vm_initramfs() {
     local guest=$1 out=$2
     local root
     root=$(mktemp -d "$VM_TMP/initramfs.XXXXXX")
+    chmod 755 "$root" # mktemp's 0700 would become the guest's /: knoduser could reach nothing
     mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,lib,lib64,proc,sys,dev,tmp,run,out,etc,boot,root,home/knoduser}
     cp "$(command -v busybox)" "$root/bin/busybox"
     local applet
