@@ -9,10 +9,18 @@
 #include "daemon/driver/hardware_inventory.h"
 #include "daemon/driver/netdev_genl.h"
 
+#include <functional>
 #include <map>
 #include <optional>
 
 namespace knod::driver {
+
+// The RX queue a new binding gets on `netdev`: the highest one that no dma-buf, io_uring or
+// AF_XDP owns and `reserved` (our other bindings) does not hold; never queue 0. The error says
+// whether the NIC has only one queue or all of them are taken.
+Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
+                                      const std::vector<NetdevQueue> &queues,
+                                      const std::function<bool(std::uint32_t)> &reserved);
 
 class DevmemDriver : public Driver {
   public:

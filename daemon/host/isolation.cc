@@ -110,10 +110,15 @@ KernelFacts SysfsHost::kernel() const {
     KernelFacts k;
     std::istringstream cmdline(read_line(fs::path(proc_) / "cmdline"));
     for (std::string word; cmdline >> word;) {
-        if (word == "iommu=pt") k.iommu_passthrough = true;
+        if (word == "iommu=pt" || word.rfind("iommu.passthrough=", 0) == 0) k.iommu_cmdline = word;
         if (word == "amdgpu.knod_enable=1") k.knod_enabled = true;
     }
     std::error_code ec;
+    for (auto &g : fs::directory_iterator(fs::path(sysfs_) / "kernel/iommu_groups", ec)) {
+        std::string type = read_line(g.path() / "type");
+        ++k.iommu_domains[type.empty() ? "unknown" : type];
+    }
+    k.iommu_passthrough = k.iommu_domains.contains("identity");
     k.knod_class = fs::exists(fs::path(sysfs_) / "class/knod", ec);
     return k;
 }

@@ -192,14 +192,24 @@ def verdict(j, cid, subject, status, words=(), absent=(), what=""):
 
 
 for who in ("root", "user"):
+    j, rc = load(who, "all")
+    if j is None:
+        continue
+    check(rc == (1 if j["result"] == "fail" else 0), who + ": exit status matches the result",
+          "rc %d, result %s" % (rc, j["result"]))
+    # --nic/--gpu select exactly one pair, with the verdicts the whole report gives it.
+    sel, src = load(who, "acs")
+    if sel is not None and "acs" in pairs:
+        p = pairs["acs"]
+        subject = p["nic"] + " (" + p["nic_pci"] + ") -> " + p["gpu"]
+        mine = lambda r: [(c["id"], c["status"], c["message"]) for c in r["checks"] if c["subject"] == subject]
+        others = [c for c in sel["checks"] if c["id"].startswith("pair.") and c["subject"] != subject]
+        check(not others and mine(sel) and mine(sel) == mine(j),
+              who + ": --nic %s --gpu %s checks that pair alone, as the whole report does" % (p["nic"], p["gpu"]),
+              (others, mine(sel), mine(j)))
     for name, p in sorted(pairs.items()):
-        j, rc = load(who, name)
-        if j is None:
-            continue
         what = "%s, pair %s (%s -> %s)" % (who, name, p["nic_pci"], p["gpu"])
         subject = p["nic"] + " (" + p["nic_pci"] + ") -> " + p["gpu"]
-        check(rc == (1 if j["result"] == "fail" else 0), what + ": exit status matches the result",
-              "rc %d, result %s" % (rc, j["result"]))
         check(j["iommu_groups"] == len(groups), what + ": counts %d IOMMU groups" % len(groups),
               j["iommu_groups"])
         if iommu_on:
@@ -240,7 +250,7 @@ for who in ("root", "user"):
         fine = [b for b in bridges if b != turn and acs_isolates(b)]
         if who == "user":
             # Config space past 64 bytes is root's: the unprivileged doctor cannot tell.
-            verdict(j, "pair.acs", subject, "warn", ["run knod-policy doctor as root"], what=what)
+            verdict(j, "pair.acs", subject, "warn", ["CAP_SYS_ADMIN"], what=what)
         elif off:
             verdict(j, "pair.acs", subject, "fail", off, fine, what=what)
         else:
