@@ -54,9 +54,10 @@ Verdict check_one(policy::IommuRequirement req, const DeviceIsolation &d, const 
     if (d.type == DomainType::identity && req == policy::IommuRequirement::passthrough_ok)
         return {true, {}, {}};
     if (d.type == DomainType::identity)
-        return {false, describe(d, role) + " is in pass-through (identity) mode",
-                "drop iommu=pt from the kernel command line, or set iommu = \"passthrough-ok\" in "
-                "the rule"};
+        return {
+            false, describe(d, role) + " is in pass-through (identity) mode",
+            "drop iommu=pt and iommu.passthrough=1 from the kernel command line, or set iommu = "
+            "\"passthrough-ok\" in the rule"};
     return {false, describe(d, role) + " is in a " + to_string(d.type) + " domain",
             "release the device from whatever owns its group (VFIO, another driver)"};
 }
