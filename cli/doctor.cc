@@ -28,7 +28,11 @@ void print_text(const host::HostReport &r) {
     std::cout << "Netdevs:\n";
     for (auto &n : r.netdevs)
         std::cout << "  " << n.name << "  ifindex " << n.ifindex << "  " << n.state << "  "
-                  << n.rx_queues << " RX queues" << (n.driver.empty() ? "" : "  " + n.driver)
+                  << n.rx_queues << (n.rx_queues == 1 ? " RX queue" : " RX queues")
+                  << (n.rx_queues_allocated > n.rx_queues
+                          ? " (" + std::to_string(n.rx_queues_allocated) + " allocated)"
+                          : "")
+                  << (n.driver.empty() ? "" : "  " + n.driver)
                   << (n.pci.empty() ? (n.kind.empty() ? "" : "  (" + n.kind + ")") : "  " + n.pci)
                   << "\n";
     std::cout << "Kernel " << (r.config.release.empty() ? "unknown" : r.config.release) << ", ROCm "

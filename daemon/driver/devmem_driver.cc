@@ -18,6 +18,34 @@ Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths, 
         new DevmemDriver(std::move(paths), std::move(*probe), std::move(check)));
 }
 
+Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
+                                      const std::vector<NetdevQueue> &queues,
+                                      const std::function<bool(std::uint32_t)> &reserved) {
+    // The highest free RX queue: queue 0 keeps the kernel's own traffic, and RSS spreads over
+    // the low queues first.
+    std::optional<std::uint32_t> chosen;
+    std::size_t rx = 0;
+    for (auto &q : queues) {
+        if (q.type != NetdevQueue::Type::rx) continue;
+        ++rx;
+        if (q.owned() || q.id == 0 || reserved(q.id)) continue;
+        if (!chosen || q.id > *chosen) chosen = q.id;
+    }
+    if (chosen) return *chosen;
+    // One queue is not "all taken": nothing on such a NIC can ever be isolated.
+    if (rx <= 1)
+        return make_error(Errc::driver_failure,
+                          "devmem: " + netdev + " has " + (rx ? "one RX queue" : "no RX queue") +
+                              ": queue 0 carries the host's own traffic, so no queue can be "
+                              "isolated for a binding (give it more with ethtool -L " +
+                              netdev + " combined N, or use a multi-queue NIC)");
+    return make_error(Errc::driver_failure,
+                      "devmem: " + netdev + " has no free RX queue (each of its " +
+                          std::to_string(rx - 1) +
+                          " queues past 0 is bound to a dma-buf, io_uring or AF_XDP, or held by "
+                          "another binding)");
+}
+
 Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan) {
     int ifindex = static_cast<int>(if_nametoindex(plan.netdev.c_str()));
     if (ifindex == 0) return make_error(Errc::driver_failure, "devmem: no netdev " + plan.netdev);
@@ -31,21 +59,12 @@ Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan)
                     return std::move(fs).error().context("devmem");
     auto queues = probe_.queues(ifindex);
     if (!queues) return std::move(queues).error().context("devmem: " + plan.netdev);
-    // The highest free RX queue: queue 0 keeps the kernel's own traffic, and RSS spreads over
-    // the low queues first. Queues our other bindings reserved count as taken.
-    std::optional<std::uint32_t> chosen;
-    for (auto &q : *queues) {
-        if (q.type != NetdevQueue::Type::rx || q.owned() || q.id == 0) continue;
-        bool ours = std::any_of(bindings_.begin(), bindings_.end(), [&](auto &b) {
-            return b.second.ifindex == ifindex && b.second.queue == q.id;
+    auto chosen = choose_rx_queue(plan.netdev, *queues, [&](std::uint32_t q) {
+        return std::any_of(bindings_.begin(), bindings_.end(), [&](auto &b) {
+            return b.second.ifindex == ifindex && b.second.queue == q;
         });
-        if (!ours && (!chosen || q.id > *chosen)) chosen = q.id;
-    }
-    if (!chosen)
-        return make_error(Errc::driver_failure,
-                          "devmem: " + plan.netdev +
-                              " has no free RX queue (every queue but 0 is bound to a dma-buf, "
-                              "io_uring or AF_XDP, or held by another binding)");
+    });
+    if (!chosen) return std::move(chosen).error();
     if (auto rss = FlowSteering::check_not_in_rss(plan.netdev, *chosen); !rss) return rss.error();
     bindings_[plan.id] = Binding{plan, ifindex, *chosen, std::nullopt, {}, {}};
     return std::vector<std::uint32_t>{*chosen};

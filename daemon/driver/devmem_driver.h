@@ -16,6 +16,13 @@
 
 namespace knod::driver {
 
+// The RX queue a new binding gets on `netdev`: the highest one that no dma-buf, io_uring or
+// AF_XDP owns and `reserved` (our other bindings) does not hold; never queue 0. The error says
+// whether the NIC has only one queue or all of them are taken.
+Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
+                                      const std::vector<NetdevQueue> &queues,
+                                      const std::function<bool(std::uint32_t)> &reserved);
+
 class DevmemDriver : public Driver {
   public:
     // Whether a netdev may carry a binding at all: require_dma_device, asked at attach (request

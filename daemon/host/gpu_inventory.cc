@@ -169,7 +169,16 @@ void classify(Gpu &g) {
 }
 
 std::vector<Gpu> list_gpus(const HostPaths &paths) {
-    auto out = paths.live() ? from_drm(paths) : from_sysfs(paths);
+    auto out = from_sysfs(paths);
+    if (paths.live()) {
+        // libdrm sees only devices a DRM driver took; a GPU whose driver did not load is still
+        // a GPU (and still a peer of the NIC): keep the display-class functions it missed.
+        auto drm = from_drm(paths);
+        for (auto &g : out)
+            if (std::none_of(drm.begin(), drm.end(), [&](const Gpu &d) { return d.pci == g.pci; }))
+                drm.push_back(std::move(g));
+        out = std::move(drm);
+    }
     std::sort(out.begin(), out.end(), [](const Gpu &a, const Gpu &b) { return a.pci < b.pci; });
     return out;
 }

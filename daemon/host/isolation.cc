@@ -54,9 +54,10 @@ Verdict check_one(policy::IommuRequirement req, const DeviceIsolation &d, const 
     if (d.type == DomainType::identity && req == policy::IommuRequirement::passthrough_ok)
         return {true, {}, {}};
     if (d.type == DomainType::identity)
-        return {false, describe(d, role) + " is in pass-through (identity) mode",
-                "drop iommu=pt from the kernel command line, or set iommu = \"passthrough-ok\" in "
-                "the rule"};
+        return {
+            false, describe(d, role) + " is in pass-through (identity) mode",
+            "drop iommu=pt and iommu.passthrough=1 from the kernel command line, or set iommu = "
+            "\"passthrough-ok\" in the rule"};
     return {false, describe(d, role) + " is in a " + to_string(d.type) + " domain",
             "release the device from whatever owns its group (VFIO, another driver)"};
 }
@@ -110,10 +111,15 @@ KernelFacts SysfsHost::kernel() const {
     KernelFacts k;
     std::istringstream cmdline(read_line(fs::path(proc_) / "cmdline"));
     for (std::string word; cmdline >> word;) {
-        if (word == "iommu=pt") k.iommu_passthrough = true;
+        if (word == "iommu=pt" || word.rfind("iommu.passthrough=", 0) == 0) k.iommu_cmdline = word;
         if (word == "amdgpu.knod_enable=1") k.knod_enabled = true;
     }
     std::error_code ec;
+    for (auto &g : fs::directory_iterator(fs::path(sysfs_) / "kernel/iommu_groups", ec)) {
+        std::string type = read_line(g.path() / "type");
+        ++k.iommu_domains[type.empty() ? "unknown" : type];
+    }
+    k.iommu_passthrough = k.iommu_domains.contains("identity");
     k.knod_class = fs::exists(fs::path(sysfs_) / "class/knod", ec);
     return k;
 }

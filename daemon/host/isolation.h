@@ -5,6 +5,7 @@
 
 #include "policy/policy.h"
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,9 +23,15 @@ struct DeviceIsolation {
 };
 
 struct KernelFacts {
-    bool iommu_passthrough = false; // iommu=pt on the command line
-    bool knod_enabled = false;      // amdgpu.knod_enable=1
-    bool knod_class = false;        // /sys/class/knod exists
+    // Some IOMMU group has an identity (pass-through) domain: its devices' DMA is untranslated.
+    // Read from the groups' type, which iommu=pt, iommu.passthrough=1, a kernel built with
+    // IOMMU_DEFAULT_PASSTHROUGH or a per-group sysfs write all set; the command line alone
+    // misses all but the first.
+    bool iommu_passthrough = false;
+    std::map<std::string, std::size_t> iommu_domains; // group type ("DMA-FQ") -> groups
+    std::string iommu_cmdline; // "iommu=pt" or "iommu.passthrough=1" as given; empty: neither
+    bool knod_enabled = false; // amdgpu.knod_enable=1
+    bool knod_class = false;   // /sys/class/knod exists
 };
 
 struct Verdict {

@@ -2,9 +2,17 @@
 
 #include "daemon/host/sysfs_util.h"
 
+#include "knod/unique_fd.h"
+
+#include <linux/ethtool.h>
+#include <linux/sockios.h>
 #include <net/if.h>
 #include <netlink/netlink.h>
 #include <netlink/route/link.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -29,6 +37,36 @@ void read_parent(const HostPaths &paths, Netdev &n) {
         }
 }
 
+// The active RX queue count: sysfs has one queues/rx-N per real RX queue (the kernel adds and
+// removes them with netif_set_real_num_rx_queues); a netdev sysfs does not show (another
+// namespace's sysfs) asks ethtool's channels (RX + combined); nothing else: the allocated count.
+void read_rx_queues(const HostPaths &paths, Netdev &n) {
+    std::error_code ec;
+    std::uint32_t rx = 0;
+    fs::path queues = fs::path(paths.sysfs) / "class/net" / n.name / "queues";
+    for (auto &q : fs::directory_iterator(queues, ec))
+        if (q.path().filename().string().rfind("rx-", 0) == 0) ++rx;
+    if (!ec && rx) {
+        n.rx_queues = rx;
+        n.rx_queues_source = "sysfs";
+        return;
+    }
+    UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    ethtool_channels ch{};
+    ch.cmd = ETHTOOL_GCHANNELS;
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, n.name.c_str(), IFNAMSIZ - 1);
+    ifr.ifr_data = reinterpret_cast<char *>(&ch);
+    if (s.valid() && ::ioctl(s.get(), SIOCETHTOOL, &ifr) == 0 &&
+        ch.rx_count + ch.combined_count > 0) {
+        n.rx_queues = ch.rx_count + ch.combined_count;
+        n.rx_queues_source = "ethtool";
+        return;
+    }
+    n.rx_queues = n.rx_queues_allocated;
+    n.rx_queues_source = "allocated";
+}
+
 Result<std::vector<Netdev>> from_netlink(const HostPaths &paths) {
     std::unique_ptr<nl_sock, decltype(&nl_socket_free)> sock(nl_socket_alloc(), nl_socket_free);
     if (!sock) return make_error(Errc::io, "cannot allocate a netlink socket");
@@ -47,9 +85,10 @@ Result<std::vector<Netdev>> from_netlink(const HostPaths &paths) {
         char state[32];
         n.state = rtnl_link_operstate2str(rtnl_link_get_operstate(link), state, sizeof state);
         n.admin_up = rtnl_link_get_flags(link) & IFF_UP;
-        n.rx_queues = rtnl_link_get_num_rx_queues(link);
+        n.rx_queues_allocated = rtnl_link_get_num_rx_queues(link);
         if (const char *kind = rtnl_link_get_type(link)) n.kind = kind;
         read_parent(paths, n);
+        read_rx_queues(paths, n);
         out.push_back(std::move(n));
     }
     return out;
@@ -67,6 +106,7 @@ std::vector<Netdev> from_sysfs(const HostPaths &paths) {
         std::error_code qec;
         for (auto &q : fs::directory_iterator(e.path() / "queues", qec))
             if (q.path().filename().string().rfind("rx-", 0) == 0) ++n.rx_queues;
+        n.rx_queues_source = "sysfs";
         read_parent(paths, n);
         out.push_back(std::move(n));
     }

@@ -17,7 +17,13 @@ struct Netdev {
     int ifindex = 0;
     std::string state; // operstate: "up", "down", "unknown", ...
     bool admin_up = false;
+    // Active RX queues (the kernel's real_num_rx_queues: what queue-get lists and bind-rx
+    // accepts), not the allocated count rtnetlink's IFLA_NUM_RX_QUEUES gives.
     std::uint32_t rx_queues = 0;
+    std::uint32_t rx_queues_allocated = 0; // IFLA_NUM_RX_QUEUES; 0 where unknown (fixtures)
+    // Where rx_queues came from: "sysfs" (queues/rx-N), "ethtool" (channels), or "allocated"
+    // when neither was readable and the allocated count stands in for it.
+    std::string rx_queues_source;
     std::string kind;   // rtnetlink link kind: "veth", "vlan"; empty for plain devices
     std::string driver; // "mlx5_core", "virtio_net"
     std::string pci;    // parent PCI function; empty for virtual devices

@@ -12,6 +12,53 @@ namespace knod::host {
 namespace {
 
 constexpr std::uint16_t acs_capability_id = 0x000d;
+constexpr std::uint8_t pcie_capability_id = 0x10;
+
+// PCI Express Capabilities register, Device/Port Type (PCIe base spec 7.5.3.2).
+enum PciePortType : unsigned {
+    pcie_endpoint = 0,
+    pcie_legacy_endpoint = 1,
+    pcie_root_port = 4,
+    pcie_upstream = 5,
+    pcie_downstream = 6,
+    pcie_to_pci_bridge = 7,
+    pci_to_pcie_bridge = 8,
+    pcie_rc_endpoint = 9,
+    pcie_rc_event_collector = 10,
+};
+
+const char *port_name(unsigned type) {
+    switch (type) {
+    case pcie_endpoint:
+    case pcie_legacy_endpoint:
+    case pcie_rc_endpoint:
+        return "endpoint";
+    case pcie_root_port:
+        return "root port";
+    case pcie_upstream:
+        return "switch upstream port";
+    case pcie_downstream:
+        return "switch downstream port";
+    case pcie_to_pci_bridge:
+    case pci_to_pcie_bridge:
+        return "PCIe/PCI bridge";
+    case pcie_rc_event_collector:
+        return "root complex event collector";
+    }
+    return "PCIe function";
+}
+
+// The port type from the standard capability list; nullopt: not PCI Express.
+std::optional<unsigned> pcie_port_type(const std::string &cfg) {
+    if (cfg.size() < 0x40 || !(static_cast<std::uint8_t>(cfg[0x06]) & 0x10)) return std::nullopt;
+    std::size_t off = static_cast<std::uint8_t>(cfg[0x34]) & 0xfc;
+    for (int guard = 0; guard < 48 && off >= 0x40 && off + 4 <= cfg.size(); ++guard) {
+        if (static_cast<std::uint8_t>(cfg[off]) == pcie_capability_id)
+            return (static_cast<std::uint8_t>(cfg[off + 2]) >> 4) & 0xf;
+        off = static_cast<std::uint8_t>(cfg[off + 1]) & 0xfc;
+    }
+    return std::nullopt;
+}
 
 std::string slot_of(const std::string &address) {
     return address.substr(0, address.rfind('.'));
@@ -63,7 +110,11 @@ const char *label(P2pDistance d) {
 std::string AcsControl::describe() const {
     switch (state) {
     case State::absent:
-        return "no ACS capability";
+        return port.empty() || port == "root port" || port == "switch downstream port"
+                   ? "no ACS capability"
+                   : port + ": no ACS";
+    case State::not_applicable:
+        return "single-function " + port + ": ACS not applicable";
     case State::unreadable:
         return "config space unreadable past 64 bytes (needs CAP_SYS_ADMIN: run as root)";
     case State::enabled:
@@ -165,16 +216,47 @@ AcsControl PciTopology::acs(const std::string &address) const {
     AcsControl acs;
     std::ifstream in(fs::path(sysfs_) / "bus/pci/devices" / address / "config", std::ios::binary);
     std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cfg.size() < 0x100 + 8) return acs; // unreadable: extended space needs privilege
+    // Unprivileged readers get 64 bytes: neither the PCIe nor the ACS capability is in them.
+    if (cfg.size() <= 0x40) return acs;
+    acs.multifunction = static_cast<std::uint8_t>(cfg[0x0e]) & 0x80;
+    auto type = pcie_port_type(cfg);
+    if (!type) { // conventional PCI: a shared bus, every device can reach every other
+        acs.state = AcsControl::State::absent;
+        acs.port = "conventional PCI function";
+        return acs;
+    }
+    acs.port = port_name(*type);
+    switch (*type) {
+    case pcie_root_port:
+    case pcie_downstream:
+        break;
+    case pcie_endpoint:
+    case pcie_legacy_endpoint:
+    case pcie_upstream:
+    case pcie_rc_endpoint:
+        if (acs.multifunction) break;
+        acs.state = AcsControl::State::not_applicable;
+        return acs;
+    default: // PCIe/PCI bridges and the rest: never isolating, as in Linux
+        acs.state = AcsControl::State::absent;
+        return acs;
+    }
+    if (cfg.size() < 0x100 + 8) {
+        acs.state = AcsControl::State::unreadable;
+        return acs;
+    }
     std::size_t off = 0x100;
     for (int guard = 0; guard < 96 && off + 8 <= cfg.size(); ++guard) {
         std::uint32_t header = le32(cfg, off);
         if (header == 0 || header == 0xffffffff) break;
         if ((header & 0xffff) == acs_capability_id) {
-            acs.control = static_cast<std::uint16_t>(le32(cfg, off + 4) >> 16);
-            acs.state = (acs.control & AcsControl::isolating) == AcsControl::isolating
-                            ? AcsControl::State::enabled
-                            : AcsControl::State::disabled;
+            std::uint32_t reg = le32(cfg, off + 4);
+            acs.capability = static_cast<std::uint16_t>(reg & 0xffff);
+            acs.control = static_cast<std::uint16_t>(reg >> 16);
+            // A redirect the port cannot do is hard-wired on (pci_acs_flags_enabled()).
+            std::uint16_t needed = AcsControl::isolating & acs.capability;
+            acs.state = (acs.control & needed) == needed ? AcsControl::State::enabled
+                                                         : AcsControl::State::disabled;
             return acs;
         }
         std::size_t next = (header >> 20) & 0xffc;

@@ -30,8 +30,18 @@ struct AcsControl {
         egress_control = 1 << 5,
         direct_translated = 1 << 6,
     };
-    enum class State { enabled, disabled, absent, unreadable } state = State::unreadable;
-    std::uint16_t control = 0;
+    // not_applicable: PCIe asks no ACS of this function (a single-function switch upstream port
+    // or endpoint), and Linux's pci_acs_enabled() counts it as isolating.
+    enum class State {
+        enabled,
+        disabled,
+        absent,
+        not_applicable,
+        unreadable
+    } state = State::unreadable;
+    std::uint16_t capability = 0, control = 0;
+    std::string port; // "root port", "downstream port", "upstream port", "endpoint", ...
+    bool multifunction = false;
     // The bits that send peer-to-peer requests up to the root complex and its IOMMU.
     static constexpr std::uint16_t isolating =
         source_validation | request_redirect | completion_redirect | upstream_forwarding;
@@ -66,8 +76,11 @@ class PciTopology {
     std::vector<std::string> upstream(const std::string &address,
                                       std::string *root = nullptr) const;
     P2pPath path(const std::string &a, const std::string &b) const;
-    // ACS control of one function, walking its extended capabilities in the `config` file
-    // (readable past 64 bytes only with CAP_SYS_ADMIN).
+    // ACS of one function as Linux's pci_acs_enabled() judges it: root and downstream ports
+    // need ACS; upstream ports and endpoints only when multi-function; PCI bridges never
+    // isolate; a redirect the port cannot do (absent from its ACS capability) counts as on.
+    // Reads the PCIe and ACS capabilities from the `config` file (past 64 bytes only with
+    // CAP_SYS_ADMIN).
     AcsControl acs(const std::string &address) const;
 
   private:

@@ -36,14 +36,32 @@ class Checker {
                 "memory",
                 "enable AMD-Vi/VT-d in firmware and amd_iommu=on or intel_iommu=on on the kernel "
                 "command line");
-        if (r_.kernel.iommu_passthrough)
+        iommu_pt();
+    }
+
+    // The default domain as the kernel set it up, from the groups' type: iommu=pt and
+    // iommu.passthrough=1 both give identity domains, and no IOMMU translates nothing.
+    void iommu_pt() {
+        const auto &k = r_.kernel;
+        std::string domains;
+        for (auto &[type, n] : k.iommu_domains)
+            domains += (domains.empty() ? "" : ", ") + std::to_string(n) + " " + type;
+        std::string given = k.iommu_cmdline.empty() ? "" : " (" + k.iommu_cmdline + ")";
+        if (!r_.iommu_groups)
             add("kernel.iommu_pt", "host", CheckStatus::warn,
-                "iommu=pt: devices get identity domains, DMA is untranslated; rules with iommu = "
-                "\"translated\" will refuse bindings",
-                "drop iommu=pt for translated DMA, or set iommu = \"passthrough-ok\" in the rules "
-                "that may accept it");
+                "no IOMMU: DMA is not translated at all" + given +
+                    "; rules with iommu = \"translated\" or \"passthrough-ok\" refuse bindings",
+                "enable the IOMMU (see the iommu check)");
+        else if (k.iommu_passthrough)
+            add("kernel.iommu_pt", "host", CheckStatus::warn,
+                "identity (pass-through) domains" + given + ": IOMMU groups: " + domains +
+                    "; DMA of the identity groups' devices is untranslated; rules with iommu = "
+                    "\"translated\" will refuse bindings",
+                "drop iommu=pt and iommu.passthrough=1 for translated DMA, or set iommu = "
+                "\"passthrough-ok\" in the rules that may accept it");
         else
-            add("kernel.iommu_pt", "host", CheckStatus::pass, "no iommu=pt: DMA is translated");
+            add("kernel.iommu_pt", "host", CheckStatus::pass,
+                "IOMMU groups: " + domains + ": DMA is translated");
     }
 
     void knod() {
@@ -136,13 +154,26 @@ class Checker {
             add("netdev", "host", CheckStatus::warn, "cannot list netdevs: " + r_.netdev_error);
         for (auto &n : r_.netdevs) {
             if (n.pci.empty()) continue; // virtual devices: nothing to offload to
-            std::string what = n.driver + ", " + std::to_string(n.rx_queues) + " RX queues, " +
-                               n.state + "; " +
+            std::string queues =
+                std::to_string(n.rx_queues) + " RX queue" + (n.rx_queues == 1 ? "" : "s");
+            if (n.rx_queues_allocated > n.rx_queues)
+                queues += " (" + std::to_string(n.rx_queues_allocated) + " allocated)";
+            if (n.rx_queues_source == "allocated")
+                queues += " (allocated count: neither sysfs nor ethtool gave the active one)";
+            std::string what = n.driver + ", " + queues + ", " + n.state + "; " +
                                (devmem_capable_driver(n.driver) ? "devmem TCP capable driver"
                                                                 : "driver without devmem TCP");
-            add("netdev", n.name + " (" + n.pci + ")",
-                n.state == "up" ? CheckStatus::pass : CheckStatus::warn, what,
-                n.state == "up" ? "" : "bring the link up");
+            CheckStatus st = n.state == "up" ? CheckStatus::pass : CheckStatus::warn;
+            std::string fix = n.state == "up" ? "" : "bring the link up";
+            // Queue 0 keeps the host's own traffic: a binding needs a queue of its own.
+            if (n.rx_queues == 1) {
+                what += "; one RX queue: it carries the host's own traffic, so no queue can be "
+                        "isolated for a binding";
+                st = CheckStatus::warn;
+                fix = "give the NIC more RX queues (ethtool -L " + n.name +
+                      " combined N) or use a multi-queue NIC";
+            }
+            add("netdev", n.name + " (" + n.pci + ")", st, what, fix);
         }
     }
 
@@ -183,12 +214,14 @@ class Checker {
     // Peer-to-peer writes from the NIC may turn around at any bridge below the root complex;
     // only ACS redirect sends them up to the IOMMU.
     void acs(const std::string &subject, const P2pPath &path) {
-        std::vector<std::string> off, unreadable;
+        std::vector<std::string> off, unreadable, exempt;
         for (auto &b : path.bridges) {
             if (b == path.turnaround) continue;
             AcsControl a = pci_.acs(b);
             if (a.state == AcsControl::State::unreadable)
                 unreadable.push_back(b);
+            else if (a.state == AcsControl::State::not_applicable)
+                exempt.push_back(b + " (" + a.describe() + ")");
             else if (a.state != AcsControl::State::enabled)
                 off.push_back(b + " (" + a.describe() + ")");
         }
@@ -198,7 +231,14 @@ class Checker {
                 s += (s.empty() ? "" : ", ") + x;
             return s;
         };
-        if (!off.empty())
+        // Linux turns ACS on only when an IOMMU driver asks for it (pci_request_acs()).
+        if (!off.empty() && !r_.iommu_groups)
+            add("pair.acs", subject, CheckStatus::fail,
+                "ACS does not redirect peer-to-peer requests at " + join(off) +
+                    ", and there is no IOMMU: Linux enables ACS only with an IOMMU, and without "
+                    "one no NIC write is checked at all",
+                "enable the IOMMU (see the iommu check); then check ACS again");
+        else if (!off.empty())
             add("pair.acs", subject, CheckStatus::fail,
                 "ACS does not redirect peer-to-peer requests at " + join(off) +
                     ": NIC writes can reach the GPU without passing the IOMMU",
@@ -211,9 +251,11 @@ class Checker {
                 "run knod-policy doctor as root");
         else
             add("pair.acs", subject, CheckStatus::pass,
-                path.bridges.empty() ? "no bridge between them"
-                                     : "ACS redirects peer-to-peer requests at every port on the "
-                                       "path: the IOMMU sees every NIC write");
+                path.bridges.empty()
+                    ? "no bridge between them"
+                    : "ACS redirects peer-to-peer requests at every port on the path that needs "
+                      "it: the IOMMU sees every NIC write" +
+                          (exempt.empty() ? "" : " (" + join(exempt) + ")"));
     }
 
     const HostPaths &paths_;
@@ -318,12 +360,15 @@ nlohmann::json HostReport::to_json() const {
                                 {"state", n.state},
                                 {"admin_up", n.admin_up},
                                 {"rx_queues", n.rx_queues},
+                                {"rx_queues_allocated", n.rx_queues_allocated},
+                                {"rx_queues_source", n.rx_queues_source},
                                 {"kind", n.kind},
                                 {"driver", n.driver},
                                 {"pci", n.pci}});
     if (!netdev_error.empty()) j["netdev_error"] = netdev_error;
     j["kernel"] = {{"release", config.release},
                    {"iommu_pt", kernel.iommu_passthrough},
+                   {"iommu_domains", kernel.iommu_domains},
                    {"amdgpu_knod_enable", kernel.knod_enabled},
                    {"sys_class_knod", kernel.knod_class},
                    {"config_source", config.source},

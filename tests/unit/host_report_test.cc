@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+
+#include <unistd.h>
 
 using namespace knod;
 using namespace knod::host;
@@ -54,7 +57,10 @@ TEST(PciTopology, AcsFromConfigSpace) {
     auto a = on.acs("0000:02:00.0");
     EXPECT_EQ(a.state, AcsControl::State::enabled);
     EXPECT_EQ(a.describe(), "ACS SV RR CR UF");
-    EXPECT_EQ(on.acs("0000:01:00.0").state, AcsControl::State::absent) << "switch upstream port";
+    EXPECT_EQ(on.acs("0000:01:00.0").state, AcsControl::State::not_applicable)
+        << "single-function switch upstream port";
+    EXPECT_EQ(on.acs("0000:04:00.0").state, AcsControl::State::absent)
+        << "a multi-function endpoint needs ACS between its functions";
     EXPECT_EQ(off.acs("0000:02:01.0").state, AcsControl::State::disabled);
     EXPECT_EQ(off.acs("0000:00:01.0").state, AcsControl::State::absent);
     EXPECT_EQ(on.acs("0000:ff:00.0").state, AcsControl::State::unreadable);
@@ -136,6 +142,8 @@ TEST(HostReport, SharedGroupWithoutAcsFailsAndSaysWhy) {
     auto &acs = find(*r, "pair.acs");
     EXPECT_EQ(acs.status, CheckStatus::fail);
     EXPECT_NE(acs.message.find("0000:02:01.0"), std::string::npos);
+    EXPECT_EQ(acs.message.find("0000:01:00.0"), std::string::npos)
+        << "the upstream port is where the traffic turns around";
     auto &p2p = find(*r, "kernel.pci_p2pdma");
     EXPECT_EQ(p2p.status, CheckStatus::warn);
     EXPECT_NE(p2p.message.find("pins it there, so packets land in CPU memory, not VRAM"),
@@ -159,6 +167,73 @@ TEST(HostReport, NoIommuFails) {
     EXPECT_EQ(find(*r, "iommu").status, CheckStatus::fail);
     EXPECT_EQ(find(*r, "kernel.config").status, CheckStatus::warn);
     EXPECT_EQ(find(*r, "gpu").status, CheckStatus::warn);
+}
+
+// Issue 17, item 4: on a live 6.12, iommu.passthrough=1 gives identity groups as iommu=pt does,
+// and no IOMMU translates nothing; the command line's iommu=pt alone missed both.
+TEST(HostReport, IommuPtReadsTheGroupsDomainNotTheCommandLine) {
+    auto pt = build_report(fixture("passthrough-switch"));
+    ASSERT_TRUE(pt) << pt.error().message;
+    auto &c = find(*pt, "kernel.iommu_pt");
+    EXPECT_EQ(c.status, CheckStatus::warn) << c.message;
+    EXPECT_NE(c.message.find("identity"), std::string::npos) << c.message;
+    EXPECT_NE(c.message.find("iommu.passthrough=1"), std::string::npos) << c.message;
+    EXPECT_EQ(pt->to_json()["kernel"]["iommu_pt"], true);
+    EXPECT_EQ(pt->to_json()["kernel"]["iommu_domains"]["identity"], 6);
+    EXPECT_EQ(find(*pt, "pair.iommu.translated").status, CheckStatus::fail);
+
+    auto none = build_report(fixture("no-iommu"));
+    ASSERT_TRUE(none) << none.error().message;
+    auto &n = find(*none, "kernel.iommu_pt");
+    EXPECT_NE(n.status, CheckStatus::pass);
+    EXPECT_EQ(n.message.find("DMA is translated"), std::string::npos) << n.message;
+    EXPECT_NE(n.message.find("no IOMMU"), std::string::npos) << n.message;
+
+    auto dma = build_report(fixture("mi250x-cx6"));
+    ASSERT_TRUE(dma) << dma.error().message;
+    auto &d = find(*dma, "kernel.iommu_pt");
+    EXPECT_EQ(d.status, CheckStatus::pass);
+    EXPECT_NE(d.message.find("4 DMA, 2 DMA-FQ"), std::string::npos) << d.message;
+    EXPECT_EQ(dma->to_json()["kernel"]["iommu_pt"], false);
+}
+
+// Issue 17, item 7: Linux's pci_acs_enabled() asks no ACS of a single-function switch upstream
+// port, and a redirect a port's ACS capability lacks counts as on.
+TEST(HostReport, AcsFollowsLinuxWhereItIsNotApplicable) {
+    PciTopology pci(fixture("passthrough-switch").sysfs);
+    auto up = pci.acs("0000:01:00.0");
+    EXPECT_EQ(up.state, AcsControl::State::not_applicable);
+    EXPECT_EQ(up.port, "switch upstream port");
+    EXPECT_EQ(pci.acs("0000:02:08.0").state, AcsControl::State::enabled);
+    auto no_uf = pci.acs("0000:00:02.0");
+    EXPECT_EQ(no_uf.state, AcsControl::State::enabled) << "UF is not in its capability";
+    EXPECT_EQ(no_uf.port, "root port");
+    auto path = pci.path("0000:03:00.0", "0000:04:00.0");
+    EXPECT_EQ(path.distance, P2pDistance::host_bridge);
+    EXPECT_EQ(path.bridges.size(), 4u) << "upstream port on the path, not the turnaround";
+
+    auto r = build_report(fixture("passthrough-switch"));
+    ASSERT_TRUE(r) << r.error().message;
+    auto &acs = find(*r, "pair.acs");
+    EXPECT_EQ(acs.status, CheckStatus::pass) << acs.message;
+    EXPECT_NE(acs.message.find("0000:01:00.0 (single-function switch upstream port: ACS not "
+                               "applicable)"),
+              std::string::npos)
+        << acs.message;
+}
+
+// Issue 17, item 6: a NIC with one RX queue is named as such, not as "every queue taken".
+TEST(HostReport, OneQueueNicCannotIsolateAnything) {
+    auto r = build_report(fixture("passthrough-switch"));
+    ASSERT_TRUE(r) << r.error().message;
+    auto &n = find(*r, "netdev", "enp3s0");
+    EXPECT_EQ(n.status, CheckStatus::warn);
+    EXPECT_NE(n.message.find("1 RX queue, "), std::string::npos) << n.message;
+    EXPECT_NE(n.message.find("one RX queue"), std::string::npos) << n.message;
+    EXPECT_NE(n.fix.find("ethtool -L enp3s0"), std::string::npos) << n.fix;
+    auto cx = build_report(fixture("mi250x-cx6"));
+    ASSERT_TRUE(cx);
+    EXPECT_EQ(find(*cx, "netdev", "eth2").status, CheckStatus::pass) << "8 queues";
 }
 
 TEST(HostReport, UnknownSelectionIsAnError) {
@@ -191,6 +266,31 @@ TEST(GpuInventory, LiveDrmAgreesWithSysfsOnThisMachine) {
     HostPaths sysfs_only;
     sysfs_only.sysfs = "/sys/."; // not "/sys": the sysfs reader, on the live tree
     for (auto &g : list_gpus(sysfs_only))
-        if (!g.driver.empty()) pci.push_back(g.pci);
-    EXPECT_EQ(drm, pci);
+        pci.push_back(g.pci);
+    std::sort(drm.begin(), drm.end());
+    EXPECT_EQ(drm, pci) << "the live list keeps display functions no DRM driver took";
+}
+
+// Issue 17, item 5: the active RX queue count (real_num_rx_queues), not the allocated one. A
+// veth allocates 4 and runs 2 after `ethtool -L rx 2`; needs root (CAP_NET_ADMIN).
+TEST(NetdevInventory, LiveCountsActiveRxQueuesNotAllocated) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to make a veth";
+    std::string a = "kq" + std::to_string(getpid() % 100000) + "a";
+    std::string b = a.substr(0, a.size() - 1) + "b";
+    auto sh = [](const std::string &cmd) {
+        return std::system((cmd + " >/dev/null 2>&1").c_str());
+    };
+    if (sh("ip link add " + a + " numrxqueues 4 type veth peer name " + b + " numrxqueues 4") != 0)
+        GTEST_SKIP() << "cannot make a veth here";
+    int set = sh("ethtool -L " + a + " rx 2");
+    auto list = list_netdevs(HostPaths{});
+    sh("ip link del " + a);
+    ASSERT_EQ(set, 0) << "ethtool -L failed";
+    ASSERT_TRUE(list) << list.error().message;
+    auto it =
+        std::find_if(list->begin(), list->end(), [&](const Netdev &n) { return n.name == a; });
+    ASSERT_NE(it, list->end());
+    EXPECT_EQ(it->rx_queues, 2u);
+    EXPECT_EQ(it->rx_queues_allocated, 4u);
+    EXPECT_EQ(it->rx_queues_source, "sysfs");
 }

@@ -9,6 +9,11 @@ like real machines, for the host inventory and isolation tests and `knod-policy 
                 group for all; kernel without P2PDMA; config only in /boot; ROCm 6.0.
   identity      W7900 and ConnectX-6 on two root complexes; iommu=pt (identity domains).
   no-iommu      a virtio NIC and no IOMMU at all, like the project's VMs; no kernel config.
+  passthrough-switch
+                iommu.passthrough=1 (identity domains, no iommu=pt); a one-queue NIC behind a
+                switch whose single-function upstream port has no ACS (not applicable) and whose
+                downstream port has it; the GPU on a root port whose ACS cannot do Upstream
+                Forwarding (so it counts as on).
 """
 import gzip
 import os
@@ -18,18 +23,25 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def config_space(vendor, device, class_code, acs=None):
-    """4 KiB of PCI config space: ids, class, and extended capabilities (AER, then ACS when
-    `acs` is the control register value)."""
+# PCI Express Device/Port Type (PCIe base spec 7.5.3.2).
+ENDPOINT, ROOT_PORT, UPSTREAM, DOWNSTREAM = 0, 4, 5, 6
+
+
+def config_space(vendor, device, class_code, acs=None, port=ENDPOINT, acs_cap=0x005F):
+    """4 KiB of PCI config space: ids, class, a PCI Express capability with the port type, and
+    extended capabilities (AER, then ACS when `acs` is the control register value)."""
     b = bytearray(4096)
     struct.pack_into("<HH", b, 0, vendor, device)
+    struct.pack_into("<H", b, 6, 0x0010)  # status: capability list
     struct.pack_into("<I", b, 8, class_code << 8)
     b[0x0E] = 1 if (class_code >> 8) == 0x0604 else 0
+    b[0x34] = 0x40
+    struct.pack_into("<BBH", b, 0x40, 0x10, 0, 2 | (port << 4))  # PCIe v2, last capability
     nxt = 0x148 if acs is not None else 0
     struct.pack_into("<I", b, 0x100, 0x0001 | (1 << 16) | (nxt << 20))  # AER
     if acs is not None:
         struct.pack_into("<I", b, 0x148, 0x000D | (1 << 16))  # ACS, last
-        struct.pack_into("<HH", b, 0x14C, 0x005F, acs)  # capability, control
+        struct.pack_into("<HH", b, 0x14C, acs_cap, acs)  # capability, control
     return bytes(b)
 
 
@@ -39,6 +51,7 @@ class Host:
         shutil.rmtree(self.root, ignore_errors=True)
         self.sys = os.path.join(self.root, "sys")
         self.devices = {}
+        self.ports = {}
 
     def path(self, *parts):
         p = os.path.join(*parts)
@@ -53,14 +66,32 @@ class Host:
         self.path(at)
         os.symlink(os.path.relpath(target, os.path.dirname(at)), at)
 
-    def pci(self, parent, bdf, vendor, device, class_code, driver=None, acs=None, **files):
+    def pci(self, parent, bdf, vendor, device, class_code, driver=None, acs=None, acs_cap=0x005F, **files):
         base = self.devices[parent] if parent in self.devices else os.path.join(self.sys, "devices", parent)
         d = os.path.join(base, bdf)
         self.devices[bdf] = d
+        # Port type from the place in the tree: a bridge on a host bridge is a root port, one
+        # below a root or downstream port a switch upstream port, one below that a downstream port.
+        port = ENDPOINT
+        if (class_code >> 8) == 0x0604:
+            up = self.ports.get(parent)
+            port = ROOT_PORT if up is None else DOWNSTREAM if up == UPSTREAM else UPSTREAM
+        self.ports[bdf] = port
         self.write(os.path.join(d, "vendor"), "0x%04x\n" % vendor)
         self.write(os.path.join(d, "device"), "0x%04x\n" % device)
         self.write(os.path.join(d, "class"), "0x%06x\n" % class_code)
-        self.write(os.path.join(d, "config"), config_space(vendor, device, class_code, acs), "wb")
+        cfg = bytearray(config_space(vendor, device, class_code, acs, port, acs_cap))
+        # Two functions of one slot: both say multi-function in their header type.
+        for other in self.devices:
+            if other != bdf and other.rsplit(".", 1)[0] == bdf.rsplit(".", 1)[0]:
+                cfg[0x0E] |= 0x80
+                path = os.path.join(self.devices[other], "config")
+                with open(path, "r+b") as f:
+                    f.seek(0x0E)
+                    head = f.read(1)[0]
+                    f.seek(0x0E)
+                    f.write(bytes([head | 0x80]))
+        self.write(os.path.join(d, "config"), bytes(cfg), "wb")
         for k, v in files.items():
             self.write(os.path.join(d, k), v)
         self.link(os.path.join(self.sys, "bus/pci/devices", bdf), d)
@@ -196,3 +227,21 @@ h = Host("no-iommu")
 h.pci("pci0000:00", "0000:00:03.0", 0x1AF4, 0x1041, 0x020000, "virtio-pci")
 h.netdev("0000:00:03.0", "eth0", 2, 2, driver="virtio_net", under="virtio2")
 h.kernel("6.18.44", "console=ttyS0 root=/dev/vda rw")
+
+# --- iommu.passthrough=1; a NIC behind a switch, the GPU on another root port ---------------
+h = Host("passthrough-switch")
+h.pci("pci0000:00", "0000:00:01.0", 0x8086, 0x7A38, BRIDGE, "pcieport", ACS_ON)
+h.pci("0000:00:01.0", "0000:01:00.0", 0x10B5, 0x8747, BRIDGE, "pcieport")  # upstream, no ACS
+h.pci("0000:01:00.0", "0000:02:08.0", 0x10B5, 0x8747, BRIDGE, "pcieport", ACS_ON)
+h.pci("0000:02:08.0", "0000:03:00.0", 0x8086, 0x1533, 0x020000, "igb")
+h.pci("pci0000:00", "0000:00:02.0", 0x8086, 0x7A3A, BRIDGE, "pcieport", 0x000D, acs_cap=0x000F)
+h.pci("0000:00:02.0", "0000:04:00.0", 0x1002, 0x7448, 0x030000, "amdgpu",
+      mem_info_vram_total="51522830336\n")
+h.gpu_nodes("0000:04:00.0", 0, 128)
+h.netdev("0000:03:00.0", "enp3s0", 2, 1)
+for n, bdf in enumerate(["0000:00:01.0", "0000:01:00.0", "0000:02:08.0", "0000:03:00.0",
+                         "0000:00:02.0", "0000:04:00.0"]):
+    h.group(n, "identity", bdf)
+h.kernel("6.12.117+deb12-amd64", "console=ttyS0 intel_iommu=on iommu.passthrough=1",
+         ["CONFIG_PCI_P2PDMA=y", "CONFIG_DMABUF_MOVE_NOTIFY=y"])
+h.rocm("6.2.1-112")
