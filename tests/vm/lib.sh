@@ -95,6 +95,9 @@ vm_initramfs() {
         vm_copy_binary "$root" "$(command -v "$tool")"
     done
     for tool in modprobe insmod lsmod rmmod depmod; do ln -sf kmod "$root/usr/bin/$tool"; done
+    # The kernel's module autoloading runs /sbin/modprobe; `ip netns` wants /var/run.
+    ln -sf ../usr/bin/kmod "$root/sbin/modprobe"
+    mkdir -p "$root/var" && ln -sf ../run "$root/var/run"
     [ -d /usr/share/misc ] && mkdir -p "$root/usr/share/misc" &&
         cp -L /usr/share/misc/pci.ids "$root/usr/share/misc/" 2>/dev/null
     local b
