@@ -5,6 +5,7 @@
 #include "daemon/bus/names.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/knod_driver.h"
+#include "daemon/driver/no_driver.h"
 #include "daemon/driver/selection.h"
 #include "daemon/driver/sim_driver.h"
 #include "daemon/fd_store.h"
@@ -131,10 +132,12 @@ knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &p
 knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
                                                                 knod::driver::EventLoop *loop) {
     std::string which = o.driver;
+    std::string reason = "--driver=none";
     if (which == "auto") {
         auto choice = knod::driver::choose_driver(o.host);
         log("driver auto: " + choice.driver + " (" + choice.reason + ")");
         which = choice.driver;
+        reason = choice.reason;
     }
     if (which == "knod") {
         auto d = knod::driver::KnodDriver::open(o.host);
@@ -146,6 +149,9 @@ knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
         if (!d) return std::move(d).error().context("devmem driver");
         return std::unique_ptr<knod::driver::Driver>(std::move(*d));
     }
+    if (which == "none")
+        return std::unique_ptr<knod::driver::Driver>(
+            std::make_unique<knod::driver::NoDriver>(reason));
     auto sim = std::make_unique<knod::driver::SimDriver>(o.sim, loop);
     if (auto r = sim->start(); !r) return std::move(r).error().context("sim driver");
     if (auto note = sim->datapath_note(); !note.empty()) log(note);
@@ -193,10 +199,11 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     app.add_option("--state-dir", o.state_dir, "journal and key secret live here (mode 0700)")
         ->capture_default_str();
-    app.add_option("--driver", o.driver,
-                   "driver backend: knod, devmem, sim, or auto (knod, then devmem, then sim; the "
-                   "log says which and why)")
-        ->check(CLI::IsMember({"auto", "knod", "devmem", "sim"}))
+    app.add_option(
+           "--driver", o.driver,
+           "driver backend: knod, devmem, sim, none, or auto (knod, then devmem, else none: "
+           "bindings are refused; never the sim; the log says which and why)")
+        ->check(CLI::IsMember({"auto", "knod", "devmem", "sim", "none"}))
         ->capture_default_str();
     app.add_option("--sim-netdev", o.sim.netdev, "sim: the simulated NIC's name")
         ->capture_default_str();
@@ -517,6 +524,7 @@ int main(int argc, char **argv) {
 
     std::string status = "Serving org.knod.Policy1 with the " + driver.name() + " driver, " +
                          std::to_string(manager.policy().rules.size()) + " rule(s)";
+    if (auto why = driver.unavailable()) status += "; refusing bindings: " + *why;
     log(status);
     sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
     int r = sd_event_loop(event.get());
