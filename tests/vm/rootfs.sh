@@ -23,7 +23,7 @@ die() {
 }
 command -v mmdebstrap >/dev/null || die "mmdebstrap not found (scripts/install-deps.sh installs it)"
 
-packages=(systemd systemd-sysv dbus polkitd pkexec iproute2 udev kmod procps util-linux
+packages=(systemd systemd-sysv dbus dbus-user-session polkitd pkexec iproute2 udev kmod procps util-linux
     # The daemon's libraries (what its Depends names today); a .deb given adds its own.
     libc6 libgcc-s1 libstdc++6 libbpf1 libdrm-amdgpu1 libdrm2 libelf1 libnl-3-200 libnl-genl-3-200 libnl-route-3-200
     libsqlite3-0 libssl3 libsystemd0 libtomlplusplus3 libxdp1 libaudit1 libcap2 zlib1g)

@@ -124,17 +124,24 @@ chmod 0755 "$work/initrd/init"
 
 # --- boot ---------------------------------------------------------------------------------
 mkdir -p "$work/share"
-cp "$src/tests/vm/whole_system_guest.sh" "$work/share/guest.sh"
+cp "${KNOD_WS_GUEST:-$src/tests/vm/whole_system_guest.sh}" "$work/share/guest.sh" # (override: debugging)
+# Debugging: KNOD_WS_SIMCONF=FILE makes the guest use FILE instead of the package's sim.conf.
+[ -n "${KNOD_WS_SIMCONF:-}" ] && cp "$KNOD_WS_SIMCONF" "$work/share/sim.conf"
 chmod 0777 "$work/share"
 stamp "booting"
-# The NIC reaches nothing: a hub port with nothing else on the hub. mq=on: queues for devmem.
+# The NIC: virtio-net with 2 queue pairs (devmem reserves a queue other than 0). Only a tap
+# backend gives QEMU more than one queue; it is left down and bridged to nothing, so no packet
+# leaves this machine, and it vanishes with QEMU.
+tap=knodws$$
+[ -c /dev/net/tun ] || die "/dev/net/tun is missing (the NIC's backend is a tap left down)"
 timeout 420 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2G -M q35 \
     -nographic -no-reboot -pidfile "$work/qemu.pid" \
     -kernel "$kdir/vmlinuz" -initrd "$work/initrd.img" \
     -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.show_status=0 net.ifnames=0" \
     -drive file="$work/root.img",if=virtio,format=raw,snapshot=on \
     -virtfs local,path="$work/share",mount_tag=host,security_model=none,id=host \
-    -netdev hubport,id=n0,hubid=0 -device virtio-net-pci,netdev=n0,mq=on,vectors=10 \
+    -netdev tap,id=n0,ifname=$tap,script=no,downscript=no,vhost=off,queues=2 \
+    -device virtio-net-pci,netdev=n0,mq=on,vectors=6 \
     -serial file:"$work/console.log" -monitor none >"$work/qemu.out" 2>&1
 qemu_rc=$?
 rm -f "$work/qemu.pid"

@@ -58,6 +58,8 @@ wait_grep() { # PATTERN COMMAND...: up to 5 s for the command's output to match
 }
 
 note "system: $(systemctl is-system-running) kernel $(uname -r)"
+# The runner starts after multi-user.target, which does not wait for udev's coldplug.
+udevadm settle -t 30
 nic=$(for d in /sys/class/net/*; do
     [ -e "$d/device" ] && basename "$d"
 done | head -1)
@@ -128,7 +130,13 @@ timeout 60 systemctl stop $unit
 # --- B. the sim drop-in --------------------------------------------------------------------
 note "phase B: the sim drop-in"
 mkdir -p $dropins
-cp /usr/share/doc/knod-policy/examples/sim.conf $dropins/sim.conf
+# The installed example, as a user would (the host may pass the tree's own while debugging).
+if [ -f /mnt/host/sim.conf ]; then
+    note "sim.conf from the host's tree, not the package"
+    cp /mnt/host/sim.conf $dropins/sim.conf
+else
+    cp /usr/share/doc/knod-policy/examples/sim.conf $dropins/sim.conf
+fi
 systemctl daemon-reload
 timeout 90 systemctl start $unit
 check "with the sim drop-in on a fresh boot, systemctl start reaches active" \
@@ -141,8 +149,9 @@ start_holder h1 7 hold-active knodsim0 sim0 4096 "$flow"
 id1=$(holder_id h1)
 check "an ordinary user in the policy's group requests and activates a binding" '[ -n "$id1" ]' ||
     cat "$work/h1.out"
-knod-policy sim-send --to 10.99.0.2:5000 --count 3 --data wholesys-data >"$work/out" 2>&1 ||
-    cat "$work/out"
+# The sim's wire namespace is mounted in the daemon's mount namespace (the unit's sandbox).
+nsenter -m -t "$(prop MainPID)" knod-policy sim-send --to 10.99.0.2:5000 --count 3 \
+    --data wholesys-data >"$work/out" 2>&1 || cat "$work/out"
 sleep 1
 exec 7>&-
 wait "${holders[-1]}"
@@ -187,7 +196,11 @@ for _ in $(seq 100); do
     [ -S /run/user/61001/systemd/private ] && break
     sleep 0.1
 done
-as knodt-user env XDG_RUNTIME_DIR=/run/user/61001 systemd-run --user --unit=inference@x.service \
+for _ in $(seq 100); do
+    [ -S /run/user/61001/bus ] && break
+    sleep 0.1
+done
+as knodt-user env XDG_RUNTIME_DIR=/run/user/61001 DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/61001/bus systemd-run --user --unit=inference@x.service \
     --wait --pipe --quiet "$client" hold knodsim0 sim0 4096 'udp 10.99.0.1:* -> 10.99.0.2:6000' \
     </dev/null >"$work/out" 2>&1
 check "systemd-run --user --unit=inference@x.service cannot satisfy the units rule" \
