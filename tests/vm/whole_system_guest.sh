@@ -215,6 +215,9 @@ loginctl disable-linger knodt-user
 # --- C. the hardened unit, --driver=devmem -------------------------------------------------
 note "phase C: the hardened unit with --driver=devmem on $nic"
 rm -f $dropins/sim.conf
+# Up, as on any host that uses it (the kernel lists no queues of a device that is down); its
+# backend on the host is a tap left down: nothing leaves.
+ip link set "$nic" up
 cat >$dropins/devmem.conf <<'DROPIN'
 [Service]
 ExecStart=
