@@ -31,6 +31,10 @@
 #include <deque>
 #include <mutex>
 
+// A start refused for its configuration (policy, state dir, options): restarting cannot help,
+// and the unit's RestartPreventExitStatus= names this (EX_CONFIG, sysexits.h).
+constexpr int exit_config = 78;
+
 namespace {
 
 struct Options {
@@ -272,7 +276,7 @@ int main(int argc, char **argv) {
     if (keep_bindings && !knod::daemon::FdStore::available()) {
         std::cerr << "knod-policyd: --keep-bindings-on-restart needs systemd's NOTIFY_SOCKET and "
                      "a unit with FileDescriptorStoreMax=\n";
-        return 1;
+        return exit_config;
     }
     auto fd_store = knod::daemon::FdStore::from_environment(keep_bindings);
 
@@ -280,7 +284,7 @@ int main(int argc, char **argv) {
     if (!policy) {
         std::cerr << policy.error().message
                   << "knod-policyd: refusing to start with an invalid policy\n";
-        return 1;
+        return exit_config;
     }
     // Everything the daemon creates is its own, whoever started it and with what umask: no one
     // else may write it, and only the state dir's group may read what is meant for it (the
@@ -288,7 +292,7 @@ int main(int argc, char **argv) {
     umask(027);
     if (auto dir = knod::daemon::prepare_state_dir(o.state_dir); !dir) {
         std::cerr << "knod-policyd: refusing to start: " << dir.error().message << "\n";
-        return 1;
+        return exit_config;
     }
     // One daemon per state dir, decided before anything is touched: a second one started by
     // mistake must not reconcile, rebuild or journal over the first.
@@ -313,7 +317,7 @@ int main(int argc, char **argv) {
                                                        "journal.db");
     if (!state_files) {
         std::cerr << "knod-policyd: refusing to start: " << state_files.error().message << "\n";
-        return 1;
+        return exit_config;
     }
     for (auto &note : *state_files)
         std::cerr << "knod-policyd: " << note << "\n";
@@ -377,7 +381,7 @@ int main(int argc, char **argv) {
         auto age = knod::policy::parse_duration(o.retain);
         if (!age) {
             std::cerr << "knod-policyd: --retain: cannot read duration '" << o.retain << "'\n";
-            return 1;
+            return exit_config;
         }
         config.retain_age = *age;
     }
