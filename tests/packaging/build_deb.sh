@@ -6,12 +6,19 @@
 set -uo pipefail
 src=$(cd "${1:?usage: build_deb.sh SOURCE_DIR OUT_DIR}" && pwd)
 out=${2:?usage: build_deb.sh SOURCE_DIR OUT_DIR}
+mkdir -p "$(dirname "$out")"
 command -v dpkg-buildpackage >/dev/null || {
     echo "build_deb: dpkg-buildpackage not found (scripts/install-deps.sh installs it)"
     exit 77
 }
 started=$(date +%s)
-work=$(mktemp -d /tmp/knod-deb.XXXXXX)
+# The same path on every run (next to OUT_DIR): the compiler sees the same paths and flags
+# (-ffile-prefix-map names it), so a compiler cache hits on a rebuild.
+work=$(cd "$(dirname "$out")" && pwd)/$(basename "$out").work
+rm -rf "$work" && mkdir -p "$work" || {
+    echo "build_deb: cannot make $work"
+    exit 1
+}
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/src"
 (cd "$src" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -P -t "$work/src") || {

@@ -134,6 +134,7 @@ stamp "booting"
 # leaves this machine, and it vanishes with QEMU.
 tap=knodws$$
 [ -c /dev/net/tun ] || die "/dev/net/tun is missing (the NIC's backend is a tap left down)"
+# In the background: a signal to this script runs its traps at once, not after QEMU ends.
 timeout 420 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2G -M q35 \
     -nographic -no-reboot -pidfile "$work/qemu.pid" \
     -kernel "$kdir/vmlinuz" -initrd "$work/initrd.img" \
@@ -142,7 +143,8 @@ timeout 420 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2G -M 
     -virtfs local,path="$work/share",mount_tag=host,security_model=none,id=host \
     -netdev tap,id=n0,ifname=$tap,script=no,downscript=no,vhost=off,queues=2 \
     -device virtio-net-pci,netdev=n0,mq=on,vectors=6 \
-    -serial file:"$work/console.log" -monitor none >"$work/qemu.out" 2>&1
+    -serial file:"$work/console.log" -monitor none >"$work/qemu.out" 2>&1 &
+wait $!
 qemu_rc=$?
 rm -f "$work/qemu.pid"
 stamp "the guest powered off (qemu exit $qemu_rc)"
