@@ -42,9 +42,11 @@ stamp "kernel $kver, rootfs $rootfs, $(basename "$deb")"
 
 work=$(mktemp -d /tmp/knod-wholesys.XXXXXX)
 cleanup() {
-    if [ -s "$work/qemu.pid" ]; then
-        kill "$(cat "$work/qemu.pid")" 2>/dev/null && sleep 0.5
-        kill -9 "$(cat "$work/qemu.pid")" 2>/dev/null
+    local pid
+    pid=$(cat "$work/qemu.pid" 2>/dev/null) # QEMU removes it as it exits
+    if [ -n "$pid" ]; then
+        kill "$pid" 2>/dev/null && sleep 0.5
+        kill -9 "$pid" 2>/dev/null
     fi
     umount "$work/root/proc" 2>/dev/null
     rm -rf "$work"
