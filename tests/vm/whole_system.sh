@@ -7,6 +7,8 @@
 # Usage: whole_system.sh SOURCE_DIR DEB_DIR TEST_CLIENT
 #   DEB_DIR: where the packaging.build_deb fixture put knod-policy_*.deb.
 # Exit: 0 all passed, 1 a failure, 77 skipped (no QEMU, mmdebstrap, or not root).
+# Debugging: KNOD_WS_GUEST=SCRIPT runs SCRIPT in the guest instead of whole_system_guest.sh;
+# KNOD_WS_SIMCONF=FILE makes the guest use FILE instead of the package's sim.conf.
 # Caches (outside the repo, KNOD_VM_CACHE, default /var/cache/knod-vm): the kernel
 # (tests/vm/assets.sh) and the rootfs without the .deb (tests/vm/rootfs.sh). Everything else
 # lives in a temporary directory that the exit removes, QEMU included (killed by its pidfile).
@@ -30,6 +32,8 @@ skip() {
 for tool in qemu-system-x86_64 mmdebstrap mkfs.ext4 busybox cpio xz; do
     command -v "$tool" >/dev/null || skip "$tool not found (scripts/install-deps.sh installs it)"
 done
+# The NIC's backend is a tap left down (only a tap gives virtio-net more than one queue).
+[ -c /dev/net/tun ] || skip "/dev/net/tun is missing"
 [ -x "$client" ] || die "no test client at $client"
 
 kdir=$("$src/tests/vm/assets.sh" --print-dir) || die "tests/vm/assets.sh failed"
@@ -126,8 +130,7 @@ chmod 0755 "$work/initrd/init"
 
 # --- boot ---------------------------------------------------------------------------------
 mkdir -p "$work/share"
-cp "${KNOD_WS_GUEST:-$src/tests/vm/whole_system_guest.sh}" "$work/share/guest.sh" # (override: debugging)
-# Debugging: KNOD_WS_SIMCONF=FILE makes the guest use FILE instead of the package's sim.conf.
+cp "${KNOD_WS_GUEST:-$src/tests/vm/whole_system_guest.sh}" "$work/share/guest.sh"
 [ -n "${KNOD_WS_SIMCONF:-}" ] && cp "$KNOD_WS_SIMCONF" "$work/share/sim.conf"
 chmod 0777 "$work/share"
 stamp "booting"
@@ -135,7 +138,6 @@ stamp "booting"
 # backend gives QEMU more than one queue; it is left down and bridged to nothing, so no packet
 # leaves this machine, and it vanishes with QEMU.
 tap=knodws$$
-[ -c /dev/net/tun ] || die "/dev/net/tun is missing (the NIC's backend is a tap left down)"
 # In the background: a signal to this script runs its traps at once, not after QEMU ends.
 timeout 420 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2G -M q35 \
     -nographic -no-reboot -pidfile "$work/qemu.pid" \
