@@ -19,8 +19,9 @@ int main(int argc, char **argv) {
         "Run 'knod-policy COMMAND --help' for each command's options."};
     app.set_version_flag("--version", "knod-policy " KNOD_VERSION);
     app.require_subcommand(1);
-    app.footer("Exit codes, for every command: 0 ok; 1 invalid policy, denied or refused request, "
-               "failed verification (tampering); 2 bad usage, unreadable input, or the bus or "
+    app.footer("Exit codes: 0 ok; 1 invalid policy, denied or refused request, failed "
+               "verification (tampering); 2 bad usage, unreadable input, or the bus or "
+               "knod-policyd unreachable. The same for every command.")); 2 bad usage, unreadable input, or the bus or "
                "knod-policyd unreachable.");
     std::vector<knod::cli::Runner> runners;
     runners.push_back(knod::cli::add_check(app));
