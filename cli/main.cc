@@ -21,8 +21,7 @@ int main(int argc, char **argv) {
     app.require_subcommand(1);
     app.footer("Exit codes: 0 ok; 1 invalid policy, denied or refused request, failed "
                "verification (tampering); 2 bad usage, unreadable input, or the bus or "
-               "knod-policyd unreachable. The same for every command.")); 2 bad usage, unreadable input, or the bus or "
-               "knod-policyd unreachable.");
+               "knod-policyd unreachable. The same for every command.");
     std::vector<knod::cli::Runner> runners;
     runners.push_back(knod::cli::add_check(app));
     runners.push_back(knod::cli::add_explain(app));
