@@ -256,7 +256,7 @@ int main(int argc, char **argv) {
         ->check(CLI::IsMember({"auto", "true", "false"}))
         ->capture_default_str();
     app.set_version_flag("--version", "knod-policyd " KNOD_VERSION);
-    app.footer("Exit codes (as knod-policy's): 0 stopped cleanly; 1 refused to start (invalid "
+    app.footer("Exit codes: 0 stopped cleanly; 1 refused to start (invalid "
                "policy, unsafe state dir, bus name owned or refused, driver failure); 2 bad "
                "usage or the bus unreachable (the message names the address tried).");
     try {
