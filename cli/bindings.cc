@@ -255,15 +255,18 @@ Runner add_bindings(CLI::App &app) {
         "bindings", "List bindings (your own, or all of them for auditors and admins): rule, "
                     "flows, creation, expiry, RX bytes and packets, state.");
     add_bus_options(cmd, o->bus, true);
-    cmd->add_flag("--watch,-w", o->watch,
-                  "refresh the list every --interval with per-binding RX rates: redrawn in place "
-                  "on a terminal, one snapshot after another otherwise; with --json, one JSON "
-                  "object per line");
+    auto *watch = cmd->add_flag(
+        "--watch,-w", o->watch,
+        "refresh the list every --interval with per-binding RX rates: redrawn in place "
+        "on a terminal, one snapshot after another otherwise; with --json, one JSON "
+        "object per line");
     cmd->add_option("--interval", o->interval_s, "seconds between --watch frames")
         ->check(CLI::Range(0.1, 3600.0))
-        ->capture_default_str();
+        ->capture_default_str()
+        ->needs(watch);
     cmd->add_option("--count,-n", o->count, "stop --watch after this many frames (0: never)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->needs(watch);
     cmd->footer(std::string("Without --json: one line per binding, its flows indented below. "
                             "RX BYTES and RX PACKETS count what was delivered to the binding's "
                             "region; REGION is its size; CREATED is UTC.\n") +

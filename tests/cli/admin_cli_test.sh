@@ -184,6 +184,8 @@ for sub in "" check explain status bindings revoke reload doctor sim-send audit 
 done
 run "$cli" status --bogus
 [ "$rc" -eq 2 ] && ok "knod-policy: an unknown option is exit 2" || { not_ok "knod-policy unknown option (exit $rc)"; cat "$work/out"; }
+run "$cli" bindings --count 2
+[ "$rc" -eq 2 ] && grep -q "requires --watch" "$work/out" && ok "bindings --count without --watch is exit 2" || { not_ok "bindings --count alone (exit $rc)"; cat "$work/out"; }
 run "$daemon" --version
 [ "$rc" -eq 0 ] && grep -qx "knod-policyd [0-9][0-9.]*" "$work/out" && ok "knod-policyd --version" ||
     { not_ok "knod-policyd --version (exit $rc)"; cat "$work/out"; }
