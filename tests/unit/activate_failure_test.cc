@@ -83,6 +83,21 @@ struct Loop {
     }
 };
 
+// One RequestBinding for a sealed 4 KiB memfd on knodsim0, run to its answer.
+void request_one_region(daemon::BindingManager &m, Loop &loop, const daemon::Peer &me,
+                        std::optional<Result<daemon::Granted>> &granted) {
+    int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 4096), 0);
+    ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+    daemon::RequestArgs args{
+        "knodsim0", "sim0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5000"}};
+    m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
+    EXPECT_TRUE(loop.run_until([&] { return granted.has_value(); }));
+    close(fd);
+    ASSERT_TRUE(granted.has_value());
+}
+
 } // namespace
 
 TEST(ActivateFailure, IsJournaledAsARefusalWithTheActorAndThePolicy) {
@@ -115,16 +130,8 @@ iommu = "any"
         daemon::Peer me;
         me.uid = 4321;
         me.pid = getpid();
-        int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
-        ASSERT_GE(fd, 0);
-        ASSERT_EQ(ftruncate(fd, 4096), 0);
-        ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
-        daemon::RequestArgs args{
-            "knodsim0", "sim0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5000"}};
         std::optional<Result<daemon::Granted>> granted;
-        m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
-        ASSERT_TRUE(loop.run_until([&] { return granted.has_value(); }));
-        close(fd);
+        ASSERT_NO_FATAL_FAILURE(request_one_region(m, loop, me, granted));
         ASSERT_TRUE(granted->ok()) << granted->error().message;
         auto r = m.activate((*granted)->id, me, (*granted)->key);
         ASSERT_FALSE(r.ok());
@@ -180,16 +187,8 @@ iommu = "any"
         daemon::Peer me;
         me.uid = 4321;
         me.pid = getpid();
-        int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
-        ASSERT_GE(fd, 0);
-        ASSERT_EQ(ftruncate(fd, 4096), 0);
-        ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
-        daemon::RequestArgs args{
-            "knodsim0", "sim0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5000"}};
         std::optional<Result<daemon::Granted>> granted;
-        m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
-        ASSERT_TRUE(loop.run_until([&] { return granted.has_value(); }));
-        close(fd);
+        ASSERT_NO_FATAL_FAILURE(request_one_region(m, loop, me, granted));
         ASSERT_FALSE(granted->ok()) << "granted on a netdev without a DMA device";
         EXPECT_EQ(granted->error().code, Errc::driver_failure);
         EXPECT_NE(granted->error().message.find("'lo' has no parent device"), std::string::npos)
