@@ -1,6 +1,7 @@
 #include "daemon/driver/devmem_driver.h"
 
 #include "daemon/driver/ntuple.h"
+#include "daemon/host/devmem_readiness.h"
 #include "knod/json.h"
 
 #include <nlohmann/json.hpp>
@@ -46,11 +47,32 @@ Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
                           "another binding)");
 }
 
+Result<void> require_devmem_device(int ifindex) {
+    if (auto dma = require_dma_device(ifindex); !dma) return dma;
+    char name[IF_NAMESIZE] = {};
+    if (!if_indextoname(static_cast<unsigned>(ifindex), name))
+        return make_error(Errc::driver_failure,
+                          "devmem: no netdev with ifindex " + std::to_string(ifindex));
+    return host::require_devmem_ready(ifindex, name);
+}
+
+Result<void> require_tcp_flows(const std::vector<policy::FlowSpec> &flows) {
+    for (auto &f : flows)
+        if (f.protocol != policy::Protocol::tcp)
+            return make_error(Errc::invalid_argument,
+                              "devmem: the flow " + f.to_string() +
+                                  " is not TCP, and devmem receives TCP only (the kernel puts "
+                                  "nothing else in a dma-buf); grant it with the sim or knod "
+                                  "driver, or name tcp in the request");
+    return {};
+}
+
 Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan) {
     int ifindex = static_cast<int>(if_nametoindex(plan.netdev.c_str()));
     if (ifindex == 0) return make_error(Errc::driver_failure, "devmem: no netdev " + plan.netdev);
     // At request time already, not only at activation: a netdev bind-rx can never succeed on.
     if (auto dma = check_(ifindex); !dma) return std::move(dma).error();
+    if (auto tcp = require_tcp_flows(plan.flows); !tcp) return std::move(tcp).error();
     // Refuse flows the NIC cannot steer now, not at activation.
     for (auto &f : plan.flows)
         for (auto family : {policy::Family::ipv4, policy::Family::ipv6})

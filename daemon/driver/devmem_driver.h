@@ -23,15 +23,23 @@ Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
                                       const std::vector<NetdevQueue> &queues,
                                       const std::function<bool(std::uint32_t)> &reserved);
 
+// The request-time device check: a PCI parent (require_dma_device), then what bind-rx would
+// refuse (header split on, hds-thresh 0, no XDP program: host::require_devmem_ready).
+Result<void> require_devmem_device(int ifindex);
+
+// devmem receive is TCP only: a granted UDP (or any-protocol) flow could never be delivered, so
+// the backend refuses it (invalid_argument) with what to do instead.
+Result<void> require_tcp_flows(const std::vector<policy::FlowSpec> &flows);
+
 class DevmemDriver : public Driver {
   public:
-    // Whether a netdev may carry a binding at all: require_dma_device, asked at attach (request
-    // time). Tests of queue reservation on veth pass one that lets it through; bind-rx itself
-    // checks again whatever this says.
+    // Whether a netdev may carry a binding at all: require_devmem_device, asked at attach
+    // (request time). Tests of queue reservation on veth pass one that lets it through; bind-rx
+    // itself checks the DMA device again whatever this says.
     using DeviceCheck = std::function<Result<void>(int ifindex)>;
     // Fails when the kernel has no netdev family.
     static Result<std::unique_ptr<DevmemDriver>> open(host::HostPaths paths,
-                                                      DeviceCheck check = require_dma_device);
+                                                      DeviceCheck check = require_devmem_device);
 
     std::string name() const override { return "devmem"; }
     RegionKind region_kind() const override { return RegionKind::dma_buf; }

@@ -1,5 +1,6 @@
 #include "daemon/driver/ntuple.h"
 
+#include "daemon/host/devmem_readiness.h"
 #include "knod/unique_fd.h"
 
 #include <arpa/inet.h>
@@ -147,26 +148,10 @@ bool rss_reaches(const std::vector<std::uint32_t> &table, std::uint32_t queue) {
 }
 
 Result<void> FlowSteering::check_not_in_rss(const std::string &ifname, std::uint32_t queue) {
-    auto fd = ethtool_socket();
-    if (!fd) return std::move(fd).error();
-    auto ask = [&](std::vector<std::uint32_t> &buf, std::uint32_t size) {
-        buf.assign(2 + size, 0); // struct ethtool_rxfh_indir: cmd, size, ring_index[size]
-        buf[0] = ETHTOOL_GRXFHINDIR;
-        buf[1] = size;
-        ifreq ifr{};
-        std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
-        ifr.ifr_data = reinterpret_cast<char *>(buf.data());
-        return ioctl(fd->get(), SIOCETHTOOL, &ifr) == 0 ? 0 : errno;
-    };
-    std::vector<std::uint32_t> buf;
-    int e = ask(buf, 0);
-    if (e == EOPNOTSUPP) return {};
-    if (e == 0 && buf[1] > 0 && buf[1] <= 65536) e = ask(buf, buf[1]);
-    if (e != 0)
-        return make_error(Errc::driver_failure, "devmem: cannot read the RSS table of " + ifname +
-                                                    ": " + std::strerror(e));
-    std::vector<std::uint32_t> table(buf.begin() + 2, buf.end());
-    if (rss_reaches(table, queue))
+    auto table = host::read_rss_table(ifname);
+    if (!table) return std::move(table).error().context("devmem");
+    // A device without an RSS table spreads nothing.
+    if (*table && rss_reaches(**table, queue))
         return make_error(Errc::driver_failure,
                           "devmem: RSS spreads traffic onto queue " + std::to_string(queue) +
                               " of " + ifname +

@@ -51,5 +51,11 @@ check "the e1000e answered bind-rx itself (EOPNOTSUPP)" \
 
 # The doctor sees the same machine (a smoke check that the CLI runs on this kernel).
 check "knod-policy doctor runs" sh -c 'knod-policy doctor >/tmp/doctor.log 2>&1; [ $? -le 2 ]'
+# The per-NIC devmem pre-checks (issue 18) on the e1000e: rings-get reports no header split.
+grep 'devmem' /tmp/doctor.log
+check "the doctor says why the e1000e is not devmem-ready" \
+    grep -q 'not devmem-ready: .*no header split' /tmp/doctor.log
+check "the devmem backend refused the e1000e at request time for header split" \
+    grep -q 'RefusesAPciNicWithoutHeaderSplitAtRequestTime' /tmp/gtest.log
 
 exit $fail
