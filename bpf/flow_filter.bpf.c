@@ -457,6 +457,8 @@ static __always_inline int guard(struct __sk_buff *skb, long rx_queue) {
         }
         return TC_ACT_OK;
     }
+    if (decided == DECIDED_MALFORMED) count(KNOD_STAT_MALFORMED);
+    if (decided == DECIDED_FRAGMENT) count(KNOD_STAT_FRAGMENT);
     /* Charged to the binding that holds the queue (reread: the slot may have changed). */
     owner = bpf_map_lookup_elem(&bound_queues, &q);
     if (owner && *owner) {

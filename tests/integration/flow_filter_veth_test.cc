@@ -162,3 +162,49 @@ TEST_F(FlowFilterVeth, NeverReplacesAForeignProgram) {
     EXPECT_EQ(attached_program(ifindex), before);
     bpf_xdp_detach(ifindex, 0, nullptr);
 }
+
+// The devmem guard on a veth (issue 18): attached on tc ingress (clsact) with no XDP program,
+// its maps pinned, gone with the object. veth records no RX queue for most packets (no NAPI
+// without XDP or GRO, so queue_mapping stays 0 at ingress): such packets are the stack's and
+// pass untouched, which is what the guard must do with a packet whose queue it cannot know. The
+// per-queue decisions are the BPF_PROG_TEST_RUN table's (tests/unit/devmem_guard_test.cc).
+TEST_F(FlowFilterVeth, DevmemGuardAttachesOnTcIngressAndLeavesNothingBehind) {
+    int ifindex = veth_->ifindex();
+    std::string pin_dir;
+    int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(6000);
+    inet_pton(AF_INET, "10.77.0.1", &at.sin_addr);
+    ASSERT_EQ(bind(udp, reinterpret_cast<sockaddr *>(&at), sizeof at), 0);
+    {
+        auto f = bpf::FlowFilter::attach_guard(veth_->host, options_);
+        ASSERT_TRUE(f.ok()) << f.error().message;
+        auto &guard = **f;
+        pin_dir = guard.pin_dir();
+        EXPECT_EQ(guard.mode(), "tc");
+        EXPECT_EQ(attached_program(ifindex), 0u) << "no XDP: bind-rx would refuse it";
+        EXPECT_EQ(sh("tc filter show dev " + veth_->host + " ingress | grep -q knod_devmem"), 0);
+        EXPECT_TRUE(fs::exists(pin_dir + "/bound_queues"));
+        ASSERT_TRUE(guard.set_slot(1, bpf::SlotState::active, 3).ok());
+        ASSERT_TRUE(
+            guard.set_flows(1, {*policy::parse_flow_spec("tcp 10.77.0.2:* -> 10.77.0.1:6000")})
+                .ok());
+        ASSERT_TRUE(send_from_namespace(veth_->ns, 6000, 3));
+        char buf[64];
+        int got = 0;
+        while (recv(udp, buf, sizeof buf, 0) > 0)
+            ++got;
+        bpf::SlotCounters c = guard.counters(1);
+        // Whatever veth recorded, every datagram is either received or counted as misrouted.
+        EXPECT_EQ(static_cast<std::uint64_t>(got) + c.misrouted, 3u);
+        EXPECT_EQ(c.packets, 0u) << "UDP is never the binding's";
+        // A second guard on the same interface is refused (its pins are there).
+        auto second = bpf::FlowFilter::attach_guard(veth_->host, options_);
+        EXPECT_FALSE(second.ok());
+    }
+    close(udp);
+    EXPECT_NE(sh("tc filter show dev " + veth_->host + " ingress | grep -q knod_devmem"), 0)
+        << "the guard left the interface";
+    EXPECT_FALSE(fs::exists(pin_dir));
+}
