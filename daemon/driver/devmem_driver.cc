@@ -9,6 +9,7 @@
 #include <net/if.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace knod::driver {
 
@@ -102,8 +103,16 @@ Result<void> DevmemDriver::activate(const std::string &id) {
     if (!bound)
         return std::move(bound).error().context("devmem: " + b.plan.netdev + " queue " +
                                                 std::to_string(b.queue));
+    // The guard before the steering: from the first steered packet on, whatever else lands on
+    // the queue is dropped and counted.
+    if (auto g = guards_.add(id, b.plan.netdev, b.queue, b.plan.flows, {}); !g)
+        return std::move(g).error(); // the socket closes here: unbound again
     auto rules = FlowSteering::steer(b.plan.netdev, b.plan.flows, b.queue);
-    if (!rules) return std::move(rules).error(); // the socket closes here: unbound again
+    if (!rules) {
+        guards_.remove(id);
+        return std::move(rules).error();
+    }
+    guards_.set_own_rules(id, *rules);
     b.socket = std::move(*sock);
     b.rules = std::move(*rules);
     return {};
@@ -145,6 +154,9 @@ Result<std::vector<std::uint32_t>> DevmemDriver::readopt(const BindingPlan &plan
             return make_error(Errc::not_found, "devmem: the binding's netlink socket did not come "
                                                "back, so the kernel unbound it");
         b.kept = std::move(nl->second);
+        // The previous daemon's guard went with it: guard the queue again.
+        if (auto g = guards_.add(plan.id, plan.netdev, b.queue, plan.flows, b.rules); !g)
+            return std::move(g).error();
     }
     std::uint32_t queue = b.queue;
     bindings_[plan.id] = std::move(b);
@@ -165,6 +177,14 @@ void DevmemDriver::detach(const std::string &id) {
     if (it == bindings_.end()) return;
     FlowSteering::remove(it->second.plan.netdev, it->second.rules);
     bindings_.erase(it); // closes the binding's netlink socket: the kernel unbinds the dma-buf
+    guards_.remove(id);
+}
+
+std::map<std::string, std::string> DevmemDriver::drifted() {
+    auto now = std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+                   .count();
+    return guards_.drifted(now);
 }
 
 } // namespace knod::driver

@@ -5,6 +5,7 @@
 // closes the socket, which makes the kernel unbind.
 #pragma once
 
+#include "daemon/driver/devmem_guards.h"
 #include "daemon/driver/dma_device.h"
 #include "daemon/driver/driver.h"
 #include "daemon/driver/hardware_inventory.h"
@@ -63,8 +64,14 @@ class DevmemDriver : public Driver {
                                                std::map<std::string, UniqueFd> handles) override;
     // Removes the ntuple rules of a binding that was not taken back.
     void abandon(const std::string &netdev, const std::string &handoff) override;
-    // Per-queue statistics (qstats) are not read yet: a devmem binding reports zeros.
-    journal::Counters counters(const std::string &) const override { return {}; }
+    // From the binding's devmem guard: its packets and bytes on its queue, and as dropped the
+    // foreign packets the guard dropped there.
+    journal::Counters counters(const std::string &id) const override {
+        return guards_.counters(id);
+    }
+    // Foreign packets on a bound queue (the guard), or RSS / a foreign ntuple rule reaching it
+    // (re-read every DevmemGuards::recheck_us).
+    std::map<std::string, std::string> drifted() override;
 
   private:
     DevmemDriver(host::HostPaths paths, NetdevGenl probe, DeviceCheck check)
@@ -83,6 +90,7 @@ class DevmemDriver : public Driver {
     NetdevGenl probe_; // for queue-get; never binds
     DeviceCheck check_;
     std::map<std::string, Binding> bindings_;
+    DevmemGuards guards_;
 };
 
 } // namespace knod::driver

@@ -161,6 +161,39 @@ Result<void> FlowSteering::check_not_in_rss(const std::string &ifname, std::uint
     return {};
 }
 
+Result<std::vector<std::uint32_t>> FlowSteering::rules_to_queue(const std::string &ifname,
+                                                                std::uint32_t queue) {
+    auto fd = ethtool_socket();
+    if (!fd) return std::move(fd).error();
+    ethtool_rxnfc count{};
+    count.cmd = ETHTOOL_GRXCLSRLCNT;
+    if (int e = ethtool(fd->get(), ifname, count); e != 0) {
+        if (e == EOPNOTSUPP) return std::vector<std::uint32_t>{};
+        return make_error(Errc::driver_failure,
+                          "cannot count the ntuple rules of " + ifname + ": " + std::strerror(e));
+    }
+    std::uint32_t n = std::min<std::uint32_t>(count.rule_cnt, 65536);
+    // struct ethtool_rxnfc with rule_locs[n] after it.
+    std::vector<std::uint8_t> buf(sizeof(ethtool_rxnfc) + n * sizeof(std::uint32_t));
+    auto *all = reinterpret_cast<ethtool_rxnfc *>(buf.data());
+    all->cmd = ETHTOOL_GRXCLSRLALL;
+    all->rule_cnt = n;
+    if (int e = ethtool(fd->get(), ifname, *all); e != 0)
+        return make_error(Errc::driver_failure,
+                          "cannot list the ntuple rules of " + ifname + ": " + std::strerror(e));
+    std::vector<std::uint32_t> out;
+    for (std::uint32_t i = 0; i < std::min(n, all->rule_cnt); ++i) {
+        ethtool_rxnfc rule{};
+        rule.cmd = ETHTOOL_GRXCLSRULE;
+        rule.fs.location = all->rule_locs[i];
+        if (ethtool(fd->get(), ifname, rule) != 0) continue; // removed meanwhile
+        if (rule.fs.ring_cookie == RX_CLS_FLOW_DISC) continue;
+        if (ethtool_get_flow_spec_ring(rule.fs.ring_cookie) == queue)
+            out.push_back(rule.fs.location);
+    }
+    return out;
+}
+
 void FlowSteering::remove(const std::string &ifname, const std::vector<std::uint32_t> &locations) {
     auto fd = ethtool_socket();
     if (!fd) return;
