@@ -175,6 +175,14 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &
     return f;
 }
 
+bool FlowFilter::guard_attached(const std::string &ifname) {
+    int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+    if (ifindex == 0) return false;
+    LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex, .attach_point = BPF_TC_INGRESS);
+    LIBBPF_OPTS(bpf_tc_opts, opts, .handle = guard_handle, .priority = guard_priority);
+    return bpf_tc_query(&hook, &opts) == 0;
+}
+
 void FlowFilter::detach() {
     if (guard_ifindex_ > 0) {
         LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = guard_ifindex_, .attach_point = BPF_TC_INGRESS);

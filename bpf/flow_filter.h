@@ -56,6 +56,8 @@ class FlowFilter {
     // same rules, slots and counters; an active slot's queue is a bound queue. Pins the maps.
     static Result<std::unique_ptr<FlowFilter>> attach_guard(const std::string &ifname,
                                                             const FilterOptions &options = {});
+    // Whether a devmem guard (ours: its fixed tc handle and priority) is attached to `ifname`.
+    static bool guard_attached(const std::string &ifname);
     // Removes pinned filters whose interface is not in `keep`, detaching their programs.
     // Returns the interfaces it cleaned up. Mounts bpffs first if needed.
     static Result<std::vector<std::string>> reconcile(const std::string &pin_root,

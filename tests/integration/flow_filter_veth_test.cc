@@ -184,7 +184,7 @@ TEST_F(FlowFilterVeth, DevmemGuardAttachesOnTcIngressAndLeavesNothingBehind) {
         pin_dir = guard.pin_dir();
         EXPECT_EQ(guard.mode(), "tc");
         EXPECT_EQ(attached_program(ifindex), 0u) << "no XDP: bind-rx would refuse it";
-        EXPECT_EQ(sh("tc filter show dev " + veth_->host + " ingress | grep -q knod_devmem"), 0);
+        EXPECT_TRUE(bpf::FlowFilter::guard_attached(veth_->host));
         EXPECT_TRUE(fs::exists(pin_dir + "/bound_queues"));
         ASSERT_TRUE(guard.set_slot(1, bpf::SlotState::active, 3).ok());
         ASSERT_TRUE(
@@ -204,7 +204,6 @@ TEST_F(FlowFilterVeth, DevmemGuardAttachesOnTcIngressAndLeavesNothingBehind) {
         EXPECT_FALSE(second.ok());
     }
     close(udp);
-    EXPECT_NE(sh("tc filter show dev " + veth_->host + " ingress | grep -q knod_devmem"), 0)
-        << "the guard left the interface";
+    EXPECT_FALSE(bpf::FlowFilter::guard_attached(veth_->host)) << "the guard left the interface";
     EXPECT_FALSE(fs::exists(pin_dir));
 }

@@ -17,7 +17,7 @@ check() { # check DESCRIPTION COMMAND...
 # iproute2 keeps named network namespaces in /var/run/netns (the tests' veth pairs live there).
 mkdir -p /var && ln -sfn /run /var/run
 
-for m in veth e1000e virtio_net netdevsim vgem virtio_gpu; do
+for m in veth e1000e virtio_net netdevsim vgem virtio_gpu sch_ingress cls_bpf; do
     check "modprobe $m" modprobe "$m"
 done
 check "netdevsim device with 4 RX queues made" sh -c 'echo "1 1 4" >/sys/bus/netdevsim/new_device'
