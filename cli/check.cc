@@ -1,4 +1,5 @@
 #include "cli/commands.h"
+#include "daemon/host/devmem_readiness.h"
 #include "policy/parser.h"
 
 #include "knod/json.h"
@@ -19,12 +20,17 @@ Runner add_check(CLI::App &app) {
     struct Options {
         std::vector<std::string> files;
         bool json = false;
+        std::string driver;
     };
     auto opt = std::make_shared<Options>();
     cmd->add_option("FILE", opt->files,
                     "policy files or directories (their *.toml files, in lexical order), read as "
                     "one policy in the order given");
     cmd->add_flag("--json", opt->json, "print diagnostics as JSON");
+    cmd->add_option("--driver", opt->driver,
+                    "also warn about what this driver can never serve (devmem: flows that are "
+                    "not TCP, port ranges)")
+        ->check(CLI::IsMember({"devmem"}));
     cmd->footer("Prints every problem as FILE:LINE:COL: error|warning: MESSAGE. Exit 0 when the "
                 "policy is valid (warnings allowed), 1 when it has errors.");
 
@@ -45,6 +51,9 @@ Runner add_check(CLI::App &app) {
             }
         }
         auto load = policy::load_policy_files(files);
+        if (opt->driver == "devmem" && load.ok())
+            for (auto &w : host::devmem_policy_warnings(load.policy))
+                load.diagnostics.push_back(std::move(w));
         if (opt->json) {
             nlohmann::json out;
             out["valid"] = load.ok();

@@ -285,6 +285,33 @@ DevmemFacts read_devmem_facts(int ifindex, const std::string &ifname, std::uint3
     return f;
 }
 
+std::vector<policy::Diagnostic> devmem_policy_warnings(const policy::Policy &p) {
+    std::vector<policy::Diagnostic> out;
+    auto single = [](const policy::PortRange &r) { return r.any() || r.lo == r.hi; };
+    for (auto &rule : p.rules) {
+        if (rule.action != policy::Action::allow) continue;
+        std::string bad;
+        std::size_t unservable = 0;
+        for (auto &f : rule.flows) {
+            std::string why;
+            if (f.protocol != policy::Protocol::tcp)
+                why = "not TCP (devmem receives TCP only)";
+            else if (!single(f.src.ports) || !single(f.dst.ports))
+                why = "a port range (no ntuple rule form)";
+            if (why.empty()) continue;
+            ++unservable;
+            bad += (bad.empty() ? "" : "; ") + f.to_string() + ": " + why;
+        }
+        if (!unservable) continue;
+        std::string what = unservable == rule.flows.size()
+                               ? "can never be served by the devmem driver"
+                               : "has flows the devmem driver never serves";
+        out.push_back({policy::Severity::warning, rule.where,
+                       "rule '" + rule.name + "' " + what + ": " + bad});
+    }
+    return out;
+}
+
 Result<void> require_devmem_ready(int ifindex, const std::string &ifname) {
     DevmemFacts f = read_devmem_facts(ifindex, ifname, 0);
     f.rss_error.clear(); // the backend checks RSS against the queue it picks

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "knod/result.h"
+#include "policy/parser.h"
 
 #include <cstdint>
 #include <optional>
@@ -78,5 +79,10 @@ DevmemFacts read_devmem_facts(int ifindex, const std::string &ifname, std::uint3
 // The request-time check: fails (driver_failure) with every problem that would make bind-rx
 // fail (header split, hds-thresh, XDP), each with its fix.
 Result<void> require_devmem_ready(int ifindex, const std::string &ifname);
+
+// What the devmem backend can never serve in `policy` (`knod-policy check --driver devmem`):
+// a warning per allow rule with flows that are not TCP (devmem receives TCP only) or whose port
+// ranges have no ntuple form, saying whether the rule can serve anything at all on devmem.
+std::vector<policy::Diagnostic> devmem_policy_warnings(const policy::Policy &policy);
 
 } // namespace knod::host

@@ -3,6 +3,7 @@
 // with its fix, and the backend's TCP-only rule.
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/host/devmem_readiness.h"
+#include "policy/parser.h"
 
 #include <gtest/gtest.h>
 #include <linux/ethtool_netlink.h>
@@ -176,4 +177,42 @@ TEST(DevmemReadiness, TheBackendServesTcpFlowsOnly) {
             << r.error().message;
         EXPECT_NE(r.error().message.find(f.to_string()), std::string::npos);
     }
+}
+
+TEST(DevmemReadiness, CheckSaysWhichRulesDevmemCanNeverServe) {
+    auto load = policy::parse_policy_text(R"([[rule]]
+name = "tcp-only"
+max_region = "1MiB"
+flows = ["tcp * -> *:5000"]
+
+[[rule]]
+name = "udp-only"
+max_region = "1MiB"
+flows = ["udp * -> *:5000", "any * -> 10.0.0.1:7"]
+
+[[rule]]
+name = "mixed"
+max_region = "1MiB"
+flows = ["tcp * -> *:5000", "tcp * -> *:6000-6100", "udp * -> *:7000"]
+
+[[rule]]
+name = "deny"
+action = "deny"
+flows = ["udp * -> *:9"]
+)",
+                                          "/etc/knod/policy.toml");
+    ASSERT_TRUE(load.ok()) << load.errors_text();
+    auto w = devmem_policy_warnings(load.policy);
+    ASSERT_EQ(w.size(), 2u);
+    EXPECT_EQ(w[0].severity, policy::Severity::warning);
+    EXPECT_NE(w[0].message.find("rule 'udp-only' can never be served by the devmem driver"),
+              std::string::npos)
+        << w[0].message;
+    EXPECT_NE(w[0].message.find("not TCP"), std::string::npos);
+    EXPECT_EQ(w[0].where.line, 6) << "points at the rule";
+    EXPECT_NE(w[1].message.find("rule 'mixed' has flows the devmem driver never serves"),
+              std::string::npos)
+        << w[1].message;
+    EXPECT_NE(w[1].message.find("6000-6100: a port range"), std::string::npos) << w[1].message;
+    EXPECT_EQ(w[1].message.find("*:5000:"), std::string::npos) << "the TCP flow is servable";
 }
