@@ -13,11 +13,12 @@
 
 namespace knod::driver {
 
-Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths, DeviceCheck check) {
+Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths, DeviceCheck check,
+                                                         std::string pin_root) {
     auto probe = NetdevGenl::open();
     if (!probe) return std::move(probe).error();
-    return std::unique_ptr<DevmemDriver>(
-        new DevmemDriver(std::move(paths), std::move(*probe), std::move(check)));
+    return std::unique_ptr<DevmemDriver>(new DevmemDriver(std::move(paths), std::move(*probe),
+                                                          std::move(check), std::move(pin_root)));
 }
 
 Result<std::uint32_t> choose_rx_queue(const std::string &netdev,

@@ -39,8 +39,10 @@ class DevmemDriver : public Driver {
     // itself checks the DMA device again whatever this says.
     using DeviceCheck = std::function<Result<void>(int ifindex)>;
     // Fails when the kernel has no netdev family.
+    // `pin_root`: where each NIC's devmem guard is pinned (the daemon's --bpf-pin-root).
     static Result<std::unique_ptr<DevmemDriver>> open(host::HostPaths paths,
-                                                      DeviceCheck check = require_devmem_device);
+                                                      DeviceCheck check = require_devmem_device,
+                                                      std::string pin_root = "/sys/fs/bpf/knod");
 
     std::string name() const override { return "devmem"; }
     RegionKind region_kind() const override { return RegionKind::dma_buf; }
@@ -74,8 +76,9 @@ class DevmemDriver : public Driver {
     std::map<std::string, std::string> drifted() override;
 
   private:
-    DevmemDriver(host::HostPaths paths, NetdevGenl probe, DeviceCheck check)
-        : inventory_(std::move(paths)), probe_(std::move(probe)), check_(std::move(check)) {}
+    DevmemDriver(host::HostPaths paths, NetdevGenl probe, DeviceCheck check, std::string pin_root)
+        : inventory_(std::move(paths)), probe_(std::move(probe)), check_(std::move(check)),
+          guards_(std::move(pin_root)) {}
 
     struct Binding {
         BindingPlan plan;

@@ -21,7 +21,7 @@ namespace knod::driver {
 
 class DevmemGuards {
   public:
-    explicit DevmemGuards(std::string pin_root = "/sys/fs/bpf/knod-devmem")
+    explicit DevmemGuards(std::string pin_root = "/sys/fs/bpf/knod")
         : pin_root_(std::move(pin_root)) {}
 
     // Guards `queue` of `netdev` for binding `id`: its flows are counted, anything else on the
