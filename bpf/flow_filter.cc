@@ -1,4 +1,5 @@
 #include "bpf/flow_filter.h"
+#include "knod/dir.h"
 
 #include "flow_filter.skel.h"
 
@@ -100,7 +101,14 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname
                               "); knod-policy never replaces a program it did not load");
     if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
     std::string pin_dir = options.pin_root + "/" + ifname;
-    if (fs::exists(pin_dir))
+    // Not fs::exists(path), which throws when the pin root cannot be searched (#17 item 10).
+    std::error_code ec;
+    auto pin_status = fs::symlink_status(pin_dir, ec);
+    if (ec && pin_status.type() != fs::file_type::not_found)
+        return make_error(Errc::io, "cannot look for a pinned filter in " + options.pin_root +
+                                        ": " + ec.message() +
+                                        " (the pin root must belong to the daemon's user)");
+    if (fs::exists(pin_status))
         return make_error(Errc::denied, pin_dir +
                                             " already exists: another knod filter is pinned "
                                             "for " +
@@ -127,8 +135,8 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname
         f->mode_note_ =
             "native XDP refused on " + ifname + " (" + err(native_err) + "); using generic XDP";
     }
-    std::error_code ec;
     fs::create_directories(pin_dir, ec);
+    if (ec) return make_error(Errc::io, "cannot create " + pin_dir + ": " + ec.message());
     f->pin_dir_ = pin_dir;
     if (bpf_obj_pin(f->link_fd_, (pin_dir + "/link").c_str()) != 0)
         return make_error(Errc::io, "cannot pin the XDP link in " + pin_dir + ": " + err(errno));
@@ -144,7 +152,14 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &
     if (ifindex == 0) return make_error(Errc::not_found, "no network interface '" + ifname + "'");
     if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
     std::string pin_dir = options.pin_root + "/" + ifname;
-    if (fs::exists(pin_dir))
+    // Not fs::exists(path), which throws when the pin root cannot be searched (#17 item 10).
+    std::error_code ec;
+    auto pin_status = fs::symlink_status(pin_dir, ec);
+    if (ec && pin_status.type() != fs::file_type::not_found)
+        return make_error(Errc::io, "cannot look for a pinned filter in " + options.pin_root +
+                                        ": " + ec.message() +
+                                        " (the pin root must belong to the daemon's user)");
+    if (fs::exists(pin_status))
         return make_error(Errc::denied, pin_dir +
                                             " already exists: another knod filter is pinned "
                                             "for " +
@@ -159,15 +174,16 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &
     if (r != 0 && r != -EEXIST)
         return make_error(Errc::unavailable,
                           "cannot add a clsact qdisc to " + ifname + ": " + err(r));
+    // Replaces a guard a crashed daemon left (our handle and priority: ours by construction).
     LIBBPF_OPTS(bpf_tc_opts, opts, .prog_fd = bpf_program__fd(f->skel_->progs.knod_devmem_guard),
-                .handle = guard_handle, .priority = guard_priority);
+                .flags = BPF_TC_F_REPLACE, .handle = guard_handle, .priority = guard_priority);
     if ((r = bpf_tc_attach(&hook, &opts)) != 0)
         return make_error(Errc::unavailable, "cannot attach the devmem guard to " + ifname +
                                                  " (tc ingress): " + err(r));
     f->guard_ifindex_ = static_cast<int>(ifindex);
     f->mode_ = "tc";
-    std::error_code ec;
     fs::create_directories(pin_dir, ec);
+    if (ec) return make_error(Errc::io, "cannot create " + pin_dir + ": " + ec.message());
     f->pin_dir_ = pin_dir;
     for (const char *m : pinned_maps)
         if (bpf_map__pin(map_named(f->skel_, m), (pin_dir + "/" + m).c_str()) != 0)
@@ -227,10 +243,10 @@ Result<std::vector<std::string>> FlowFilter::reconcile(const std::string &pin_ro
     if (auto b = ensure_bpffs(pin_root); !b) return b.error();
     std::vector<std::string> removed;
     std::error_code ec;
-    for (auto &entry : fs::directory_iterator(pin_root, ec)) {
-        std::string name = entry.path().filename().string();
+    for (auto &entry : knod::list_dir(pin_root, ec)) {
+        std::string name = entry.filename().string();
         if (keep.count(name)) continue;
-        unpin_dir(entry.path());
+        unpin_dir(entry);
         removed.push_back(name);
     }
     return removed;

@@ -566,6 +566,20 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                               "flows[" + std::to_string(i) + "]: " + f.error().message);
         req.flows.push_back(*f);
     }
+    // A host with nothing to drive: refused as a driver failure, journaled like any refusal.
+    if (auto why = driver_.unavailable()) {
+        journal::Event e = event_for(journal::kind::denied, caller);
+        e.decision = "driver-failure";
+        e.reason = *why;
+        e.detail = knod::dump_json(nlohmann::json{{"netdev", escape_untrusted(args.netdev)},
+                                                  {"gpu", escape_untrusted(args.gpu)},
+                                                  {"mode", args.mode},
+                                                  {"flows", flows_json(req.flows)},
+                                                  {"exe", escape_untrusted(caller.executable)},
+                                                  {"policy", policy_.digest}});
+        refuse(std::move(e));
+        return make_error(Errc::driver_failure, *why);
+    }
     auto netdev = driver_.netdev(args.netdev);
     if (!netdev) return netdev.error();
     auto gpu = driver_.gpu(args.gpu);

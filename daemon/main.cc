@@ -5,6 +5,7 @@
 #include "daemon/bus/names.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/knod_driver.h"
+#include "daemon/driver/no_driver.h"
 #include "daemon/driver/selection.h"
 #include "daemon/driver/sim_driver.h"
 #include "daemon/fd_store.h"
@@ -29,6 +30,10 @@
 
 #include <deque>
 #include <mutex>
+
+// A start refused for its configuration (policy, state dir, options): restarting cannot help,
+// and the unit's RestartPreventExitStatus= names this (EX_CONFIG, sysexits.h).
+constexpr int exit_config = 78;
 
 namespace {
 
@@ -131,10 +136,12 @@ knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &p
 knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
                                                                 knod::driver::EventLoop *loop) {
     std::string which = o.driver;
+    std::string reason = "--driver=none";
     if (which == "auto") {
         auto choice = knod::driver::choose_driver(o.host);
         log("driver auto: " + choice.driver + " (" + choice.reason + ")");
         which = choice.driver;
+        reason = choice.reason;
     }
     if (which == "knod") {
         auto d = knod::driver::KnodDriver::open(o.host);
@@ -147,6 +154,9 @@ knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
         if (!d) return std::move(d).error().context("devmem driver");
         return std::unique_ptr<knod::driver::Driver>(std::move(*d));
     }
+    if (which == "none")
+        return std::unique_ptr<knod::driver::Driver>(
+            std::make_unique<knod::driver::NoDriver>(reason));
     auto sim = std::make_unique<knod::driver::SimDriver>(o.sim, loop);
     if (auto r = sim->start(); !r) return std::move(r).error().context("sim driver");
     if (auto note = sim->datapath_note(); !note.empty()) log(note);
@@ -194,10 +204,11 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     app.add_option("--state-dir", o.state_dir, "journal and key secret live here (mode 0700)")
         ->capture_default_str();
-    app.add_option("--driver", o.driver,
-                   "driver backend: knod, devmem, sim, or auto (knod, then devmem, then sim; the "
-                   "log says which and why)")
-        ->check(CLI::IsMember({"auto", "knod", "devmem", "sim"}))
+    app.add_option(
+           "--driver", o.driver,
+           "driver backend: knod, devmem, sim, none, or auto (knod, then devmem, else none: "
+           "bindings are refused; never the sim; the log says which and why)")
+        ->check(CLI::IsMember({"auto", "knod", "devmem", "sim", "none"}))
         ->capture_default_str();
     app.add_option("--sim-netdev", o.sim.netdev, "sim: the simulated NIC's name")
         ->capture_default_str();
@@ -267,7 +278,7 @@ int main(int argc, char **argv) {
     if (keep_bindings && !knod::daemon::FdStore::available()) {
         std::cerr << "knod-policyd: --keep-bindings-on-restart needs systemd's NOTIFY_SOCKET and "
                      "a unit with FileDescriptorStoreMax=\n";
-        return 1;
+        return exit_config;
     }
     auto fd_store = knod::daemon::FdStore::from_environment(keep_bindings);
 
@@ -275,7 +286,7 @@ int main(int argc, char **argv) {
     if (!policy) {
         std::cerr << policy.error().message
                   << "knod-policyd: refusing to start with an invalid policy\n";
-        return 1;
+        return exit_config;
     }
     // Everything the daemon creates is its own, whoever started it and with what umask: no one
     // else may write it, and only the state dir's group may read what is meant for it (the
@@ -283,7 +294,7 @@ int main(int argc, char **argv) {
     umask(027);
     if (auto dir = knod::daemon::prepare_state_dir(o.state_dir); !dir) {
         std::cerr << "knod-policyd: refusing to start: " << dir.error().message << "\n";
-        return 1;
+        return exit_config;
     }
     // One daemon per state dir, decided before anything is touched: a second one started by
     // mistake must not reconcile, rebuild or journal over the first.
@@ -308,7 +319,7 @@ int main(int argc, char **argv) {
                                                        "journal.db");
     if (!state_files) {
         std::cerr << "knod-policyd: refusing to start: " << state_files.error().message << "\n";
-        return 1;
+        return exit_config;
     }
     for (auto &note : *state_files)
         std::cerr << "knod-policyd: " << note << "\n";
@@ -372,7 +383,7 @@ int main(int argc, char **argv) {
         auto age = knod::policy::parse_duration(o.retain);
         if (!age) {
             std::cerr << "knod-policyd: --retain: cannot read duration '" << o.retain << "'\n";
-            return 1;
+            return exit_config;
         }
         config.retain_age = *age;
     }
@@ -519,6 +530,7 @@ int main(int argc, char **argv) {
 
     std::string status = "Serving org.knod.Policy1 with the " + driver.name() + " driver, " +
                          std::to_string(manager.policy().rules.size()) + " rule(s)";
+    if (auto why = driver.unavailable()) status += "; refusing bindings: " + *why;
     log(status);
     sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
     int r = sd_event_loop(event.get());

@@ -1,4 +1,5 @@
 #include "policy/parser.h"
+#include "knod/dir.h"
 
 #include "knod/untrusted.h"
 
@@ -596,9 +597,9 @@ std::vector<std::string> expand_policy_paths(const std::vector<std::string> &pat
             continue;
         }
         std::vector<std::string> found;
-        for (auto &entry : fs::directory_iterator(p, ec))
-            if (entry.path().extension() == ".toml" && entry.is_regular_file(ec))
-                found.push_back(entry.path().string());
+        for (auto &entry : knod::list_dir(p, ec))
+            if (entry.extension() == ".toml" && fs::is_regular_file(entry, ec))
+                found.push_back(entry.string());
         std::sort(found.begin(), found.end());
         out.insert(out.end(), found.begin(), found.end());
     }

@@ -68,6 +68,9 @@ class Driver {
     // without its data path names a netdev that does not exist; a real link of the same name,
     // someone else's, is none of its business).
     virtual bool netdevs_are_links() const { return true; }
+    // Why this driver has no data path at all (the host has nothing to drive): every request
+    // is then refused with DriverFailure and this text, and journaled. nullopt: it has one.
+    virtual std::optional<std::string> unavailable() const { return std::nullopt; }
     // A restart that keeps bindings (systemd's fd store). `handles`: the binding's own kernel
     // handles that must outlive the daemon for the binding to (role -> fd, roles of
     // [A-Za-z0-9_]; the daemon stores them, the driver keeps owning them). `handoff`: what the

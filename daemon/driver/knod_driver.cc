@@ -1,4 +1,5 @@
 #include "daemon/driver/knod_driver.h"
+#include "knod/dir.h"
 
 #include "knod/untrusted.h"
 
@@ -17,13 +18,12 @@ namespace knod::driver {
 std::vector<KnodDevice> knod_devices(const host::HostPaths &paths) {
     std::vector<KnodDevice> out;
     std::error_code ec;
-    for (auto &e : fs::directory_iterator(fs::path(paths.sysfs) / "class/knod", ec)) {
+    for (auto &e : knod::list_dir(fs::path(paths.sysfs) / "class/knod", ec)) {
         KnodDevice d;
-        d.name = e.path().filename().string();
-        d.netdev = host::read_line(e.path() / "netdev");
-        d.gpu = host::read_line(e.path() / "gpu");
-        d.rx_queues =
-            static_cast<std::uint32_t>(host::read_number(e.path() / "rx_queues").value_or(0));
+        d.name = e.filename().string();
+        d.netdev = host::read_line(e / "netdev");
+        d.gpu = host::read_line(e / "gpu");
+        d.rx_queues = static_cast<std::uint32_t>(host::read_number(e / "rx_queues").value_or(0));
         if (!d.netdev.empty() && !d.gpu.empty() && d.rx_queues > 1) out.push_back(std::move(d));
     }
     std::sort(out.begin(), out.end(),

@@ -16,7 +16,7 @@ DriverChoice choose_driver(const host::HostPaths &paths) {
     std::string why = "no KNOD device under " + paths.sysfs + "/class/knod";
 
     auto genl = NetdevGenl::open();
-    if (!genl) return {"sim", why + "; devmem: " + genl.error().message + "; using the sim"};
+    if (!genl) return {"none", why + "; devmem: " + genl.error().message};
     std::string nic;
     if (auto netdevs = host::list_netdevs(paths))
         for (auto &n : *netdevs)
@@ -25,13 +25,11 @@ DriverChoice choose_driver(const host::HostPaths &paths) {
                 break;
             }
     if (nic.empty())
-        return {"sim", why + "; devmem: the kernel has the netdev family, but no NIC's driver "
-                             "supports devmem TCP (gve, bnxt_en, mlx5_core, fbnic); using the sim"};
+        return {"none", why + "; devmem: the kernel has the netdev family, but no NIC's driver "
+                              "supports devmem TCP (gve, bnxt_en, mlx5_core, fbnic)"};
     auto gpus = host::list_gpus(paths);
     if (gpus.empty())
-        return {"sim", why + "; devmem: " + nic +
-                           " supports devmem TCP, but there is no GPU; "
-                           "using the sim"};
+        return {"none", why + "; devmem: " + nic + " supports devmem TCP, but there is no GPU"};
     return {"devmem", why + "; devmem: " + nic + " supports devmem TCP, GPU " + gpus.front().pci};
 }
 

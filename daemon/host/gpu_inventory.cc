@@ -1,4 +1,5 @@
 #include "daemon/host/gpu_inventory.h"
+#include "knod/dir.h"
 
 #include "daemon/host/sysfs_util.h"
 
@@ -59,8 +60,8 @@ void read_sysfs(const fs::path &dir, Gpu &g) {
     g.driver = link_name(dir / "driver");
     if (g.render_node.empty()) {
         std::error_code ec;
-        for (auto &e : fs::directory_iterator(dir / "drm", ec)) {
-            std::string n = e.path().filename().string();
+        for (auto &e : knod::list_dir(dir / "drm", ec)) {
+            std::string n = e.filename().string();
             if (n.rfind("renderD", 0) == 0) g.render_node = "/dev/dri/" + n;
         }
     }
@@ -114,15 +115,15 @@ std::vector<Gpu> from_drm(const HostPaths &paths) {
 std::vector<Gpu> from_sysfs(const HostPaths &paths) {
     std::vector<Gpu> out;
     std::error_code ec;
-    for (auto &e : fs::directory_iterator(fs::path(paths.sysfs) / "bus/pci/devices", ec)) {
-        auto cls = read_number(e.path() / "class");
+    for (auto &e : knod::list_dir(fs::path(paths.sysfs) / "bus/pci/devices", ec)) {
+        auto cls = read_number(e / "class");
         if (!cls || !is_display_class(static_cast<std::uint32_t>(*cls))) continue;
         Gpu g;
-        g.pci = e.path().filename().string();
-        g.vendor = static_cast<std::uint16_t>(read_number(e.path() / "vendor").value_or(0));
-        g.device = static_cast<std::uint16_t>(read_number(e.path() / "device").value_or(0));
+        g.pci = e.filename().string();
+        g.vendor = static_cast<std::uint16_t>(read_number(e / "vendor").value_or(0));
+        g.device = static_cast<std::uint16_t>(read_number(e / "device").value_or(0));
         classify(g);
-        read_sysfs(e.path(), g);
+        read_sysfs(e, g);
         out.push_back(std::move(g));
     }
     return out;

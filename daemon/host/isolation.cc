@@ -1,4 +1,5 @@
 #include "daemon/host/isolation.h"
+#include "knod/dir.h"
 
 #include "daemon/host/sysfs_util.h"
 
@@ -99,8 +100,8 @@ DeviceIsolation SysfsHost::device(const std::string &pci) const {
         return d;
     }
     d.type = parse_type(read_line(group_dir / "type"));
-    for (auto &member : fs::directory_iterator(group_dir / "devices", ec)) {
-        std::string name = member.path().filename().string();
+    for (auto &member : knod::list_dir(group_dir / "devices", ec)) {
+        std::string name = member.filename().string();
         if (!same_device(name, pci)) d.peers.push_back(name);
     }
     std::sort(d.peers.begin(), d.peers.end());

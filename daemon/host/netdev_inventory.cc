@@ -1,4 +1,5 @@
 #include "daemon/host/netdev_inventory.h"
+#include "knod/dir.h"
 
 #include "daemon/host/sysfs_util.h"
 
@@ -97,15 +98,15 @@ Result<std::vector<Netdev>> from_netlink(const HostPaths &paths) {
 std::vector<Netdev> from_sysfs(const HostPaths &paths) {
     std::vector<Netdev> out;
     std::error_code ec;
-    for (auto &e : fs::directory_iterator(fs::path(paths.sysfs) / "class/net", ec)) {
+    for (auto &e : knod::list_dir(fs::path(paths.sysfs) / "class/net", ec)) {
         Netdev n;
-        n.name = e.path().filename().string();
-        n.ifindex = static_cast<int>(read_number(e.path() / "ifindex").value_or(0));
-        n.state = read_line(e.path() / "operstate");
-        n.admin_up = read_number(e.path() / "flags").value_or(0) & IFF_UP;
+        n.name = e.filename().string();
+        n.ifindex = static_cast<int>(read_number(e / "ifindex").value_or(0));
+        n.state = read_line(e / "operstate");
+        n.admin_up = read_number(e / "flags").value_or(0) & IFF_UP;
         std::error_code qec;
-        for (auto &q : fs::directory_iterator(e.path() / "queues", qec))
-            if (q.path().filename().string().rfind("rx-", 0) == 0) ++n.rx_queues;
+        for (auto &q : knod::list_dir(e / "queues", qec))
+            if (q.filename().string().rfind("rx-", 0) == 0) ++n.rx_queues;
         n.rx_queues_source = "sysfs";
         read_parent(paths, n);
         out.push_back(std::move(n));

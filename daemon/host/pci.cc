@@ -1,4 +1,5 @@
 #include "daemon/host/pci.h"
+#include "knod/dir.h"
 
 #include "daemon/host/sysfs_util.h"
 
@@ -147,8 +148,8 @@ std::optional<PciFunction> PciTopology::function(const std::string &address) con
 std::vector<PciFunction> PciTopology::functions() const {
     std::vector<PciFunction> out;
     std::error_code ec;
-    for (auto &e : fs::directory_iterator(fs::path(sysfs_) / "bus/pci/devices", ec))
-        if (auto f = function(e.path().filename().string())) out.push_back(std::move(*f));
+    for (auto &e : knod::list_dir(fs::path(sysfs_) / "bus/pci/devices", ec))
+        if (auto f = function(e.filename().string())) out.push_back(std::move(*f));
     std::sort(out.begin(), out.end(),
               [](const PciFunction &a, const PciFunction &b) { return a.address < b.address; });
     return out;

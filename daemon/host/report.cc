@@ -1,4 +1,5 @@
 #include "daemon/host/report.h"
+#include "knod/dir.h"
 
 #include "daemon/host/devmem_readiness.h"
 #include "daemon/host/sysfs_util.h"
@@ -298,7 +299,7 @@ class Checker {
 std::size_t count_groups(const HostPaths &paths) {
     std::error_code ec;
     std::size_t n = 0;
-    for (auto &e : fs::directory_iterator(fs::path(paths.sysfs) / "kernel/iommu_groups", ec)) {
+    for (auto &e : knod::list_dir(fs::path(paths.sysfs) / "kernel/iommu_groups", ec)) {
         (void)e;
         ++n;
     }

@@ -7,9 +7,12 @@
 #include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <net/if.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -206,4 +209,38 @@ TEST_F(FlowFilterVeth, DevmemGuardAttachesOnTcIngressAndLeavesNothingBehind) {
     close(udp);
     EXPECT_FALSE(bpf::FlowFilter::guard_attached(veth_->host)) << "the guard left the interface";
     EXPECT_FALSE(fs::exists(pin_dir));
+}
+
+// #17 item 10: a pin root the daemon cannot search (bpffs dir of another user, root without
+// CAP_DAC_OVERRIDE, as under the sim drop-in) is an error the caller gets, never an uncaught
+// filesystem_error that aborts the daemon.
+TEST_F(FlowFilterVeth, AnUnsearchablePinRootIsAnErrorNotAnException) {
+    std::string root = "/sys/fs/bpf/knod-t-unsearchable-" + std::to_string(getpid());
+    ASSERT_EQ(mkdir(root.c_str(), 0700), 0) << root;
+    ASSERT_EQ(chown(root.c_str(), 65534, 65534), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        // Root without the capabilities that override file modes.
+        __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+        __user_cap_data_struct d[2]{};
+        if (syscall(SYS_capget, &h, d) != 0) _exit(10);
+        d[0].effective &= ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
+        if (syscall(SYS_capset, &h, d) != 0) _exit(11);
+        try {
+            bpf::FilterOptions o = options_;
+            o.pin_root = root;
+            auto f = bpf::FlowFilter::attach(veth_->host, o);
+            if (f.ok()) _exit(1);
+            _exit(f.error().message.find("Permission denied") != std::string::npos ? 0 : 2);
+        } catch (...) {
+            _exit(3);
+        }
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    rmdir(root.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << "the loader ended on a signal";
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "1: attached anyway, 2: another error, 3: an exception escaped";
+    EXPECT_EQ(attached_program(veth_->ifindex()), 0u);
 }

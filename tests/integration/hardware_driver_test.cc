@@ -89,16 +89,37 @@ TEST(HardwareDriver, AMemfdIsNoRegionForKnodAndNothingReachesTheModule) {
     ASSERT_FALSE(unknown.ok());
 }
 
-TEST(HardwareDriver, AutoFallsBackToTheSimAndSaysWhy) {
+// #17 item 8: a host with no KNOD device and no devmem NIC. auto fell back to the sim, which the
+// hardened unit cannot run (restart loop); now it starts with no data path, serves status and
+// the host report, and refuses each request with DriverFailure saying why, journaled.
+TEST(HardwareDriver, AutoOnAHostWithNothingToDriveServesAndRefusesBindings) {
     if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
     FixtureCopy host("no-iommu");
     Sandbox sb(policy, host.args("auto"));
-    auto st = sb.client().status();
+    auto c = sb.client();
+    auto st = c.status();
     ASSERT_TRUE(st.ok()) << st.error().message;
-    EXPECT_EQ(st->driver, "sim");
-    EXPECT_NE(slurp(sb.dir() + "/daemon.log")
-                  .find("no NIC's driver supports devmem TCP (gve, bnxt_en, mlx5_core, fbnic); "
-                        "using the sim"),
+    EXPECT_EQ(st->driver, "none");
+    std::string log = slurp(sb.dir() + "/daemon.log");
+    EXPECT_NE(log.find("driver auto: none (no KNOD device"), std::string::npos) << log;
+    EXPECT_NE(log.find("no NIC's driver supports devmem TCP (gve, bnxt_en, mlx5_core, fbnic)"),
               std::string::npos)
-        << slurp(sb.dir() + "/daemon.log");
+        << log;
+    EXPECT_EQ(log.find("using the sim"), std::string::npos) << log;
+    EXPECT_TRUE(c.host_report().ok());
+
+    int fd = make_region(4096);
+    auto g = c.request_binding("eth2", "0000:03:00.0", "rx-only", fd, 0, 4096,
+                               {"udp 10.20.0.1:* -> 10.20.1.10:5000"});
+    close(fd);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.error().message.find("DriverFailure"), std::string::npos) << g.error().message;
+    EXPECT_NE(g.error().message.find("no KNOD or devmem-capable NIC on this host"),
+              std::string::npos)
+        << g.error().message;
+    EXPECT_TRUE(eventually([&] {
+        return sb.sql("SELECT count(*) FROM events WHERE kind = 'request-denied' AND decision = "
+                      "'driver-failure' AND reason LIKE 'no KNOD or devmem-capable NIC%'") == "1";
+    })) << "the refusal is journaled";
+    EXPECT_EQ(sb.sql("SELECT count(*) FROM sessions"), "0");
 }

@@ -5,12 +5,14 @@
 # actions and a test rule. The rule, the test users and the bus live in a private mount
 # namespace, so the host's polkit and passwd are untouched. Last, purge: files go, the journal
 # stays unless asked.
-# Usage: package_test.sh SOURCE_DIR [TEST_CLIENT]
+# Usage: package_test.sh SOURCE_DIR [TEST_CLIENT [DEB_DIR]]
+# DEB_DIR: a package already built by tests/packaging/build_deb.sh (else it builds one).
 # TEST_CLIENT: the built tests/tools/knod_test_client; with it, other users bind, activate,
 # release and revoke against the installed daemon running as knod-policy.
 set -uo pipefail
 src=$(cd "${1:?usage: package_test.sh SOURCE_DIR [TEST_CLIENT]}" && pwd)
 test_client=${2:-}
+deb_dir=${3:-}
 passed=0 failed=0
 ok() { passed=$((passed + 1)); echo "ok - $1"; }
 not_ok() { failed=$((failed + 1)); echo "not ok - $1"; }
@@ -39,16 +41,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# --- build (in a copy: dpkg-buildpackage writes next to the source tree) -------------------
-mkdir "$work/src"
-(cd "$src" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -P -t "$work/src") ||
-    die "cannot copy the source tree"
-echo "# building the package (a few minutes)"
-(cd "$work/src" && dpkg-buildpackage -us -uc -b -j"$(nproc)") >"$work/build.log" 2>&1
-check "dpkg-buildpackage -us -uc -b builds the package" '[ $? -eq 0 ] && [ -f "$work"/knod-policy_*_amd64.deb ]' ||
-    true
+# --- build (tests/packaging/build_deb.sh; ctest runs it once as the fixture packaging.build_deb
+# and passes its DEB_DIR) -------------------------------------------------------------------
+if [ -n "$deb_dir" ]; then
+    cp "$deb_dir"/knod-policy_*.deb "$deb_dir"/knod-policy_*.changes "$deb_dir"/*.buildinfo "$work/" 2>/dev/null
+    check "the package was built (packaging.build_deb)" 'ls "$work"/knod-policy_*_amd64.deb >/dev/null 2>&1'
+else
+    "$src/tests/packaging/build_deb.sh" "$src" "$work/deb" >"$work/build.log" 2>&1
+    check "dpkg-buildpackage -us -uc -b builds the package" '[ $? -eq 0 ]' || cat "$work/build.log"
+    cp "$work"/deb/* "$work/" 2>/dev/null
+fi
 deb=$(ls "$work"/knod-policy_*_"$(dpkg --print-architecture)".deb 2>/dev/null | head -1)
-[ -n "$deb" ] || { tail -30 "$work/build.log"; die "no package built"; }
+[ -n "$deb" ] || { tail -30 "$work/build.log" 2>/dev/null; die "no package built"; }
 lintian "$work"/knod-policy_*.changes >"$work/lintian.log" 2>&1
 check "lintian reports no errors" '! grep -q "^E:" "$work/lintian.log"'
 grep "^E:" "$work/lintian.log"

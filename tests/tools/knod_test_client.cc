@@ -24,16 +24,20 @@
 //                                   for BAD_FLOW and ACTIVATES wrong-key Activate calls; print
 //                                   "CALL ERRORNAME COUNT" per outcome ("ok" for none), "done"
 //   activate ID KEYHEX | release ID | list | revoke ID REASON | reload
+//   --udmabuf before hold or hold-active: the region is a udmabuf dma-buf (BYTES page-aligned)
 #include "client/client.h"
 #include "knod/hex.h"
 
 #include <fcntl.h>
+#include <linux/udmabuf.h>
 #include <poll.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -193,6 +197,10 @@ int main(int argc, char **argv) {
         std::cout << "error " << client.error().message << std::endl;
         return 1;
     }
+    // --udmabuf: hold and hold-active offer a real dma-buf (/dev/udmabuf over a sealed memfd).
+    bool udmabuf = args[0] == "--udmabuf";
+    if (udmabuf) args.erase(args.begin());
+    if (args.empty()) return 2;
     const std::string &cmd = args[0];
     if ((cmd == "hold" || cmd == "hold-active") && args.size() >= 5) {
         std::uint64_t bytes = std::stoull(args[3]);
@@ -201,6 +209,21 @@ int main(int argc, char **argv) {
             fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
             std::cout << "error memfd" << std::endl;
             return 1;
+        }
+        if (udmabuf) {
+            int dev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+            udmabuf_create create{};
+            create.memfd = static_cast<std::uint32_t>(fd);
+            create.flags = UDMABUF_FLAGS_CLOEXEC;
+            create.size = bytes;
+            int buf = dev < 0 ? -1 : ioctl(dev, UDMABUF_CREATE, &create);
+            if (buf < 0) {
+                std::cout << "error udmabuf: " << std::strerror(errno) << std::endl;
+                return 1;
+            }
+            close(dev);
+            close(fd);
+            fd = buf;
         }
         std::vector<std::string> flows(args.begin() + 4, args.end());
         auto g = client->request_binding(args[1], args[2], "rx-only", fd, 0, bytes, flows);

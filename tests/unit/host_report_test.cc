@@ -243,7 +243,7 @@ TEST(HostReport, UnknownSelectionIsAnError) {
     EXPECT_FALSE(build_report(fixture("mi250x-cx6"), {"", "/dev/dri/renderD200"}));
 }
 
-TEST(DriverSelection, PicksKnodThenDevmemThenSim) {
+TEST(DriverSelection, PicksKnodThenDevmemElseNone) {
     auto knod = driver::choose_driver(fixture("mi250x-cx6"));
     EXPECT_EQ(knod.driver, "knod") << knod.reason;
     EXPECT_NE(knod.reason.find("knod0, eth2 -> 0000:03:00.0"), std::string::npos) << knod.reason;
@@ -251,10 +251,11 @@ TEST(DriverSelection, PicksKnodThenDevmemThenSim) {
     auto devmem = driver::choose_driver(fixture("identity"));
     EXPECT_EQ(devmem.driver, "devmem") << devmem.reason;
     EXPECT_NE(devmem.reason.find("ens1f0np0 (mlx5_core)"), std::string::npos) << devmem.reason;
-    auto sim = driver::choose_driver(fixture("no-iommu"));
-    EXPECT_EQ(sim.driver, "sim");
-    EXPECT_NE(sim.reason.find("no NIC's driver supports devmem TCP"), std::string::npos)
-        << sim.reason;
+    // Never the sim (#17 item 8: the hardened unit cannot run it): none, and why.
+    auto none = driver::choose_driver(fixture("no-iommu"));
+    EXPECT_EQ(none.driver, "none");
+    EXPECT_NE(none.reason.find("no NIC's driver supports devmem TCP"), std::string::npos)
+        << none.reason;
 }
 
 TEST(GpuInventory, LiveDrmAgreesWithSysfsOnThisMachine) {
