@@ -49,8 +49,11 @@ int quiet(enum libbpf_print_level, const char *, va_list) {
 } // namespace
 
 Result<void> FlowFilter::ensure_bpffs(const std::string &pin_root) {
-    std::string base = fs::path(pin_root).parent_path().string(); // /sys/fs/bpf
     struct statfs st {};
+    // A pin root that is itself on bpffs (the shipped unit bind-mounts /sys/fs/bpf/knod at
+    // /run/knod-policy/bpf, whose parent is tmpfs) needs nothing mounted.
+    if (statfs(pin_root.c_str(), &st) == 0 && st.f_type == BPF_FS_MAGIC) return {};
+    std::string base = fs::path(pin_root).parent_path().string(); // /sys/fs/bpf
     if (statfs(base.c_str(), &st) != 0 || st.f_type != BPF_FS_MAGIC) {
         std::error_code ec;
         fs::create_directories(base, ec);

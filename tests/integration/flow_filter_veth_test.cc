@@ -8,14 +8,18 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
 #include <net/if.h>
 #include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 
 using namespace knod;
@@ -243,4 +247,29 @@ TEST_F(FlowFilterVeth, AnUnsearchablePinRootIsAnErrorNotAnException) {
     EXPECT_EQ(WEXITSTATUS(status), 0)
         << "1: attached anyway, 2: another error, 3: an exception escaped";
     EXPECT_EQ(attached_program(veth_->ifindex()), 0u);
+}
+
+// A pin root that is itself a bpffs mount under a directory of another file system (the shipped
+// unit bind-mounts /sys/fs/bpf/knod at /run/knod-policy/bpf): used as it is, nothing mounted on
+// its parent.
+TEST_F(FlowFilterVeth, APinRootOnItsOwnBpffsMountIsUsedAsItIs) {
+    std::string parent = "/run/knod-t-pinroot-" + std::to_string(getpid());
+    std::string root = parent + "/bpf";
+    ASSERT_TRUE(fs::create_directories(root));
+    ASSERT_EQ(mount("bpf", root.c_str(), "bpf", 0, "mode=0700"), 0) << std::strerror(errno);
+    {
+        bpf::FilterOptions o = options_;
+        o.pin_root = root;
+        auto f = bpf::FlowFilter::attach_guard(veth_->host, o);
+        EXPECT_TRUE(f.ok()) << f.error().message;
+        struct statfs st {};
+        ASSERT_EQ(statfs(parent.c_str(), &st), 0);
+        EXPECT_NE(st.f_type, BPF_FS_MAGIC) << "nothing was mounted over the pin root's parent";
+        if (f.ok()) {
+            EXPECT_TRUE(fs::exists(root + "/" + veth_->host + "/bound_queues"));
+        }
+    }
+    umount2(root.c_str(), MNT_DETACH);
+    std::error_code ec;
+    fs::remove_all(parent, ec);
 }
