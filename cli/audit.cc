@@ -580,7 +580,9 @@ Runner add_audit(CLI::App &app) {
                      "write the report as one self-contained HTML page (charts, tables) to FILE "
                      "('-': stdout); with --json the JSON is printed too")
         ->type_name("FILE");
-    report_cmd->footer(report_help);
+    report_cmd->footer(std::string(report_help) +
+                       "\nExit codes: 0 ok; 2 bad usage, an unreadable journal or an "
+                       "unwritable --html file.");
     add_filters(export_cmd, *o, true);
     export_cmd->add_option("--format", o->format, "jsonl or csv")
         ->check(CLI::IsMember({"jsonl", "csv"}))
@@ -594,7 +596,8 @@ Runner add_audit(CLI::App &app) {
         "flows, the hashed fields, prev_hash and hash (docs/audit-export.md). A JSON-lines "
         "export of events can be re-verified without the database (audit verify --export "
         "FILE); a CSV export cannot. For an incremental export pass the last event_id exported "
-        "as --after.");
+        "as --after.\nExit codes: 0 ok; 2 bad usage, an unreadable journal, or an --after "
+        "from another journal.");
     verify_cmd->add_option("--anchor", o->anchor,
                            "the chain head kept outside the database (default: DB.anchor; missing "
                            "is a failure unless --no-anchor)");
@@ -633,7 +636,8 @@ Runner add_audit(CLI::App &app) {
                    "with filters); each line is still checked against its hash")
         ->needs(export_file);
     verify_cmd->footer(
-        "Exit 0 when the chain is intact, 1 naming the first bad event (or a missing anchor, or "
+        "Exit codes: 0 when the chain is intact, 1 naming the first bad event (or a missing "
+        "anchor, or "
         "a chain-head record in the system journal that the database no longer matches), 2 "
         "when the journal, the anchor or a system journal asked for cannot be read (with the "
         "reason; --json prints {\"error\": ...}). With --export: 1 names the first edited, "

@@ -150,8 +150,8 @@ Runner add_audit_policy(CLI::App &audit) {
                   "first_loaded, events}");
     cmd->footer("The text is what the daemon read, in its canonical form: for each file in load "
                 "order, \"# file: PATH\" on a line of its own, then the file. `audit verify` "
-                "checks each stored text against its digest. Exit 0, or 2 for an unknown digest "
-                "or an unreadable journal.");
+                "checks each stored text against its digest.\nExit codes: 0 ok; 2 an unknown "
+                "digest, bad usage or an unreadable journal.");
     return [cmd, o]() -> int { return cmd->parsed() ? run(*o) : -1; };
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 
 namespace knod::cli {
 namespace {
@@ -41,6 +42,13 @@ const char *to_string(GroupsSource s) {
                "own groups; pass --group to state them";
     }
     return "?";
+}
+
+Invoker invoking_user() {
+    if (geteuid() == 0)
+        if (const char *sudo = std::getenv("SUDO_UID"); sudo && number(sudo))
+            return {sudo, "you (SUDO_UID, under sudo)"};
+    return {std::to_string(getuid()), "you"};
 }
 
 Result<policy::Caller> lookup_caller(const std::string &who) {

@@ -12,6 +12,14 @@
 
 namespace knod::cli {
 
+// Who `explain` evaluates when --user is not given: the person who invoked it. Under sudo
+// (euid 0 with SUDO_UID set) that is SUDO_UID, not root; otherwise the real uid.
+struct Invoker {
+    std::string uid;
+    std::string how; // "you", "you (SUDO_UID, under sudo)"
+};
+Invoker invoking_user();
+
 // The uid and user name; no groups yet.
 Result<policy::Caller> lookup_caller(const std::string &user_or_uid);
 

@@ -1,4 +1,5 @@
 #include "cli/commands.h"
+#include "cli/host_lint.h"
 #include "daemon/host/devmem_readiness.h"
 #include "policy/parser.h"
 
@@ -20,6 +21,8 @@ Runner add_check(CLI::App &app) {
     struct Options {
         std::vector<std::string> files;
         bool json = false;
+        bool host = false, no_host = false; // neither: on when /etc/knod exists
+        std::string host_root;
         std::string driver;
     };
     auto opt = std::make_shared<Options>();
@@ -31,8 +34,17 @@ Runner add_check(CLI::App &app) {
                     "also warn about what this driver can never serve (devmem: flows that are "
                     "not TCP, port ranges)")
         ->check(CLI::IsMember({"devmem"}));
-    cmd->footer("Prints every problem as FILE:LINE:COL: error|warning: MESSAGE. Exit 0 when the "
-                "policy is valid (warnings allowed), 1 when it has errors.");
+    cmd->add_flag("--no-host", opt->no_host, "leave out the host's warnings");
+    cmd->add_flag("--host", opt->host,
+                  "also warn about what the policy means on this host: users, groups, netdevs "
+                  "and GPUs that do not exist here, rules this host's drivers can never serve "
+                  "(default: on where /etc/knod exists)");
+    cmd->add_option("--host-root", opt->host_root,
+                    "with --host, read netdevs, GPUs and IOMMU groups from a fixture tree "
+                    "(DIR/sys...), as doctor --host-root; users and groups still come from NSS");
+    cmd->footer("Prints every problem as FILE:LINE:COL: error|warning: MESSAGE. A policy with no "
+                "rules or no allow rule is warned about.\nExit codes: 0 valid (warnings "
+                "allowed), 1 errors, 2 bad usage or unreadable files.");
 
     return [cmd, opt]() -> int {
         if (!cmd->parsed()) return -1;
@@ -51,12 +63,27 @@ Runner add_check(CLI::App &app) {
             }
         }
         auto load = policy::load_policy_files(files);
+        // A host the daemon runs on has /etc/knod; elsewhere (a policy repository) the host's
+        // names mean nothing.
+        bool host = !opt->no_host &&
+                    (opt->host || !opt->host_root.empty() || access("/etc/knod", F_OK) == 0);
+        if (load.ok()) {
+            for (auto &d : grant_warnings(load.policy))
+                load.diagnostics.push_back(std::move(d));
+            if (host)
+                for (auto &d :
+                     host_warnings(load.policy, opt->host_root.empty()
+                                                    ? host::HostPaths{}
+                                                    : host::HostPaths::under(opt->host_root)))
+                    load.diagnostics.push_back(std::move(d));
+        }
         if (opt->driver == "devmem" && load.ok())
             for (auto &w : host::devmem_policy_warnings(load.policy))
                 load.diagnostics.push_back(std::move(w));
         if (opt->json) {
             nlohmann::json out;
             out["valid"] = load.ok();
+            out["host_checked"] = host && load.ok();
             out["files"] = files;
             out["rules"] = load.policy.rules.size();
             // What the journal names this policy by once the daemon loads it (audit policy).

@@ -13,7 +13,7 @@ using Runner = std::function<int()>;
 // Exit codes scripts can rely on.
 constexpr int exit_ok = 0;
 constexpr int exit_failed = 1; // policy invalid, request denied, journal tampered
-constexpr int exit_usage = 2;  // bad arguments or unreadable input
+constexpr int exit_usage = 2;  // bad arguments, unreadable input, the bus or daemon unreachable
 
 Runner add_check(CLI::App &app);
 Runner add_explain(CLI::App &app);
@@ -21,6 +21,7 @@ Runner add_audit(CLI::App &app);
 // `audit policy` (audit_policy.cc), under the audit command; returns -1 when not chosen.
 Runner add_audit_policy(CLI::App &audit);
 Runner add_daemon_commands(CLI::App &app);
+Runner add_bindings(CLI::App &app);
 Runner add_sim_send(CLI::App &app);
 Runner add_doctor(CLI::App &app);
 

@@ -81,11 +81,13 @@ Runner add_doctor(CLI::App &app) {
     cmd->add_option("--rocm-root", o->paths.rocm, "ROCm's install directory")
         ->capture_default_str();
     cmd->add_flag("--json", o->json, "print the report as JSON (as GetHostReport's \"host\")");
-    cmd->footer("Every check prints pass, info, warn or fail, with the fix under each one that is "
-                "not a pass.\nACS bits come from PCI config space, which only root reads past 64 "
-                "bytes.\nExit 0 when no check fails, 1 when one does, 2 on bad input.\n\n"
-                "Example:\n  knod-policy doctor --nic eth2 --gpu 0000:03:00.0\n"
-                "  knod-policy doctor --host-root tests/data/hosts/mi250x-cx6 --json");
+    cmd->footer(
+        "Every check prints pass, info, warn or fail, with the fix under each one that is "
+        "not a pass.\nACS bits come from PCI config space, which only root reads past 64 "
+        "bytes.\nExit codes: 0 no check fails; 1 a check fails; 2 bad usage, or a --nic or --gpu "
+        "this host does not have (the message lists the ones it has).\n\n"
+        "Example:\n  knod-policy doctor --nic eth2 --gpu 0000:03:00.0\n"
+        "  knod-policy doctor --host-root tests/data/hosts/mi250x-cx6 --json");
     return [cmd, o]() -> int { return cmd->parsed() ? run(*o) : -1; };
 }
 

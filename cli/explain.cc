@@ -1,14 +1,16 @@
 #include "cli/caller_lookup.h"
 #include "cli/commands.h"
+#include "daemon/host/gpu_inventory.h"
 #include "policy/cgroup_unit.h"
 #include "policy/engine.h"
 #include "policy/parser.h"
 
 #include "knod/json.h"
-#include <unistd.h>
+#include "knod/untrusted.h"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 namespace knod::cli {
@@ -16,11 +18,12 @@ namespace {
 
 struct Options {
     std::vector<std::string> policy_files;
-    std::string user = std::to_string(geteuid());
+    std::string user; // empty: the invoking user
     std::vector<std::string> groups;
     std::string unit, user_unit, cgroup, exe;
     std::string netdev;
     std::vector<std::string> gpus;
+    std::string host_root;
     std::string mode = "rx-only";
     std::vector<std::string> flows;
     std::string bytes = "0";
@@ -29,22 +32,68 @@ struct Options {
     bool json = false;
 };
 
-int report(const policy::Decision &d, const policy::Caller &c, GroupsSource groups, bool json) {
+// The GPU's names as the daemon's hardware backends see them: a name that is one of this host's
+// GPUs stands for every name that GPU goes by (host::names_of); any other (a sim name, a GPU of
+// another host) is matched as given.
+struct GpuNames {
+    std::vector<std::string> names;
+    std::string resolved_pci; // empty when no GPU of this host goes by the names given
+};
+
+GpuNames resolve_gpu(const std::vector<std::string> &given, const host::HostPaths &paths) {
+    GpuNames out;
+    auto gpus = host::list_gpus(paths);
+    auto add = [&](const std::string &n) {
+        if (std::find(out.names.begin(), out.names.end(), n) == out.names.end())
+            out.names.push_back(n);
+    };
+    for (auto &name : given) {
+        if (const host::Gpu *g = host::find_gpu(gpus, name)) {
+            out.resolved_pci = g->pci;
+            for (auto &n : host::names_of(*g))
+                add(n);
+        } else {
+            add(name);
+        }
+    }
+    return out;
+}
+
+std::string or_none(const std::string &s, const char *hint) {
+    return s.empty() ? std::string("-  (none; ") + hint + ")" : quote_untrusted(s);
+}
+
+int report(const policy::Decision &d, const policy::Caller &c, GroupsSource groups,
+           const std::string &who_from, const GpuNames &gpu, bool json) {
     if (json) {
-        nlohmann::json out{{"decision", policy::to_string(d.verdict)},
-                           {"caller",
-                            {{"uid", c.uid},
-                             {"user", c.user},
-                             {"gids", c.gids},
-                             {"groups_source", to_string(groups)},
-                             {"unit", c.unit},
-                             {"user_unit", c.user_unit}}},
-                           {"would_deny", d.would_deny},
-                           {"rule", d.rule},
-                           {"rule_location", d.rule.empty() ? "" : d.rule_where.to_string()},
-                           {"reason", d.reason},
-                           {"iommu", policy::to_string(d.iommu)},
-                           {"key_lifetime_s", d.key_lifetime.count()}};
+        nlohmann::json out{
+            {"decision", policy::to_string(d.verdict)},
+            {"caller",
+             {{"uid", c.uid},
+              {"user", c.user},
+              {"uid_source", who_from},
+              {"gids", c.gids},
+              {"groups", c.group_names},
+              {"groups_source", to_string(groups)},
+              {"unit", c.unit},
+              {"user_unit", c.user_unit},
+              {"cgroup", c.cgroup},
+              {"executable", c.executable}}},
+            {"gpu",
+             {{"names", gpu.names},
+              {"host_gpu",
+               gpu.resolved_pci.empty() ? nlohmann::json() : nlohmann::json(gpu.resolved_pci)}}},
+            {"would_deny", d.would_deny},
+            {"reason", d.reason}};
+        // A denial carries what decided it; only a grant carries what it grants.
+        if (!d.rule.empty()) {
+            out["rule"] = d.rule;
+            out["rule_location"] = d.rule_where.to_string();
+        }
+        if (d.granted()) {
+            out["iommu"] = policy::to_string(d.iommu);
+            out["key_lifetime_s"] = d.key_lifetime.count();
+        }
         out["earlier_rules"] = nlohmann::json::array();
         for (auto &m : d.misses)
             out["earlier_rules"].push_back(
@@ -55,7 +104,20 @@ int report(const policy::Decision &d, const policy::Caller &c, GroupsSource grou
         for (auto g : c.gids)
             gids += (gids.empty() ? "" : ",") + std::to_string(g);
         std::cout << "caller:   uid " << c.uid << (c.user.empty() ? "" : " (" + c.user + ")")
-                  << ", groups [" << gids << "] from " << to_string(groups) << "\n";
+                  << " [" << who_from << "], groups [" << gids << "] from " << to_string(groups)
+                  << "\n";
+        std::cout << "unit:     " << or_none(c.unit, "--unit or --cgroup")
+                  << (c.user_unit.empty() ? "" : ", user unit " + quote_untrusted(c.user_unit))
+                  << "\n";
+        std::cout << "exe:      " << or_none(c.executable, "--exe") << "\n";
+        std::string names;
+        for (auto &n : gpu.names)
+            names += (names.empty() ? "" : ", ") + n;
+        std::cout << "gpu:      " << names
+                  << (gpu.resolved_pci.empty()
+                          ? " (no GPU of this host goes by it: matched as given)"
+                          : " (this host's GPU " + gpu.resolved_pci + ", by every name it has)")
+                  << "\n";
         std::cout << "decision: " << policy::to_string(d.verdict)
                   << (d.would_deny ? " (permissive; would deny)" : "") << "\n";
         if (!d.rule.empty())
@@ -83,8 +145,9 @@ Runner add_explain(CLI::App &app) {
     auto o = std::make_shared<Options>();
     cmd->add_option("--policy", o->policy_files,
                     "policy files or directories (default: /etc/knod/policy.toml and policy.d/)");
-    cmd->add_option("--uid,--user", o->user, "the caller, by uid or user name (default: you)")
-        ->capture_default_str();
+    cmd->add_option("--uid,--user", o->user,
+                    "the caller, by uid or user name (default: you, the invoking user; under "
+                    "sudo, SUDO_UID)");
     cmd->add_option("--group,--gid", o->groups,
                     "a group (name or gid) the calling process holds; repeat for each. Given, "
                     "these are all its groups; not given, they are this process's own "
@@ -97,9 +160,11 @@ Runner add_explain(CLI::App &app) {
     cmd->add_option("--exe", o->exe, "the caller's executable path");
     cmd->add_option("--netdev", o->netdev, "network device to bind")->required();
     cmd->add_option("--gpu", o->gpus,
-                    "the GPU: PCI address, render node or sim name; repeat for "
-                    "each name it goes by")
+                    "the GPU: PCI address, render node or sim name. A GPU of this host stands for "
+                    "every name it goes by, as in the daemon")
         ->required();
+    cmd->add_option("--host-root", o->host_root,
+                    "resolve GPU names on a fixture tree (DIR/sys...), as doctor --host-root");
     cmd->add_option("--mode", o->mode, "rx-only, tx or rx-tx")->capture_default_str();
     cmd->add_option("--flow", o->flows,
                     "a flow spec, e.g. 'udp 10.0.0.0/16:* -> 10.1.2.3:5000'; "
@@ -112,7 +177,10 @@ Runner add_explain(CLI::App &app) {
     cmd->footer("Example:\n  knod-policy explain --policy "
                 "/usr/share/doc/knod-policy/examples/policy.example.toml --user 1000 \\\n"
                 "    --netdev knodsim0 --gpu sim0 --flow 'udp 10.99.0.1:* -> 10.99.0.2:5000' "
-                "--bytes 16MiB\nExit 0 when allowed, 1 when denied, 2 on bad input.");
+                "--bytes 16MiB\n"
+                "The caller it evaluated (uid, groups, unit, executable) and the GPU's names are "
+                "printed first.\nExit codes: 0 allowed, 1 denied, 2 bad usage or an invalid or "
+                "unreadable policy.");
 
     return [cmd, o]() -> int {
         if (!cmd->parsed()) return -1;
@@ -123,7 +191,9 @@ Runner add_explain(CLI::App &app) {
             std::cerr << load.errors_text() << "knod-policy explain: the policy is not valid\n";
             return exit_usage;
         }
-        auto caller = lookup_caller(o->user);
+        auto invoker = invoking_user();
+        std::string who_from = o->user.empty() ? invoker.how : "--user";
+        auto caller = lookup_caller(o->user.empty() ? invoker.uid : o->user);
         if (!caller) {
             std::cerr << "knod-policy explain: " << caller.error().message << "\n";
             return exit_usage;
@@ -141,7 +211,10 @@ Runner add_explain(CLI::App &app) {
             o->user_unit.empty() ? policy::user_unit_of(o->cgroup) : o->user_unit;
         req.caller.executable = o->exe;
         req.netdev = o->netdev;
-        req.gpu_names = o->gpus;
+        auto gpu =
+            resolve_gpu(o->gpus, o->host_root.empty() ? host::HostPaths{}
+                                                      : host::HostPaths::under(o->host_root));
+        req.gpu_names = gpu.names;
         auto mode = policy::parse_mode(o->mode);
         auto bytes = policy::parse_size(o->bytes);
         auto held = policy::parse_size(o->held_bytes);
@@ -163,7 +236,7 @@ Runner add_explain(CLI::App &app) {
             req.flows.push_back(*spec);
         }
         return report(policy::decide(load.policy, req, {o->held_bindings, *held}), req.caller,
-                      *groups, o->json);
+                      *groups, who_from, gpu, o->json);
     };
 }
 

@@ -19,13 +19,15 @@ int main(int argc, char **argv) {
         "Run 'knod-policy COMMAND --help' for each command's options."};
     app.set_version_flag("--version", "knod-policy " KNOD_VERSION);
     app.require_subcommand(1);
-    app.footer("Exit codes: 0 ok; 1 invalid policy, denied request or failed verification; "
-               "2 bad usage or unreadable input.");
+    app.footer("Exit codes: 0 ok; 1 invalid policy, denied or refused request, failed "
+               "verification (tampering); 2 bad usage, unreadable input, or the bus or "
+               "knod-policyd unreachable. The same for every command.");
     std::vector<knod::cli::Runner> runners;
     runners.push_back(knod::cli::add_check(app));
     runners.push_back(knod::cli::add_explain(app));
     runners.push_back(knod::cli::add_audit(app));
     runners.push_back(knod::cli::add_daemon_commands(app));
+    runners.push_back(knod::cli::add_bindings(app));
     runners.push_back(knod::cli::add_sim_send(app));
     runners.push_back(knod::cli::add_doctor(app));
     try {

@@ -4,6 +4,7 @@
 
 #include <systemd/sd-bus.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -41,9 +42,20 @@ Error bus_failure(const sd_bus_error &e, int r, const char *what) {
                                   bus::service_name +
                                   "); start it (systemctl start knod-policyd) or give "
                                   "--bus-address of the bus it serves");
-        return make_error(bus::error_code(name), name + ": " + (e.message ? e.message : ""));
+        // The bus's own answers: a daemon that stopped answering is unreachable, a call the
+        // bus policy refused is a denial.
+        Errc code = bus::error_code(name);
+        if (name == "org.freedesktop.DBus.Error.NoReply" ||
+            name == "org.freedesktop.DBus.Error.Disconnected" ||
+            name == "org.freedesktop.DBus.Error.Timeout")
+            code = Errc::unavailable;
+        else if (name == "org.freedesktop.DBus.Error.AccessDenied")
+            code = Errc::denied;
+        return make_error(code, name + ": " + (e.message ? e.message : ""));
     }
-    return make_error(Errc::io, std::string(what) + ": " + std::strerror(-r));
+    bool gone = r == -ENOTCONN || r == -ECONNRESET || r == -EPIPE || r == -ETIMEDOUT;
+    return make_error(gone ? Errc::unavailable : Errc::io,
+                      std::string(what) + ": " + std::strerror(-r));
 }
 
 std::string path_of(const std::string &id) {
@@ -128,16 +140,17 @@ Result<Client> Client::connect(const std::string &address) {
     }
     if (r < 0) {
         sd_bus_unref(bus);
-        std::string tried = address;
-        if (tried.empty()) {
-            const char *env = std::getenv("DBUS_SYSTEM_BUS_ADDRESS");
-            tried = env && *env ? env : "unix:path=/run/dbus/system_bus_socket";
-        }
-        return make_error(Errc::unavailable, "cannot connect to the bus at " + tried + ": " +
-                                                 std::strerror(-r) +
+        return make_error(Errc::unavailable, "cannot connect to the bus at " +
+                                                 address_tried(address) + ": " + std::strerror(-r) +
                                                  " (is dbus running? or give --bus-address)");
     }
     return Client(bus);
+}
+
+std::string Client::address_tried(const std::string &address) {
+    if (!address.empty()) return address;
+    const char *env = std::getenv("DBUS_SYSTEM_BUS_ADDRESS");
+    return env && *env ? env : "unix:path=/run/dbus/system_bus_socket";
 }
 
 Client::Client(Client &&o) noexcept

@@ -73,6 +73,9 @@ class Client {
   public:
     // An empty address means the system bus (DBUS_SYSTEM_BUS_ADDRESS is honoured).
     static Result<Client> connect(const std::string &address = {});
+    // The address connect(address) tries: `address`, else DBUS_SYSTEM_BUS_ADDRESS, else the
+    // system bus's socket. For messages that say which bus was unreachable.
+    static std::string address_tried(const std::string &address);
     Client(Client &&) noexcept;
     Client &operator=(Client &&) noexcept;
     ~Client();

@@ -269,7 +269,17 @@ int main(int argc, char **argv) {
         ->check(CLI::IsMember({"auto", "true", "false"}))
         ->capture_default_str();
     app.set_version_flag("--version", "knod-policyd " KNOD_VERSION);
-    CLI11_PARSE(app, argc, argv);
+    app.footer("Exit codes: 0 stopped cleanly; 78 (EX_CONFIG) configuration refused (invalid "
+               "policy, unsafe state dir or files, an unreadable --retain; systemd does not "
+               "restart it); 1 refused to start otherwise (bus name owned or refused, driver "
+               "failure) or lost the bus; 2 bad usage or the bus unreachable (the message names "
+               "the address tried).");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        // CLI11's own codes (109, 106...) mean nothing to scripts: usage errors are 2.
+        return app.exit(e) == 0 ? 0 : 2;
+    }
 
     // What systemd's fd store handed back, taken before anything else opens a descriptor or
     // starts a child.
@@ -349,7 +359,7 @@ int main(int argc, char **argv) {
     auto bus = connect_bus(o);
     if (!bus) {
         std::cerr << "knod-policyd: " << bus.error().message << "\n";
-        return 1;
+        return bus.error().code == knod::Errc::unavailable ? 2 : 1;
     }
     sd_bus_attach_event(bus->get(), event.get(), SD_EVENT_PRIORITY_NORMAL);
     // The name before the network, BPF or journal: a second daemon on the same bus stops here.

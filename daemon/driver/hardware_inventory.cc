@@ -13,8 +13,7 @@ HardwareInventory::HardwareInventory(host::HostPaths paths) : paths_(std::move(p
     for (auto &g : host::list_gpus(paths_)) {
         GpuInfo i;
         i.name = g.pci;
-        i.names = {g.pci};
-        if (!g.render_node.empty()) i.names.push_back(g.render_node);
+        i.names = host::names_of(g); // the names `explain` resolves too
         i.vram_bytes = g.vram_bytes;
         i.pci = g.pci;
         gpus_.push_back(std::move(i));

@@ -184,6 +184,20 @@ std::vector<Gpu> list_gpus(const HostPaths &paths) {
     return out;
 }
 
+std::vector<std::string> names_of(const Gpu &gpu) {
+    std::vector<std::string> names{gpu.pci};
+    if (!gpu.render_node.empty()) names.push_back(gpu.render_node);
+    return names;
+}
+
+const Gpu *find_gpu(const std::vector<Gpu> &gpus, const std::string &name) {
+    for (auto &g : gpus) {
+        auto names = names_of(g);
+        if (std::find(names.begin(), names.end(), name) != names.end()) return &g;
+    }
+    return nullptr;
+}
+
 std::optional<RocmVersion> rocm_version(const HostPaths &paths) {
     std::string text = read_line(fs::path(paths.rocm) / ".info/version");
     if (text.empty()) return std::nullopt;

@@ -33,6 +33,14 @@ void classify(Gpu &gpu);
 
 std::vector<Gpu> list_gpus(const HostPaths &paths);
 
+// Every name a GPU goes by in requests and in rules' `gpus` globs: its PCI address, then its
+// render node when it has one. The daemon's hardware backends and `knod-policy explain` both
+// resolve names here, so a rule naming either one matches a request naming the other.
+std::vector<std::string> names_of(const Gpu &gpu);
+
+// The GPU among `gpus` that goes by `name` (any of names_of); nullptr when none does.
+const Gpu *find_gpu(const std::vector<Gpu> &gpus, const std::string &name);
+
 struct RocmVersion {
     std::string text; // "6.2.1-112"; empty when ROCm is not installed
     int major = 0, minor = 0;

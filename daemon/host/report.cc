@@ -210,6 +210,15 @@ class Checker {
             "not devmem-ready: " + why, fix);
     }
 
+    // A netdev without a PCI function (veth, bridge, ifb...): asked for by name, it is reported
+    // for what it is rather than as a missing NIC.
+    void virtual_nic(const Netdev &n) {
+        add("nic.virtual", n.name, CheckStatus::info,
+            n.name + " is a virtual netdev (" + (n.kind.empty() ? "no PCI parent" : n.kind) +
+                "): it has no PCI function, so no DMA into GPU memory and no NIC/GPU pair to "
+                "check; the devmem and knod drivers cannot bind it (the sim driver binds veths)");
+    }
+
     void pair(const std::string &nic, const std::string &gpu, const std::string &nic_label) {
         std::string subject = nic_label + " -> " + gpu;
         SysfsHost host(paths_.sysfs, paths_.proc);
@@ -340,23 +349,51 @@ Result<HostReport> build_report(const HostPaths &paths, const PairSelection &sel
     r.iommu_groups = count_groups(paths);
 
     // Resolve the pair selection before checking anything: a name that matches nothing is an
-    // error, not an empty report.
+    // error naming what this host has, never an isolation verdict (a typo is not a failure to
+    // fix by weakening a rule).
+    auto pci_function = [&](const std::string &a) {
+        std::error_code ec;
+        return is_pci_address(a) && fs::exists(fs::path(paths.sysfs) / "bus/pci/devices" / a, ec);
+    };
     std::vector<std::pair<std::string, std::string>> nics; // PCI address, label
-    for (auto &n : r.netdevs)
-        if (!n.pci.empty() && (sel.nic.empty() || sel.nic == n.name || sel.nic == n.pci))
-            if (std::none_of(nics.begin(), nics.end(), [&](auto &x) { return x.first == n.pci; }))
-                nics.emplace_back(n.pci, n.name + " (" + n.pci + ")");
-    if (!sel.nic.empty() && nics.empty()) {
-        if (!is_pci_address(sel.nic))
-            return make_error(Errc::not_found, "no netdev or PCI NIC named " + sel.nic);
-        nics.emplace_back(sel.nic, sel.nic);
+    const Netdev *virtual_nic = nullptr;
+    for (auto &n : r.netdevs) {
+        if (!sel.nic.empty() && sel.nic != n.name && (n.pci.empty() || sel.nic != n.pci)) continue;
+        if (n.pci.empty()) {
+            if (!sel.nic.empty()) virtual_nic = &n;
+            continue;
+        }
+        if (std::none_of(nics.begin(), nics.end(), [&](auto &x) { return x.first == n.pci; }))
+            nics.emplace_back(n.pci, n.name + " (" + n.pci + ")");
+    }
+    if (!sel.nic.empty() && nics.empty() && !virtual_nic) {
+        if (!pci_function(sel.nic)) {
+            std::string known;
+            for (auto &n : r.netdevs)
+                known += (known.empty() ? "" : ", ") + n.name + " (" +
+                         (n.pci.empty() ? (n.kind.empty() ? "virtual" : n.kind) : n.pci) + ")";
+            return make_error(Errc::not_found, "no netdev or PCI NIC named " + sel.nic +
+                                                   " on this host; netdevs here: " +
+                                                   (known.empty() ? "none" : known));
+        }
+        nics.emplace_back(sel.nic, sel.nic); // a PCI function without a netdev
     }
     std::vector<std::string> gpus;
-    for (auto &g : r.gpus)
-        if (sel.gpu.empty() || sel.gpu == g.pci || sel.gpu == g.render_node) gpus.push_back(g.pci);
-    if (!sel.gpu.empty() && gpus.empty()) {
-        if (!is_pci_address(sel.gpu)) return make_error(Errc::not_found, "no GPU named " + sel.gpu);
+    if (sel.gpu.empty()) {
+        for (auto &g : r.gpus)
+            gpus.push_back(g.pci);
+    } else if (const Gpu *chosen = find_gpu(r.gpus, sel.gpu)) {
+        gpus.push_back(chosen->pci);
+    } else if (pci_function(sel.gpu)) {
         gpus.push_back(sel.gpu);
+    } else {
+        std::string known;
+        for (auto &g : r.gpus)
+            known += (known.empty() ? "" : ", ") + g.pci +
+                     (g.render_node.empty() ? "" : " (" + g.render_node + ")");
+        return make_error(Errc::not_found,
+                          "no GPU named " + sel.gpu +
+                              " on this host; GPUs here: " + (known.empty() ? "none" : known));
     }
 
     Checker c(paths, r);
@@ -366,6 +403,7 @@ Result<HostReport> build_report(const HostPaths &paths, const PairSelection &sel
     c.rocm();
     c.gpus();
     c.netdevs();
+    if (virtual_nic) c.virtual_nic(*virtual_nic);
     for (auto &[nic, label] : nics)
         for (auto &gpu : gpus)
             c.pair(nic, gpu, label);

@@ -35,5 +35,69 @@ check "SIGHUP reloads too" 'for i in $(seq 50); do [ "$(sqlite3 "$KNOD_STATE_DIR
 "$cli" status --bus-address=unix:path=/nonexistent >"$KNOD_SANDBOX/out" 2>&1
 check "an unreachable bus is a clear error with exit 2" '[ $? -eq 2 ] && grep -q "cannot connect" "$KNOD_SANDBOX/out"'
 kill "$HOLD_PID" 2>/dev/null
+"$cli" revoke b0000000000000000 --reason test >"$KNOD_SANDBOX/out" 2>&1
+check "revoking a binding that does not exist is refused with exit 1" '[ $? -eq 1 ]'
+
+# bindings as an admin follows them (issue 22): every column, and --watch with rates.
+coproc ACTIVE { exec "$client" hold-active knodsim0 sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5000"; }
+read -r line <&"${ACTIVE[0]}"
+id=$(echo "$line" | cut -d' ' -f2)
+check "an active holder got a binding" '[ "${line%% *}" = ok ]'
+"$cli" bindings >"$KNOD_SANDBOX/out"
+check "the bindings table has state, rule, created, expires, RX bytes and packets, and the flows" \
+    'head -1 "$KNOD_SANDBOX/out" | grep -q "^ID  *STATE  *UID  *PID  *NETDEV  *GPU  *REGION  *RULE  *CREATED  *EXPIRES  *RX BYTES  *RX PACKETS$" &&
+     grep -q "^$id  *active  *0  .* knodsim0  *sim0  *64.0KiB  *sim-local  *20[0-9-]* [0-9:]*Z  *[0-9]*m[0-9]*s  *0  *0$" "$KNOD_SANDBOX/out" &&
+     grep -q "^    flow udp 10.99.0.1:\* -> 10.99.0.2:5000$" "$KNOD_SANDBOX/out"'
+
+# --watch --json: one snapshot per line; rates from the second frame on. Traffic is sent once
+# the first frame is out, so a later frame counts it and shows a rate above zero.
+"$cli" bindings --watch --json --interval 0.3 --count 8 >"$KNOD_SANDBOX/watch.jsonl" 2>&1 &
+watch_pid=$!
+for _ in $(seq 200); do [ -s "$KNOD_SANDBOX/watch.jsonl" ] && break; sleep 0.05; done
+"$cli" sim-send --to 10.99.0.2:5000 --count 5 --data abcd >/dev/null 2>&1
+wait "$watch_pid"; watch_rc=$?
+check "bindings --watch --json streams one JSON snapshot per line, with rates after the first" \
+    '[ $watch_rc -eq 0 ] && python3 -c "
+import json, sys
+frames = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert len(frames) == 8, len(frames)
+b0 = [b for b in frames[0][\"bindings\"] if b[\"id\"] == sys.argv[2]][0]
+assert b0[\"rx_bytes_per_s\"] is None and b0[\"rx_packets_per_s\"] is None and b0[\"rx_packets\"] == 0, b0
+last = [b for b in frames[-1][\"bindings\"] if b[\"id\"] == sys.argv[2]][0]
+assert last[\"rx_packets\"] == 5 and last[\"rx_bytes\"] == 20 and last[\"state\"] == \"active\", last
+rates = [b[\"rx_packets_per_s\"] for f in frames[1:] for b in f[\"bindings\"] if b[\"id\"] == sys.argv[2]]
+assert all(r is not None and r >= 0 for r in rates) and any(r > 0 for r in rates), rates
+assert all(f[\"at_us\"] > p[\"at_us\"] for p, f in zip(frames, frames[1:]))
+" "$KNOD_SANDBOX/watch.jsonl" "$id"'
+
+# Under a pseudo-terminal: each frame clears the screen and redraws in place, like top.
+script -qec "$cli bindings --watch --interval 0.2 --count 2" /dev/null >"$KNOD_SANDBOX/tty.out" 2>&1
+check "bindings --watch on a terminal redraws: two frames, each after a clear-screen, with the rate columns" \
+    'python3 -c "
+import sys
+t = open(sys.argv[1], \"rb\").read().decode()
+frames = t.split(\"\\x1b[H\\x1b[2J\")
+assert frames[0] == \"\" and len(frames) == 3, repr(t[:200])
+for f in frames[1:]:
+    assert f.startswith(\"knod-policy bindings  \") and \"(Ctrl-C quits)\" in f, repr(f[:200])
+    assert \"RX/S\" in f and \"PKT/S\" in f and sys.argv[2] in f, repr(f)
+" "$KNOD_SANDBOX/tty.out" "$id"'
+"$cli" bindings --watch --interval 0.2 --count 2 >"$KNOD_SANDBOX/plain.out" 2>&1
+check "bindings --watch into a pipe prints plain snapshots, no terminal codes" \
+    '[ "$(grep -c "^knod-policy bindings  " "$KNOD_SANDBOX/plain.out")" -eq 2 ] && ! grep -q $'"'"'\x1b'"'"' "$KNOD_SANDBOX/plain.out" &&
+     [ "$(grep -c "^$id  *active" "$KNOD_SANDBOX/plain.out")" -eq 2 ]'
+echo >&"${ACTIVE[1]}"
+exec {ACTIVE[1]}>&-
+wait "$ACTIVE_PID" 2>/dev/null
+
+check "the sandbox's dbus-daemon does not name an account this host lacks" \
+    '! grep -q "Unknown username\|Unknown group" "$KNOD_SANDBOX/bus.log"'
+
+# The daemon gone, the bus still there: exit 2, saying so and naming the bus.
+kill -TERM "$KNOD_DAEMON_PID"
+for _ in $(seq 100); do kill -0 "$KNOD_DAEMON_PID" 2>/dev/null || break; sleep 0.05; done
+"$cli" bindings --watch --count 2 >"$KNOD_SANDBOX/out" 2>&1
+check "bindings without the daemon: exit 2, names the bus and the missing daemon" \
+    '[ $? -eq 2 ] && grep -q "knod-policyd is not running" "$KNOD_SANDBOX/out" && grep -qF "$DBUS_SYSTEM_BUS_ADDRESS" "$KNOD_SANDBOX/out"'
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -243,6 +243,37 @@ TEST(HostReport, UnknownSelectionIsAnError) {
     EXPECT_FALSE(build_report(fixture("mi250x-cx6"), {"", "/dev/dri/renderD200"}));
 }
 
+// A PCI address this host does not have is a typo to report with the devices it does have,
+// not a pair to fail with a fix that weakens the policy (issue 22).
+TEST(HostReport, AbsentPciAddressIsAnErrorNamingTheHostsDevices) {
+    auto gpu = build_report(fixture("mi250x-cx6"), {"", "0000:c1:00.0"});
+    ASSERT_FALSE(gpu);
+    EXPECT_EQ(gpu.error().code, Errc::not_found);
+    EXPECT_NE(gpu.error().message.find("0000:03:00.0 (/dev/dri/renderD128)"), std::string::npos)
+        << gpu.error().message;
+    auto nic = build_report(fixture("mi250x-cx6"), {"0000:c2:00.0", ""});
+    ASSERT_FALSE(nic);
+    EXPECT_NE(nic.error().message.find("eth2 (0000:04:00.0)"), std::string::npos)
+        << nic.error().message;
+}
+
+// The daemon and `explain` resolve a GPU's names here: a render node selects the same GPU as
+// its PCI address.
+TEST(GpuInventory, EveryNameResolvesToTheSameGpu) {
+    auto gpus = list_gpus(fixture("mi250x-cx6"));
+    ASSERT_EQ(gpus.size(), 1u);
+    EXPECT_EQ(names_of(gpus[0]), (std::vector<std::string>{"0000:03:00.0", "/dev/dri/renderD128"}));
+    ASSERT_NE(find_gpu(gpus, "/dev/dri/renderD128"), nullptr);
+    EXPECT_EQ(find_gpu(gpus, "/dev/dri/renderD128")->pci, "0000:03:00.0");
+    EXPECT_EQ(find_gpu(gpus, "0000:03:00.0"), find_gpu(gpus, "/dev/dri/renderD128"));
+    EXPECT_EQ(find_gpu(gpus, "0000:c1:00.0"), nullptr);
+    auto r = build_report(fixture("mi250x-cx6"), {"eth2", "/dev/dri/renderD128"});
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_TRUE(std::any_of(r->checks.begin(), r->checks.end(), [](const HostCheck &c) {
+        return c.id == "pair.acs" && c.subject.ends_with("-> 0000:03:00.0");
+    }));
+}
+
 TEST(DriverSelection, PicksKnodThenDevmemElseNone) {
     auto knod = driver::choose_driver(fixture("mi250x-cx6"));
     EXPECT_EQ(knod.driver, "knod") << knod.reason;
