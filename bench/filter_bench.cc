@@ -56,6 +56,25 @@ double run_ns(int prog, std::vector<std::uint8_t> &packet, int repeat, int expec
     return opts.duration;
 }
 
+// The same for a tc program (the devmem guard's test entry and its floor): the RX queue in cb[0].
+double run_tc_ns(int prog, std::vector<std::uint8_t> &packet, int repeat, int expect) {
+    __sk_buff ctx{};
+    ctx.cb[0] = 0; // the bound queue
+    LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = packet.data(),
+                .data_size_in = static_cast<__u32>(packet.size()), .ctx_in = &ctx,
+                .ctx_size_in = sizeof ctx, .repeat = repeat);
+    if (bpf_prog_test_run_opts(prog, &opts) != 0) {
+        std::perror("BPF_PROG_TEST_RUN (tc)");
+        std::exit(1);
+    }
+    if (static_cast<int>(opts.retval) != expect) {
+        std::fprintf(stderr, "tc verdict %u, expected %d: the benchmark missed its path\n",
+                     opts.retval, expect);
+        std::exit(1);
+    }
+    return opts.duration;
+}
+
 struct Packet {
     std::vector<std::uint8_t> bytes;
     bool matches; // a rule covers it: knod and xdp-filter both drop it here (no AF_XDP socket)
@@ -170,6 +189,8 @@ int main(int argc, char **argv) {
         return 77; // cannot run here: the test suite reports a skip
     }
     int floor_prog = bpf_program__fd(floor_skel->progs.xdp_pass);
+    int tc_floor_prog = bpf_program__fd(floor_skel->progs.tc_ok);
+    std::vector<std::string> guard_rows;
 
     std::printf(
         "ns/packet from BPF_PROG_TEST_RUN duration, repeat %d; ratios against the same run\n",
@@ -222,11 +243,47 @@ int main(int argc, char **argv) {
             std::fprintf(stderr, "binding counters disagree with the runs\n");
             return 1;
         }
+        // The devmem guard (tc) on the same rules, the binding holding queue 0: a match is
+        // counted and let through, anything else is dropped as misrouted.
+        auto before = (*filter)->counters(1);
+        for (auto &[label, set] : {std::pair{"hot", &hot}, std::pair{"varied", &varied}}) {
+            std::vector<double> floor_ns, guard_ns;
+            for (auto &p : *set) {
+                floor_ns.push_back(run_tc_ns(tc_floor_prog, p.bytes, repeat, 0));
+                guard_ns.push_back(run_tc_ns((*filter)->guard_test_program_fd(), p.bytes, repeat,
+                                             p.matches ? 0 : 2));
+            }
+            auto avg = [&](std::vector<double> &v) {
+                if (set == &hot) {
+                    std::sort(v.begin(), v.end());
+                    return v[v.size() / 2];
+                }
+                double sum = 0;
+                for (double x : v)
+                    sum += x;
+                return sum / static_cast<double>(v.size());
+            };
+            double f = avg(floor_ns), g = avg(guard_ns);
+            char row[160];
+            std::snprintf(row, sizeof row, "%-8u %-8s %8.1f %8.1f %10.1f", n, label, f, g, g - f);
+            guard_rows.push_back(row);
+        }
+        auto after = (*filter)->counters(1);
+        std::uint64_t missed = hot.size() + varied.size() - hits;
+        if (after.packets - before.packets != hits * static_cast<std::uint64_t>(repeat) ||
+            after.misrouted - before.misrouted != missed * static_cast<std::uint64_t>(repeat)) {
+            std::fprintf(stderr, "guard counters disagree with the runs\n");
+            return 1;
+        }
     }
     std::printf("%s\n", !measured_xf ? "xdp-filter not measured"
                         : all_ok
                             ? "target met: knod <= 0.7x xdp-filter alw_all at every size"
                             : "target missed: knod > 0.7x xdp-filter alw_all somewhere (see docs)");
+    std::printf("\nthe devmem guard (tc ingress, same rules, the binding on the packets' queue)\n");
+    std::printf("%-8s %-8s %8s %8s %10s\n", "rules", "packets", "tc-floor", "guard", "guard-floor");
+    for (auto &r : guard_rows)
+        std::printf("%s\n", r.c_str());
     xdp_pass_bpf__destroy(floor_skel);
     return 0;
 }

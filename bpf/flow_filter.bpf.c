@@ -104,6 +104,13 @@ struct {
 } counters SEC(".maps");
 
 struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, KNOD_MAX_QUEUES);
+    __type(key, __u32);
+    __type(value, __u32);
+} bound_queues SEC(".maps");
+
+struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
     __uint(max_entries, KNOD_STAT_COUNT);
     __type(key, __u32);
@@ -322,8 +329,8 @@ static __always_inline void read_config(const struct knod_config *cfg, struct kn
 
 /* Decides against the rule set `c` names, touching nothing, so the decision can be dropped and
  * made again if the rules changed meanwhile. Sets *slot_id for the binding decisions. */
-static __always_inline int decide(struct xdp_md *ctx, const struct knod_config *c, __u32 *slot_id) {
-    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+static __always_inline int decide(void *data, void *end, __u32 rx_queue,
+                                  const struct knod_config *c, __u32 *slot_id) {
     long found = exact4_fast(data, end, c->generation & 1);
     if (found == -2 || (found == -1 && c->prefixes4)) {
         struct packet p = {};
@@ -341,7 +348,7 @@ static __always_inline int decide(struct xdp_md *ctx, const struct knod_config *
     if (s.state == KNOD_SLOT_FREE) return DECIDED_UNMATCHED;
     /* An inactive binding's traffic, or traffic on a queue other than the binding's, is
      * dropped: it must not reach the stack or another binding's socket. */
-    if (s.state != KNOD_SLOT_ACTIVE || s.queue != ctx->rx_queue_index) return DECIDED_BINDING_DROP;
+    if (s.state != KNOD_SLOT_ACTIVE || s.queue != rx_queue) return DECIDED_BINDING_DROP;
     return DECIDED_OFFLOAD;
 }
 
@@ -353,13 +360,16 @@ int knod_flow_filter(struct xdp_md *ctx) {
     struct knod_config c;
     read_config(cfg, &c); /* one generation per decision */
     __u32 slot_id = 0;
-    int decided = decide(ctx, &c, &slot_id);
+    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+    int decided = decide(data, end, ctx->rx_queue_index, &c, &slot_id);
     /* x86 keeps loads in order: if this decision saw anything the loader wrote after a bump, it
      * sees the bump here too. */
     if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
         count(KNOD_STAT_REDECIDED);
         read_config(cfg, &c);
-        decided = decide(ctx, &c, &slot_id);
+        data = (void *)(long)ctx->data;
+        end = (void *)(long)ctx->data_end;
+        decided = decide(data, end, ctx->rx_queue_index, &c, &slot_id);
         if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
             /* Undecidable while the rules keep changing: fail closed. */
             count(KNOD_STAT_RACED);
@@ -408,4 +418,67 @@ int knod_steer(struct __sk_buff *skb) {
     struct knod_slot *slot = bpf_map_lookup_elem(&slots, &slot_id);
     if (slot && slot->state != KNOD_SLOT_FREE) skb->queue_mapping = slot->queue + 1;
     return TC_ACT_OK;
+}
+
+/* The devmem guard: tc ingress on a devmem NIC, where XDP cannot run (bind-rx refuses a device
+ * with XDP). It sees each packet after the NIC placed it (headers in host memory, payload in the
+ * dma-buf) with the RX queue it arrived on, and uses the flow filter's rule tables and decision:
+ * a binding's own packet on its queue is counted for it; any other packet on a bound queue
+ * (another flow, a fragment, malformed, not TCP) is foreign traffic the NIC put in the holder's
+ * memory: it is dropped and counted as misrouted for the queue's binding, and the daemon revokes
+ * the binding (steering drift). Packets on unbound queues are the stack's. `rx_queue` is the
+ * queue index, or -1 when the driver recorded none. */
+static __always_inline int guard(struct __sk_buff *skb, long rx_queue) {
+    if (rx_queue < 0 || rx_queue >= KNOD_MAX_QUEUES) return TC_ACT_OK;
+    __u32 q = rx_queue;
+    __u32 *owner = bpf_map_lookup_elem(&bound_queues, &q);
+    if (!owner || *owner == 0) return TC_ACT_OK;
+    __u32 zero = 0;
+    struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
+    if (!cfg) return TC_ACT_SHOT;
+    struct knod_config c;
+    read_config(cfg, &c);
+    __u32 slot_id = 0;
+    int decided = decide((void *)(long)skb->data, (void *)(long)skb->data_end, q, &c, &slot_id);
+    if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
+        count(KNOD_STAT_REDECIDED);
+        read_config(cfg, &c);
+        decided = decide((void *)(long)skb->data, (void *)(long)skb->data_end, q, &c, &slot_id);
+        if (*(volatile __u32 *)&cfg->epoch != c.epoch) {
+            count(KNOD_STAT_RACED);
+            return TC_ACT_SHOT;
+        }
+    }
+    if (decided == DECIDED_OFFLOAD) {
+        struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &slot_id);
+        if (cnt) {
+            cnt->packets += 1;
+            cnt->bytes += skb->len;
+        }
+        return TC_ACT_OK;
+    }
+    if (decided == DECIDED_MALFORMED) count(KNOD_STAT_MALFORMED);
+    if (decided == DECIDED_FRAGMENT) count(KNOD_STAT_FRAGMENT);
+    /* Charged to the binding that holds the queue (reread: the slot may have changed). */
+    owner = bpf_map_lookup_elem(&bound_queues, &q);
+    if (owner && *owner) {
+        __u32 holder = *owner - 1;
+        struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &holder);
+        if (cnt) cnt->misrouted += 1;
+    }
+    count(KNOD_STAT_MISROUTED);
+    return TC_ACT_SHOT;
+}
+
+SEC("tc")
+int knod_devmem_guard(struct __sk_buff *skb) {
+    /* Drivers record the RX queue as queue_mapping = queue + 1 (skb_record_rx_queue). */
+    return guard(skb, (long)skb->queue_mapping - 1);
+}
+
+/* BPF_PROG_TEST_RUN cannot set queue_mapping: the tests give the queue in cb[0] to the same
+ * guard. Never attached. */
+SEC("tc")
+int knod_devmem_guard_test(struct __sk_buff *skb) {
+    return guard(skb, (long)skb->cb[0]);
 }

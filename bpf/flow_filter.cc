@@ -32,7 +32,10 @@ std::string err(int e) {
 }
 
 const char *pinned_maps[] = {"config", "exact4",   "exact6", "prefixes4", "prefixes6",
-                             "slots",  "counters", "stats",  "xsks"};
+                             "slots",  "counters", "stats",  "xsks",      "bound_queues"};
+
+// The devmem guard's tc filter: a fixed handle and priority, so that it is ours to remove.
+constexpr __u32 guard_handle = 0x4b4e, guard_priority = 0x4b4e;
 
 struct bpf_map *map_named(flow_filter_bpf *s, const std::string &name) {
     return bpf_object__find_map_by_name(s->obj, name.c_str());
@@ -46,8 +49,11 @@ int quiet(enum libbpf_print_level, const char *, va_list) {
 } // namespace
 
 Result<void> FlowFilter::ensure_bpffs(const std::string &pin_root) {
-    std::string base = fs::path(pin_root).parent_path().string(); // /sys/fs/bpf
     struct statfs st {};
+    // A pin root that is itself on bpffs (the shipped unit bind-mounts /sys/fs/bpf/knod at
+    // /run/knod-policy/bpf, whose parent is tmpfs) needs nothing mounted.
+    if (statfs(pin_root.c_str(), &st) == 0 && st.f_type == BPF_FS_MAGIC) return {};
+    std::string base = fs::path(pin_root).parent_path().string(); // /sys/fs/bpf
     if (statfs(base.c_str(), &st) != 0 || st.f_type != BPF_FS_MAGIC) {
         std::error_code ec;
         fs::create_directories(base, ec);
@@ -143,7 +149,66 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname
     return f;
 }
 
+Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &ifname,
+                                                             const FilterOptions &options) {
+    unsigned ifindex = if_nametoindex(ifname.c_str());
+    if (ifindex == 0) return make_error(Errc::not_found, "no network interface '" + ifname + "'");
+    if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
+    std::string pin_dir = options.pin_root + "/" + ifname;
+    // Not fs::exists(path), which throws when the pin root cannot be searched (#17 item 10).
+    std::error_code ec;
+    auto pin_status = fs::symlink_status(pin_dir, ec);
+    if (ec && pin_status.type() != fs::file_type::not_found)
+        return make_error(Errc::io, "cannot look for a pinned filter in " + options.pin_root +
+                                        ": " + ec.message() +
+                                        " (the pin root must belong to the daemon's user)");
+    if (fs::exists(pin_status))
+        return make_error(Errc::denied, pin_dir +
+                                            " already exists: another knod filter is pinned "
+                                            "for " +
+                                            ifname + " (run reconcile first)");
+    auto loaded = load(options);
+    if (!loaded) return loaded.error();
+    auto f = std::move(*loaded);
+    f->ifname_ = ifname;
+    LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = static_cast<int>(ifindex),
+                .attach_point = BPF_TC_INGRESS);
+    int r = bpf_tc_hook_create(&hook);
+    if (r != 0 && r != -EEXIST)
+        return make_error(Errc::unavailable,
+                          "cannot add a clsact qdisc to " + ifname + ": " + err(r));
+    // Replaces a guard a crashed daemon left (our handle and priority: ours by construction).
+    LIBBPF_OPTS(bpf_tc_opts, opts, .prog_fd = bpf_program__fd(f->skel_->progs.knod_devmem_guard),
+                .flags = BPF_TC_F_REPLACE, .handle = guard_handle, .priority = guard_priority);
+    if ((r = bpf_tc_attach(&hook, &opts)) != 0)
+        return make_error(Errc::unavailable, "cannot attach the devmem guard to " + ifname +
+                                                 " (tc ingress): " + err(r));
+    f->guard_ifindex_ = static_cast<int>(ifindex);
+    f->mode_ = "tc";
+    fs::create_directories(pin_dir, ec);
+    if (ec) return make_error(Errc::io, "cannot create " + pin_dir + ": " + ec.message());
+    f->pin_dir_ = pin_dir;
+    for (const char *m : pinned_maps)
+        if (bpf_map__pin(map_named(f->skel_, m), (pin_dir + "/" + m).c_str()) != 0)
+            return make_error(Errc::io, std::string("cannot pin map ") + m + ": " + err(errno));
+    return f;
+}
+
+bool FlowFilter::guard_attached(const std::string &ifname) {
+    int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+    if (ifindex == 0) return false;
+    LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex, .attach_point = BPF_TC_INGRESS);
+    LIBBPF_OPTS(bpf_tc_opts, opts, .handle = guard_handle, .priority = guard_priority);
+    return bpf_tc_query(&hook, &opts) == 0;
+}
+
 void FlowFilter::detach() {
+    if (guard_ifindex_ > 0) {
+        LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = guard_ifindex_, .attach_point = BPF_TC_INGRESS);
+        LIBBPF_OPTS(bpf_tc_opts, opts, .handle = guard_handle, .priority = guard_priority);
+        bpf_tc_detach(&hook, &opts);
+        guard_ifindex_ = -1;
+    }
     if (!pin_dir_.empty()) {
         std::error_code ec;
         fs::remove_all(pin_dir_, ec); // unlinking pins is how bpffs removes them
@@ -227,6 +292,21 @@ Result<void> FlowFilter::set_slot(std::uint32_t slot, SlotState state, std::uint
     if (bpf_map__update_elem(skel_->maps.slots, &slot, sizeof slot, &v, sizeof v, 0) != 0)
         return make_error(Errc::io,
                           "cannot write slot " + std::to_string(slot) + ": " + err(errno));
+    // The devmem guard's reverse index: an active slot holds its queue, nothing else does.
+    auto held = queue_of_.find(slot);
+    if (held != queue_of_.end()) {
+        __u32 q = held->second, none = 0;
+        bpf_map__update_elem(skel_->maps.bound_queues, &q, sizeof q, &none, sizeof none, 0);
+        queue_of_.erase(held);
+    }
+    if (state == SlotState::active && queue < KNOD_MAX_QUEUES) {
+        __u32 owner = slot + 1;
+        if (bpf_map__update_elem(skel_->maps.bound_queues, &queue, sizeof queue, &owner,
+                                 sizeof owner, 0) != 0)
+            return make_error(Errc::io, "cannot mark queue " + std::to_string(queue) +
+                                            " bound: " + err(errno));
+        queue_of_[slot] = queue;
+    }
     return {};
 }
 
@@ -369,6 +449,7 @@ SlotCounters FlowFilter::counters(std::uint32_t slot) const {
         out.packets += c.packets;
         out.bytes += c.bytes;
         out.drops += c.drops;
+        out.misrouted += c.misrouted;
     }
     return out;
 }
@@ -386,7 +467,7 @@ FilterStats FlowFilter::stats() const {
     };
     return {read(KNOD_STAT_PASSED),   read(KNOD_STAT_DROPPED),      read(KNOD_STAT_MALFORMED),
             read(KNOD_STAT_FRAGMENT), read(KNOD_STAT_BINDING_DROP), read(KNOD_STAT_REDECIDED),
-            read(KNOD_STAT_RACED)};
+            read(KNOD_STAT_RACED),    read(KNOD_STAT_MISROUTED)};
 }
 
 int FlowFilter::program_fd() const {
@@ -394,6 +475,12 @@ int FlowFilter::program_fd() const {
 }
 int FlowFilter::steer_program_fd() const {
     return bpf_program__fd(skel_->progs.knod_steer);
+}
+int FlowFilter::guard_program_fd() const {
+    return bpf_program__fd(skel_->progs.knod_devmem_guard);
+}
+int FlowFilter::guard_test_program_fd() const {
+    return bpf_program__fd(skel_->progs.knod_devmem_guard_test);
 }
 int FlowFilter::xsks_fd() const {
     return bpf_map__fd(skel_->maps.xsks);

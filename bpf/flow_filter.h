@@ -28,6 +28,7 @@ struct SlotCounters {
     std::uint64_t packets = 0;
     std::uint64_t bytes = 0;
     std::uint64_t drops = 0;
+    std::uint64_t misrouted = 0; // the devmem guard: foreign packets on the binding's queue
 };
 
 struct FilterStats {
@@ -35,6 +36,7 @@ struct FilterStats {
     std::uint64_t passed = 0, dropped = 0, malformed = 0, fragments = 0, binding_drops = 0;
     std::uint64_t redecided = 0; // the rules changed while a packet was decided: decided again
     std::uint64_t raced = 0;     // ... and changed again: dropped (fail closed)
+    std::uint64_t misrouted = 0; // the devmem guard: foreign packets on bound queues, dropped
 };
 
 struct FilterOptions {
@@ -50,6 +52,12 @@ class FlowFilter {
     // Loads, attaches to `ifname` and pins. Refuses an interface that already has an XDP program.
     static Result<std::unique_ptr<FlowFilter>> attach(const std::string &ifname,
                                                       const FilterOptions &options = {});
+    // Loads and attaches the devmem guard instead (tc ingress, clsact; see flow_filter.bpf.c):
+    // same rules, slots and counters; an active slot's queue is a bound queue. Pins the maps.
+    static Result<std::unique_ptr<FlowFilter>> attach_guard(const std::string &ifname,
+                                                            const FilterOptions &options = {});
+    // Whether a devmem guard (ours: its fixed tc handle and priority) is attached to `ifname`.
+    static bool guard_attached(const std::string &ifname);
     // Removes pinned filters whose interface is not in `keep`, detaching their programs.
     // Returns the interfaces it cleaned up. Mounts bpffs first if needed.
     static Result<std::vector<std::string>> reconcile(const std::string &pin_root,
@@ -74,9 +82,11 @@ class FlowFilter {
     FilterStats stats() const;
 
     int program_fd() const;
-    int steer_program_fd() const; // the tc program for the sim's wire end
+    int steer_program_fd() const;      // the tc program for the sim's wire end
+    int guard_program_fd() const;      // the devmem guard (tc ingress)
+    int guard_test_program_fd() const; // the same guard, RX queue from cb[0] (BPF_PROG_TEST_RUN)
     int xsks_fd() const;
-    const std::string &mode() const { return mode_; }           // native, generic, or none
+    const std::string &mode() const { return mode_; } // native, generic, tc (the guard), or none
     const std::string &mode_note() const { return mode_note_; } // why generic, if it is
     const std::string &pin_dir() const { return pin_dir_; }
 
@@ -91,6 +101,8 @@ class FlowFilter {
 
     flow_filter_bpf *skel_ = nullptr;
     int link_fd_ = -1;
+    int guard_ifindex_ = -1;                          // where the devmem guard is attached
+    std::map<std::uint32_t, std::uint32_t> queue_of_; // active slot -> its bound queue
     std::string ifname_;
     std::string pin_dir_;
     std::string mode_ = "none";

@@ -128,10 +128,14 @@ struct knod_slot {
 };
 
 struct knod_counters {
-    __u64 packets; /* delivered toward the offload queue */
+    __u64 packets; /* delivered toward the offload queue (the guard: arrived on it) */
     __u64 bytes;
-    __u64 drops; /* matched, but inactive, wrong queue, or no socket */
+    __u64 drops;     /* matched, but inactive, wrong queue, or no socket */
+    __u64 misrouted; /* the devmem guard: not this binding's, yet on its queue; dropped */
 };
+
+/* The devmem guard's reverse index: which binding slot holds each RX queue (slot + 1; 0: none). */
+#define KNOD_MAX_QUEUES 1024
 
 /* Filter-wide counters, per CPU, indexed by these. */
 #define KNOD_STAT_PASSED 0    /* unmatched, passed to the stack */
@@ -141,6 +145,7 @@ struct knod_counters {
 #define KNOD_STAT_BINDING_DROP 4
 #define KNOD_STAT_REDECIDED 5 /* rules changed while deciding: decided again */
 #define KNOD_STAT_RACED 6     /* ... and again: dropped */
-#define KNOD_STAT_COUNT 7
+#define KNOD_STAT_MISROUTED 7 /* the devmem guard: foreign packets on a bound queue, dropped */
+#define KNOD_STAT_COUNT 8
 
 #endif

@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 #include "cli/host_lint.h"
+#include "daemon/host/devmem_readiness.h"
 #include "policy/parser.h"
 
 #include "knod/json.h"
@@ -22,12 +23,17 @@ Runner add_check(CLI::App &app) {
         bool json = false;
         bool host = false, no_host = false; // neither: on when /etc/knod exists
         std::string host_root;
+        std::string driver;
     };
     auto opt = std::make_shared<Options>();
     cmd->add_option("FILE", opt->files,
                     "policy files or directories (their *.toml files, in lexical order), read as "
                     "one policy in the order given");
     cmd->add_flag("--json", opt->json, "print diagnostics as JSON");
+    cmd->add_option("--driver", opt->driver,
+                    "also warn about what this driver can never serve (devmem: flows that are "
+                    "not TCP, port ranges)")
+        ->check(CLI::IsMember({"devmem"}));
     cmd->add_flag("--no-host", opt->no_host, "leave out the host's warnings");
     cmd->add_flag("--host", opt->host,
                   "also warn about what the policy means on this host: users, groups, netdevs "
@@ -71,6 +77,9 @@ Runner add_check(CLI::App &app) {
                                                     : host::HostPaths::under(opt->host_root)))
                     load.diagnostics.push_back(std::move(d));
         }
+        if (opt->driver == "devmem" && load.ok())
+            for (auto &w : host::devmem_policy_warnings(load.policy))
+                load.diagnostics.push_back(std::move(w));
         if (opt->json) {
             nlohmann::json out;
             out["valid"] = load.ok();

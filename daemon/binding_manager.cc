@@ -873,12 +873,16 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
 }
 
 void BindingManager::close_session(const Binding &b, const std::string &why,
-                                   const journal::Counters &c, Done durable) {
+                                   const journal::Counters &c, Done durable,
+                                   const std::string &seen) {
     journal::Event e = event_for(journal::kind::ended, b.owner);
     e.reason = why;
-    e.detail = knod::dump_json(nlohmann::json{{"rx_bytes", c.rx_bytes},
-                                              {"rx_packets", c.rx_packets},
-                                              {"dropped_packets", c.dropped_packets}});
+    nlohmann::json detail{{"rx_bytes", c.rx_bytes},
+                          {"rx_packets", c.rx_packets},
+                          {"dropped_packets", c.dropped_packets}};
+    // What the driver saw (steering drift): the daemon's own words, bounded like a reason.
+    if (!seen.empty()) detail["seen"] = seen.substr(0, limits::reason);
+    e.detail = knod::dump_json(detail);
     if (why == reason::policy_reload) name_policy(e); // the policy that ended it
     forward(e, b.netdev, b.gpu);
     if (pending_.empty() && !stopping_ && journal_ready()) {
@@ -904,7 +908,8 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
     journal::Counters c = driver_.counters(id);
     driver_.detach(id);
     keys_.revoke(it->second.key_id);
-    close_session(it->second, why, c, std::move(durable));
+    close_session(it->second, why, c, std::move(durable),
+                  why == reason::steering_drift ? note : std::string());
     count_usage(it->second, -1);
     claims_.release(id);
     if (store_)
@@ -1018,6 +1023,8 @@ void BindingManager::tick(std::int64_t now_us) {
         if (b.expires_us <= now_us) expired.push_back(id);
     for (auto &id : expired)
         end_binding(id, reason::expire);
+    for (auto &[id, seen] : driver_.drifted())
+        if (bindings_.count(id)) end_binding(id, reason::steering_drift, {}, seen);
     keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
     if (now_us - last_retention_us_ >= 3600ll * 1000000) (void)apply_retention();
     record_coalesced(now_us, false);

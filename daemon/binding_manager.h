@@ -41,6 +41,9 @@ inline constexpr const char *disconnect = "disconnect";
 inline constexpr const char *policy_reload = "policy-reload";
 inline constexpr const char *daemon_stop = "daemon-stop";
 inline constexpr const char *daemon_restart = "daemon-restart";
+// The devmem guard saw foreign packets on the binding's queue, or RSS / an ntuple rule now
+// reaches it: the NIC would put other traffic in the holder's memory.
+inline constexpr const char *steering_drift = "steering-drift";
 } // namespace reason
 
 struct Binding {
@@ -176,7 +179,8 @@ class BindingManager {
     void connection_gone(const std::string &bus_name);
     // Ends every binding on a network device that went down or away (`why`: link-down, ...).
     void netdev_gone(const std::string &netdev, const std::string &why);
-    // Periodic work: expiry, and retrying journal records that could not be written.
+    // Periodic work: expiry, steering drift (Driver::drifted), and retrying journal records
+    // that could not be written.
     void tick(std::int64_t now_us);
     // Ends every binding (SIGTERM) and records the stop.
     void shutdown();
@@ -222,7 +226,7 @@ class BindingManager {
                      const std::string &note = {});
     // Journals a session's end (now, or kept for when the journal is back).
     void close_session(const Binding &b, const std::string &why, const journal::Counters &c,
-                       Done durable);
+                       Done durable, const std::string &seen = {});
     // A grant in flight whose caller left: everything it held goes now; finish_grant closes
     // its session instead of handing out the key.
     void abandon_grant(const std::string &id, const std::string &why);

@@ -149,7 +149,8 @@ knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
         return std::unique_ptr<knod::driver::Driver>(std::move(*d));
     }
     if (which == "devmem") {
-        auto d = knod::driver::DevmemDriver::open(o.host);
+        auto d = knod::driver::DevmemDriver::open(o.host, knod::driver::require_devmem_device,
+                                                  o.sim.pin_root);
         if (!d) return std::move(d).error().context("devmem driver");
         return std::unique_ptr<knod::driver::Driver>(std::move(*d));
     }
@@ -221,7 +222,8 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     app.add_option("--sim-netns", o.sim.netns, "sim: the wire side's network namespace")
         ->capture_default_str();
-    app.add_option("--bpf-pin-root", o.sim.pin_root, "where the flow filter is pinned")
+    app.add_option("--bpf-pin-root", o.sim.pin_root,
+                   "where the flow filter (sim) or the devmem guards are pinned")
         ->capture_default_str();
     // NaN and infinity would pass a plain range check and switch the limit off.
     CLI::Validator rate_range(

@@ -768,8 +768,10 @@ void BusService::binding_ended(const daemon::Binding &b, const std::string &why,
     }
     std::string path = binding_path(b.id);
     bool revoked = why == daemon::reason::revoke || why == daemon::reason::policy_reload ||
-                   why == daemon::reason::expire || why.rfind("link-", 0) == 0;
-    // The holder learns why: the journaled reason, then what the admin said ("revoke: ...").
+                   why == daemon::reason::expire || why == daemon::reason::steering_drift ||
+                   why.rfind("link-", 0) == 0;
+    // The holder learns why: the journaled reason, then what the admin said ("revoke: ...") or
+    // what the driver saw ("steering-drift: ...").
     std::string reason = note.empty() ? why : why + ": " + note;
     signal_about(
         b, {manager_path, manager_interface, revoked ? "BindingRevoked" : "BindingReleased"},

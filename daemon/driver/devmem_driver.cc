@@ -1,6 +1,7 @@
 #include "daemon/driver/devmem_driver.h"
 
 #include "daemon/driver/ntuple.h"
+#include "daemon/host/devmem_readiness.h"
 #include "knod/json.h"
 
 #include <nlohmann/json.hpp>
@@ -8,14 +9,16 @@
 #include <net/if.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace knod::driver {
 
-Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths, DeviceCheck check) {
+Result<std::unique_ptr<DevmemDriver>> DevmemDriver::open(host::HostPaths paths, DeviceCheck check,
+                                                         std::string pin_root) {
     auto probe = NetdevGenl::open();
     if (!probe) return std::move(probe).error();
-    return std::unique_ptr<DevmemDriver>(
-        new DevmemDriver(std::move(paths), std::move(*probe), std::move(check)));
+    return std::unique_ptr<DevmemDriver>(new DevmemDriver(std::move(paths), std::move(*probe),
+                                                          std::move(check), std::move(pin_root)));
 }
 
 Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
@@ -46,11 +49,32 @@ Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
                           "another binding)");
 }
 
+Result<void> require_devmem_device(int ifindex) {
+    if (auto dma = require_dma_device(ifindex); !dma) return dma;
+    char name[IF_NAMESIZE] = {};
+    if (!if_indextoname(static_cast<unsigned>(ifindex), name))
+        return make_error(Errc::driver_failure,
+                          "devmem: no netdev with ifindex " + std::to_string(ifindex));
+    return host::require_devmem_ready(ifindex, name);
+}
+
+Result<void> require_tcp_flows(const std::vector<policy::FlowSpec> &flows) {
+    for (auto &f : flows)
+        if (f.protocol != policy::Protocol::tcp)
+            return make_error(Errc::invalid_argument,
+                              "devmem: the flow " + f.to_string() +
+                                  " is not TCP, and devmem receives TCP only (the kernel puts "
+                                  "nothing else in a dma-buf); grant it with the sim or knod "
+                                  "driver, or name tcp in the request");
+    return {};
+}
+
 Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan) {
     int ifindex = static_cast<int>(if_nametoindex(plan.netdev.c_str()));
     if (ifindex == 0) return make_error(Errc::driver_failure, "devmem: no netdev " + plan.netdev);
     // At request time already, not only at activation: a netdev bind-rx can never succeed on.
     if (auto dma = check_(ifindex); !dma) return std::move(dma).error();
+    if (auto tcp = require_tcp_flows(plan.flows); !tcp) return std::move(tcp).error();
     // Refuse flows the NIC cannot steer now, not at activation.
     for (auto &f : plan.flows)
         for (auto family : {policy::Family::ipv4, policy::Family::ipv6})
@@ -80,8 +104,16 @@ Result<void> DevmemDriver::activate(const std::string &id) {
     if (!bound)
         return std::move(bound).error().context("devmem: " + b.plan.netdev + " queue " +
                                                 std::to_string(b.queue));
+    // The guard before the steering: from the first steered packet on, whatever else lands on
+    // the queue is dropped and counted.
+    if (auto g = guards_.add(id, b.plan.netdev, b.queue, b.plan.flows, {}); !g)
+        return std::move(g).error(); // the socket closes here: unbound again
     auto rules = FlowSteering::steer(b.plan.netdev, b.plan.flows, b.queue);
-    if (!rules) return std::move(rules).error(); // the socket closes here: unbound again
+    if (!rules) {
+        guards_.remove(id);
+        return std::move(rules).error();
+    }
+    guards_.set_own_rules(id, *rules);
     b.socket = std::move(*sock);
     b.rules = std::move(*rules);
     return {};
@@ -123,6 +155,9 @@ Result<std::vector<std::uint32_t>> DevmemDriver::readopt(const BindingPlan &plan
             return make_error(Errc::not_found, "devmem: the binding's netlink socket did not come "
                                                "back, so the kernel unbound it");
         b.kept = std::move(nl->second);
+        // The previous daemon's guard went with it: guard the queue again.
+        if (auto g = guards_.add(plan.id, plan.netdev, b.queue, plan.flows, b.rules); !g)
+            return std::move(g).error();
     }
     std::uint32_t queue = b.queue;
     bindings_[plan.id] = std::move(b);
@@ -143,6 +178,14 @@ void DevmemDriver::detach(const std::string &id) {
     if (it == bindings_.end()) return;
     FlowSteering::remove(it->second.plan.netdev, it->second.rules);
     bindings_.erase(it); // closes the binding's netlink socket: the kernel unbinds the dma-buf
+    guards_.remove(id);
+}
+
+std::map<std::string, std::string> DevmemDriver::drifted() {
+    auto now = std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+                   .count();
+    return guards_.drifted(now);
 }
 
 } // namespace knod::driver

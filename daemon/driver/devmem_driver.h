@@ -5,6 +5,7 @@
 // closes the socket, which makes the kernel unbind.
 #pragma once
 
+#include "daemon/driver/devmem_guards.h"
 #include "daemon/driver/dma_device.h"
 #include "daemon/driver/driver.h"
 #include "daemon/driver/hardware_inventory.h"
@@ -23,15 +24,25 @@ Result<std::uint32_t> choose_rx_queue(const std::string &netdev,
                                       const std::vector<NetdevQueue> &queues,
                                       const std::function<bool(std::uint32_t)> &reserved);
 
+// The request-time device check: a PCI parent (require_dma_device), then what bind-rx would
+// refuse (header split on, hds-thresh 0, no XDP program: host::require_devmem_ready).
+Result<void> require_devmem_device(int ifindex);
+
+// devmem receive is TCP only: a granted UDP (or any-protocol) flow could never be delivered, so
+// the backend refuses it (invalid_argument) with what to do instead.
+Result<void> require_tcp_flows(const std::vector<policy::FlowSpec> &flows);
+
 class DevmemDriver : public Driver {
   public:
-    // Whether a netdev may carry a binding at all: require_dma_device, asked at attach (request
-    // time). Tests of queue reservation on veth pass one that lets it through; bind-rx itself
-    // checks again whatever this says.
+    // Whether a netdev may carry a binding at all: require_devmem_device, asked at attach
+    // (request time). Tests of queue reservation on veth pass one that lets it through; bind-rx
+    // itself checks the DMA device again whatever this says.
     using DeviceCheck = std::function<Result<void>(int ifindex)>;
     // Fails when the kernel has no netdev family.
+    // `pin_root`: where each NIC's devmem guard is pinned (the daemon's --bpf-pin-root).
     static Result<std::unique_ptr<DevmemDriver>> open(host::HostPaths paths,
-                                                      DeviceCheck check = require_dma_device);
+                                                      DeviceCheck check = require_devmem_device,
+                                                      std::string pin_root = "/sys/fs/bpf/knod");
 
     std::string name() const override { return "devmem"; }
     RegionKind region_kind() const override { return RegionKind::dma_buf; }
@@ -55,12 +66,19 @@ class DevmemDriver : public Driver {
                                                std::map<std::string, UniqueFd> handles) override;
     // Removes the ntuple rules of a binding that was not taken back.
     void abandon(const std::string &netdev, const std::string &handoff) override;
-    // Per-queue statistics (qstats) are not read yet: a devmem binding reports zeros.
-    journal::Counters counters(const std::string &) const override { return {}; }
+    // From the binding's devmem guard: its packets and bytes on its queue, and as dropped the
+    // foreign packets the guard dropped there.
+    journal::Counters counters(const std::string &id) const override {
+        return guards_.counters(id);
+    }
+    // Foreign packets on a bound queue (the guard), or RSS / a foreign ntuple rule reaching it
+    // (re-read every DevmemGuards::recheck_us).
+    std::map<std::string, std::string> drifted() override;
 
   private:
-    DevmemDriver(host::HostPaths paths, NetdevGenl probe, DeviceCheck check)
-        : inventory_(std::move(paths)), probe_(std::move(probe)), check_(std::move(check)) {}
+    DevmemDriver(host::HostPaths paths, NetdevGenl probe, DeviceCheck check, std::string pin_root)
+        : inventory_(std::move(paths)), probe_(std::move(probe)), check_(std::move(check)),
+          guards_(std::move(pin_root)) {}
 
     struct Binding {
         BindingPlan plan;
@@ -75,6 +93,7 @@ class DevmemDriver : public Driver {
     NetdevGenl probe_; // for queue-get; never binds
     DeviceCheck check_;
     std::map<std::string, Binding> bindings_;
+    DevmemGuards guards_;
 };
 
 } // namespace knod::driver

@@ -58,6 +58,10 @@ class Driver {
     // Stops delivery at once and frees everything attach() took. Never fails.
     virtual void detach(const std::string &id) = 0;
     virtual journal::Counters counters(const std::string &id) const = 0;
+    // Bindings whose isolation no longer holds, each with what was seen (foreign packets on its
+    // queue, RSS or another ntuple rule reaching it). The manager asks every tick and ends each
+    // as steering-drift: fail closed. Cheap when nothing changed.
+    virtual std::map<std::string, std::string> drifted() { return {}; }
     // Driver-wide counters for the host report (traffic no binding claimed, and so on).
     virtual std::map<std::string, std::uint64_t> stats() const { return {}; }
     // Whether netdevs() are real links whose going down or away ends their bindings (the sim

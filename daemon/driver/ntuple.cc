@@ -1,5 +1,6 @@
 #include "daemon/driver/ntuple.h"
 
+#include "daemon/host/devmem_readiness.h"
 #include "knod/unique_fd.h"
 
 #include <arpa/inet.h>
@@ -147,26 +148,10 @@ bool rss_reaches(const std::vector<std::uint32_t> &table, std::uint32_t queue) {
 }
 
 Result<void> FlowSteering::check_not_in_rss(const std::string &ifname, std::uint32_t queue) {
-    auto fd = ethtool_socket();
-    if (!fd) return std::move(fd).error();
-    auto ask = [&](std::vector<std::uint32_t> &buf, std::uint32_t size) {
-        buf.assign(2 + size, 0); // struct ethtool_rxfh_indir: cmd, size, ring_index[size]
-        buf[0] = ETHTOOL_GRXFHINDIR;
-        buf[1] = size;
-        ifreq ifr{};
-        std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
-        ifr.ifr_data = reinterpret_cast<char *>(buf.data());
-        return ioctl(fd->get(), SIOCETHTOOL, &ifr) == 0 ? 0 : errno;
-    };
-    std::vector<std::uint32_t> buf;
-    int e = ask(buf, 0);
-    if (e == EOPNOTSUPP) return {};
-    if (e == 0 && buf[1] > 0 && buf[1] <= 65536) e = ask(buf, buf[1]);
-    if (e != 0)
-        return make_error(Errc::driver_failure, "devmem: cannot read the RSS table of " + ifname +
-                                                    ": " + std::strerror(e));
-    std::vector<std::uint32_t> table(buf.begin() + 2, buf.end());
-    if (rss_reaches(table, queue))
+    auto table = host::read_rss_table(ifname);
+    if (!table) return std::move(table).error().context("devmem");
+    // A device without an RSS table spreads nothing.
+    if (*table && rss_reaches(**table, queue))
         return make_error(Errc::driver_failure,
                           "devmem: RSS spreads traffic onto queue " + std::to_string(queue) +
                               " of " + ifname +
@@ -174,6 +159,39 @@ Result<void> FlowSteering::check_not_in_rss(const std::string &ifname, std::uint
                               "off the queues bindings use (ethtool -X " +
                               ifname + " equal " + std::to_string(queue) + ")");
     return {};
+}
+
+Result<std::vector<std::uint32_t>> FlowSteering::rules_to_queue(const std::string &ifname,
+                                                                std::uint32_t queue) {
+    auto fd = ethtool_socket();
+    if (!fd) return std::move(fd).error();
+    ethtool_rxnfc count{};
+    count.cmd = ETHTOOL_GRXCLSRLCNT;
+    if (int e = ethtool(fd->get(), ifname, count); e != 0) {
+        if (e == EOPNOTSUPP) return std::vector<std::uint32_t>{};
+        return make_error(Errc::driver_failure,
+                          "cannot count the ntuple rules of " + ifname + ": " + std::strerror(e));
+    }
+    std::uint32_t n = std::min<std::uint32_t>(count.rule_cnt, 65536);
+    // struct ethtool_rxnfc with rule_locs[n] after it.
+    std::vector<std::uint8_t> buf(sizeof(ethtool_rxnfc) + n * sizeof(std::uint32_t));
+    auto *all = reinterpret_cast<ethtool_rxnfc *>(buf.data());
+    all->cmd = ETHTOOL_GRXCLSRLALL;
+    all->rule_cnt = n;
+    if (int e = ethtool(fd->get(), ifname, *all); e != 0)
+        return make_error(Errc::driver_failure,
+                          "cannot list the ntuple rules of " + ifname + ": " + std::strerror(e));
+    std::vector<std::uint32_t> out;
+    for (std::uint32_t i = 0; i < std::min(n, all->rule_cnt); ++i) {
+        ethtool_rxnfc rule{};
+        rule.cmd = ETHTOOL_GRXCLSRULE;
+        rule.fs.location = all->rule_locs[i];
+        if (ethtool(fd->get(), ifname, rule) != 0) continue; // removed meanwhile
+        if (rule.fs.ring_cookie == RX_CLS_FLOW_DISC) continue;
+        if (ethtool_get_flow_spec_ring(rule.fs.ring_cookie) == queue)
+            out.push_back(rule.fs.location);
+    }
+    return out;
 }
 
 void FlowSteering::remove(const std::string &ifname, const std::vector<std::uint32_t> &locations) {

@@ -30,6 +30,10 @@ class FlowSteering {
     // Refuses a queue that RSS spreads other traffic onto: every flow hashed to it would land
     // in the binding's memory. A device without an RSS table (EOPNOTSUPP) spreads nothing.
     static Result<void> check_not_in_rss(const std::string &ifname, std::uint32_t queue);
+    // The locations of every ntuple rule on `ifname` that steers to `queue` (whoever put it
+    // there). A device without ntuple rules (EOPNOTSUPP) has none.
+    static Result<std::vector<std::uint32_t>> rules_to_queue(const std::string &ifname,
+                                                             std::uint32_t queue);
 };
 
 // Whether the RSS indirection table sends any hash bucket to `queue`.

@@ -1,6 +1,7 @@
 #include "daemon/host/report.h"
 #include "knod/dir.h"
 
+#include "daemon/host/devmem_readiness.h"
 #include "daemon/host/sysfs_util.h"
 
 #include <algorithm>
@@ -175,7 +176,38 @@ class Checker {
                       " combined N) or use a multi-queue NIC";
             }
             add("netdev", n.name + " (" + n.pci + ")", st, what, fix);
+            if (paths_.live() && n.ifindex > 0) devmem(n);
         }
+    }
+
+    // Devmem-ready or why not, from the kernel's own answers (the devmem backend refuses a
+    // request for the same reasons: devmem_readiness.h).
+    void devmem(const Netdev &n) {
+        std::string subject = n.name + " (" + n.pci + ")";
+        DevmemFacts f = read_devmem_facts(n.ifindex, n.name, n.rx_queues);
+        auto problems = devmem_problems(f);
+        bool capable = devmem_capable_driver(n.driver);
+        if (problems.empty() && capable) {
+            auto free = queues_outside_rss(f);
+            std::string qs;
+            for (auto q : free)
+                qs += (qs.empty() ? "" : ", ") + std::to_string(q);
+            add("netdev.devmem", subject, CheckStatus::pass,
+                "devmem-ready: header split on, no XDP program, RX queue" +
+                    std::string(free.size() == 1 ? " " : "s ") + qs + " outside RSS");
+            return;
+        }
+        std::string why, fix;
+        if (!capable) why = n.driver + " has no devmem TCP queue management";
+        for (auto &p : problems) {
+            why += (why.empty() ? "" : "; ") + p.message;
+            if (!p.fix.empty()) fix += (fix.empty() ? "" : "; ") + p.fix;
+        }
+        if (!capable)
+            fix = "use a NIC whose driver supports devmem TCP (gve, bnxt_en, mlx5_core, "
+                  "fbnic)";
+        add("netdev.devmem", subject, capable ? CheckStatus::warn : CheckStatus::info,
+            "not devmem-ready: " + why, fix);
     }
 
     // A netdev without a PCI function (veth, bridge, ifb...): asked for by name, it is reported

@@ -61,9 +61,9 @@ inline const std::vector<std::string> &known_decisions() {
 
 // Why a session ended (sessions.end_reason, and the reason of its session-ended event).
 inline const std::vector<std::string> &known_end_reasons() {
-    static const std::vector<std::string> v = {"release",      "revoke",        "expire",
-                                               "process-exit", "disconnect",    "policy-reload",
-                                               "daemon-stop",  "daemon-restart"};
+    static const std::vector<std::string> v = {"release",      "revoke",         "expire",
+                                               "process-exit", "disconnect",     "policy-reload",
+                                               "daemon-stop",  "daemon-restart", "steering-drift"};
     return v;
 }
 

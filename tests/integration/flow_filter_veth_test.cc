@@ -8,14 +8,18 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
 #include <net/if.h>
 #include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 
 using namespace knod;
@@ -166,6 +170,51 @@ TEST_F(FlowFilterVeth, NeverReplacesAForeignProgram) {
     bpf_xdp_detach(ifindex, 0, nullptr);
 }
 
+// The devmem guard on a veth (issue 18): attached on tc ingress (clsact) with no XDP program,
+// its maps pinned, gone with the object. veth records no RX queue for most packets (no NAPI
+// without XDP or GRO, so queue_mapping stays 0 at ingress): such packets are the stack's and
+// pass untouched, which is what the guard must do with a packet whose queue it cannot know. The
+// per-queue decisions are the BPF_PROG_TEST_RUN table's (tests/unit/devmem_guard_test.cc).
+TEST_F(FlowFilterVeth, DevmemGuardAttachesOnTcIngressAndLeavesNothingBehind) {
+    int ifindex = veth_->ifindex();
+    std::string pin_dir;
+    int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(6000);
+    inet_pton(AF_INET, "10.77.0.1", &at.sin_addr);
+    ASSERT_EQ(bind(udp, reinterpret_cast<sockaddr *>(&at), sizeof at), 0);
+    {
+        auto f = bpf::FlowFilter::attach_guard(veth_->host, options_);
+        ASSERT_TRUE(f.ok()) << f.error().message;
+        auto &guard = **f;
+        pin_dir = guard.pin_dir();
+        EXPECT_EQ(guard.mode(), "tc");
+        EXPECT_EQ(attached_program(ifindex), 0u) << "no XDP: bind-rx would refuse it";
+        EXPECT_TRUE(bpf::FlowFilter::guard_attached(veth_->host));
+        EXPECT_TRUE(fs::exists(pin_dir + "/bound_queues"));
+        ASSERT_TRUE(guard.set_slot(1, bpf::SlotState::active, 3).ok());
+        ASSERT_TRUE(
+            guard.set_flows(1, {*policy::parse_flow_spec("tcp 10.77.0.2:* -> 10.77.0.1:6000")})
+                .ok());
+        ASSERT_TRUE(send_from_namespace(veth_->ns, 6000, 3));
+        char buf[64];
+        int got = 0;
+        while (recv(udp, buf, sizeof buf, 0) > 0)
+            ++got;
+        bpf::SlotCounters c = guard.counters(1);
+        // Whatever veth recorded, every datagram is either received or counted as misrouted.
+        EXPECT_EQ(static_cast<std::uint64_t>(got) + c.misrouted, 3u);
+        EXPECT_EQ(c.packets, 0u) << "UDP is never the binding's";
+        // A second guard on the same interface is refused (its pins are there).
+        auto second = bpf::FlowFilter::attach_guard(veth_->host, options_);
+        EXPECT_FALSE(second.ok());
+    }
+    close(udp);
+    EXPECT_FALSE(bpf::FlowFilter::guard_attached(veth_->host)) << "the guard left the interface";
+    EXPECT_FALSE(fs::exists(pin_dir));
+}
+
 // #17 item 10: a pin root the daemon cannot search (bpffs dir of another user, root without
 // CAP_DAC_OVERRIDE, as under the sim drop-in) is an error the caller gets, never an uncaught
 // filesystem_error that aborts the daemon.
@@ -198,4 +247,29 @@ TEST_F(FlowFilterVeth, AnUnsearchablePinRootIsAnErrorNotAnException) {
     EXPECT_EQ(WEXITSTATUS(status), 0)
         << "1: attached anyway, 2: another error, 3: an exception escaped";
     EXPECT_EQ(attached_program(veth_->ifindex()), 0u);
+}
+
+// A pin root that is itself a bpffs mount under a directory of another file system (the shipped
+// unit bind-mounts /sys/fs/bpf/knod at /run/knod-policy/bpf): used as it is, nothing mounted on
+// its parent.
+TEST_F(FlowFilterVeth, APinRootOnItsOwnBpffsMountIsUsedAsItIs) {
+    std::string parent = "/run/knod-t-pinroot-" + std::to_string(getpid());
+    std::string root = parent + "/bpf";
+    ASSERT_TRUE(fs::create_directories(root));
+    ASSERT_EQ(mount("bpf", root.c_str(), "bpf", 0, "mode=0700"), 0) << std::strerror(errno);
+    {
+        bpf::FilterOptions o = options_;
+        o.pin_root = root;
+        auto f = bpf::FlowFilter::attach_guard(veth_->host, o);
+        EXPECT_TRUE(f.ok()) << f.error().message;
+        struct statfs st {};
+        ASSERT_EQ(statfs(parent.c_str(), &st), 0);
+        EXPECT_NE(st.f_type, BPF_FS_MAGIC) << "nothing was mounted over the pin root's parent";
+        if (f.ok()) {
+            EXPECT_TRUE(fs::exists(root + "/" + veth_->host + "/bound_queues"));
+        }
+    }
+    umount2(root.c_str(), MNT_DETACH);
+    std::error_code ec;
+    fs::remove_all(parent, ec);
 }

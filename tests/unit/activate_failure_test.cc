@@ -207,3 +207,104 @@ iommu = "any"
     EXPECT_EQ(*db.scalar("SELECT count(*) FROM sessions"), 0);
     fs::remove_all(dir);
 }
+
+namespace {
+
+// The sim's control half whose bindings drift when told: what the devmem guard reports for
+// foreign packets on a bound queue (DevmemGuards::drifted).
+class Drifting : public driver::SimDriver {
+  public:
+    Drifting() : SimDriver(config(), nullptr) {}
+    std::map<std::string, std::string> drifted() override {
+        std::map<std::string, std::string> out;
+        if (!drift_.empty()) out[drift_] = "3 foreign packet(s) landed on queue 0 of knodsim0";
+        drift_.clear();
+        return out;
+    }
+    std::string drift_;
+
+  private:
+    static driver::SimConfig config() {
+        driver::SimConfig c;
+        c.datapath = false;
+        return c;
+    }
+};
+
+} // namespace
+
+// #18: a binding the driver reports drifted is ended at the next tick as steering-drift, with
+// what was seen journaled; the others stay.
+TEST(SteeringDrift, EndsTheDriftedBindingAtTheNextTick) {
+    fs::path dir = fs::temp_directory_path() / ("knod-drift-" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    auto load = policy::parse_policy_text(R"([[rule]]
+name = "sim"
+netdevs = ["knodsim0"]
+max_region = "1MiB"
+flows = ["udp * -> *:*"]
+iommu = "any"
+)",
+                                          "/etc/knod/policy.toml");
+    ASSERT_TRUE(load.ok()) << load.errors_text();
+    Drifting driver;
+    ASSERT_TRUE(driver.start().ok());
+    std::array<std::uint8_t, 32> secret{};
+    NoEvents events;
+    Loop loop;
+    daemon::ManagerConfig config;
+    config.journal_path = (dir / "journal.db").string();
+    std::vector<std::string> ids;
+    {
+        daemon::BindingManager m(config, driver,
+                                 std::move(keys::KeyAuthority::with_secret(secret)).value(),
+                                 std::move(load.policy), events,
+                                 [&](std::function<void()> f) { loop.post(std::move(f)); });
+        m.start();
+        daemon::Peer me;
+        me.uid = 4321;
+        me.pid = getpid();
+        for (int port : {5000, 5001}) {
+            int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+            ASSERT_GE(fd, 0);
+            ASSERT_EQ(ftruncate(fd, 4096), 0);
+            ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+            daemon::RequestArgs args{"knodsim0",
+                                     "sim0",
+                                     "rx-only",
+                                     fd,
+                                     0,
+                                     4096,
+                                     {"udp 10.0.0.1:* -> 10.0.0.2:" + std::to_string(port)}};
+            std::optional<Result<daemon::Granted>> granted;
+            m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
+            ASSERT_TRUE(loop.run_until([&] { return granted.has_value(); }));
+            close(fd);
+            ASSERT_TRUE(granted->ok()) << granted->error().message;
+            ASSERT_TRUE(m.activate((*granted)->id, me, (*granted)->key).ok());
+            ids.push_back((*granted)->id);
+        }
+        m.tick(journal::now_us());
+        EXPECT_EQ(m.bindings().size(), 2u) << "nothing drifted yet";
+        driver.drift_ = ids[0];
+        m.tick(journal::now_us());
+        auto left = m.bindings();
+        ASSERT_EQ(left.size(), 1u);
+        EXPECT_EQ(left[0]->id, ids[1]);
+        m.shutdown();
+    }
+    auto db = std::move(journal::Database::open(config.journal_path, SQLITE_OPEN_READONLY)).value();
+    auto reason = [&](const std::string &id) {
+        auto st = db.prepare("SELECT end_reason FROM sessions WHERE id = '" + id + "'");
+        auto row = st->step();
+        return row.ok() && *row ? st->text(0) : std::string("(none)");
+    };
+    EXPECT_EQ(reason(ids[0]), "steering-drift");
+    EXPECT_EQ(reason(ids[1]), "daemon-stop");
+    auto st = db.prepare("SELECT detail FROM events WHERE kind = 'session-ended' AND detail LIKE "
+                         "'%foreign packet%'");
+    auto row = st->step();
+    EXPECT_TRUE(row.ok() && *row) << "what was seen is journaled";
+    fs::remove_all(dir);
+}

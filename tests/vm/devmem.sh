@@ -12,7 +12,7 @@ vm_setup
 started=$(date +%s)
 
 VM_BINARIES="$build/tests/integration/knod_devmem_integration_tests $build/cli/knod-policy"
-VM_MODULES="veth e1000e virtio_net netdevsim vgem virtio_gpu"
+VM_MODULES="veth e1000e virtio_net netdevsim vgem virtio_gpu sch_ingress cls_bpf"
 for b in $VM_BINARIES; do
     [ -x "$b" ] || {
         echo "not ok - $b is not built"

@@ -17,7 +17,7 @@ check() { # check DESCRIPTION COMMAND...
 # iproute2 keeps named network namespaces in /var/run/netns (the tests' veth pairs live there).
 mkdir -p /var && ln -sfn /run /var/run
 
-for m in veth e1000e virtio_net netdevsim vgem virtio_gpu; do
+for m in veth e1000e virtio_net netdevsim vgem virtio_gpu sch_ingress cls_bpf; do
     check "modprobe $m" modprobe "$m"
 done
 check "netdevsim device with 4 RX queues made" sh -c 'echo "1 1 4" >/sys/bus/netdevsim/new_device'
@@ -51,5 +51,11 @@ check "the e1000e answered bind-rx itself (EOPNOTSUPP)" \
 
 # The doctor sees the same machine (a smoke check that the CLI runs on this kernel).
 check "knod-policy doctor runs" sh -c 'knod-policy doctor >/tmp/doctor.log 2>&1; [ $? -le 2 ]'
+# The per-NIC devmem pre-checks (issue 18) on the e1000e: rings-get reports no header split.
+grep 'devmem' /tmp/doctor.log
+check "the doctor says why the e1000e is not devmem-ready" \
+    grep -q 'not devmem-ready: .*no header split' /tmp/doctor.log
+check "the devmem backend refused the e1000e at request time for header split" \
+    grep -q 'RefusesAPciNicWithoutHeaderSplitAtRequestTime' /tmp/gtest.log
 
 exit $fail

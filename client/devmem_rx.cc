@@ -1,0 +1,125 @@
+#include "client/devmem_rx.h"
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace knod::client {
+
+std::size_t DevmemReceived::bytes() const {
+    std::size_t n = linear_bytes;
+    for (auto &f : fragments)
+        n += f.size;
+    return n;
+}
+
+Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t received) {
+    if (msg.msg_flags & MSG_CTRUNC)
+        return make_error(Errc::corrupt, "devmem receive: the control buffer was too small: "
+                                         "fragments were lost and their buffers cannot be "
+                                         "given back");
+    DevmemReceived out;
+    std::size_t placed = 0, linear = 0;
+    bool saw_linear = false;
+    for (auto *c = CMSG_FIRSTHDR(const_cast<msghdr *>(&msg)); c;
+         c = CMSG_NXTHDR(const_cast<msghdr *>(&msg), c)) {
+        if (c->cmsg_level != SOL_SOCKET ||
+            (c->cmsg_type != so_devmem_dmabuf && c->cmsg_type != so_devmem_linear))
+            continue; // someone else's (timestamps, ...)
+        if (c->cmsg_len < CMSG_LEN(sizeof(DmabufCmsg)))
+            return make_error(Errc::corrupt, "devmem receive: a short " +
+                                                 std::string(c->cmsg_type == so_devmem_dmabuf
+                                                                 ? "SCM_DEVMEM_DMABUF"
+                                                                 : "SCM_DEVMEM_LINEAR") +
+                                                 " message");
+        DmabufCmsg d;
+        std::memcpy(&d, CMSG_DATA(c), sizeof d);
+        if (c->cmsg_type == so_devmem_linear) {
+            saw_linear = true;
+            linear += d.frag_size;
+        } else {
+            out.fragments.push_back({d.frag_offset, d.frag_size, d.frag_token, d.dmabuf_id});
+            placed += d.frag_size;
+        }
+    }
+    if (placed > received)
+        return make_error(Errc::corrupt, "devmem receive: fragments of " + std::to_string(placed) +
+                                             " bytes for a receive of " + std::to_string(received));
+    // The rest went to the iov: SCM_DEVMEM_LINEAR says how much, plain readable data does not.
+    out.linear_bytes = received - placed;
+    if (saw_linear && linear != out.linear_bytes)
+        return make_error(Errc::corrupt,
+                          "devmem receive: SCM_DEVMEM_LINEAR says " + std::to_string(linear) +
+                              " bytes, the receive copied " + std::to_string(out.linear_bytes));
+    return out;
+}
+
+std::vector<std::vector<DmabufToken>> devmem_token_batches(const std::vector<std::uint32_t> &tokens,
+                                                           std::size_t max_ranges,
+                                                           std::size_t max_tokens) {
+    std::vector<std::vector<DmabufToken>> batches;
+    std::size_t in_batch = 0;
+    for (auto t : tokens) {
+        bool full = batches.empty() || in_batch >= max_tokens;
+        if (!full) {
+            auto &last = batches.back().back();
+            if (last.token_start + last.token_count == t) {
+                ++last.token_count;
+                ++in_batch;
+                continue;
+            }
+            full = batches.back().size() >= max_ranges;
+        }
+        if (full) {
+            batches.emplace_back();
+            in_batch = 0;
+        }
+        batches.back().push_back({t, 1});
+        ++in_batch;
+    }
+    return batches;
+}
+
+Result<DevmemReceived> DevmemReceiver::receive(std::span<std::uint8_t> linear) {
+    iovec iov{linear.data(), linear.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control_.data();
+    msg.msg_controllen = control_.size();
+    ssize_t n = recvmsg(fd_, &msg, msg_sock_devmem);
+    if (n < 0) {
+        int e = errno;
+        Errc code = e == EAGAIN || e == EWOULDBLOCK ? Errc::unavailable : Errc::io;
+        std::string hint = e == EFAULT ? " (devmem data needs MSG_SOCK_DEVMEM; is this the "
+                                         "binding's flow?)"
+                                       : "";
+        return make_error(code, std::string("devmem receive: ") + std::strerror(e) + hint);
+    }
+    return parse_devmem_cmsgs(msg, static_cast<std::size_t>(n));
+}
+
+Result<void> DevmemReceiver::release(const std::vector<DevmemFragment> &fragments) {
+    std::vector<std::uint32_t> tokens;
+    tokens.reserve(fragments.size());
+    for (auto &f : fragments)
+        tokens.push_back(f.token);
+    for (auto &batch : devmem_token_batches(tokens)) {
+        std::size_t want = 0;
+        for (auto &r : batch)
+            want += r.token_count;
+        int freed = setsockopt(fd_, SOL_SOCKET, so_devmem_dontneed, batch.data(),
+                               static_cast<socklen_t>(batch.size() * sizeof(DmabufToken)));
+        if (freed < 0)
+            return make_error(Errc::io, std::string("devmem release (SO_DEVMEM_DONTNEED): ") +
+                                            std::strerror(errno));
+        // The kernel returns how many it freed; fewer: tokens it did not know.
+        if (static_cast<std::size_t>(freed) != want)
+            return make_error(Errc::invalid_argument,
+                              "devmem release: the kernel freed " + std::to_string(freed) + " of " +
+                                  std::to_string(want) + " buffers (unknown tokens)");
+    }
+    return {};
+}
+
+} // namespace knod::client
