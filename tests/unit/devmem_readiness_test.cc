@@ -216,3 +216,24 @@ flows = ["udp * -> *:9"]
     EXPECT_NE(w[1].message.find("6000-6100: a port range"), std::string::npos) << w[1].message;
     EXPECT_EQ(w[1].message.find("*:5000:"), std::string::npos) << "the TCP flow is servable";
 }
+
+// Issue 18: the doctor names each RX queue a dma-buf, io_uring zero-copy receive or AF_XDP
+// holds, from a queue-get answer (no io_uring zcrx NIC exists on these machines).
+TEST(DevmemReadiness, HeldQueuesAreNamedWithTheirHolder) {
+    using driver::NetdevQueue;
+    std::vector<NetdevQueue> q;
+    for (std::uint32_t i = 0; i < 5; ++i) {
+        q.push_back({i, NetdevQueue::Type::rx, 0, std::nullopt, false, false});
+        q.push_back({i, NetdevQueue::Type::tx, 0, std::nullopt, false, false});
+    }
+    EXPECT_TRUE(held_rx_queues(q).empty());
+    q[8].dmabuf = 7;      // rx 4
+    q[6].io_uring = true; // rx 3
+    q[2].xsk = true;      // rx 1
+    q[5].xsk = true;      // tx 2: not an RX queue
+    auto held = held_rx_queues(q);
+    ASSERT_EQ(held.size(), 3u);
+    EXPECT_EQ(held[0], "queue 1 is held by an AF_XDP socket");
+    EXPECT_EQ(held[1], "queue 3 is held by io_uring zero-copy receive");
+    EXPECT_EQ(held[2], "queue 4 is held by a devmem dma-buf (binding 7)");
+}
