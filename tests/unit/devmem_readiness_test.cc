@@ -237,3 +237,61 @@ TEST(DevmemReadiness, HeldQueuesAreNamedWithTheirHolder) {
     EXPECT_EQ(held[1], "queue 3 is held by io_uring zero-copy receive");
     EXPECT_EQ(held[2], "queue 4 is held by a devmem dma-buf (binding 7)");
 }
+
+namespace {
+
+// A qstats-get reply as the kernel builds it (queue scope); `wide` sends the counters as u64.
+std::unique_ptr<nl_msg, decltype(&nlmsg_free)> qstats_reply(std::uint32_t type, std::uint32_t id,
+                                                            std::uint64_t packets,
+                                                            std::uint64_t bytes, bool wide) {
+    std::unique_ptr<nl_msg, decltype(&nlmsg_free)> m(nlmsg_alloc(), nlmsg_free);
+    genlmsg_put(m.get(), 0, 0, 30, 0, 0, 12, 1);
+    nla_put_u32(m.get(), 1, 2); // ifindex
+    nla_put_u32(m.get(), 2, type);
+    nla_put_u32(m.get(), 3, id);
+    if (wide) {
+        nla_put_u64(m.get(), 8, packets);
+        nla_put_u64(m.get(), 9, bytes);
+    } else {
+        nla_put_u32(m.get(), 8, static_cast<std::uint32_t>(packets));
+        nla_put_u32(m.get(), 9, static_cast<std::uint32_t>(bytes));
+    }
+    return m;
+}
+
+} // namespace
+
+// Issue 18: the bound queue's hardware counters, from crafted qstats-get replies.
+TEST(DevmemQstats, ParsesRxQueueRepliesOfEitherWidth) {
+    auto narrow = qstats_reply(0, 3, 41, 5000, false);
+    auto s = driver::parse_qstats_reply(nlmsg_hdr(narrow.get()));
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->queue, 3u);
+    EXPECT_EQ(s->rx_packets, 41u);
+    EXPECT_EQ(s->rx_bytes, 5000u);
+    auto wide = qstats_reply(0, 2, 1ull << 33, 1ull << 40, true);
+    auto w = driver::parse_qstats_reply(nlmsg_hdr(wide.get()));
+    ASSERT_TRUE(w);
+    EXPECT_EQ(w->rx_packets, 1ull << 33);
+    EXPECT_EQ(w->rx_bytes, 1ull << 40);
+    auto tx = qstats_reply(1, 3, 1, 1, false); // a TX queue's: not an RX queue's stats
+    EXPECT_FALSE(driver::parse_qstats_reply(nlmsg_hdr(tx.get())));
+}
+
+TEST(DevmemQstats, DeviceScopeReplyIsNoQueue) {
+    std::unique_ptr<nl_msg, decltype(&nlmsg_free)> m(nlmsg_alloc(), nlmsg_free);
+    genlmsg_put(m.get(), 0, 0, 30, 0, 0, 12, 1);
+    nla_put_u32(m.get(), 1, 2);
+    nla_put_u64(m.get(), 8, 7);
+    EXPECT_FALSE(driver::parse_qstats_reply(nlmsg_hdr(m.get())));
+}
+
+// The live kernel: lo keeps no per-queue stats; the answer (EOPNOTSUPP or an empty dump) is
+// "none", not an error.
+TEST(DevmemQstats, LiveLoopbackHasNoQueueStatsAndThatIsNotAnError) {
+    auto genl = driver::NetdevGenl::open();
+    if (!genl) GTEST_SKIP() << genl.error().message;
+    auto s = genl->rx_queue_stats(1, 0);
+    ASSERT_TRUE(s) << s.error().message;
+    EXPECT_FALSE(s->has_value());
+}
