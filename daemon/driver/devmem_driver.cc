@@ -173,6 +173,12 @@ void DevmemDriver::abandon(const std::string &netdev, const std::string &handoff
     }
 }
 
+Result<std::optional<QueueStats>> DevmemDriver::queue_stats(const std::string &id) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return make_error(Errc::not_found, "no devmem binding " + id);
+    return probe_.rx_queue_stats(it->second.ifindex, it->second.queue);
+}
+
 void DevmemDriver::detach(const std::string &id) {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;

@@ -71,6 +71,11 @@ class DevmemDriver : public Driver {
     journal::Counters counters(const std::string &id) const override {
         return guards_.counters(id);
     }
+    // The NIC's own counters of the binding's RX queue (qstats-get), where the driver keeps
+    // them; nullopt otherwise. They count every packet the NIC put on the queue since the
+    // driver started it, foreign ones included, so RxBytes/RxPackets stay the guard's (the
+    // binding's flows only, since the binding began) and these are shown beside them.
+    Result<std::optional<QueueStats>> queue_stats(const std::string &id);
     // Foreign packets on a bound queue (the guard), or RSS / a foreign ntuple rule reaching it
     // (re-read every DevmemGuards::recheck_us).
     std::map<std::string, std::string> drifted() override;

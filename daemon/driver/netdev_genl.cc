@@ -9,6 +9,7 @@
 #include <netlink/msg.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -20,6 +21,7 @@ namespace {
 enum : int {
     cmd_dev_get = 1,
     cmd_queue_get = 10,
+    cmd_qstats_get = 12,
     cmd_bind_rx = 13,
 };
 enum : int { a_dev_ifindex = 1, a_dev_xdp_features = 3 };
@@ -33,6 +35,16 @@ enum : int {
     a_queue_xsk = 7,
     a_queue_max = 7,
 };
+enum : int {
+    a_qstats_ifindex = 1,
+    a_qstats_queue_type = 2,
+    a_qstats_queue_id = 3,
+    a_qstats_scope = 4,
+    a_qstats_rx_packets = 8,
+    a_qstats_rx_bytes = 9,
+    a_qstats_max = 9, // the rest (tx, csum, gro, drops...) is not read
+};
+constexpr std::uint32_t qstats_scope_queue = 1;
 enum : int { a_dmabuf_ifindex = 1, a_dmabuf_queues = 2, a_dmabuf_fd = 3, a_dmabuf_id = 4 };
 constexpr int queue_type_rx = 0;
 
@@ -140,7 +152,31 @@ Result<MsgPtr> request(int family, int cmd, int flags) {
     return msg;
 }
 
+// qstats values are the kernel's NLA_UINT: 4 or 8 bytes, whichever holds the value.
+std::optional<std::uint64_t> get_uint(nlattr *a) {
+    if (!a) return std::nullopt;
+    if (nla_len(a) == 8) return nla_get_u64(a);
+    if (nla_len(a) == 4) return nla_get_u32(a);
+    return std::nullopt;
+}
+
+std::optional<QueueStats> qstats_of(nlattr **tb) {
+    if (!tb[a_qstats_queue_id] || !tb[a_qstats_queue_type]) return std::nullopt; // device scope
+    if (nla_get_u32(tb[a_qstats_queue_type]) != queue_type_rx) return std::nullopt;
+    QueueStats s;
+    s.queue = nla_get_u32(tb[a_qstats_queue_id]);
+    s.rx_packets = get_uint(tb[a_qstats_rx_packets]);
+    s.rx_bytes = get_uint(tb[a_qstats_rx_bytes]);
+    return s;
+}
+
 } // namespace
+
+std::optional<QueueStats> parse_qstats_reply(nlmsghdr *reply) {
+    nlattr *tb[a_qstats_max + 1] = {};
+    if (genlmsg_parse(reply, 0, tb, a_qstats_max, nullptr) != 0) return std::nullopt;
+    return qstats_of(tb);
+}
 
 // What each errno of bind-rx means on Linux 6.12 and newer (net/core/netdev-genl.c, devmem.c,
 // netdev_rx_queue.c). The extack, when the kernel sent one, tells apart the causes an errno shares.
@@ -264,6 +300,27 @@ Result<std::vector<NetdevQueue>> NetdevGenl::queues(int ifindex) {
     if (auto r = exchange(sock_, msg->get(), x, "netdev queue-get"); !r)
         return std::move(r).error();
     return out;
+}
+
+Result<std::optional<QueueStats>> NetdevGenl::rx_queue_stats(int ifindex, std::uint32_t queue) {
+    auto msg = request(family_, cmd_qstats_get, NLM_F_DUMP);
+    if (!msg) return std::move(msg).error();
+    nla_put_u32(msg->get(), a_qstats_ifindex, static_cast<std::uint32_t>(ifindex));
+    nla_put_u32(msg->get(), a_qstats_scope, qstats_scope_queue);
+    std::optional<QueueStats> found;
+    Exchange x;
+    x.max_attr = a_qstats_max;
+    x.on_reply = [&](nlattr **tb) {
+        if (tb[a_qstats_ifindex] && static_cast<int>(nla_get_u32(tb[a_qstats_ifindex])) != ifindex)
+            return;
+        if (auto s = qstats_of(tb); s && s->queue == queue) found = s;
+    };
+    if (auto r = exchange(sock_, msg->get(), x, "netdev qstats-get"); !r) {
+        // A driver without per-queue stats: nothing to read, not a failure.
+        if (x.error == -EOPNOTSUPP) return std::optional<QueueStats>();
+        return std::move(r).error();
+    }
+    return found;
 }
 
 Result<std::uint32_t> NetdevGenl::bind_rx(int ifindex, const std::vector<std::uint32_t> &rx_queues,

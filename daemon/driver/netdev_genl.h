@@ -13,6 +13,7 @@
 #include <vector>
 
 struct nl_sock;
+struct nlmsghdr;
 
 namespace knod::driver {
 
@@ -25,6 +26,18 @@ struct NetdevQueue {
     bool xsk = false;
     bool owned() const { return dmabuf || io_uring || xsk; }
 };
+
+// One RX queue's hardware counters (netdev qstats-get, queue scope); each is absent when the
+// driver does not report it.
+struct QueueStats {
+    std::uint32_t queue = 0;
+    std::optional<std::uint64_t> rx_packets;
+    std::optional<std::uint64_t> rx_bytes;
+};
+
+// One qstats-get reply: the stats when it is an RX queue's (queue scope), nullopt for a TX
+// queue's or a device-scope reply.
+std::optional<QueueStats> parse_qstats_reply(nlmsghdr *reply);
 
 struct NetdevDevice {
     int ifindex = 0;
@@ -47,6 +60,10 @@ class NetdevGenl {
     Result<NetdevDevice> device(int ifindex);
     // Every queue of `ifindex`, RX and TX, in queue order.
     Result<std::vector<NetdevQueue>> queues(int ifindex);
+    // The hardware counters of RX queue `queue` of `ifindex`; nullopt when the driver keeps no
+    // per-queue stats (the kernel answers EOPNOTSUPP or an empty dump: veth, lo), which is not
+    // an error.
+    Result<std::optional<QueueStats>> rx_queue_stats(int ifindex, std::uint32_t queue);
     // Binds the dma-buf to the RX queues; returns the kernel's binding id. Errors carry the
     // kernel's own reason (extack) and errno. A netdev whose parent is not a PCI function is
     // refused without asking the kernel (require_dma_device).

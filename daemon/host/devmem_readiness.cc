@@ -98,6 +98,28 @@ const char *xdp_mode(std::uint8_t mode) {
 
 } // namespace
 
+std::vector<std::string> held_rx_queues(const std::vector<driver::NetdevQueue> &queues) {
+    std::vector<const driver::NetdevQueue *> rx;
+    for (auto &q : queues)
+        if (q.type == driver::NetdevQueue::Type::rx && q.owned()) rx.push_back(&q);
+    std::sort(rx.begin(), rx.end(), [](auto *a, auto *b) { return a->id < b->id; });
+    std::vector<std::string> out;
+    for (auto *q : rx) {
+        // A queue has one memory provider at most, but AF_XDP may sit beside none of them only;
+        // name every holder the kernel reported rather than assume.
+        std::vector<std::string> by;
+        if (q->dmabuf)
+            by.push_back("a devmem dma-buf (binding " + std::to_string(*q->dmabuf) + ")");
+        if (q->io_uring) by.push_back("io_uring zero-copy receive");
+        if (q->xsk) by.push_back("an AF_XDP socket");
+        std::string line = "queue " + std::to_string(q->id) + " is held by ";
+        for (std::size_t i = 0; i < by.size(); ++i)
+            line += (i ? " and " : "") + by[i];
+        out.push_back(line);
+    }
+    return out;
+}
+
 std::vector<std::uint32_t> queues_outside_rss(const DevmemFacts &f) {
     std::vector<std::uint32_t> out;
     std::set<std::uint32_t> reached;

@@ -5,6 +5,7 @@
 // refuse for the same reasons, each with its fix. Upstream facts: ../shared/vm-rig.md.
 #pragma once
 
+#include "daemon/driver/netdev_genl.h"
 #include "knod/result.h"
 #include "policy/parser.h"
 
@@ -63,6 +64,11 @@ std::vector<DevmemProblem> devmem_problems(const DevmemFacts &f);
 
 // The RX queues past 0 that RSS never sends traffic to (candidates for a binding).
 std::vector<std::uint32_t> queues_outside_rss(const DevmemFacts &f);
+
+// The RX queues of a queue-get answer that something already holds, one line each, in queue
+// order: "queue 3 is held by io_uring zero-copy receive". A held queue is refused to a new
+// binding (choose_rx_queue); the doctor names them so an operator sees who holds what.
+std::vector<std::string> held_rx_queues(const std::vector<driver::NetdevQueue> &queues);
 
 // Parsers of the kernel's answers (unit-tested on crafted messages).
 // A genetlink ETHTOOL_MSG_RINGS_GET_REPLY.

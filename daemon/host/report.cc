@@ -176,7 +176,10 @@ class Checker {
                       " combined N) or use a multi-queue NIC";
             }
             add("netdev", n.name + " (" + n.pci + ")", st, what, fix);
-            if (paths_.live() && n.ifindex > 0) devmem(n);
+            if (paths_.live() && n.ifindex > 0) {
+                devmem(n);
+                held_queues(n);
+            }
         }
     }
 
@@ -208,6 +211,26 @@ class Checker {
                   "fbnic)";
         add("netdev.devmem", subject, capable ? CheckStatus::warn : CheckStatus::info,
             "not devmem-ready: " + why, fix);
+    }
+
+    // Which RX queues a dma-buf, io_uring zero-copy receive or AF_XDP already holds (queue-get):
+    // the devmem backend never binds those, so they are named here.
+    void held_queues(const Netdev &n) {
+        std::string subject = n.name + " (" + n.pci + ")";
+        auto genl = driver::NetdevGenl::open();
+        auto queues = genl ? genl->queues(n.ifindex)
+                           : Result<std::vector<driver::NetdevQueue>>(std::move(genl).error());
+        if (!queues) {
+            add("netdev.queues", subject, CheckStatus::info,
+                "cannot list the RX queues' holders: " + queues.error().message);
+            return;
+        }
+        auto held = held_rx_queues(*queues);
+        std::string what;
+        for (auto &h : held)
+            what += (what.empty() ? "" : "; ") + h;
+        if (what.empty()) what = "no RX queue is held by a dma-buf, io_uring or AF_XDP";
+        add("netdev.queues", subject, CheckStatus::info, what);
     }
 
     // A netdev without a PCI function (veth, bridge, ifb...): asked for by name, it is reported

@@ -216,3 +216,82 @@ flows = ["udp * -> *:9"]
     EXPECT_NE(w[1].message.find("6000-6100: a port range"), std::string::npos) << w[1].message;
     EXPECT_EQ(w[1].message.find("*:5000:"), std::string::npos) << "the TCP flow is servable";
 }
+
+// Issue 18: the doctor names each RX queue a dma-buf, io_uring zero-copy receive or AF_XDP
+// holds, from a queue-get answer (no io_uring zcrx NIC exists on these machines).
+TEST(DevmemReadiness, HeldQueuesAreNamedWithTheirHolder) {
+    using driver::NetdevQueue;
+    std::vector<NetdevQueue> q;
+    for (std::uint32_t i = 0; i < 5; ++i) {
+        q.push_back({i, NetdevQueue::Type::rx, 0, std::nullopt, false, false});
+        q.push_back({i, NetdevQueue::Type::tx, 0, std::nullopt, false, false});
+    }
+    EXPECT_TRUE(held_rx_queues(q).empty());
+    q[8].dmabuf = 7;      // rx 4
+    q[6].io_uring = true; // rx 3
+    q[2].xsk = true;      // rx 1
+    q[5].xsk = true;      // tx 2: not an RX queue
+    auto held = held_rx_queues(q);
+    ASSERT_EQ(held.size(), 3u);
+    EXPECT_EQ(held[0], "queue 1 is held by an AF_XDP socket");
+    EXPECT_EQ(held[1], "queue 3 is held by io_uring zero-copy receive");
+    EXPECT_EQ(held[2], "queue 4 is held by a devmem dma-buf (binding 7)");
+}
+
+namespace {
+
+// A qstats-get reply as the kernel builds it (queue scope); `wide` sends the counters as u64.
+std::unique_ptr<nl_msg, decltype(&nlmsg_free)> qstats_reply(std::uint32_t type, std::uint32_t id,
+                                                            std::uint64_t packets,
+                                                            std::uint64_t bytes, bool wide) {
+    std::unique_ptr<nl_msg, decltype(&nlmsg_free)> m(nlmsg_alloc(), nlmsg_free);
+    genlmsg_put(m.get(), 0, 0, 30, 0, 0, 12, 1);
+    nla_put_u32(m.get(), 1, 2); // ifindex
+    nla_put_u32(m.get(), 2, type);
+    nla_put_u32(m.get(), 3, id);
+    if (wide) {
+        nla_put_u64(m.get(), 8, packets);
+        nla_put_u64(m.get(), 9, bytes);
+    } else {
+        nla_put_u32(m.get(), 8, static_cast<std::uint32_t>(packets));
+        nla_put_u32(m.get(), 9, static_cast<std::uint32_t>(bytes));
+    }
+    return m;
+}
+
+} // namespace
+
+// Issue 18: the bound queue's hardware counters, from crafted qstats-get replies.
+TEST(DevmemQstats, ParsesRxQueueRepliesOfEitherWidth) {
+    auto narrow = qstats_reply(0, 3, 41, 5000, false);
+    auto s = driver::parse_qstats_reply(nlmsg_hdr(narrow.get()));
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->queue, 3u);
+    EXPECT_EQ(s->rx_packets, 41u);
+    EXPECT_EQ(s->rx_bytes, 5000u);
+    auto wide = qstats_reply(0, 2, 1ull << 33, 1ull << 40, true);
+    auto w = driver::parse_qstats_reply(nlmsg_hdr(wide.get()));
+    ASSERT_TRUE(w);
+    EXPECT_EQ(w->rx_packets, 1ull << 33);
+    EXPECT_EQ(w->rx_bytes, 1ull << 40);
+    auto tx = qstats_reply(1, 3, 1, 1, false); // a TX queue's: not an RX queue's stats
+    EXPECT_FALSE(driver::parse_qstats_reply(nlmsg_hdr(tx.get())));
+}
+
+TEST(DevmemQstats, DeviceScopeReplyIsNoQueue) {
+    std::unique_ptr<nl_msg, decltype(&nlmsg_free)> m(nlmsg_alloc(), nlmsg_free);
+    genlmsg_put(m.get(), 0, 0, 30, 0, 0, 12, 1);
+    nla_put_u32(m.get(), 1, 2);
+    nla_put_u64(m.get(), 8, 7);
+    EXPECT_FALSE(driver::parse_qstats_reply(nlmsg_hdr(m.get())));
+}
+
+// The live kernel: lo keeps no per-queue stats; the answer (EOPNOTSUPP or an empty dump) is
+// "none", not an error.
+TEST(DevmemQstats, LiveLoopbackHasNoQueueStatsAndThatIsNotAnError) {
+    auto genl = driver::NetdevGenl::open();
+    if (!genl) GTEST_SKIP() << genl.error().message;
+    auto s = genl->rx_queue_stats(1, 0);
+    ASSERT_TRUE(s) << s.error().message;
+    EXPECT_FALSE(s->has_value());
+}
