@@ -41,6 +41,35 @@ struct bpf_map *map_named(flow_filter_bpf *s, const std::string &name) {
     return bpf_object__find_map_by_name(s->obj, name.c_str());
 }
 
+// The pin folder for IFNAME under PIN_ROOT, which must not exist yet: one filter per netdev.
+// Not fs::exists(path), which throws when the pin root cannot be searched (#17 item 10).
+Result<std::string> free_pin_dir(const std::string &pin_root, const std::string &ifname) {
+    std::string pin_dir = pin_root + "/" + ifname;
+    std::error_code ec;
+    auto pin_status = fs::symlink_status(pin_dir, ec);
+    if (ec && pin_status.type() != fs::file_type::not_found)
+        return make_error(Errc::io, "cannot look for a pinned filter in " + pin_root + ": " +
+                                        ec.message() +
+                                        " (the pin root must belong to the daemon's user)");
+    if (fs::exists(pin_status))
+        return make_error(Errc::denied, pin_dir +
+                                            " already exists: another knod filter is pinned "
+                                            "for " +
+                                            ifname + " (run reconcile first)");
+    return pin_dir;
+}
+
+// Makes PIN_DIR and pins every map there (the daemon's next start and `reconcile` find them).
+Result<void> pin_maps(flow_filter_bpf *skel, const std::string &pin_dir) {
+    std::error_code ec;
+    fs::create_directories(pin_dir, ec);
+    if (ec) return make_error(Errc::io, "cannot create " + pin_dir + ": " + ec.message());
+    for (const char *m : pinned_maps)
+        if (bpf_map__pin(map_named(skel, m), (pin_dir + "/" + m).c_str()) != 0)
+            return make_error(Errc::io, std::string("cannot pin map ") + m + ": " + err(errno));
+    return {};
+}
+
 // Silences libbpf's own printing; errors come back through Result.
 int quiet(enum libbpf_print_level, const char *, va_list) {
     return 0;
@@ -103,19 +132,8 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname
                               std::to_string(existing) +
                               "); knod-policy never replaces a program it did not load");
     if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
-    std::string pin_dir = options.pin_root + "/" + ifname;
-    // Not fs::exists(path), which throws when the pin root cannot be searched (#17 item 10).
-    std::error_code ec;
-    auto pin_status = fs::symlink_status(pin_dir, ec);
-    if (ec && pin_status.type() != fs::file_type::not_found)
-        return make_error(Errc::io, "cannot look for a pinned filter in " + options.pin_root +
-                                        ": " + ec.message() +
-                                        " (the pin root must belong to the daemon's user)");
-    if (fs::exists(pin_status))
-        return make_error(Errc::denied, pin_dir +
-                                            " already exists: another knod filter is pinned "
-                                            "for " +
-                                            ifname + " (run reconcile first)");
+    auto pin_dir = free_pin_dir(options.pin_root, ifname);
+    if (!pin_dir) return pin_dir.error();
     auto loaded = load(options);
     if (!loaded) return loaded.error();
     auto f = std::move(*loaded);
@@ -138,14 +156,10 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname
         f->mode_note_ =
             "native XDP refused on " + ifname + " (" + err(native_err) + "); using generic XDP";
     }
-    fs::create_directories(pin_dir, ec);
-    if (ec) return make_error(Errc::io, "cannot create " + pin_dir + ": " + ec.message());
-    f->pin_dir_ = pin_dir;
-    if (bpf_obj_pin(f->link_fd_, (pin_dir + "/link").c_str()) != 0)
-        return make_error(Errc::io, "cannot pin the XDP link in " + pin_dir + ": " + err(errno));
-    for (const char *m : pinned_maps)
-        if (bpf_map__pin(map_named(f->skel_, m), (pin_dir + "/" + m).c_str()) != 0)
-            return make_error(Errc::io, std::string("cannot pin map ") + m + ": " + err(errno));
+    f->pin_dir_ = *pin_dir; // set first: a failure below is cleaned up by detach()
+    if (auto p = pin_maps(f->skel_, *pin_dir); !p) return p.error();
+    if (bpf_obj_pin(f->link_fd_, (*pin_dir + "/link").c_str()) != 0)
+        return make_error(Errc::io, "cannot pin the XDP link in " + *pin_dir + ": " + err(errno));
     return f;
 }
 
@@ -154,19 +168,8 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &
     unsigned ifindex = if_nametoindex(ifname.c_str());
     if (ifindex == 0) return make_error(Errc::not_found, "no network interface '" + ifname + "'");
     if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
-    std::string pin_dir = options.pin_root + "/" + ifname;
-    // Not fs::exists(path), which throws when the pin root cannot be searched (#17 item 10).
-    std::error_code ec;
-    auto pin_status = fs::symlink_status(pin_dir, ec);
-    if (ec && pin_status.type() != fs::file_type::not_found)
-        return make_error(Errc::io, "cannot look for a pinned filter in " + options.pin_root +
-                                        ": " + ec.message() +
-                                        " (the pin root must belong to the daemon's user)");
-    if (fs::exists(pin_status))
-        return make_error(Errc::denied, pin_dir +
-                                            " already exists: another knod filter is pinned "
-                                            "for " +
-                                            ifname + " (run reconcile first)");
+    auto pin_dir = free_pin_dir(options.pin_root, ifname);
+    if (!pin_dir) return pin_dir.error();
     auto loaded = load(options);
     if (!loaded) return loaded.error();
     auto f = std::move(*loaded);
@@ -185,12 +188,8 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &
                                                  " (tc ingress): " + err(r));
     f->guard_ifindex_ = static_cast<int>(ifindex);
     f->mode_ = "tc";
-    fs::create_directories(pin_dir, ec);
-    if (ec) return make_error(Errc::io, "cannot create " + pin_dir + ": " + ec.message());
-    f->pin_dir_ = pin_dir;
-    for (const char *m : pinned_maps)
-        if (bpf_map__pin(map_named(f->skel_, m), (pin_dir + "/" + m).c_str()) != 0)
-            return make_error(Errc::io, std::string("cannot pin map ") + m + ": " + err(errno));
+    f->pin_dir_ = *pin_dir; // set first: a failure below is cleaned up by detach()
+    if (auto p = pin_maps(f->skel_, *pin_dir); !p) return p.error();
     return f;
 }
 
