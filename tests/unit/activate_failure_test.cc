@@ -83,15 +83,37 @@ struct Loop {
     }
 };
 
+// A temporary journal folder (removed at the end), the loop the manager posts to, and the
+// manager over a driver and a policy.
+struct Rig {
+    explicit Rig(const std::string &name)
+        : dir(fs::temp_directory_path() / ("knod-" + name + "-" + std::to_string(getpid()))) {
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        config.journal_path = (dir / "journal.db").string();
+    }
+    ~Rig() { fs::remove_all(dir); }
+    std::unique_ptr<daemon::BindingManager> manager(driver::Driver &driver, policy::Policy p) {
+        std::array<std::uint8_t, 32> secret{};
+        return std::make_unique<daemon::BindingManager>(
+            config, driver, std::move(keys::KeyAuthority::with_secret(secret)).value(),
+            std::move(p), events, [this](std::function<void()> f) { loop.post(std::move(f)); });
+    }
+    fs::path dir;
+    NoEvents events;
+    Loop loop;
+    daemon::ManagerConfig config;
+};
+
 // One RequestBinding for a sealed 4 KiB memfd on knodsim0, run to its answer.
 void request_one_region(daemon::BindingManager &m, Loop &loop, const daemon::Peer &me,
-                        std::optional<Result<daemon::Granted>> &granted) {
+                        std::optional<Result<daemon::Granted>> &granted,
+                        const std::string &flow = "udp 10.0.0.1:* -> 10.0.0.2:5000") {
     int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(ftruncate(fd, 4096), 0);
     ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
-    daemon::RequestArgs args{
-        "knodsim0", "sim0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5000"}};
+    daemon::RequestArgs args{"knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow}};
     m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
     EXPECT_TRUE(loop.run_until([&] { return granted.has_value(); }));
     close(fd);
@@ -101,9 +123,8 @@ void request_one_region(daemon::BindingManager &m, Loop &loop, const daemon::Pee
 } // namespace
 
 TEST(ActivateFailure, IsJournaledAsARefusalWithTheActorAndThePolicy) {
-    fs::path dir = fs::temp_directory_path() / ("knod-activate-" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    Rig rig("activate");
+    auto &loop = rig.loop;
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "sim"
 netdevs = ["knodsim0"]
@@ -116,16 +137,9 @@ iommu = "any"
     std::string digest = load.policy.digest;
     FailingActivation driver;
     ASSERT_TRUE(driver.start().ok());
-    std::array<std::uint8_t, 32> secret{};
-    NoEvents events;
-    Loop loop;
-    daemon::ManagerConfig config;
-    config.journal_path = (dir / "journal.db").string();
     {
-        daemon::BindingManager m(config, driver,
-                                 std::move(keys::KeyAuthority::with_secret(secret)).value(),
-                                 std::move(load.policy), events,
-                                 [&](std::function<void()> f) { loop.post(std::move(f)); });
+        auto manager = rig.manager(driver, std::move(load.policy));
+        auto &m = *manager;
         m.start();
         daemon::Peer me;
         me.uid = 4321;
@@ -138,7 +152,8 @@ iommu = "any"
         EXPECT_EQ(r.error().code, Errc::driver_failure);
         m.shutdown();
     }
-    auto db = std::move(journal::Database::open(config.journal_path, SQLITE_OPEN_READONLY)).value();
+    auto db =
+        std::move(journal::Database::open(rig.config.journal_path, SQLITE_OPEN_READONLY)).value();
     auto st = db.prepare("SELECT uid, pid, decision, reason, json_extract(detail, '$.policy') "
                          "FROM events WHERE kind = 'activate-refused'");
     ASSERT_TRUE(st.ok());
@@ -151,17 +166,15 @@ iommu = "any"
     EXPECT_EQ(st->text(4), digest);
     // The daemon's start loaded that policy: its text is stored, the chain verifies.
     EXPECT_EQ(*db.scalar("SELECT count(*) FROM policies WHERE digest = '" + digest + "'"), 1);
-    auto v = journal::verify_chain(config.journal_path);
+    auto v = journal::verify_chain(rig.config.journal_path);
     ASSERT_TRUE(v.ok()) << v.error().message;
     EXPECT_TRUE(v->ok) << v->problem;
     EXPECT_EQ(v->sessions_checked, 1);
-    fs::remove_all(dir);
 }
 
 TEST(AttachFailure, ANetdevWithoutADmaDeviceIsRefusedAtRequestTimeAndJournaled) {
-    fs::path dir = fs::temp_directory_path() / ("knod-nodma-" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    Rig rig("nodma");
+    auto &loop = rig.loop;
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "sim"
 netdevs = ["knodsim0"]
@@ -173,16 +186,9 @@ iommu = "any"
     ASSERT_TRUE(load.ok()) << load.errors_text();
     NoDmaDevice driver;
     ASSERT_TRUE(driver.start().ok());
-    std::array<std::uint8_t, 32> secret{};
-    NoEvents events;
-    Loop loop;
-    daemon::ManagerConfig config;
-    config.journal_path = (dir / "journal.db").string();
     {
-        daemon::BindingManager m(config, driver,
-                                 std::move(keys::KeyAuthority::with_secret(secret)).value(),
-                                 std::move(load.policy), events,
-                                 [&](std::function<void()> f) { loop.post(std::move(f)); });
+        auto manager = rig.manager(driver, std::move(load.policy));
+        auto &m = *manager;
         m.start();
         daemon::Peer me;
         me.uid = 4321;
@@ -195,7 +201,8 @@ iommu = "any"
             << granted->error().message;
         m.shutdown();
     }
-    auto db = std::move(journal::Database::open(config.journal_path, SQLITE_OPEN_READONLY)).value();
+    auto db =
+        std::move(journal::Database::open(rig.config.journal_path, SQLITE_OPEN_READONLY)).value();
     auto st = db.prepare("SELECT uid, decision, reason FROM events WHERE kind = 'request-denied'");
     ASSERT_TRUE(st.ok());
     auto row = st->step();
@@ -205,7 +212,6 @@ iommu = "any"
     EXPECT_NE(st->text(2).find("no DMA device"), std::string::npos) << st->text(2);
     EXPECT_NE(st->text(2).find("the kernel is not asked"), std::string::npos) << st->text(2);
     EXPECT_EQ(*db.scalar("SELECT count(*) FROM sessions"), 0);
-    fs::remove_all(dir);
 }
 
 namespace {
@@ -236,9 +242,8 @@ class Drifting : public driver::SimDriver {
 // #18: a binding the driver reports drifted is ended at the next tick as steering-drift, with
 // what was seen journaled; the others stay.
 TEST(SteeringDrift, EndsTheDriftedBindingAtTheNextTick) {
-    fs::path dir = fs::temp_directory_path() / ("knod-drift-" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    Rig rig("drift");
+    auto &loop = rig.loop;
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "sim"
 netdevs = ["knodsim0"]
@@ -250,37 +255,18 @@ iommu = "any"
     ASSERT_TRUE(load.ok()) << load.errors_text();
     Drifting driver;
     ASSERT_TRUE(driver.start().ok());
-    std::array<std::uint8_t, 32> secret{};
-    NoEvents events;
-    Loop loop;
-    daemon::ManagerConfig config;
-    config.journal_path = (dir / "journal.db").string();
     std::vector<std::string> ids;
     {
-        daemon::BindingManager m(config, driver,
-                                 std::move(keys::KeyAuthority::with_secret(secret)).value(),
-                                 std::move(load.policy), events,
-                                 [&](std::function<void()> f) { loop.post(std::move(f)); });
+        auto manager = rig.manager(driver, std::move(load.policy));
+        auto &m = *manager;
         m.start();
         daemon::Peer me;
         me.uid = 4321;
         me.pid = getpid();
         for (int port : {5000, 5001}) {
-            int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
-            ASSERT_GE(fd, 0);
-            ASSERT_EQ(ftruncate(fd, 4096), 0);
-            ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
-            daemon::RequestArgs args{"knodsim0",
-                                     "sim0",
-                                     "rx-only",
-                                     fd,
-                                     0,
-                                     4096,
-                                     {"udp 10.0.0.1:* -> 10.0.0.2:" + std::to_string(port)}};
             std::optional<Result<daemon::Granted>> granted;
-            m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
-            ASSERT_TRUE(loop.run_until([&] { return granted.has_value(); }));
-            close(fd);
+            ASSERT_NO_FATAL_FAILURE(request_one_region(
+                m, loop, me, granted, "udp 10.0.0.1:* -> 10.0.0.2:" + std::to_string(port)));
             ASSERT_TRUE(granted->ok()) << granted->error().message;
             ASSERT_TRUE(m.activate((*granted)->id, me, (*granted)->key).ok());
             ids.push_back((*granted)->id);
@@ -294,7 +280,8 @@ iommu = "any"
         EXPECT_EQ(left[0]->id, ids[1]);
         m.shutdown();
     }
-    auto db = std::move(journal::Database::open(config.journal_path, SQLITE_OPEN_READONLY)).value();
+    auto db =
+        std::move(journal::Database::open(rig.config.journal_path, SQLITE_OPEN_READONLY)).value();
     auto reason = [&](const std::string &id) {
         auto st = db.prepare("SELECT end_reason FROM sessions WHERE id = '" + id + "'");
         auto row = st->step();
@@ -306,5 +293,4 @@ iommu = "any"
                          "'%foreign packet%'");
     auto row = st->step();
     EXPECT_TRUE(row.ok() && *row) << "what was seen is journaled";
-    fs::remove_all(dir);
 }
