@@ -14,8 +14,15 @@
 
 using namespace knod;
 using namespace knod::bpf;
+
+namespace {
+constexpr std::uint8_t tcp = 6; // devmem receive is TCP only
+}
 using knod::test::build_packet;
 using knod::test::PacketSpec;
+using knod::test::v4;
+using knod::test::v6;
+using knod::test::with;
 
 namespace {
 
@@ -28,29 +35,6 @@ struct Case {
     Want want;
     std::uint32_t slot = 0; // whose counter moves
 };
-
-PacketSpec v4(const char *src, std::uint16_t sport, const char *dst, std::uint16_t dport,
-              std::uint8_t proto = 6) {
-    PacketSpec p;
-    p.src = src;
-    p.sport = sport;
-    p.dst = dst;
-    p.dport = dport;
-    p.protocol = proto;
-    return p;
-}
-
-PacketSpec v6(const char *src, std::uint16_t sport, const char *dst, std::uint16_t dport,
-              std::uint8_t proto = 6) {
-    PacketSpec p = v4(src, sport, dst, dport, proto);
-    p.ipv6 = true;
-    return p;
-}
-
-template <typename F> PacketSpec with(PacketSpec p, F f) {
-    f(p);
-    return p;
-}
 
 class DevmemGuardTest : public ::testing::Test {
   protected:
@@ -113,11 +97,11 @@ class DevmemGuardTest : public ::testing::Test {
 } // namespace
 
 TEST_F(DevmemGuardTest, CraftedPacketsOnEachQueue) {
-    const PacketSpec mine = v4("10.0.1.1", 999, "10.1.2.3", 5000);
+    const PacketSpec mine = v4("10.0.1.1", 999, "10.1.2.3", 5000, tcp);
     const PacketSpec mine6 = v6("fd00::5", 999, "fd00::1", 443);
     const Case cases[] = {
         {"on-queue match", 3, mine, Want::counted, 1},
-        {"on-queue match at the /16 edge", 3, v4("10.0.255.255", 1, "10.1.2.3", 5000),
+        {"on-queue match at the /16 edge", 3, v4("10.0.255.255", 1, "10.1.2.3", 5000, tcp),
          Want::counted, 1},
         {"802.1Q tagged on its queue", 3, with(mine, [](auto &p) { p.vlans = {0x8100}; }),
          Want::counted, 1},
@@ -127,22 +111,23 @@ TEST_F(DevmemGuardTest, CraftedPacketsOnEachQueue) {
          1},
         {"DF is not a fragment", 3, with(mine, [](auto &p) { p.ipv4_frag = 0x4000; }),
          Want::counted, 1},
-        {"exact 5-tuple on its queue", 7, v4("10.0.0.5", 1234, "10.1.2.3", 6000), Want::counted, 4},
+        {"exact 5-tuple on its queue", 7, v4("10.0.0.5", 1234, "10.1.2.3", 6000, tcp),
+         Want::counted, 4},
         {"IPv6 on its queue", 5, mine6, Want::counted, 2},
         {"IPv6 hop-by-hop on its queue", 5, with(mine6, [](auto &p) { p.ipv6_ext = {0}; }),
          Want::counted, 2},
         {"IPv6 VLAN on its queue", 5, with(mine6, [](auto &p) { p.vlans = {0x8100}; }),
          Want::counted, 2},
         // Misrouted: not the binding's, yet on its queue.
-        {"another port on a bound queue", 3, v4("10.0.1.1", 999, "10.1.2.3", 5001), Want::misrouted,
-         1},
-        {"another source on a bound queue", 3, v4("10.1.0.1", 999, "10.1.2.3", 5000),
+        {"another port on a bound queue", 3, v4("10.0.1.1", 999, "10.1.2.3", 5001, tcp),
+         Want::misrouted, 1},
+        {"another source on a bound queue", 3, v4("10.1.0.1", 999, "10.1.2.3", 5000, tcp),
          Want::misrouted, 1},
         {"UDP on a bound queue", 3, v4("10.0.1.1", 999, "10.1.2.3", 5000, 17), Want::misrouted, 1},
         {"binding 1's flow on binding 2's queue", 5, mine, Want::misrouted, 2},
         {"binding 2's flow on binding 1's queue", 3, mine6, Want::misrouted, 1},
-        {"exact flow, other source port, on its queue", 7, v4("10.0.0.5", 1235, "10.1.2.3", 6000),
-         Want::misrouted, 4},
+        {"exact flow, other source port, on its queue", 7,
+         v4("10.0.0.5", 1235, "10.1.2.3", 6000, tcp), Want::misrouted, 4},
         {"IPv4 first fragment of its flow", 3, with(mine, [](auto &p) { p.ipv4_frag = 0x2000; }),
          Want::misrouted, 1},
         {"IPv4 later fragment of its flow", 3, with(mine, [](auto &p) { p.ipv4_frag = 0x0010; }),
@@ -155,28 +140,28 @@ TEST_F(DevmemGuardTest, CraftedPacketsOnEachQueue) {
         {"IPv4 ihl below 5", 3, with(mine, [](auto &p) { p.ipv4_ihl = 4; }), Want::misrouted, 1},
         {"ARP on a bound queue", 3, with(mine, [](auto &p) { p.ethertype = 0x0806; }),
          Want::misrouted, 1},
-        {"inactive binding's flow on a bound queue", 3, v4("10.9.9.9", 7, "10.1.2.3", 7000),
+        {"inactive binding's flow on a bound queue", 3, v4("10.9.9.9", 7, "10.1.2.3", 7000, tcp),
          Want::misrouted, 1},
         // Unbound queues are the stack's: nothing counted, nothing dropped.
         {"its flow on queue 0", 0, mine, Want::untouched},
         {"its flow on an unbound queue", 2, mine, Want::untouched},
-        {"foreign flow on an unbound queue", 1, v4("192.0.2.1", 1, "10.1.2.3", 80),
+        {"foreign flow on an unbound queue", 1, v4("192.0.2.1", 1, "10.1.2.3", 80, tcp),
          Want::untouched},
         {"fragment on an unbound queue", 1, with(mine, [](auto &p) { p.ipv4_frag = 0x2000; }),
          Want::untouched},
         {"ARP on queue 0", 0, with(mine, [](auto &p) { p.ethertype = 0x0806; }), Want::untouched},
-        {"an inactive binding's queue is not bound", 6, v4("192.0.2.1", 1, "10.1.2.3", 80),
+        {"an inactive binding's queue is not bound", 6, v4("192.0.2.1", 1, "10.1.2.3", 80, tcp),
          Want::untouched},
-        {"queue unknown to the driver", 0xffffffffu, v4("192.0.2.1", 1, "10.1.2.3", 80),
+        {"queue unknown to the driver", 0xffffffffu, v4("192.0.2.1", 1, "10.1.2.3", 80, tcp),
          Want::untouched},
-        {"queue past the index", 5000, v4("192.0.2.1", 1, "10.1.2.3", 80), Want::untouched},
+        {"queue past the index", 5000, v4("192.0.2.1", 1, "10.1.2.3", 80, tcp), Want::untouched},
     };
     for (auto &c : cases)
         check(c);
 }
 
 TEST_F(DevmemGuardTest, AQueueIsBoundOnlyWhileItsBindingIsActive) {
-    const PacketSpec foreign = v4("192.0.2.1", 1, "10.1.2.3", 80);
+    const PacketSpec foreign = v4("192.0.2.1", 1, "10.1.2.3", 80, tcp);
     check({"bound", 3, foreign, Want::misrouted, 1});
     ASSERT_TRUE(filter_->set_slot(1, SlotState::inactive, 3).ok());
     check({"binding inactive: queue released", 3, foreign, Want::untouched});
@@ -187,5 +172,5 @@ TEST_F(DevmemGuardTest, AQueueIsBoundOnlyWhileItsBindingIsActive) {
     // Another binding takes the queue over.
     install(5, SlotState::active, 3, {"tcp 10.0.0.0/16:* -> 10.1.2.3:5000"});
     check({"new owner", 3, foreign, Want::misrouted, 5});
-    check({"new owner's flow", 3, v4("10.0.1.1", 999, "10.1.2.3", 5000), Want::counted, 5});
+    check({"new owner's flow", 3, v4("10.0.1.1", 999, "10.1.2.3", 5000, tcp), Want::counted, 5});
 }

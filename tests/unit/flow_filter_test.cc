@@ -16,6 +16,9 @@ using namespace knod;
 using namespace knod::bpf;
 using knod::test::build_packet;
 using knod::test::PacketSpec;
+using knod::test::v4;
+using knod::test::v6;
+using knod::test::with;
 
 namespace {
 
@@ -105,29 +108,6 @@ class FlowFilterTest : public ::testing::Test {
 
     std::unique_ptr<FlowFilter> filter_;
 };
-
-PacketSpec v4(const char *src, std::uint16_t sport, const char *dst, std::uint16_t dport,
-              std::uint8_t proto = 17) {
-    PacketSpec p;
-    p.src = src;
-    p.sport = sport;
-    p.dst = dst;
-    p.dport = dport;
-    p.protocol = proto;
-    return p;
-}
-
-PacketSpec v6(const char *src, std::uint16_t sport, const char *dst, std::uint16_t dport,
-              std::uint8_t proto = 6) {
-    PacketSpec p = v4(src, sport, dst, dport, proto);
-    p.ipv6 = true;
-    return p;
-}
-
-template <typename F> PacketSpec with(PacketSpec p, F f) {
-    f(p);
-    return p;
-}
 
 } // namespace
 

@@ -99,4 +99,28 @@ inline std::vector<std::uint8_t> build_packet(const PacketSpec &s) {
     return p;
 }
 
+// A packet of one flow (UDP unless PROTO says otherwise); `with` changes one field of it.
+inline PacketSpec v4(const char *src, std::uint16_t sport, const char *dst, std::uint16_t dport,
+                     std::uint8_t proto = 17) {
+    PacketSpec p;
+    p.src = src;
+    p.sport = sport;
+    p.dst = dst;
+    p.dport = dport;
+    p.protocol = proto;
+    return p;
+}
+
+inline PacketSpec v6(const char *src, std::uint16_t sport, const char *dst, std::uint16_t dport,
+                     std::uint8_t proto = 6) {
+    PacketSpec p = v4(src, sport, dst, dport, proto);
+    p.ipv6 = true;
+    return p;
+}
+
+template <typename F> PacketSpec with(PacketSpec p, F f) {
+    f(p);
+    return p;
+}
+
 } // namespace knod::test
