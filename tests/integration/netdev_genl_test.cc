@@ -474,18 +474,25 @@ TEST(NetdevInventory, RtnetlinkSeesTheVethWithItsQueues) {
     EXPECT_TRUE(veth->pci.empty()) << "a veth has no PCI parent";
 }
 
+// One attach (the request-time step) of a fresh sealed memfd for FLOW on NETDEV.
+Result<std::vector<std::uint32_t>> attach_once(driver::Driver &d, const std::string &id,
+                                               const std::string &netdev, const char *flow) {
+    BindingPlan plan;
+    plan.id = id;
+    plan.netdev = netdev;
+    plan.flows = {*policy::parse_flow_spec(flow)};
+    plan.region_fd = memfd();
+    auto q = d.attach(plan);
+    close(plan.region_fd);
+    return q;
+}
+
 TEST(DevmemDriver, RefusesANetdevWithoutADmaDeviceAtRequestTime) {
     TestNamespace ns;
     ASSERT_TRUE(ns.ok());
     auto d = DevmemDriver::open(host::HostPaths{});
     ASSERT_TRUE(d) << d.error().message;
-    BindingPlan plan;
-    plan.id = "b1";
-    plan.netdev = "knodq0";
-    plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
-    plan.region_fd = memfd();
-    auto q = (*d)->attach(plan);
-    close(plan.region_fd);
+    auto q = attach_once(**d, "b1", "knodq0", "tcp 10.0.0.0/8:* -> 10.0.0.2:5000");
     ASSERT_FALSE(q) << "veth got queue " << (*q)[0];
     EXPECT_EQ(q.error().code, Errc::driver_failure);
     EXPECT_NE(q.error().message.find("'knodq0' has no parent device"), std::string::npos)
@@ -614,13 +621,7 @@ TEST(DevmemDriver, RefusesUdpFlowsAtRequestTime) {
     ASSERT_TRUE(ns.ok());
     auto d = DevmemDriver::open(host::HostPaths{}, [](int) -> Result<void> { return {}; });
     ASSERT_TRUE(d) << d.error().message;
-    BindingPlan plan;
-    plan.id = "u1";
-    plan.netdev = "knodq0";
-    plan.flows = {*policy::parse_flow_spec("udp 10.0.0.0/8:* -> 10.0.0.2:5000")};
-    plan.region_fd = memfd();
-    auto q = (*d)->attach(plan);
-    close(plan.region_fd);
+    auto q = attach_once(**d, "u1", "knodq0", "udp 10.0.0.0/8:* -> 10.0.0.2:5000");
     ASSERT_FALSE(q) << "a UDP flow got queue " << (*q)[0];
     EXPECT_EQ(q.error().code, Errc::invalid_argument);
     EXPECT_NE(q.error().message.find("devmem receives TCP only"), std::string::npos)
@@ -646,13 +647,7 @@ TEST(DevmemDriver, RefusesAPciNicWithoutHeaderSplitAtRequestTime) {
         GTEST_SKIP() << nic->netdev << " splits headers";
     auto d = DevmemDriver::open(host::HostPaths{});
     ASSERT_TRUE(d) << d.error().message;
-    BindingPlan plan;
-    plan.id = "pci";
-    plan.netdev = nic->netdev;
-    plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
-    plan.region_fd = memfd();
-    auto q = (*d)->attach(plan);
-    close(plan.region_fd);
+    auto q = attach_once(**d, "pci", nic->netdev, "tcp 10.0.0.0/8:* -> 10.0.0.2:5000");
     ASSERT_FALSE(q) << nic->netdev << " got queue " << (*q)[0];
     EXPECT_EQ(q.error().code, Errc::driver_failure);
     EXPECT_NE(q.error().message.find("header split"), std::string::npos) << q.error().message;
