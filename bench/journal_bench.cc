@@ -5,10 +5,10 @@
 // targets are in docs/audit.md.
 //   knod_journal_bench [--sessions N] [--db PATH] [--keep]
 #include "cli/audit_format.h"
-#include "daemon/journal/export.h"
-#include "daemon/journal/journal.h"
-#include "daemon/journal/reader.h"
-#include "daemon/journal/verify.h"
+#include "journal/export.h"
+#include "journal/journal.h"
+#include "journal/reader.h"
+#include "journal/verify.h"
 #include "knod/sha256.h"
 
 #include <nlohmann/json.hpp>

@@ -1,7 +1,7 @@
 #include "cli/audit_export.h"
 
 #include "cli/commands.h"
-#include "daemon/journal/export.h"
+#include "journal/export.h"
 #include "knod/json.h"
 
 #include <cerrno>

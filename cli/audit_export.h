@@ -2,8 +2,8 @@
 // records come from, where an incremental export resumes, and re-verifying an export file.
 #pragma once
 
-#include "daemon/journal/identity.h"
-#include "daemon/journal/reader.h"
+#include "journal/identity.h"
+#include "journal/reader.h"
 #include "knod/result.h"
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 #include "cli/audit_format.h"
 
-#include "daemon/journal/export.h"
+#include "journal/export.h"
 #include "policy/parser.h"
 
 #include <algorithm>

@@ -1,9 +1,9 @@
 // How audit commands print: times, CSV fields, and one JSON object per session or event.
 #pragma once
 
-#include "daemon/journal/identity.h"
-#include "daemon/journal/reader.h"
-#include "daemon/journal/records.h"
+#include "journal/identity.h"
+#include "journal/reader.h"
+#include "journal/records.h"
 
 #include <nlohmann/json.hpp>
 

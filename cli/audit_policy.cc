@@ -2,7 +2,7 @@
 // SHA-256 digest; every policy load and decision event names the digest in its detail).
 #include "cli/audit_format.h"
 #include "cli/commands.h"
-#include "daemon/journal/reader.h"
+#include "journal/reader.h"
 #include "knod/json.h"
 #include "knod/untrusted.h"
 

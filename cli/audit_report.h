@@ -3,7 +3,7 @@
 // shows the same numbers.
 #pragma once
 
-#include "daemon/journal/reader.h"
+#include "journal/reader.h"
 #include "knod/result.h"
 
 #include <nlohmann/json.hpp>

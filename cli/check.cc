@@ -1,6 +1,6 @@
 #include "cli/commands.h"
 #include "cli/host_lint.h"
-#include "daemon/host/devmem_readiness.h"
+#include "host/devmem_readiness.h"
 #include "policy/parser.h"
 
 #include "knod/json.h"

@@ -2,7 +2,7 @@
 // kernel parameters and configuration, ROCm) with pass/warn/fail and the fix for each check.
 // The same report as the daemon's GetHostReport; reads sysfs and /proc, no daemon needed.
 #include "cli/commands.h"
-#include "daemon/host/report.h"
+#include "host/report.h"
 #include "knod/json.h"
 
 #include <iostream>

@@ -1,6 +1,6 @@
 #include "cli/caller_lookup.h"
 #include "cli/commands.h"
-#include "daemon/host/gpu_inventory.h"
+#include "host/gpu_inventory.h"
 #include "policy/cgroup_unit.h"
 #include "policy/engine.h"
 #include "policy/parser.h"

@@ -1,7 +1,7 @@
 #include "cli/host_lint.h"
 
-#include "daemon/host/gpu_inventory.h"
-#include "daemon/host/netdev_inventory.h"
+#include "host/gpu_inventory.h"
+#include "host/netdev_inventory.h"
 #include "knod/untrusted.h"
 
 #include <fnmatch.h>

@@ -5,7 +5,7 @@
 // all (no rules, or only deny rules).
 #pragma once
 
-#include "daemon/host/paths.h"
+#include "host/paths.h"
 #include "policy/parser.h"
 
 #include <vector>

@@ -1,6 +1,6 @@
 #include "client/client.h"
 
-#include "daemon/bus/names.h"
+#include "protocol/names.h"
 
 #include <systemd/sd-bus.h>
 

@@ -15,7 +15,7 @@ foreach(f IN LISTS FILES)
   string(APPEND body "    {${version}, \"${name}\", R\"knodsql(${sql})knodsql\"},\n")
 endforeach()
 file(WRITE "${OUT}.tmp" "// Generated from schema/*.sql by cmake/embed_migrations.cmake.\n"
-  "#include \"daemon/journal/migrations.h\"\n\n"
+  "#include \"journal/migrations.h\"\n\n"
   "namespace knod::journal {\n"
   "const std::vector<Migration> &migrations() {\n"
   "    static const std::vector<Migration> all = {\n${body}    };\n"

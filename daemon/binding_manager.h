@@ -6,14 +6,14 @@
 #include "daemon/driver/driver.h"
 #include "daemon/flow_claims.h"
 #include "daemon/handle_store.h"
-#include "daemon/host/isolation.h"
-#include "daemon/host/paths.h"
-#include "daemon/journal/journal.h"
 #include "daemon/keys/key_authority.h"
 #include "daemon/peer.h"
 #include "daemon/rate_limiter.h"
 #include "daemon/refusal_coalescer.h"
 #include "daemon/sinks/sinks.h"
+#include "host/isolation.h"
+#include "host/paths.h"
+#include "journal/journal.h"
 #include "policy/engine.h"
 
 #include <atomic>

@@ -2,17 +2,17 @@
 #include "daemon/binding_manager.h"
 #include "daemon/bus/bus_service.h"
 #include "daemon/bus/guard.h"
-#include "daemon/bus/names.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/knod_driver.h"
 #include "daemon/driver/no_driver.h"
 #include "daemon/driver/selection.h"
 #include "daemon/driver/sim_driver.h"
 #include "daemon/fd_store.h"
-#include "daemon/host/link_monitor.h"
 #include "daemon/state_dir.h"
+#include "host/link_monitor.h"
 #include "knod/file_lock.h"
 #include "policy/parser.h"
+#include "protocol/names.h"
 
 #include <CLI/CLI.hpp>
 #include <net/if.h>

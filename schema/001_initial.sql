@@ -1,5 +1,5 @@
 -- knod-policy session journal, schema version 1.
--- Applied by the daemon when PRAGMA user_version is below 1; see daemon/journal/.
+-- Applied by the daemon when PRAGMA user_version is below 1; see journal/.
 
 -- One row per binding, from grant to end.
 CREATE TABLE sessions (

@@ -11,7 +11,7 @@ CREATE TABLE meta (
 );
 INSERT INTO meta (key, value) VALUES ('journal_id', lower(hex(randomblob(16))));
 
--- What the chain covers (daemon/journal/table_check.h): every sessions row is checked against
+-- What the chain covers (journal/table_check.h): every sessions row is checked against
 -- the "session" values of its grant event and the "end" values of its closing event, each
 -- policies row against its digest and the policy loads that name it, meta.journal_id against
 -- the daemon-start events, each checkpoint against its retention-prune event. Only the sessions

@@ -3,7 +3,7 @@
 #include "daemon/bus/guard.h"
 
 #include "daemon/bus/bus_ptr.h"
-#include "daemon/bus/names.h"
+#include "protocol/names.h"
 
 #include <grp.h>
 

@@ -1,9 +1,9 @@
 #include "daemon/bus/bus_service.h"
 
 #include "daemon/bus/guard.h"
-#include "daemon/bus/names.h"
-#include "daemon/host/report.h"
 #include "daemon/request_limits.h"
+#include "host/report.h"
+#include "protocol/names.h"
 
 #include "knod/json.h"
 #include "knod/untrusted.h"

@@ -1,7 +1,7 @@
 #include "daemon/driver/devmem_driver.h"
 
 #include "daemon/driver/ntuple.h"
-#include "daemon/host/devmem_readiness.h"
+#include "host/devmem_readiness.h"
 #include "knod/json.h"
 
 #include <nlohmann/json.hpp>

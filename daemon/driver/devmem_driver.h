@@ -6,10 +6,10 @@
 #pragma once
 
 #include "daemon/driver/devmem_guards.h"
-#include "daemon/driver/dma_device.h"
 #include "daemon/driver/driver.h"
 #include "daemon/driver/hardware_inventory.h"
-#include "daemon/driver/netdev_genl.h"
+#include "host/dma_device.h"
+#include "host/netdev_genl.h"
 
 #include <functional>
 #include <map>

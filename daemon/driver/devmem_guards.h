@@ -7,7 +7,7 @@
 #pragma once
 
 #include "bpf/flow_filter.h"
-#include "daemon/journal/records.h"
+#include "journal/records.h"
 #include "knod/result.h"
 #include "policy/flow_spec.h"
 

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "daemon/driver/region.h"
-#include "daemon/journal/records.h"
+#include "journal/records.h"
 #include "knod/result.h"
 #include "knod/unique_fd.h"
 #include "policy/flow_spec.h"

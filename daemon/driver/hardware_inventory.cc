@@ -2,8 +2,8 @@
 
 #include "knod/untrusted.h"
 
-#include "daemon/host/gpu_inventory.h"
-#include "daemon/host/netdev_inventory.h"
+#include "host/gpu_inventory.h"
+#include "host/netdev_inventory.h"
 
 #include <algorithm>
 

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "daemon/driver/driver.h"
-#include "daemon/host/paths.h"
+#include "host/paths.h"
 
 namespace knod::driver {
 

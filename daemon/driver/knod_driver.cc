@@ -3,7 +3,7 @@
 
 #include "knod/untrusted.h"
 
-#include "daemon/host/sysfs_util.h"
+#include "host/sysfs_util.h"
 
 #include <algorithm>
 #include <cstring>

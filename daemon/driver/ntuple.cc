@@ -1,6 +1,6 @@
 #include "daemon/driver/ntuple.h"
 
-#include "daemon/host/devmem_readiness.h"
+#include "host/devmem_readiness.h"
 #include "knod/unique_fd.h"
 
 #include <arpa/inet.h>

@@ -1,9 +1,9 @@
 #include "daemon/driver/selection.h"
 
 #include "daemon/driver/knod_driver.h"
-#include "daemon/driver/netdev_genl.h"
-#include "daemon/host/gpu_inventory.h"
-#include "daemon/host/netdev_inventory.h"
+#include "host/gpu_inventory.h"
+#include "host/netdev_genl.h"
+#include "host/netdev_inventory.h"
 
 namespace knod::driver {
 

@@ -4,7 +4,7 @@
 // demo and test backend that runs only when asked for (--driver=sim). Says why.
 #pragma once
 
-#include "daemon/host/paths.h"
+#include "host/paths.h"
 
 #include <string>
 

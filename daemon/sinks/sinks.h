@@ -6,7 +6,7 @@
 // or stops failing is reported once per change, so the missing copies are never silent.
 #pragma once
 
-#include "daemon/journal/records.h"
+#include "journal/records.h"
 #include "knod/result.h"
 
 #include <chrono>

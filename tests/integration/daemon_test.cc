@@ -2,9 +2,9 @@
 // processes and other uids.
 #include "tests/integration/sandbox.h"
 
-#include "daemon/journal/export.h"
-#include "daemon/journal/verify.h"
 #include "daemon/sinks/sinks.h"
+#include "journal/export.h"
+#include "journal/verify.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // requests, thousands of holders exiting at once, and an unprivileged fuzzing client.
 #include "tests/integration/sandbox.h"
 
-#include "daemon/journal/verify.h"
+#include "journal/verify.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -4,7 +4,7 @@
 // has ended every binding and exited non-zero, saying why).
 #include "tests/integration/sandbox.h"
 
-#include "daemon/journal/verify.h"
+#include "journal/verify.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -4,7 +4,7 @@
 //   --policy: first a daemon-start event that loads FILE (its text stored under its digest, the
 //             journal's id inside the chain), as the daemon writes it; grants name the digest.
 //   --prune:  then retention keeps only the newest KEEP_EVENTS events (a checkpoint).
-#include "daemon/journal/journal.h"
+#include "journal/journal.h"
 #include "knod/json.h"
 #include "policy/parser.h"
 

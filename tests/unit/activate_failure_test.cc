@@ -4,9 +4,9 @@
 // #17, 3: a request for a netdev without a DMA device (the devmem rule) is refused at attach,
 // before any key is handed out, and journaled as a refusal.
 #include "daemon/binding_manager.h"
-#include "daemon/driver/dma_device.h"
 #include "daemon/driver/sim_driver.h"
-#include "daemon/journal/verify.h"
+#include "host/dma_device.h"
+#include "journal/verify.h"
 #include "policy/parser.h"
 
 #include <fcntl.h>

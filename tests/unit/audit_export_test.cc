@@ -1,10 +1,10 @@
-// Export records (daemon/journal/export.h) and the audit CLI's filter checks: times, event ids,
+// Export records (journal/export.h) and the audit CLI's filter checks: times, event ids,
 // flat fields, and that an export rebuilds every event's hashed bytes exactly, whatever the
 // stored detail looks like, while any edit shows.
 #include "cli/audit_format.h"
-#include "daemon/journal/compact_json.h"
-#include "daemon/journal/export.h"
-#include "daemon/journal/vocabulary.h"
+#include "journal/compact_json.h"
+#include "journal/export.h"
+#include "journal/vocabulary.h"
 #include "knod/json.h"
 
 #include <gtest/gtest.h>
@@ -412,7 +412,7 @@ TEST(FilterValues, CoverWhatTheDaemonWrites) {
     std::set<std::string> kinds(known_kinds().begin(), known_kinds().end());
     std::set<std::string> decisions(known_decisions().begin(), known_decisions().end());
     std::set<std::string> reasons(known_end_reasons().begin(), known_end_reasons().end());
-    std::string records = slurp(src / "daemon/journal/records.h");
+    std::string records = slurp(src / "journal/records.h");
     auto ns = records.substr(records.find("namespace kind {"));
     ns = ns.substr(0, ns.find("} // namespace kind"));
     std::regex constant(R"re(constexpr const char \*\s*(\w+)\s*=\s*"([^"]+)")re");

@@ -2,7 +2,7 @@
 // (ethtool rings-get replies of 6.12 and 6.13+ kernels, rtnetlink IFLA_XDP), each problem judged
 // with its fix, and the backend's TCP-only rule.
 #include "daemon/driver/devmem_driver.h"
-#include "daemon/host/devmem_readiness.h"
+#include "host/devmem_readiness.h"
 #include "policy/parser.h"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // The host inventory, PCI topology and report on the fixture machines of tests/data/hosts
 // (see make_hosts.py there): each check comes out as that machine would make it.
 #include "daemon/driver/selection.h"
-#include "daemon/host/report.h"
+#include "host/report.h"
 
 #include <gtest/gtest.h>
 

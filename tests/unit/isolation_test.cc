@@ -1,6 +1,6 @@
 // IOMMU isolation checks on fixture sysfs trees shaped like real machines: built by the test in
 // a temporary folder (groups, types, device links), removed afterwards.
-#include "daemon/host/isolation.h"
+#include "host/isolation.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

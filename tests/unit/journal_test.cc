@@ -1,6 +1,6 @@
-#include "daemon/journal/journal.h"
-#include "daemon/journal/reader.h"
-#include "daemon/journal/verify.h"
+#include "journal/journal.h"
+#include "journal/reader.h"
+#include "journal/verify.h"
 #include "policy/policy.h"
 
 #include <gtest/gtest.h>

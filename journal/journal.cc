@@ -1,0 +1,606 @@
+#include "journal/journal.h"
+
+#include "journal/migrations.h"
+
+#include "knod/json.h"
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace knod::journal {
+namespace {
+
+// The caller's detail (a JSON object, or none) with `key` set to `value`: what the journal
+// vouches for goes into whatever the caller wrote, so no caller can leave it out.
+Result<std::string> merge_detail(const std::optional<std::string> &detail, const char *key,
+                                 nlohmann::json value) {
+    nlohmann::json j = nlohmann::json::object();
+    if (detail) {
+        j = nlohmann::json::parse(*detail, nullptr, false);
+        if (!j.is_object())
+            return make_error(Errc::invalid_argument, "event detail is not a JSON object");
+    }
+    j[key] = std::move(value);
+    return knod::dump_json(j);
+}
+
+// A grant event's "session": every column of the row as written (not handoff: see verify.cc).
+nlohmann::json session_values(const Session &s) {
+    return {{"id", s.id},
+            {"uid", std::int64_t{s.uid}},
+            {"pid", s.pid},
+            {"exe", s.exe},
+            {"unit", s.unit},
+            {"netdev", s.netdev},
+            {"gpu", s.gpu},
+            {"mode", s.mode},
+            {"region_bytes", static_cast<std::int64_t>(s.region_bytes)},
+            {"flows", s.flows},
+            {"key_id", s.key_id},
+            {"rule", s.rule},
+            {"started_us", s.started_us}};
+}
+
+// A closing event's "end": the values the row gets when the session ends.
+nlohmann::json end_values(std::int64_t at, const std::string &reason, const Counters &c) {
+    return {{"ended_us", at},
+            {"end_reason", reason},
+            {"rx_bytes", static_cast<std::int64_t>(c.rx_bytes)},
+            {"rx_packets", static_cast<std::int64_t>(c.rx_packets)},
+            {"dropped_packets", static_cast<std::int64_t>(c.dropped_packets)}};
+}
+
+} // namespace
+
+int latest_schema_version() {
+    int v = 0;
+    for (auto &m : migrations())
+        v = std::max(v, m.version);
+    return v;
+}
+
+Result<Database> open_and_migrate(const std::string &path) {
+    auto db = Database::open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    if (!db) return db.error();
+    for (const char *pragma :
+         {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
+        if (auto r = db->exec(pragma); !r) return std::move(r).error().context(path);
+    }
+    auto version = db->scalar("PRAGMA user_version");
+    if (!version) return std::move(version).error().context(path);
+    int latest = latest_schema_version();
+    if (*version > latest)
+        return make_error(Errc::too_new, path + ": journal schema version " +
+                                             std::to_string(*version) +
+                                             " is newer than this build knows (" +
+                                             std::to_string(latest) + "); upgrade knod-policy");
+    for (auto &m : migrations()) {
+        if (m.version <= *version) continue;
+        std::string sql = "BEGIN IMMEDIATE;\n" + std::string(m.sql) +
+                          "\nPRAGMA user_version = " + std::to_string(m.version) + ";\nCOMMIT;";
+        if (auto r = db->exec(sql); !r) {
+            (void)db->exec("ROLLBACK");
+            return std::move(r).error().context(path + ": migration " + std::string(m.name));
+        }
+    }
+    return db;
+}
+
+// Owns the connection and the chain head; used only on the writer thread.
+class Journal::Writer {
+  public:
+    static Result<std::unique_ptr<Writer>> open(const std::string &path) {
+        auto db = open_and_migrate(path);
+        if (!db) return db.error();
+        auto w = std::unique_ptr<Writer>(new Writer(std::move(*db)));
+        if (auto r = w->load_head(); !r) return r.error();
+        return w;
+    }
+
+    Database &db() { return db_; }
+
+    Result<std::int64_t> append(Event e) {
+        if (e.at_us == 0) e.at_us = now_us();
+        std::int64_t seq = head_seq_ + 1;
+        Hash hash = chain_hash(head_hash_, seq, e);
+        auto &st = insert_event_;
+        st.bind(1, seq).bind(2, e.at_us).bind(3, e.kind).bind(4, e.session_id).bind(5, e.uid);
+        st.bind(6, e.pid).bind(7, e.rule).bind(8, e.decision).bind(9, e.reason).bind(10, e.detail);
+        st.bind_blob(11, head_hash_.data(), head_hash_.size());
+        st.bind_blob(12, hash.data(), hash.size());
+        if (auto r = st.run(); !r) return r.error();
+        head_seq_ = seq;
+        head_hash_ = hash;
+        return seq;
+    }
+
+    // Transaction edges. The chain head moves with each append; a rollback puts it back.
+    Result<void> begin() {
+        committed_seq_ = head_seq_;
+        committed_hash_ = head_hash_;
+        return db_.exec("BEGIN IMMEDIATE");
+    }
+    Result<void> commit() {
+        auto r = db_.exec("COMMIT");
+        if (!r) {
+            rollback();
+            return r;
+        }
+        if (head_seq_ != committed_seq_) write_anchor();
+        return r;
+    }
+    std::int64_t head_seq() const { return head_seq_; }
+    const Hash &head_hash() const { return head_hash_; }
+    // The anchor is read by whoever may read the database (the auditors' group): it gets the
+    // database's read bits, never more than 0640.
+    void set_anchor(std::string path, mode_t mode) {
+        anchor_ = std::move(path);
+        anchor_mode_ = (mode & 0640) | 0600;
+    }
+    void rollback() {
+        (void)db_.exec("ROLLBACK");
+        head_seq_ = committed_seq_;
+        head_hash_ = committed_hash_;
+    }
+    // Savepoints let one failed call leave the others in its batch untouched.
+    Result<void> savepoint() {
+        saved_seq_ = head_seq_;
+        saved_hash_ = head_hash_;
+        return db_.exec("SAVEPOINT op");
+    }
+    void release() { (void)db_.exec("RELEASE op"); }
+    void rollback_to_savepoint() {
+        (void)db_.exec("ROLLBACK TO op; RELEASE op");
+        head_seq_ = saved_seq_;
+        head_hash_ = saved_hash_;
+    }
+
+  private:
+    // The head goes beside the database after each commit: written to a temporary file and
+    // renamed, not synced (a crash can only leave it behind the database, which verify accepts).
+    // The temporary file has a fresh name and is created with O_EXCL (mkostemp), so nothing
+    // planted in the directory is ever followed or truncated; rename replaces a link, never
+    // its target.
+    void write_anchor() {
+        if (anchor_.empty()) return;
+        std::string text =
+            knod::dump_json(nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}}) +
+            "\n";
+        std::string tmp = anchor_ + ".XXXXXX";
+        int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+        if (fd < 0) return;
+        (void)::fchmod(fd, anchor_mode_); // mkostemp makes 0600
+
+        bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+        ::close(fd);
+        if (!written || std::rename(tmp.c_str(), anchor_.c_str()) != 0) ::unlink(tmp.c_str());
+    }
+
+    explicit Writer(Database db)
+        : db_(std::move(db)),
+          insert_event_(db_.prepare("INSERT INTO events (seq, at_us, kind, session_id, uid, pid, "
+                                    "rule, decision, reason, detail, prev_hash, hash) VALUES "
+                                    "(?,?,?,?,?,?,?,?,?,?,?,?)")
+                            .value()) {}
+
+    Result<void> load_head() {
+        auto st = db_.prepare("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1");
+        if (!st) return st.error();
+        auto row = st->step();
+        if (!row) return row.error();
+        if (*row) {
+            head_seq_ = st->int64(0);
+            std::string h = st->blob(1);
+            if (h.size() != head_hash_.size())
+                return make_error(Errc::corrupt, "last event has a malformed hash");
+            std::copy(h.begin(), h.end(), head_hash_.begin());
+        }
+        return {};
+    }
+
+    Database db_;
+    Statement insert_event_;
+    std::int64_t head_seq_ = 0;
+    Hash head_hash_{};
+    std::string anchor_;
+    mode_t anchor_mode_ = 0600;
+    std::int64_t committed_seq_ = 0, saved_seq_ = 0;
+    Hash committed_hash_{}, saved_hash_{};
+};
+
+Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
+    auto writer = Writer::open(path);
+    if (!writer) return std::move(writer).error().context("journal");
+    struct stat st {};
+    (*writer)->set_anchor(anchor_path(path), ::stat(path.c_str(), &st) == 0 ? st.st_mode : 0600);
+    if (auto r = write_host((*writer)->db(), this_host()); !r)
+        return std::move(r).error().context("journal " + path);
+    auto identity = read_identity((*writer)->db());
+    if (!identity) return std::move(identity).error().context("journal " + path);
+    return std::unique_ptr<Journal>(new Journal(path, std::move(*identity), std::move(*writer)));
+}
+
+Journal::Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer)
+    : path_(std::move(path)), identity_(std::move(identity)), writer_(std::move(writer)),
+      thread_([this] { run(); }) {}
+
+Journal::~Journal() {
+    {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+}
+
+void Journal::submit_async(Work work, Done done) {
+    {
+        std::lock_guard lock(mu_);
+        if (!stopping_) {
+            queue_.push_back({std::move(work), std::move(done)});
+            wake_.notify_one();
+            return;
+        }
+    }
+    if (done) done(make_error(Errc::unavailable, "journal is closing"));
+}
+
+Result<std::int64_t> Journal::submit(Work work) {
+    auto promise = std::make_shared<std::promise<Result<std::int64_t>>>();
+    auto result = promise->get_future();
+    submit_async(std::move(work),
+                 [promise](Result<std::int64_t> r) { promise->set_value(std::move(r)); });
+    return result.get();
+}
+
+void Journal::run() {
+    for (;;) {
+        std::deque<Pending> batch;
+        {
+            std::unique_lock lock(mu_);
+            wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+            if (queue_.empty()) return;
+            batch.swap(queue_);
+        }
+        Writer &w = *writer_;
+        std::vector<Result<std::int64_t>> results;
+        results.reserve(batch.size());
+        // Before the batch's work: each append moves the head, the commit does not.
+        std::int64_t head_before = w.head_seq();
+        auto begun = w.begin();
+        for (auto &p : batch) {
+            if (!begun) {
+                results.push_back(begun.error());
+                continue;
+            }
+            if (auto sp = w.savepoint(); !sp) {
+                results.push_back(sp.error());
+                continue;
+            }
+            auto r = p.work(w);
+            if (r)
+                w.release();
+            else
+                w.rollback_to_savepoint();
+            results.push_back(std::move(r));
+        }
+        bool committed = false;
+        if (begun) {
+            auto c = w.commit();
+            committed = c.ok();
+            if (!committed) {
+                Error e = std::move(c).error().context("commit");
+                for (auto &r : results)
+                    if (r) r = e;
+            }
+        }
+        std::uint64_t failures = 0;
+        for (auto &r : results)
+            failures += r ? 0 : 1;
+        {
+            std::lock_guard lock(mu_);
+            stats_.operations += batch.size();
+            stats_.transactions += committed ? 1 : 0;
+            stats_.failures += failures;
+        }
+        std::function<void(std::int64_t, const Hash &)> listener;
+        {
+            std::lock_guard lock(mu_);
+            listener = on_commit_;
+        }
+        if (committed && listener && w.head_seq() != head_before)
+            listener(w.head_seq(), w.head_hash());
+        for (std::size_t i = 0; i < batch.size(); ++i)
+            if (batch[i].done) batch[i].done(std::move(results[i]));
+    }
+}
+
+Result<std::int64_t> Journal::append(Event event) {
+    return submit([e = std::move(event)](Writer &w) mutable { return w.append(std::move(e)); });
+}
+
+void Journal::append_async(Event event, Done done) {
+    submit_async([e = std::move(event)](Writer &w) mutable { return w.append(std::move(e)); },
+                 std::move(done));
+}
+
+Result<std::int64_t> Journal::append_policy_load(Event load, PolicyText policy) {
+    return submit(policy_load_work(std::move(load), std::move(policy)));
+}
+
+void Journal::append_policy_load_async(Event load, PolicyText policy, Done done) {
+    submit_async(policy_load_work(std::move(load), std::move(policy)), std::move(done));
+}
+
+Journal::Work Journal::policy_load_work(Event e, PolicyText p) {
+    return [e = std::move(e), p = std::move(p)](Writer &w) mutable -> Result<std::int64_t> {
+        auto detail = merge_detail(e.detail, "policy", p.digest);
+        if (!detail) return std::move(detail).error().context("policy load");
+        if (e.at_us == 0) e.at_us = now_us();
+        auto st = w.db().cached(
+            "INSERT OR IGNORE INTO policies (digest, text, first_loaded_us) VALUES (?,?,?)");
+        if (!st) return st.error();
+        (*st)->bind(1, p.digest).bind(2, p.text).bind(3, e.at_us);
+        if (auto r = (*st)->run(); !r) return std::move(r).error().context("policy " + p.digest);
+        e.detail = std::move(*detail);
+        return w.append(std::move(e));
+    };
+}
+
+Result<std::int64_t> Journal::open_session(Session s, Event grant) {
+    return submit(open_session_work(std::move(s), std::move(grant)));
+}
+
+void Journal::open_session_async(Session s, Event grant, Done done) {
+    submit_async(open_session_work(std::move(s), std::move(grant)), std::move(done));
+}
+
+Journal::Work Journal::open_session_work(Session s, Event grant) {
+    return [s = std::move(s), e = std::move(grant)](Writer &w) mutable -> Result<std::int64_t> {
+        if (s.started_us == 0) s.started_us = now_us();
+        // The row gets exactly the values the event carries: strings go through the same JSON
+        // text first (bytes that are not UTF-8 become U+FFFD in both), numbers as stored.
+        auto written = nlohmann::json::parse(knod::dump_json(session_values(s)), nullptr, false);
+        if (!written.is_object())
+            return make_error(Errc::invalid_argument, "session " + s.id + ": unreadable values");
+        auto detail = merge_detail(e.detail, "session", written);
+        if (!detail) return std::move(detail).error().context("session " + s.id);
+        auto text = [&](const char *k) { return written.at(k).get<std::string>(); };
+        auto st = w.db().cached("INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, "
+                                "mode, region_bytes, flows, "
+                                "key_id, rule, started_us) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
+        if (!st) return st.error();
+        (*st)
+            ->bind(1, text("id"))
+            .bind(2, std::int64_t{s.uid})
+            .bind(3, s.pid)
+            .bind(4, text("exe"))
+            .bind(5, text("unit"));
+        (*st)->bind(6, text("netdev")).bind(7, text("gpu")).bind(8, text("mode"));
+        (*st)->bind(9, static_cast<std::int64_t>(s.region_bytes));
+        (*st)
+            ->bind(10, knod::dump_json(written.at("flows")))
+            .bind(11, text("key_id"))
+            .bind(12, text("rule"));
+        (*st)->bind(13, s.started_us);
+        if (auto r = (*st)->run(); !r) return std::move(r).error().context("session " + s.id);
+        e.session_id = text("id");
+        e.at_us = s.started_us;
+        e.detail = std::move(*detail);
+        return w.append(std::move(e));
+    };
+}
+
+namespace {
+
+// Ends the row and puts the values it gets into the closing event `e` (stamped: at_us set).
+// The reason goes through the event's JSON text first, so the row holds exactly what it says.
+Result<void> end_session(Database &db, const std::string &id, const std::string &why,
+                         const Counters &c, Event &e) {
+    std::int64_t at = e.at_us;
+    auto end = nlohmann::json::parse(knod::dump_json(end_values(at, why, c)), nullptr, false);
+    if (!end.is_object())
+        return make_error(Errc::invalid_argument, "session " + id + ": unreadable end values");
+    auto detail = merge_detail(e.detail, "end", end);
+    if (!detail) return std::move(detail).error().context("session " + id);
+    std::string reason = end.at("end_reason").get<std::string>();
+    auto st = db.cached("UPDATE sessions SET ended_us = ?, end_reason = ?, rx_bytes = ?, "
+                        "rx_packets = ?, dropped_packets = ? WHERE id = ? AND ended_us IS NULL");
+    if (!st) return st.error();
+    (*st)->bind(1, at).bind(2, reason).bind(3, static_cast<std::int64_t>(c.rx_bytes));
+    (*st)->bind(4, static_cast<std::int64_t>(c.rx_packets));
+    (*st)->bind(5, static_cast<std::int64_t>(c.dropped_packets)).bind(6, id);
+    if (auto r = (*st)->run(); !r) return r.error();
+    if (sqlite3_changes(db.get()) != 1) return make_error(Errc::not_found, "no open session " + id);
+    e.session_id = id;
+    e.detail = std::move(*detail);
+    return {};
+}
+
+} // namespace
+
+Result<std::int64_t> Journal::close_session(const std::string &id, const std::string &reason,
+                                            const Counters &counters, Event closing) {
+    return submit(close_session_work(id, reason, counters, std::move(closing)));
+}
+
+void Journal::close_session_async(const std::string &id, const std::string &reason,
+                                  const Counters &counters, Event closing, Done done) {
+    submit_async(close_session_work(id, reason, counters, std::move(closing)), std::move(done));
+}
+
+Journal::Work Journal::close_session_work(const std::string &id, const std::string &reason,
+                                          const Counters &counters, Event closing) {
+    return [=, e = std::move(closing)](Writer &w) mutable -> Result<std::int64_t> {
+        if (e.at_us == 0) e.at_us = now_us();
+        if (auto r = end_session(w.db(), id, reason, counters, e); !r) return r.error();
+        if (!e.reason) e.reason = reason;
+        return w.append(std::move(e));
+    };
+}
+
+Result<void> Journal::hand_off(const std::map<std::string, std::string> &handoffs) {
+    auto r = submit([handoffs](Writer &w) -> Result<std::int64_t> {
+        for (auto &[id, json] : handoffs) {
+            auto st =
+                w.db().cached("UPDATE sessions SET handoff = ? WHERE id = ? AND ended_us IS NULL");
+            if (!st) return st.error();
+            (*st)->bind(1, json).bind(2, id);
+            if (auto run = (*st)->run(); !run) return run.error();
+        }
+        return std::int64_t{0};
+    });
+    if (!r) return r.error();
+    return {};
+}
+
+Result<std::map<std::string, std::string>> Journal::take_handoffs() {
+    auto taken = std::make_shared<std::map<std::string, std::string>>();
+    auto r = submit([taken](Writer &w) -> Result<std::int64_t> {
+        auto st = w.db().prepare("SELECT id, handoff FROM sessions WHERE ended_us IS NULL AND "
+                                 "handoff IS NOT NULL");
+        if (!st) return st.error();
+        for (auto row = st->step(); row && *row; row = st->step())
+            taken->emplace(st->text(0), st->text(1));
+        if (auto clear =
+                w.db().exec("UPDATE sessions SET handoff = NULL WHERE handoff IS NOT NULL");
+            !clear)
+            return clear.error();
+        return std::int64_t{0};
+    });
+    if (!r) return r.error();
+    return std::move(*taken);
+}
+
+Result<std::vector<std::string>> Journal::close_open_sessions(const std::string &reason,
+                                                              const std::set<std::string> &keep) {
+    auto closed = std::make_shared<std::vector<std::string>>();
+    auto r = submit([reason, closed, keep](Writer &w) -> Result<std::int64_t> {
+        auto st = w.db().prepare("SELECT id, uid, pid, rx_bytes, rx_packets, dropped_packets "
+                                 "FROM sessions WHERE ended_us IS NULL ORDER BY started_us");
+        if (!st) return st.error();
+        struct Open {
+            std::string id;
+            std::int64_t uid, pid;
+            Counters c;
+        };
+        std::vector<Open> open;
+        for (auto row = st->step(); row && *row; row = st->step()) {
+            if (keep.count(st->text(0))) continue;
+            open.push_back({st->text(0),
+                            st->int64(1),
+                            st->int64(2),
+                            {static_cast<std::uint64_t>(st->int64(3)),
+                             static_cast<std::uint64_t>(st->int64(4)),
+                             static_cast<std::uint64_t>(st->int64(5))}});
+        }
+        std::int64_t last = 0;
+        for (auto &o : open) {
+            Event e;
+            e.at_us = now_us();
+            e.kind = kind::ended;
+            e.session_id = o.id;
+            e.uid = o.uid;
+            e.pid = o.pid;
+            e.reason = reason;
+            if (auto ended = end_session(w.db(), o.id, reason, o.c, e); !ended)
+                return ended.error();
+            auto seq = w.append(std::move(e));
+            if (!seq) return seq.error();
+            last = *seq;
+            closed->push_back(o.id);
+        }
+        return last;
+    });
+    if (!r) return r.error();
+    return std::move(*closed);
+}
+
+Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
+                                    std::optional<std::int64_t> keep_events) {
+    // The journal's id inside the chain: a pruned journal may keep no daemon-start, and verify
+    // checks meta's id (which the system journal's copies are matched by) against it.
+    return submit([=, journal_id = identity_.journal_id](Writer &w) -> Result<std::int64_t> {
+        Database &db = w.db();
+        // The last event that may go: old enough (or beyond the count), and older than the
+        // oldest open session's first event, so a live session keeps its whole trail.
+        std::int64_t cut = 0;
+        if (before_us) {
+            auto st = db.prepare("SELECT coalesce(max(seq), 0) FROM events WHERE at_us < ?");
+            if (!st) return st.error();
+            st->bind(1, *before_us);
+            if (auto row = st->step(); !row) return row.error();
+            cut = std::max(cut, st->int64(0));
+        }
+        if (keep_events) cut = std::max(cut, w.head_seq() - *keep_events);
+        auto open = db.scalar("SELECT coalesce(min(e.seq), 0) FROM events e JOIN sessions s "
+                              "ON s.id = e.session_id WHERE s.ended_us IS NULL");
+        if (!open) return open.error();
+        if (*open) cut = std::min(cut, *open - 1);
+        cut = std::min(cut, w.head_seq() - 1); // the head stays: it anchors what comes next
+        auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
+        if (!first) return first.error();
+        if (cut < *first) return std::int64_t{0};
+        auto st = db.prepare("SELECT hash FROM events WHERE seq = ?");
+        if (!st) return st.error();
+        st->bind(1, cut);
+        if (auto row = st->step(); !row || !*row)
+            return make_error(Errc::corrupt, "no event " + std::to_string(cut));
+        std::string hash = st->blob(0);
+        std::int64_t removed = cut - *first + 1;
+        std::int64_t pruned_at = now_us();
+        auto ins = db.prepare(
+            "INSERT INTO checkpoints (seq, hash, pruned_at_us, events) VALUES (?,?,?,?)");
+        if (!ins) return ins.error();
+        ins->bind(1, cut)
+            .bind_blob(2, hash.data(), hash.size())
+            .bind(3, pruned_at)
+            .bind(4, removed);
+        if (auto r = ins->run(); !r) return r.error();
+        // Exactly the sessions whose grant event goes (verify wants a row for every grant in the
+        // chain and a grant for every row), and rows an older build's prune left behind (their
+        // grant already gone) once their closing event goes too. Open sessions keep their
+        // trail (cut above), so none of these is open.
+        std::string gone = "DELETE FROM sessions WHERE id IN (SELECT session_id FROM events WHERE "
+                           "seq <= " +
+                           std::to_string(cut) + " AND session_id IS NOT NULL AND kind IN ('" +
+                           kind::granted + "', '" + kind::ended + "'))";
+        if (auto r = db.exec(gone); !r) return r.error();
+        // The append-only trigger is lifted for this one statement, inside this transaction.
+        std::string del = "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq <= " +
+                          std::to_string(cut) +
+                          "; CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN SELECT "
+                          "RAISE(ABORT, 'events are append-only'); END;";
+        if (auto r = db.exec(del); !r) return r.error();
+        // The event repeats every field of the checkpoint row, so verify can check the row.
+        Event e;
+        e.kind = kind::prune;
+        e.at_us = pruned_at;
+        nlohmann::json detail{{"pruned_through", cut},
+                              {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
+                              {"events", removed},
+                              {"pruned_at_us", pruned_at}};
+        if (!journal_id.empty()) detail["journal_id"] = journal_id;
+        e.detail = knod::dump_json(detail);
+        auto seq = w.append(std::move(e));
+        if (!seq) return seq.error();
+        return removed;
+    });
+}
+
+void Journal::set_commit_listener(std::function<void(std::int64_t, const Hash &)> listener) {
+    std::lock_guard lock(mu_);
+    on_commit_ = std::move(listener);
+}
+
+JournalStats Journal::stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+}
+
+} // namespace knod::journal

@@ -1,0 +1,122 @@
+// The session journal's writer. Every call returns only once its change is durable on disk
+// (WAL, synchronous=FULL). Calls from several threads at once share one transaction and one
+// fsync: a single writer thread takes everything queued, commits it together, and answers all.
+#pragma once
+
+#include "journal/identity.h"
+#include "journal/records.h"
+#include "journal/sqlite.h"
+#include "knod/result.h"
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+namespace knod::journal {
+
+// Opens (creating if needed) and migrates a journal database. Fails with Errc::too_new when the
+// file's schema is newer than this build knows.
+Result<Database> open_and_migrate(const std::string &path);
+int latest_schema_version();
+
+struct JournalStats {
+    std::uint64_t operations = 0;   // calls answered
+    std::uint64_t transactions = 0; // commits that reached the disk
+    std::uint64_t failures = 0;     // calls answered with an error
+};
+
+class Journal {
+  public:
+    static Result<std::unique_ptr<Journal>> open(const std::string &path);
+    ~Journal();
+    Journal(const Journal &) = delete;
+    Journal &operator=(const Journal &) = delete;
+
+    // Appends one event; returns its sequence number once durable.
+    Result<std::int64_t> append(Event event);
+    // A policy load (daemon-start, policy-reload): stores the policy's text under its digest
+    // (once per digest) and appends the event, whose detail gets "policy": DIGEST, in one
+    // transaction.
+    Result<std::int64_t> append_policy_load(Event load, PolicyText policy);
+    // Writes a new session row and its grant event in one transaction. The event's detail (a
+    // JSON object) gets "session": every value of the row as written, so verify can check the
+    // row against the chain.
+    Result<std::int64_t> open_session(Session session, Event grant);
+    // Ends a session (reason, final counters) and appends its closing event in one transaction;
+    // the event's detail gets "end": the values the row gets (ended_us, end_reason, rx_bytes,
+    // rx_packets, dropped_packets).
+    Result<std::int64_t> close_session(const std::string &id, const std::string &reason,
+                                       const Counters &counters, Event closing);
+    // Closes every session still open (after a crash), one closing event each, except those in
+    // `keep` (taken back after a restart). Returns their ids.
+    Result<std::vector<std::string>> close_open_sessions(const std::string &reason,
+                                                         const std::set<std::string> &keep = {});
+    // A stop that keeps its bindings (systemd's fd store): what the next start needs to take
+    // each open session back, by session id, written in one transaction.
+    Result<void> hand_off(const std::map<std::string, std::string> &handoffs);
+    // The next start: the handoffs of open sessions, cleared in the same transaction, so a
+    // later crash never takes back stale state.
+    Result<std::map<std::string, std::string>> take_handoffs();
+    // Retention: deletes the oldest events (those before `before_us`, and beyond the newest
+    // `keep_events`) and exactly the sessions whose grant event goes with them (and rows an
+    // older build left behind whose closing event goes), leaving a checkpoint and a
+    // retention-prune event so the rest still verifies. Open sessions and their events are
+    // kept. Returns how many events went.
+    Result<std::int64_t> prune(std::optional<std::int64_t> before_us,
+                               std::optional<std::int64_t> keep_events);
+
+    // The same, without waiting: `done` runs on the writer thread once the change is durable
+    // (or failed). Lets a single-threaded caller keep serving while concurrent calls share
+    // one commit.
+    using Done = std::function<void(Result<std::int64_t>)>;
+    void append_async(Event event, Done done);
+    void append_policy_load_async(Event load, PolicyText policy, Done done);
+    void open_session_async(Session session, Event grant, Done done);
+    void close_session_async(const std::string &id, const std::string &reason,
+                             const Counters &counters, Event closing, Done done);
+
+    JournalStats stats() const;
+    // Called on the writer thread after each commit that moved the chain head, with the new
+    // head; must not block (the daemon copies it to the system journal as a second anchor).
+    void set_commit_listener(std::function<void(std::int64_t seq, const Hash &head)> listener);
+    const std::string &path() const { return path_; }
+    // This journal's id and this host, as recorded in the journal when it was opened.
+    const JournalIdentity &identity() const { return identity_; }
+
+  private:
+    class Writer;
+    using Work = std::function<Result<std::int64_t>(Writer &)>;
+    struct Pending {
+        Work work;
+        Done done;
+    };
+
+    Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer);
+    Result<std::int64_t> submit(Work work);
+    void submit_async(Work work, Done done);
+    static Work policy_load_work(Event load, PolicyText policy);
+    static Work open_session_work(Session s, Event grant);
+    static Work close_session_work(const std::string &id, const std::string &reason,
+                                   const Counters &counters, Event closing);
+    void run();
+
+    std::string path_;
+    JournalIdentity identity_;
+    std::unique_ptr<Writer> writer_;
+    mutable std::mutex mu_;
+    std::condition_variable wake_;
+    std::deque<Pending> queue_;
+    bool stopping_ = false;
+    JournalStats stats_;
+    std::function<void(std::int64_t, const Hash &)> on_commit_;
+    std::thread thread_;
+};
+
+} // namespace knod::journal

@@ -1,0 +1,58 @@
+// The chain-head copies in the system journal: the daemon sends its journal's head to journald
+// as `journal-anchor` records (KNOD_JOURNAL_ID, KNOD_SEQ, KNOD_HASH), at most once a second.
+// They live outside the database and outside its anchor file, so a rollback of both together
+// still disagrees with them. This reads them (the local system journal, a directory of journal
+// files, or named files gathered from a host) and compares each with the database.
+#pragma once
+
+#include "journal/sqlite.h"
+#include "knod/result.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace knod::journal {
+
+struct SystemJournalSource {
+    std::string directory;          // sd_journal_open_directory
+    std::vector<std::string> files; // sd_journal_open_files
+    // Neither: the local system journal (sd_journal_open, every journal this user may read).
+    bool local() const { return directory.empty() && files.empty(); }
+    std::string describe() const;
+};
+
+struct AnchorCopy {
+    std::int64_t seq = 0;
+    std::string hash;         // 64 lowercase hex digits
+    std::int64_t at_us = 0;   // when journald received it (realtime)
+    std::string journal_path; // where the daemon's journal was (KNOD_JOURNAL_PATH)
+};
+
+// Every anchor record of `journal_id` in `source`, oldest first. Records of other journals are
+// not read. An error when nothing can be read (no journal files, none readable, a named file
+// that does not open): the reason says which.
+Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &source,
+                                                   const std::string &journal_id);
+
+struct SystemJournalCheck {
+    bool ok = true;
+    std::int64_t compared = 0;        // copies checked against an event still in the database
+    std::int64_t pruned = 0;          // copies of events retention has removed since (not checked)
+    std::int64_t records = 0;         // copies found for this journal
+    std::optional<AnchorCopy> newest; // the copy with the highest seq
+    std::int64_t bad_seq = 0;         // the event a failing copy names
+    std::string problem;
+};
+
+// Compares each copy with the journal `db` (read-only, one snapshot: begun here unless the
+// caller's transaction is open, e.g. the one verify_chain() leaves; `name` names it in
+// messages): a copy beyond the last event means the database lost its tail (truncated or rolled
+// back), a copy whose hash differs means the event was rewritten, a copy below the first
+// remaining event was pruned. Read the copies before the snapshot begins: the daemon sends a
+// head only after committing it.
+Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &name,
+                                               const std::vector<AnchorCopy> &copies);
+
+} // namespace knod::journal

@@ -1,0 +1,60 @@
+// Chain verification: reads a journal read-only and checks that every event follows the one
+// before it (sequence without gaps, stored prev_hash, recomputed hash), then that the tables
+// beside the chain (sessions, policies, meta, checkpoints) hold what the chain's events say
+// (table_check.h).
+#pragma once
+
+#include "journal/reader.h"
+#include "knod/result.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace knod::journal {
+
+struct VerifyReport {
+    bool ok = true;
+    std::int64_t events_checked = 0;
+    std::int64_t total_events = 0;
+    std::int64_t first_bad_seq = 0; // 0 when ok
+    std::string problem;            // what is wrong with the first bad event
+    std::string head_hash;          // hex of the last good event's hash
+    std::int64_t first_seq = 0;     // above 1 after retention pruned the oldest events
+    bool anchor_checked = false;    // the head recorded outside the database was compared
+    std::int64_t anchor_seq = 0;
+    // The tables beside the chain (table_check.h), checked once the chain is intact: when they
+    // fail, chain_intact stays true and first_bad_seq is the event the bad row contradicts (0
+    // for a row no event explains).
+    bool chain_intact = true;
+    std::int64_t sessions_checked = 0;     // rows that match the values their events carry
+    std::int64_t sessions_not_covered = 0; // opened by an older build: the chain has no values
+    std::int64_t policies_checked = 0;     // stored policy texts that match their digests
+};
+
+// How verify treats the anchor beside the journal.
+enum class AnchorUse {
+    require, // a missing anchor is a failure: it is what finds a truncated tail
+    ignore,  // the chain alone (--no-anchor): a truncated tail goes unnoticed
+};
+
+// `progress(done, total)` is called now and then for long journals.
+using VerifyProgress = std::function<void(std::int64_t done, std::int64_t total)>;
+
+// `anchor`: a file holding the chain head as the daemon last wrote it (see anchor_path());
+// empty means the default beside the database. A journal that ends before the anchor's event
+// was truncated; one whose event differs from the anchor was rewritten; with AnchorUse::require
+// a missing anchor is a failure. A malformed or unreadable anchor file is an error.
+Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {},
+                                  const std::string &anchor = {},
+                                  AnchorUse use = AnchorUse::require);
+
+// The same on a journal the caller opened (`path` names it in messages and places the default
+// anchor). The reads share one transaction, begun here unless the caller began one, and left
+// open: whatever the caller reads next on this connection sees the snapshot that was verified.
+Result<VerifyReport> verify_chain(ReadOnlyJournal &journal, const std::string &path,
+                                  const VerifyProgress &progress = {},
+                                  const std::string &anchor = {},
+                                  AnchorUse use = AnchorUse::require);
+
+} // namespace knod::journal
