@@ -318,6 +318,7 @@ static __always_inline void read_config(const struct knod_config *cfg, struct kn
     c->unmatched = v->unmatched;
     c->prefixes4 = v->prefixes4;
     c->prefixes6 = v->prefixes6;
+    c->record_queue = v->record_queue;
 }
 
 /* What the filter decided for a packet, before anything is counted or sent. */
@@ -352,6 +353,21 @@ static __always_inline int decide(void *data, void *end, __u32 rx_queue,
     return DECIDED_OFFLOAD;
 }
 
+/* unmatched() for the XDP filter: a passed packet also carries its RX queue in its metadata when
+ * a guard runs behind the filter (record_queue). A packet that cannot carry it is dropped: the
+ * guard could not tell whether it landed on a bound queue (fail closed). */
+static __always_inline int unmatched_xdp(struct xdp_md *ctx, const struct knod_config *c) {
+    int act = unmatched(c);
+    if (act != XDP_PASS || !c->record_queue) return act;
+    __u32 queue = ctx->rx_queue_index;
+    if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct knod_rx_meta)) != 0) return XDP_DROP;
+    struct knod_rx_meta *m = (void *)(long)ctx->data_meta;
+    if ((void *)(m + 1) > (void *)(long)ctx->data) return XDP_DROP;
+    m->magic = KNOD_RX_META_MAGIC;
+    m->queue = queue;
+    return act;
+}
+
 SEC("xdp")
 int knod_flow_filter(struct xdp_md *ctx) {
     __u32 zero = 0;
@@ -379,12 +395,12 @@ int knod_flow_filter(struct xdp_md *ctx) {
     switch (decided) {
     case DECIDED_MALFORMED:
         count(KNOD_STAT_MALFORMED);
-        return unmatched(&c);
+        return unmatched_xdp(ctx, &c);
     case DECIDED_FRAGMENT:
         count(KNOD_STAT_FRAGMENT);
-        return unmatched(&c);
+        return unmatched_xdp(ctx, &c);
     case DECIDED_UNMATCHED:
-        return unmatched(&c);
+        return unmatched_xdp(ctx, &c);
     }
     struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &slot_id);
     if (!cnt) return XDP_DROP;
@@ -399,11 +415,14 @@ int knod_flow_filter(struct xdp_md *ctx) {
     return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_DROP);
 }
 
-/* The sim's stand-in for a NIC's ntuple steering rules: on the wire end's egress, a packet that
- * belongs to a binding is given that binding's queue, so it arrives on the NIC end's RX queue
- * whose AF_XDP socket serves the binding. (On veth, queue_mapping N+1 lands on RX queue N.) */
+/* The sim's stand-in for a NIC's ntuple steering rules and RSS: on the wire end's egress, a
+ * packet that belongs to a binding is given that binding's queue, so it arrives on the NIC end's
+ * RX queue whose AF_XDP socket serves the binding; every other packet goes to queue 0, as RSS
+ * spread over the normal stack's queues only (what devmem's pre-check requires of a real NIC).
+ * (On veth, queue_mapping N+1 lands on RX queue N.) */
 SEC("tc")
 int knod_steer(struct __sk_buff *skb) {
+    skb->queue_mapping = 0 + 1;
     __u32 zero = 0;
     struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
     if (!cfg) return TC_ACT_OK;
@@ -474,6 +493,18 @@ SEC("tc")
 int knod_devmem_guard(struct __sk_buff *skb) {
     /* Drivers record the RX queue as queue_mapping = queue + 1 (skb_record_rx_queue). */
     return guard(skb, (long)skb->queue_mapping - 1);
+}
+
+/* The same guard behind the sim's XDP filter, on the sim NIC's tc ingress: the filter recorded
+ * the RX queue in the packet's metadata (knod_rx_meta); a packet without it was not passed by
+ * the filter (the sim's own stack traffic) and has no queue. */
+SEC("tc")
+int knod_sim_guard(struct __sk_buff *skb) {
+    struct knod_rx_meta *m = (void *)(long)skb->data_meta;
+    long queue = -1;
+    if ((void *)(m + 1) <= (void *)(long)skb->data && m->magic == KNOD_RX_META_MAGIC)
+        queue = m->queue;
+    return guard(skb, queue); /* one inlined copy of the guard: the stack holds one */
 }
 
 /* BPF_PROG_TEST_RUN cannot set queue_mapping: the tests give the queue in cb[0] to the same

@@ -163,10 +163,32 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname
     return f;
 }
 
+namespace {
+
+// Attaches a guard program to `ifname`'s tc ingress (a clsact qdisc is added if none), with our
+// fixed handle and priority: it replaces a guard a crashed daemon left (ours by construction).
+Result<int> attach_tc_ingress(const std::string &ifname, int prog_fd) {
+    int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+    if (ifindex == 0) return make_error(Errc::not_found, "no network interface '" + ifname + "'");
+    LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex, .attach_point = BPF_TC_INGRESS);
+    int r = bpf_tc_hook_create(&hook);
+    if (r != 0 && r != -EEXIST)
+        return make_error(Errc::unavailable,
+                          "cannot add a clsact qdisc to " + ifname + ": " + err(r));
+    LIBBPF_OPTS(bpf_tc_opts, opts, .prog_fd = prog_fd, .flags = BPF_TC_F_REPLACE,
+                .handle = guard_handle, .priority = guard_priority);
+    if ((r = bpf_tc_attach(&hook, &opts)) != 0)
+        return make_error(Errc::unavailable, "cannot attach the devmem guard to " + ifname +
+                                                 " (tc ingress): " + err(r));
+    return ifindex;
+}
+
+} // namespace
+
 Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &ifname,
                                                              const FilterOptions &options) {
-    unsigned ifindex = if_nametoindex(ifname.c_str());
-    if (ifindex == 0) return make_error(Errc::not_found, "no network interface '" + ifname + "'");
+    if (if_nametoindex(ifname.c_str()) == 0)
+        return make_error(Errc::not_found, "no network interface '" + ifname + "'");
     if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
     auto pin_dir = free_pin_dir(options.pin_root, ifname);
     if (!pin_dir) return pin_dir.error();
@@ -174,23 +196,25 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &
     if (!loaded) return loaded.error();
     auto f = std::move(*loaded);
     f->ifname_ = ifname;
-    LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = static_cast<int>(ifindex),
-                .attach_point = BPF_TC_INGRESS);
-    int r = bpf_tc_hook_create(&hook);
-    if (r != 0 && r != -EEXIST)
-        return make_error(Errc::unavailable,
-                          "cannot add a clsact qdisc to " + ifname + ": " + err(r));
-    // Replaces a guard a crashed daemon left (our handle and priority: ours by construction).
-    LIBBPF_OPTS(bpf_tc_opts, opts, .prog_fd = bpf_program__fd(f->skel_->progs.knod_devmem_guard),
-                .flags = BPF_TC_F_REPLACE, .handle = guard_handle, .priority = guard_priority);
-    if ((r = bpf_tc_attach(&hook, &opts)) != 0)
-        return make_error(Errc::unavailable, "cannot attach the devmem guard to " + ifname +
-                                                 " (tc ingress): " + err(r));
-    f->guard_ifindex_ = static_cast<int>(ifindex);
+    auto ifindex = attach_tc_ingress(ifname, bpf_program__fd(f->skel_->progs.knod_devmem_guard));
+    if (!ifindex) return ifindex.error();
+    f->guard_ifindex_ = *ifindex;
     f->mode_ = "tc";
     f->pin_dir_ = *pin_dir; // set first: a failure below is cleaned up by detach()
     if (auto p = pin_maps(f->skel_, *pin_dir); !p) return p.error();
     return f;
+}
+
+Result<void> FlowFilter::guard_passed_traffic() {
+    if (link_fd_ < 0)
+        return make_error(Errc::invalid_argument, "the guard runs behind an attached XDP filter");
+    // Queues recorded first: until the guard is on, a recorded queue is only read by no one.
+    config_.record_queue = 1;
+    if (auto w = write_config(); !w) return w;
+    auto ifindex = attach_tc_ingress(ifname_, bpf_program__fd(skel_->progs.knod_sim_guard));
+    if (!ifindex) return ifindex.error();
+    guard_ifindex_ = *ifindex;
+    return {};
 }
 
 bool FlowFilter::guard_attached(const std::string &ifname) {
@@ -294,9 +318,13 @@ Result<void> FlowFilter::set_slot(std::uint32_t slot, SlotState state, std::uint
     // The devmem guard's reverse index: an active slot holds its queue, nothing else does.
     auto held = queue_of_.find(slot);
     if (held != queue_of_.end()) {
-        __u32 q = held->second, none = 0;
-        bpf_map__update_elem(skel_->maps.bound_queues, &q, sizeof q, &none, sizeof none, 0);
+        __u32 q = held->second;
         queue_of_.erase(held);
+        // The sim puts several bindings on one queue: the queue stays bound while one is active.
+        __u32 owner = 0;
+        for (auto &[other, other_queue] : queue_of_)
+            if (other_queue == q) owner = other + 1;
+        bpf_map__update_elem(skel_->maps.bound_queues, &q, sizeof q, &owner, sizeof owner, 0);
     }
     if (state == SlotState::active && queue < KNOD_MAX_QUEUES) {
         __u32 owner = slot + 1;

@@ -56,6 +56,11 @@ class FlowFilter {
     // same rules, slots and counters; an active slot's queue is a bound queue. Pins the maps.
     static Result<std::unique_ptr<FlowFilter>> attach_guard(const std::string &ifname,
                                                             const FilterOptions &options = {});
+    // Runs the devmem guard behind this XDP filter, on the same interface's tc ingress (the sim's
+    // model of a devmem NIC): the filter records each passed packet's RX queue in its metadata
+    // and the guard (knod_sim_guard) drops and counts, as misrouted, a passed packet that landed
+    // on an active binding's queue. Only after attach().
+    Result<void> guard_passed_traffic();
     // Whether a devmem guard (ours: its fixed tc handle and priority) is attached to `ifname`.
     static bool guard_attached(const std::string &ifname);
     // Removes pinned filters whose interface is not in `keep`, detaching their programs.

@@ -33,7 +33,18 @@ struct knod_config {
     __u32 unmatched;  /* KNOD_UNMATCHED_* */
     __u32 prefixes4;  /* buckets in the IPv4 trie for this generation; 0 skips the lookup */
     __u32 prefixes6;
-    __u32 pad;
+    __u32 record_queue; /* 1: a passed packet carries its RX queue in XDP metadata (knod_rx_meta) */
+};
+
+/* What the XDP filter puts before a packet it passes when record_queue is on, for the guard
+ * behind it at tc ingress (the sim runs the devmem guard that way). veth's skb path does not keep
+ * the RX queue a packet arrived on (skb->queue_mapping reads 0 once XDP reallocated the skb), so
+ * the filter, which knows it (rx_queue_index), hands it over. Metadata never comes from the wire:
+ * only an XDP program on this host can write it. */
+#define KNOD_RX_META_MAGIC 0x4b4e5251u /* "KNRQ" */
+struct knod_rx_meta {
+    __u32 magic;
+    __u32 queue;
 };
 
 /* IPv4 exact 5-tuples live in a table of our own rather than a kernel hash map: an ARRAY of

@@ -1,9 +1,18 @@
 // knod-policy sim-send: UDP from the sim's wire side, for demos and tests. The sender runs in a
 // child that enters the sim namespace, so this process stays where it is. Needs root.
+// --queue N plays a stray steering rule: the datagrams land on the sim NIC's RX queue N whatever
+// the sim's own steering says, which is how a test or a demo makes the devmem guard see foreign
+// traffic on a bound queue (steering drift).
 #include "cli/commands.h"
+#include "knod/result.h"
 
 #include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
 #include <fcntl.h>
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <net/if.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -11,7 +20,9 @@
 
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <thread>
+#include <utility>
 
 namespace knod::cli {
 namespace {
@@ -23,6 +34,63 @@ struct Options {
     int count = 1;
     std::string data = "knod";
     int interval_ms = 0;
+    int queue = -1; // -1: the sim's steering decides
+};
+
+// A tc program that is not the daemon's, on the wire end's egress ahead of the sim's steering
+// (priority 1): every packet gets queue_mapping = queue + 1, which veth delivers on RX queue
+// `queue`. Four instructions, so no object file: r2 = queue + 1; skb->queue_mapping = r2;
+// r0 = TC_ACT_OK; exit. Detached (and its fd closed) by the returned cleanup.
+class StraySteering {
+  public:
+    static Result<StraySteering> attach(int queue) {
+        StraySteering s;
+        struct if_nameindex *links = if_nameindex();
+        for (auto *l = links; l && l->if_index; ++l)
+            if (std::strcmp(l->if_name, "lo") != 0) s.ifindex_ = static_cast<int>(l->if_index);
+        if (links) if_freenameindex(links);
+        if (s.ifindex_ == 0) return make_error(Errc::not_found, "no wire link in the namespace");
+        const bpf_insn insns[] = {
+            {BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_2, 0, 0, queue + 1},
+            {BPF_STX | BPF_MEM | BPF_W, BPF_REG_1, BPF_REG_2,
+             static_cast<__s16>(offsetof(__sk_buff, queue_mapping)), 0},
+            {BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_0, 0, 0, TC_ACT_OK},
+            {BPF_JMP | BPF_EXIT, 0, 0, 0, 0},
+        };
+        s.prog_fd_ = bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, "knod_stray", "GPL", insns,
+                                   sizeof insns / sizeof insns[0], nullptr);
+        if (s.prog_fd_ < 0)
+            return make_error(Errc::unavailable, std::string("cannot load the steering program: ") +
+                                                     std::strerror(errno));
+        LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = s.ifindex_, .attach_point = BPF_TC_EGRESS);
+        int r = bpf_tc_hook_create(&hook);
+        if (r != 0 && r != -EEXIST)
+            return make_error(Errc::unavailable,
+                              std::string("cannot add clsact: ") + std::strerror(-r));
+        LIBBPF_OPTS(bpf_tc_opts, opts, .prog_fd = s.prog_fd_, .handle = 1, .priority = 1);
+        if ((r = bpf_tc_attach(&hook, &opts)) != 0)
+            return make_error(Errc::unavailable,
+                              std::string("cannot attach to the wire end: ") + std::strerror(-r));
+        s.attached_ = true;
+        return s;
+    }
+    StraySteering(StraySteering &&o) noexcept
+        : ifindex_(o.ifindex_), prog_fd_(std::exchange(o.prog_fd_, -1)),
+          attached_(std::exchange(o.attached_, false)) {}
+    ~StraySteering() {
+        if (attached_) {
+            LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex_, .attach_point = BPF_TC_EGRESS);
+            LIBBPF_OPTS(bpf_tc_opts, opts, .handle = 1, .priority = 1);
+            bpf_tc_detach(&hook, &opts);
+        }
+        if (prog_fd_ >= 0) close(prog_fd_);
+    }
+
+  private:
+    StraySteering() = default;
+    int ifindex_ = 0;
+    int prog_fd_ = -1;
+    bool attached_ = false;
 };
 
 int send(const Options &o) {
@@ -45,22 +113,36 @@ int send(const Options &o) {
                          "and are you root?)\n";
             _exit(exit_usage);
         }
+        std::optional<StraySteering> stray;
+        if (o.queue >= 0) {
+            auto attached = StraySteering::attach(o.queue);
+            if (!attached) {
+                std::cerr << "knod-policy sim-send: --queue: " << attached.error().message << "\n";
+                _exit(exit_failed);
+            }
+            stray.emplace(std::move(*attached));
+        }
         int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         if (o.from_port) {
             sockaddr_in src{};
             src.sin_family = AF_INET;
             src.sin_port = htons(o.from_port);
-            if (bind(s, reinterpret_cast<sockaddr *>(&src), sizeof src) != 0) _exit(exit_failed);
+            if (bind(s, reinterpret_cast<sockaddr *>(&src), sizeof src) != 0) {
+                stray.reset();
+                _exit(exit_failed);
+            }
         }
         for (int i = 0; i < o.count; ++i) {
             if (sendto(s, o.data.data(), o.data.size(), 0, reinterpret_cast<sockaddr *>(&dst),
                        sizeof dst) < 0) {
                 std::cerr << "knod-policy sim-send: " << std::strerror(errno) << "\n";
+                stray.reset();
                 _exit(exit_failed);
             }
             if (o.interval_ms)
                 std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
         }
+        stray.reset(); // _exit runs no destructor
         _exit(exit_ok);
     }
     int status = 0;
@@ -80,6 +162,11 @@ Runner add_sim_send(CLI::App &app) {
     cmd->add_option("--count", o->count, "datagrams to send")->capture_default_str();
     cmd->add_option("--data", o->data, "payload of each datagram")->capture_default_str();
     cmd->add_option("--interval-ms", o->interval_ms, "pause between datagrams");
+    cmd->add_option("--queue", o->queue,
+                    "deliver on the sim NIC's RX queue N whatever the sim's steering says, as a "
+                    "stray ntuple rule would (shows the devmem guard revoking a binding for "
+                    "steering drift)")
+        ->check(CLI::Range(0, 63));
     return [cmd, o]() -> int { return cmd->parsed() ? send(*o) : -1; };
 }
 

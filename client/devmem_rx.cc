@@ -1,5 +1,7 @@
 #include "client/devmem_rx.h"
 
+#include <poll.h>
+
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -97,6 +99,22 @@ Result<DevmemReceived> DevmemReceiver::receive(std::span<std::uint8_t> linear) {
         return make_error(code, std::string("devmem receive: ") + std::strerror(e) + hint);
     }
     return parse_devmem_cmsgs(msg, static_cast<std::size_t>(n));
+}
+
+Result<bool> DevmemReceiver::wait_for_data(int timeout_ms) {
+    pollfd p{fd_, POLLIN, 0};
+    for (;;) {
+        int r = poll(&p, 1, timeout_ms);
+        if (r > 0) {
+            if (p.revents & POLLNVAL)
+                return make_error(Errc::invalid_argument, "devmem receive: not an open socket");
+            return true; // POLLIN, POLLHUP or POLLERR: receive() answers without blocking
+        }
+        if (r == 0) return false;
+        if (errno != EINTR)
+            return make_error(Errc::io,
+                              std::string("devmem receive: poll: ") + std::strerror(errno));
+    }
 }
 
 Result<void> DevmemReceiver::release(const std::vector<DevmemFragment> &fragments) {

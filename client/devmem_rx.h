@@ -12,7 +12,8 @@
 // Fragments stay the holder's until released: the NIC cannot reuse their memory, so a holder
 // that never releases stops its own flow. Bytes the kernel could not place in the dma-buf (the
 // header split failed, SCM_DEVMEM_LINEAR) arrive in `linear` as with a plain recv. Use the
-// binding's counters (Client::wait_for_data) to learn that data arrived without a socket.
+// binding's counters (Client::wait_for_data) to learn that data arrived without a socket, or
+// rx.wait_for_data(timeout_ms) on the socket itself (no round trip to the daemon).
 // Kernel interface: Documentation/networking/devmem.rst (Linux 6.12).
 #pragma once
 
@@ -78,6 +79,10 @@ class DevmemReceiver {
     // One recvmsg(MSG_SOCK_DEVMEM). Zero bytes and no fragment: the peer closed the stream.
     // EAGAIN on a non-blocking socket is Errc::unavailable.
     Result<DevmemReceived> receive(std::span<std::uint8_t> linear);
+    // The devmem wait_for_data: waits up to `timeout_ms` (-1: forever) for the socket to have
+    // something to receive (fragments, linear bytes or the peer's close), without the daemon.
+    // true: receive() will not block; false: the time ran out.
+    Result<bool> wait_for_data(int timeout_ms);
     // Gives the fragments' buffers back to the NIC.
     Result<void> release(const std::vector<DevmemFragment> &fragments);
 

@@ -179,6 +179,19 @@ Result<std::optional<QueueStats>> DevmemDriver::queue_stats(const std::string &i
     return probe_.rx_queue_stats(it->second.ifindex, it->second.queue);
 }
 
+std::map<std::string, std::uint64_t> DevmemDriver::stats() const {
+    std::map<std::string, std::uint64_t> out;
+    for (auto &[id, b] : bindings_) {
+        auto q = probe_.rx_queue_stats(b.ifindex, b.queue);
+        if (!q || !*q) continue; // the driver keeps none: nothing to show, not an error
+        std::string at = b.plan.netdev + ".rx-queue-" + std::to_string(b.queue) + ".";
+        if ((*q)->rx_packets) out[at + "nic_rx_packets"] = *(*q)->rx_packets;
+        if ((*q)->rx_bytes) out[at + "nic_rx_bytes"] = *(*q)->rx_bytes;
+    }
+    guards_.add_stats(out);
+    return out;
+}
+
 void DevmemDriver::detach(const std::string &id) {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;

@@ -76,6 +76,10 @@ class DevmemDriver : public Driver {
     // driver started it, foreign ones included, so RxBytes/RxPackets stay the guard's (the
     // binding's flows only, since the binding began) and these are shown beside them.
     Result<std::optional<QueueStats>> queue_stats(const std::string &id);
+    // For the host report: per bound RX queue, the NIC's qstats (NETDEV.rx-queue-N.nic_rx_bytes
+    // and nic_rx_packets, where the driver keeps them), and per guarded NIC what its guard
+    // dropped (NETDEV.guard.misrouted, .malformed, .fragments).
+    std::map<std::string, std::uint64_t> stats() const override;
     // Foreign packets on a bound queue (the guard), or RSS / a foreign ntuple rule reaching it
     // (re-read every DevmemGuards::recheck_us).
     std::map<std::string, std::string> drifted() override;
@@ -95,7 +99,7 @@ class DevmemDriver : public Driver {
     };
 
     HardwareInventory inventory_;
-    NetdevGenl probe_; // for queue-get; never binds
+    mutable NetdevGenl probe_; // for queue-get and qstats-get; never binds
     DeviceCheck check_;
     std::map<std::string, Binding> bindings_;
     DevmemGuards guards_;

@@ -6,6 +6,11 @@
 
 namespace knod::driver {
 
+std::string misrouted_note(std::uint64_t packets, std::uint32_t queue, const std::string &netdev) {
+    return std::to_string(packets) + " foreign packet(s) landed on queue " + std::to_string(queue) +
+           " of " + netdev + " (the devmem guard dropped them)";
+}
+
 Result<void> DevmemGuards::add(const std::string &id, const std::string &netdev,
                                std::uint32_t queue, const std::vector<policy::FlowSpec> &flows,
                                const std::vector<std::uint32_t> &own_rules) {
@@ -62,6 +67,15 @@ journal::Counters DevmemGuards::counters(const std::string &id) const {
     return {c.bytes, c.packets, c.misrouted};
 }
 
+void DevmemGuards::add_stats(std::map<std::string, std::uint64_t> &out) const {
+    for (auto &[netdev, guard] : guards_) {
+        bpf::FilterStats f = guard->stats();
+        out[netdev + ".guard.misrouted"] = f.misrouted;
+        out[netdev + ".guard.malformed"] = f.malformed;
+        out[netdev + ".guard.fragments"] = f.fragments;
+    }
+}
+
 std::map<std::string, std::string> DevmemGuards::drifted(std::int64_t now_us) {
     std::map<std::string, std::string> out;
     bool recheck = now_us - last_recheck_us_ >= recheck_us;
@@ -72,9 +86,7 @@ std::map<std::string, std::string> DevmemGuards::drifted(std::int64_t now_us) {
         auto g = guards_.find(b.netdev);
         if (g != guards_.end()) {
             bpf::SlotCounters c = g->second->counters(b.slot);
-            if (c.misrouted)
-                out[id] = std::to_string(c.misrouted) + " foreign packet(s) landed on " + where +
-                          " (the devmem guard dropped them)";
+            if (c.misrouted) out[id] = misrouted_note(c.misrouted, b.queue, b.netdev);
         }
         if (!out.count(id) && recheck) {
             if (auto rss = FlowSteering::check_not_in_rss(b.netdev, b.queue); !rss)

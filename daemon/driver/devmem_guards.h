@@ -19,6 +19,9 @@
 
 namespace knod::driver {
 
+// What a binding's drift report says when the guard dropped foreign packets on its queue.
+std::string misrouted_note(std::uint64_t packets, std::uint32_t queue, const std::string &netdev);
+
 class DevmemGuards {
   public:
     explicit DevmemGuards(std::string pin_root = "/sys/fs/bpf/knod")
@@ -33,6 +36,8 @@ class DevmemGuards {
     // Stops guarding; the last binding of a NIC takes its guard off.
     void remove(const std::string &id);
     journal::Counters counters(const std::string &id) const;
+    // Per guarded NIC, what its guard dropped: NETDEV.guard.misrouted, .malformed, .fragments.
+    void add_stats(std::map<std::string, std::uint64_t> &out) const;
     // Bindings that drifted since the last call, with what was seen. `now_us`: for the
     // periodic RSS / ntuple re-check.
     std::map<std::string, std::string> drifted(std::int64_t now_us);

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "daemon/driver/devmem_guards.h"
 #include "daemon/driver/frame.h"
 
 #include <net/if.h>
@@ -186,8 +187,25 @@ journal::Counters SimDriver::counters(const std::string &id) const {
     auto it = slots_.find(id);
     if (it == slots_.end()) return {};
     journal::Counters c{it->second.rx_bytes, it->second.rx_packets, 0};
-    if (network_) c.dropped_packets = network_->filter().counters(it->second.slot).drops;
+    if (network_) {
+        // Its own packets dropped while inactive, and foreign ones the guard dropped on its queue.
+        bpf::SlotCounters f = network_->filter().counters(it->second.slot);
+        c.dropped_packets = f.drops + f.misrouted;
+    }
     return c;
+}
+
+std::map<std::string, std::string> SimDriver::drifted() {
+    std::map<std::string, std::string> out;
+    if (!network_) return out;
+    for (auto &[id, s] : slots_) {
+        if (!s.active || s.drift_reported) continue;
+        std::uint64_t misrouted = network_->filter().counters(s.slot).misrouted;
+        if (misrouted == 0) continue;
+        out[id] = misrouted_note(misrouted, s.queue, config_.netdev);
+        s.drift_reported = true;
+    }
+    return out;
 }
 
 std::optional<std::string> SimDriver::handoff(const std::string &id) const {
@@ -232,7 +250,8 @@ std::map<std::string, std::uint64_t> SimDriver::stats() const {
             {"binding_drops", f.binding_drops},
             {"undeliverable", undeliverable_},
             {"redecided", f.redecided},
-            {"raced", f.raced}};
+            {"raced", f.raced},
+            {"misrouted", f.misrouted}};
 }
 
 Result<void> SimDriver::set_unmatched_drop(bool drop) {

@@ -64,6 +64,9 @@ class SimDriver : public Driver {
     // Filter-wide counts: unmatched traffic passed or dropped, malformed, fragments, and frames
     // that reached a socket but no active binding.
     std::map<std::string, std::uint64_t> stats() const override;
+    // Active bindings whose queue the guard found foreign packets on (each reported once): the
+    // sim's steering put traffic that is not theirs on their queue (see SimNetwork).
+    std::map<std::string, std::string> drifted() override;
     Result<void> set_unmatched_drop(bool drop) override;
     bool netdevs_are_links() const override { return network_ != nullptr; }
 
@@ -75,6 +78,7 @@ class SimDriver : public Driver {
         bool active = false;
         std::uint64_t rx_bytes = 0;
         std::uint64_t rx_packets = 0;
+        bool drift_reported = false;
     };
     void receive(XskQueue &q);
     void deliver(Slot &s, std::span<const std::uint8_t> payload);

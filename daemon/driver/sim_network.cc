@@ -145,6 +145,10 @@ Result<std::unique_ptr<SimNetwork>> SimNetwork::create(const SimNetworkConfig &c
         net.reset();
         return r.error();
     }
+    if (auto r = net->filter_->guard_passed_traffic(); !r) {
+        net.reset();
+        return std::move(r).error().context("sim guard");
+    }
     return net;
 }
 

@@ -1,7 +1,9 @@
 // The sim's network: a veth pair whose "NIC" end stays in the daemon's namespace, carrying the
 // real flow filter, and whose "wire" end lives in a namespace of the sim's own, where traffic is
 // sent from. A tc program on the wire end's egress steers each binding's packets to its RX
-// queue, as ntuple rules would on a real NIC.
+// queue, as ntuple rules would on a real NIC, and everything else to queue 0, as RSS would; the
+// devmem guard on the NIC end's tc ingress drops and counts whatever the filter passed that
+// landed on a bound queue anyway (steering drift), as it does on a devmem NIC.
 #pragma once
 
 #include "bpf/flow_filter.h"

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <future>
 
 using namespace knod;
 using namespace knod::test;
@@ -47,13 +48,20 @@ class DatapathTest : public ::testing::Test {
         EXPECT_FALSE(fs::exists(pin_root_)) << "pinned objects left behind";
     }
 
-    // UDP from the wire side, as a person would send it.
-    void send(std::uint16_t port, const std::string &data, int count = 1) {
+    // UDP from the wire side, as a person would send it; `queue` >= 0: on that RX queue of the
+    // sim NIC whatever the sim's steering says (a stray steering rule).
+    void send(std::uint16_t port, const std::string &data, int count = 1, int queue = -1) {
         pid_t pid = fork();
         if (pid == 0) {
-            execl(KNOD_CLI_BIN, KNOD_CLI_BIN, "sim-send", "--netns", netns_.c_str(), "--to",
-                  ("10.99.0.2:" + std::to_string(port)).c_str(), "--count",
-                  std::to_string(count).c_str(), "--data", data.c_str(), nullptr);
+            std::string to = "10.99.0.2:" + std::to_string(port), n = std::to_string(count),
+                        q = std::to_string(queue);
+            if (queue >= 0)
+                execl(KNOD_CLI_BIN, KNOD_CLI_BIN, "sim-send", "--netns", netns_.c_str(), "--to",
+                      to.c_str(), "--count", n.c_str(), "--data", data.c_str(), "--queue",
+                      q.c_str(), nullptr);
+            else
+                execl(KNOD_CLI_BIN, KNOD_CLI_BIN, "sim-send", "--netns", netns_.c_str(), "--to",
+                      to.c_str(), "--count", n.c_str(), "--data", data.c_str(), nullptr);
             _exit(127);
         }
         int status = 0;
@@ -178,4 +186,51 @@ TEST_F(DatapathTest, ALinkGoingDownRevokesItsBindings) {
                "link-down";
     }));
     ASSERT_EQ(std::system(("ip link set " + netdev_ + " up").c_str()), 0);
+}
+
+// Steering drift end to end: the sim runs the devmem guard behind its filter; foreign traffic
+// that a stray steering rule puts on a bound queue is dropped, counted, and the daemon revokes
+// the binding (steering-drift), telling its holder (an unprivileged process) why.
+TEST_F(DatapathTest, ForeignTrafficOnABoundQueueRevokesForSteeringDrift) {
+    auto c = sandbox_->client();
+    auto held = std::async(std::launch::async, [&] {
+        return sandbox_->run_client(
+            {"hold-until-end", netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5400"},
+            65534);
+    });
+    ASSERT_TRUE(eventually([&] {
+        auto l = c.list();
+        return l.ok() && l->size() == 1 && l->front().state == "active";
+    })) << "the holder's binding is not active";
+    std::string id = c.list()->front().id;
+
+    // Its own flow on its queue is counted; foreign traffic the steering keeps on queue 0 (also
+    // when sent there on purpose) is the stack's, and nothing drifts.
+    send(5400, "mine", 2);
+    ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 8; }));
+    send(5999, "foreign", 3);
+    send(5999, "foreign", 3, 0);
+    usleep(1500000); // more than one of the daemon's 1 s ticks
+    ASSERT_EQ(c.list()->size(), 1u) << "revoked although nothing landed on its queue";
+    EXPECT_EQ(c.counters(id)->dropped_packets, 0u);
+
+    // The same foreign flow on every offload queue: one of them is the binding's.
+    for (int q = 1; q < 4; ++q)
+        send(5999, "stray", 1, q);
+    ASSERT_TRUE(eventually([&] { return c.list()->empty(); }, 4000)) << "not revoked";
+    Output holder = held.get();
+    EXPECT_NE(holder.out.find("ended revoked steering-drift"), std::string::npos) << holder.out;
+    EXPECT_EQ(sandbox_->sql("SELECT end_reason, rx_bytes, dropped_packets FROM sessions WHERE "
+                            "id='" +
+                            id + "'"),
+              "steering-drift|8|1");
+    // What the guard saw is in the journal's closing event.
+    EXPECT_NE(sandbox_
+                  ->sql("SELECT detail FROM events WHERE session_id='" + id +
+                        "' ORDER BY seq DESC LIMIT 1")
+                  .find("1 foreign packet(s) landed on queue"),
+              std::string::npos);
+    auto report = c.host_report();
+    ASSERT_TRUE(report.ok());
+    EXPECT_NE(report->find("\"misrouted\":1"), std::string::npos) << *report;
 }

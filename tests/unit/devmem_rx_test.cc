@@ -152,8 +152,14 @@ TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
     ASSERT_EQ(connect(client, reinterpret_cast<sockaddr *>(&at), sizeof at), 0);
     int conn = accept(server, nullptr, nullptr);
     ASSERT_GE(conn, 0);
-    ASSERT_EQ(send(client, "hello", 5, 0), 5);
     DevmemReceiver rx(conn);
+    auto idle = rx.wait_for_data(50);
+    ASSERT_TRUE(idle) << idle.error().message;
+    EXPECT_FALSE(*idle) << "nothing was sent yet";
+    ASSERT_EQ(send(client, "hello", 5, 0), 5);
+    auto ready = rx.wait_for_data(5000);
+    ASSERT_TRUE(ready) << ready.error().message;
+    EXPECT_TRUE(*ready);
     std::array<std::uint8_t, 64> linear{};
     auto got = rx.receive(linear);
     ASSERT_TRUE(got) << got.error().message;
@@ -168,9 +174,13 @@ TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
         << freed.error().message;
     EXPECT_TRUE(rx.release({})) << "nothing to release";
     close(client);
+    ready = rx.wait_for_data(5000);
+    ASSERT_TRUE(ready && *ready) << "the peer's close wakes the wait";
     got = rx.receive(linear);
     ASSERT_TRUE(got);
     EXPECT_EQ(got->bytes(), 0u) << "the peer closed";
     close(conn);
     close(server);
+    auto closed = DevmemReceiver(1 << 20).wait_for_data(0); // no such fd
+    EXPECT_FALSE(closed) << "a closed fd is an error, not a timeout";
 }
