@@ -44,6 +44,7 @@ struct Options {
 class StraySteering {
   public:
     static Result<StraySteering> attach(int queue) {
+        libbpf_set_print(nullptr); // an existing clsact is fine; errors are reported below
         StraySteering s;
         struct if_nameindex *links = if_nameindex();
         for (auto *l = links; l && l->if_index; ++l)

@@ -45,11 +45,23 @@ step "The filter counted the forbidden flow (unmatched_passed): never delivered"
 step "uid 65534 asks too; the policy denies it by name" \
     setpriv --reuid=65534 --regid=65534 --clear-groups build/examples/knod-example-receive \
     --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5000"
+
+printf "\n\033[1m== Steering drift: foreign traffic lands on a held binding'"'"'s RX queue\033[0m\n"
+coproc HOLD { exec build/examples/knod-example-receive --netdev knodsim0 --gpu sim0 --bytes 4096 \
+    --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5002" --packets 1 --timeout-ms 8000 2>&1; }
+exec {hold}<&"${HOLD[0]}"
+while read -r line <&$hold; do echo "  client: $line"; case $line in activated*) break;; esac; done
+echo "  (a stray steering rule, as a misconfigured NIC would have, puts port 5003 on every offload"
+echo "   queue; the devmem guard behind the filter drops it on the bound one and the daemon ends"
+echo "   the binding within a second: steering-drift)"
+for q in 1 2 3; do $cli sim-send --to 10.99.0.2:5003 --data STRAY --queue $q; done
+while read -r line <&$hold; do echo "  client: $line"; done
+step "The guard counted it (misrouted)" $cli status
 step "No bindings left" $cli bindings
 step "The journal trail" sqlite3 -column -header "$KNOD_STATE_DIR/journal.db" \
     "select seq, kind, session_id, uid, rule, decision, reason from events"
 step "The session row, with its final counters" sqlite3 -column -header "$KNOD_STATE_DIR/journal.db" \
-    "select id, uid, netdev, gpu, rule, end_reason, rx_bytes, rx_packets from sessions"
+    "select id, uid, netdev, gpu, rule, end_reason, rx_bytes, rx_packets, dropped_packets from sessions"
 step "The chain verifies" $cli audit verify --db "$KNOD_STATE_DIR/journal.db"
 ' </dev/null
 printf '\n\033[1m== Left behind\033[0m\n'
