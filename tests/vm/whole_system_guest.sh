@@ -169,6 +169,23 @@ check "the holder receives the sim's data in its region" \
     'grep -q "^data [1-9][0-9]* .*$(printf wholesys-data | od -An -tx1 | tr -d " \n")" "$work/h1.out"' ||
     cat "$work/h1.out"
 
+# Steering drift under the shipped unit: the sim's devmem guard (tc ingress behind the XDP
+# filter, attached with the unit's capabilities) drops foreign traffic that a stray steering
+# rule puts on the holder's RX queue, and the daemon ends the binding (steering-drift).
+start_holder h5 7 hold-until-end knodsim0 sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5004"
+id5=$(holder_id h5)
+for q in 1 2 3; do
+    nsenter -m -t "$(prop MainPID)" knod-policy sim-send --to 10.99.0.2:5005 --data stray \
+        --queue $q >>"$work/out" 2>&1 || cat "$work/out"
+done
+wait_grep "^ended" cat "$work/h5.out"
+exec 7>&-
+check "the sim's guard: foreign traffic on a holder's RX queue ends its binding (steering-drift)" \
+    '[ -n "$id5" ] && grep -q "^ended revoked steering-drift" "$work/h5.out"' || cat "$work/h5.out"
+check "the drift is journaled with what the guard saw" \
+    'wait_grep "foreign packet" events $simdb --kind session-ended' ||
+    events $simdb --kind session-ended | tail -3
+
 start_holder h2 7 hold knodsim0 sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5001"
 id2=$(holder_id h2)
 as knodt-user "$client" release "$id2" >"$work/out" 2>&1
