@@ -3,6 +3,8 @@
 #include "daemon/driver/ntuple.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
 
 namespace knod::driver {
 
@@ -27,8 +29,22 @@ Result<void> DevmemGuards::add(const std::string &id, const std::string &netdev,
         if (!made) return std::move(made).error().context("devmem guard on " + netdev);
         g = guards_.emplace(netdev, std::move(*made)).first;
     }
-    std::uint32_t slot = next_slot_++;
-    if (next_slot_ >= KNOD_MAX_BINDINGS) next_slot_ = 1;
+    // A slot no live binding holds: after a wrap, handing out a held one would replace that
+    // binding's flows and queue (its own packets then count as misrouted).
+    std::set<std::uint32_t> held;
+    for (auto &[other, b] : bindings_)
+        held.insert(b.slot);
+    std::optional<std::uint32_t> free;
+    for (std::uint32_t tries = 1; tries < KNOD_MAX_BINDINGS && !free; ++tries) {
+        std::uint32_t candidate = next_slot_++;
+        if (next_slot_ >= KNOD_MAX_BINDINGS) next_slot_ = 1;
+        if (!held.count(candidate)) free = candidate;
+    }
+    if (!free)
+        return make_error(Errc::driver_failure, "devmem guard: all " +
+                                                    std::to_string(KNOD_MAX_BINDINGS - 1) +
+                                                    " binding slots are in use");
+    std::uint32_t slot = *free;
     auto &guard = *g->second;
     // Flows first, then the queue: a packet never meets an active slot without its rules.
     if (auto r = guard.set_flows(slot, flows); !r)
