@@ -198,9 +198,14 @@ journal::Counters SimDriver::counters(const std::string &id) const {
 std::map<std::string, std::string> SimDriver::drifted() {
     std::map<std::string, std::string> out;
     if (!network_) return out;
+    // The guard charges a foreign packet to one binding of its queue (the queue's owner in its
+    // index), but it landed on every binding sharing that queue: each of them drifted.
+    std::map<std::uint32_t, std::uint64_t> on_queue;
+    for (auto &[id, s] : slots_)
+        on_queue[s.queue] += network_->filter().counters(s.slot).misrouted;
     for (auto &[id, s] : slots_) {
         if (!s.active || s.drift_reported) continue;
-        std::uint64_t misrouted = network_->filter().counters(s.slot).misrouted;
+        std::uint64_t misrouted = on_queue[s.queue];
         if (misrouted == 0) continue;
         out[id] = misrouted_note(misrouted, s.queue, config_.netdev);
         s.drift_reported = true;
