@@ -174,3 +174,19 @@ TEST_F(DevmemGuardTest, AQueueIsBoundOnlyWhileItsBindingIsActive) {
     check({"new owner", 3, foreign, Want::misrouted, 5});
     check({"new owner's flow", 3, v4("10.0.1.1", 999, "10.1.2.3", 5000, tcp), Want::counted, 5});
 }
+
+// A NIC's ntuple rule matches a TCP flow by its addresses and ports only, so any packet that
+// carries a binding's 4-tuple lands on its queue, whatever else is in it. A sender who knows (or
+// spoofs) the tuple, with no sequence number and no connection, can make one with a bad TCP
+// data offset: the guard must drop it (the stack would too), but it is the binding's own flow,
+// not steering drift, and must not end the binding (one packet from off path would revoke any
+// devmem binding).
+TEST_F(DevmemGuardTest, AMalformedPacketOfItsOwnFlowIsDroppedWithoutDrift) {
+    auto packet = build_packet(v4("10.0.0.5", 1234, "10.1.2.3", 6000, tcp));
+    packet[14 + 20 + 12] = 0x40; // TCP data offset 4 (below the minimum 5)
+    std::uint64_t misrouted = filter_->counters(4).misrouted;
+    EXPECT_EQ(run(7, packet), TC_ACT_SHOT) << "a malformed packet reached the holder's socket";
+    EXPECT_EQ(filter_->counters(4).misrouted, misrouted)
+        << "the binding's own (malformed) packet counted as foreign: the daemon would end it as "
+           "steering-drift";
+}
