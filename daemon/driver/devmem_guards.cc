@@ -80,7 +80,7 @@ journal::Counters DevmemGuards::counters(const std::string &id) const {
     auto g = guards_.find(it->second.netdev);
     if (g == guards_.end()) return {};
     bpf::SlotCounters c = g->second->counters(it->second.slot);
-    return {c.bytes, c.packets, c.misrouted};
+    return {c.bytes, c.packets, c.drops + c.misrouted}; // its own malformed ones, foreign ones
 }
 
 void DevmemGuards::add_stats(std::map<std::string, std::uint64_t> &out) const {

@@ -1,7 +1,8 @@
 // The devmem guard (tc ingress, issue 18) in the kernel, driven with BPF_PROG_TEST_RUN: crafted
 // packets on a given RX queue in (the test entry reads it from cb[0]), verdict and per-binding
-// counters out. A binding's own packet on its queue is counted; anything else on a bound queue is
-// dropped and counted as misrouted for the queue's binding; unbound queues are untouched.
+// counters out. A binding's own packet on its queue is counted; its own flow's malformed packets
+// and first fragments there are dropped for it; anything else on a bound queue is dropped and
+// counted as misrouted for the queue's binding; unbound queues are untouched.
 // Needs root (CAP_BPF); skipped otherwise.
 #include "bpf/flow_filter.h"
 #include "tests/unit/packet_builder.h"
@@ -26,7 +27,9 @@ using knod::test::with;
 
 namespace {
 
-enum class Want { counted, misrouted, untouched };
+// dropped: one of the queue binding's own flows, malformed or a first fragment (what a NIC's
+// ntuple rule matches by is intact): dropped and counted for it, not as drift.
+enum class Want { counted, misrouted, dropped, untouched };
 
 struct Case {
     const char *name;
@@ -86,9 +89,12 @@ class DevmemGuardTest : public ::testing::Test {
             EXPECT_EQ(now.misrouted - before[s].misrouted,
                       mine && c.want == Want::misrouted ? 1u : 0u)
                 << "slot " << s;
+            EXPECT_EQ(now.drops - before[s].drops, mine && c.want == Want::dropped ? 1u : 0u)
+                << "slot " << s;
         }
         EXPECT_EQ(filter_->stats().misrouted - st, c.want == Want::misrouted ? 1u : 0u);
-        EXPECT_EQ(verdict, c.want == Want::misrouted ? TC_ACT_SHOT : TC_ACT_OK);
+        bool shot = c.want == Want::misrouted || c.want == Want::dropped;
+        EXPECT_EQ(verdict, shot ? TC_ACT_SHOT : TC_ACT_OK);
     }
 
     std::unique_ptr<FlowFilter> filter_;
@@ -129,14 +135,23 @@ TEST_F(DevmemGuardTest, CraftedPacketsOnEachQueue) {
         {"exact flow, other source port, on its queue", 7,
          v4("10.0.0.5", 1235, "10.1.2.3", 6000, tcp), Want::misrouted, 4},
         {"IPv4 first fragment of its flow", 3, with(mine, [](auto &p) { p.ipv4_frag = 0x2000; }),
+         Want::dropped, 1},
+        {"IPv4 first fragment of another flow", 3,
+         with(v4("10.0.1.1", 999, "10.1.2.3", 5001, tcp), [](auto &p) { p.ipv4_frag = 0x2000; }),
          Want::misrouted, 1},
         {"IPv4 later fragment of its flow", 3, with(mine, [](auto &p) { p.ipv4_frag = 0x0010; }),
          Want::misrouted, 1},
         {"IPv6 fragment of its flow", 5, with(mine6, [](auto &p) { p.ipv6_ext = {44}; }),
          Want::misrouted, 2},
         // (A test run refuses an skb whose IPv4 header is cut short: EINVAL.)
-        {"truncated TCP header", 3, with(mine, [](auto &p) { p.truncate = 14 + 20 + 10; }),
+        {"truncated TCP header of its flow", 3,
+         with(mine, [](auto &p) { p.truncate = 14 + 20 + 10; }), Want::dropped, 1},
+        {"truncated TCP header of another flow", 3,
+         with(v4("10.1.0.1", 999, "10.1.2.3", 5000, tcp),
+              [](auto &p) { p.truncate = 14 + 20 + 10; }),
          Want::misrouted, 1},
+        {"its flow's first fragment on another binding's queue", 5,
+         with(mine, [](auto &p) { p.ipv4_frag = 0x2000; }), Want::misrouted, 2},
         {"IPv4 ihl below 5", 3, with(mine, [](auto &p) { p.ipv4_ihl = 4; }), Want::misrouted, 1},
         {"ARP on a bound queue", 3, with(mine, [](auto &p) { p.ethertype = 0x0806; }),
          Want::misrouted, 1},
