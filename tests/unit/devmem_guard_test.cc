@@ -205,3 +205,22 @@ TEST_F(DevmemGuardTest, AMalformedPacketOfItsOwnFlowIsDroppedWithoutDrift) {
         << "the binding's own (malformed) packet counted as foreign: the daemon would end it as "
            "steering-drift";
 }
+
+// A devmem NIC's packets reach tc ingress after GRO (header split keeps TCP GRO on): one skb
+// there may carry several of the flow's packets. RxPackets counts the packets the NIC received
+// (the segments GRO merged), not the skbs.
+TEST_F(DevmemGuardTest, AGroAggregateCountsAsItsSegments) {
+    auto packet = build_packet(v4("10.0.0.5", 1234, "10.1.2.3", 6000, tcp));
+    __sk_buff ctx{};
+    ctx.cb[0] = 7;
+    ctx.gso_segs = 3;
+    ctx.gso_size = 1000;
+    LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = packet.data(),
+                .data_size_in = static_cast<__u32>(packet.size()), .ctx_in = &ctx,
+                .ctx_size_in = sizeof ctx, .repeat = 1);
+    SlotCounters before = filter_->counters(4);
+    ASSERT_EQ(bpf_prog_test_run_opts(filter_->guard_test_program_fd(), &opts), 0);
+    EXPECT_EQ(static_cast<int>(opts.retval), TC_ACT_OK);
+    EXPECT_EQ(filter_->counters(4).packets - before.packets, 3u)
+        << "a GRO aggregate of 3 segments counted as one packet";
+}
