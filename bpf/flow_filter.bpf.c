@@ -502,7 +502,8 @@ static __always_inline int guard(struct __sk_buff *skb, long rx_queue) {
     if (decided == DECIDED_OFFLOAD) {
         struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &slot_id);
         if (cnt) {
-            cnt->packets += 1;
+            /* After GRO one skb may carry several of the flow's packets. */
+            cnt->packets += skb->gso_segs ? skb->gso_segs : 1;
             cnt->bytes += skb->len;
         }
         return TC_ACT_OK;
