@@ -447,10 +447,11 @@ int knod_steer(struct __sk_buff *skb) {
  * memory: it is dropped and counted as misrouted for the queue's binding, and the daemon revokes
  * the binding (steering drift). Packets on unbound queues are the stack's. `rx_queue` is the
  * queue index, or -1 when the driver recorded none. */
-/* The slot a malformed or fragmented IPv4 TCP/UDP packet's addresses and ports name (a bad TCP
- * header, a first fragment), or -1: a NIC's ntuple rule matches by these fields alone, so such a
- * packet of a binding's own flow lands on its queue without any steering drifting. */
-static __always_inline long tuple_slot4(void *data, void *end, const struct knod_config *c) {
+/* The slot a malformed or fragmented TCP/UDP packet's addresses and ports name (a bad TCP
+ * header, a cut one, an IPv4 first fragment; IPv6 without extension headers), or -1: a NIC's
+ * ntuple rule matches by these fields alone, so such a packet of a binding's own flow lands on
+ * its queue without any steering drifting. */
+static __always_inline long tuple_slot(void *data, void *end, const struct knod_config *c) {
     struct ethhdr *eth = data;
     if ((void *)(eth + 1) > end) return -1;
     void *next = eth + 1;
@@ -461,20 +462,32 @@ static __always_inline long tuple_slot4(void *data, void *end, const struct knod
         proto = vlan[1];
         next = vlan + 2;
     }
-    if (proto != bpf_htons(ETH_P_IP)) return -1;
-    struct iphdr *ip = next;
-    if ((void *)(ip + 1) > end || ip->ihl < 5 || ip->version != 4) return -1;
-    if (ip->frag_off & bpf_htons(0x1fff)) return -1; /* a later fragment: no ports */
-    if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP) return -1;
-    __be16 *ports = (void *)ip + ip->ihl * 4;
-    if ((void *)(ports + 2) > end) return -1;
     struct packet p = {};
-    p.family = 4;
-    p.protocol = ip->protocol;
+    __be16 *ports;
+    if (proto == bpf_htons(ETH_P_IP)) {
+        struct iphdr *ip = next;
+        if ((void *)(ip + 1) > end || ip->ihl < 5 || ip->version != 4) return -1;
+        if (ip->frag_off & bpf_htons(0x1fff)) return -1; /* a later fragment: no ports */
+        p.family = 4;
+        p.protocol = ip->protocol;
+        __builtin_memcpy(p.src, &ip->saddr, 4);
+        __builtin_memcpy(p.dst, &ip->daddr, 4);
+        ports = (void *)ip + ip->ihl * 4;
+    } else if (proto == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = next;
+        if ((void *)(ip6 + 1) > end || ip6->version != 6) return -1;
+        p.family = 6;
+        p.protocol = ip6->nexthdr;
+        __builtin_memcpy(p.src, &ip6->saddr, 16);
+        __builtin_memcpy(p.dst, &ip6->daddr, 16);
+        ports = (void *)(ip6 + 1);
+    } else {
+        return -1;
+    }
+    if (p.protocol != IPPROTO_TCP && p.protocol != IPPROTO_UDP) return -1;
+    if ((void *)(ports + 2) > end) return -1;
     p.src_port = bpf_ntohs(ports[0]);
     p.dst_port = bpf_ntohs(ports[1]);
-    __builtin_memcpy(p.src, &ip->saddr, 4);
-    __builtin_memcpy(p.dst, &ip->daddr, 4);
     return classify(&p, c);
 }
 
@@ -513,7 +526,7 @@ static __always_inline int guard(struct __sk_buff *skb, long rx_queue) {
     if (decided == DECIDED_MALFORMED || decided == DECIDED_FRAGMENT) {
         /* One of the queue's own flows, malformed or fragmented: dropped as the binding's, not
          * drift (whoever can send on the flow could otherwise end the binding with one packet). */
-        long own = tuple_slot4((void *)(long)skb->data, (void *)(long)skb->data_end, &c);
+        long own = tuple_slot((void *)(long)skb->data, (void *)(long)skb->data_end, &c);
         if (own >= 0 && own < KNOD_MAX_BINDINGS && *(volatile __u32 *)&cfg->epoch == c.epoch) {
             __u32 own_id = own;
             struct knod_slot *os = bpf_map_lookup_elem(&slots, &own_id);

@@ -204,6 +204,12 @@ TEST_F(DevmemGuardTest, AMalformedPacketOfItsOwnFlowIsDroppedWithoutDrift) {
     EXPECT_EQ(filter_->counters(4).misrouted, misrouted)
         << "the binding's own (malformed) packet counted as foreign: the daemon would end it as "
            "steering-drift";
+    // The same over IPv6 (a NIC's TCP_V6_FLOW rule matches by the tuple alone too).
+    auto packet6 = build_packet(v6("fd00::5", 999, "fd00::1", 443));
+    packet6[14 + 40 + 12] = 0x40;
+    misrouted = filter_->counters(2).misrouted;
+    EXPECT_EQ(run(5, packet6), TC_ACT_SHOT);
+    EXPECT_EQ(filter_->counters(2).misrouted, misrouted) << "IPv6: counted as foreign";
 }
 
 // A devmem NIC's packets reach tc ingress after GRO (header split keeps TCP GRO on): one skb
