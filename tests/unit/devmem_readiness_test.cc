@@ -295,3 +295,24 @@ TEST(DevmemQstats, LiveLoopbackHasNoQueueStatsAndThatIsNotAnError) {
     ASSERT_TRUE(s) << s.error().message;
     EXPECT_FALSE(s->has_value());
 }
+
+// A reply whose IFLA_XDP attributes are shorter than their type (a u8 or u32 with no payload) is
+// refused, not read past the attribute into whatever follows (here: the next attribute's header
+// would be taken for a program id, or a mode).
+TEST(DevmemReadiness, ShortXdpAttributesAreRefused) {
+    for (int attr : {IFLA_XDP_ATTACHED, IFLA_XDP_PROG_ID, IFLA_XDP_DRV_PROG_ID}) {
+        SCOPED_TRACE(attr);
+        MsgPtr m(nlmsg_alloc_simple(RTM_NEWLINK, 0), nlmsg_free);
+        ifinfomsg ifi{};
+        ifi.ifi_index = 2;
+        nlmsg_append(m.get(), &ifi, sizeof ifi, NLMSG_ALIGNTO);
+        nlattr *x = nla_nest_start(m.get(), IFLA_XDP);
+        nla_put(m.get(), attr, 0, nullptr); // the attribute's header only
+        nla_put_u32(m.get(), IFLA_XDP_FLAGS, 0x01020304);
+        nla_nest_end(m.get(), x);
+        nla_put_string(m.get(), IFLA_IFNAME, "eth2");
+        auto r = parse_link_xdp(nlmsg_hdr(m.get()));
+        ASSERT_FALSE(r) << "parsed mode " << int(r->mode) << ", program id " << r->prog_id;
+        EXPECT_EQ(r.error().code, Errc::corrupt);
+    }
+}
