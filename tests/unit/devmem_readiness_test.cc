@@ -316,3 +316,21 @@ TEST(DevmemReadiness, ShortXdpAttributesAreRefused) {
         EXPECT_EQ(r.error().code, Errc::corrupt);
     }
 }
+
+// A qstats reply whose queue id or type has no payload is no queue's stats: the parser must not
+// take the next attribute's header for the id.
+TEST(DevmemQstats, ShortQueueAttributesAreNoQueue) {
+    for (int attr : {2 /* queue type */, 3 /* queue id */}) {
+        SCOPED_TRACE(attr);
+        std::unique_ptr<nl_msg, decltype(&nlmsg_free)> m(nlmsg_alloc(), nlmsg_free);
+        genlmsg_put(m.get(), 0, 0, 30, 0, 0, 12, 1);
+        nla_put_u32(m.get(), 1, 2);
+        if (attr == 2) nla_put(m.get(), 2, 0, nullptr);
+        nla_put_u32(m.get(), 3, 3); // queue id (for attr 3: a short one follows, taken last)
+        if (attr == 3) nla_put(m.get(), 3, 0, nullptr);
+        if (attr == 3) nla_put_u32(m.get(), 2, 0);
+        nla_put_u32(m.get(), 8, 41);
+        auto s = driver::parse_qstats_reply(nlmsg_hdr(m.get()));
+        EXPECT_FALSE(s) << "stats for queue " << s->queue;
+    }
+}
