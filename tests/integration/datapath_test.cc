@@ -284,3 +284,26 @@ TEST_F(DatapathTest, ForeignTrafficOnASharedQueueRevokesEveryBindingOnIt) {
     for (int fd : fds)
         close(fd);
 }
+
+// The guard is one tc ingress filter among any others on the NIC (a firewall's, a CNI's). One
+// ahead of it that ends classification (here a classic BPF filter that matches everything and
+// passes it) means the guard never sees a packet: foreign traffic on a bound queue must still
+// end the binding (fail closed), not go unseen.
+TEST_F(DatapathTest, AFilterAheadOfTheGuardDoesNotHideSteeringDrift) {
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5400"});
+    close(fd);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    ASSERT_EQ(std::system(("tc filter add dev " + netdev_ +
+                           " ingress prio 1 bpf bytecode '1,6 0 0 4294967295,'")
+                              .c_str()),
+              0);
+    for (int q = 1; q < 4; ++q)
+        send(5999, "stray", 1, q);
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 12000))
+        << "foreign traffic landed on the binding's queue, unseen by the guard";
+    (void)std::system(("tc filter del dev " + netdev_ + " ingress prio 1 >/dev/null 2>&1").c_str());
+}
