@@ -13,6 +13,20 @@ std::string misrouted_note(std::uint64_t packets, std::uint32_t queue, const std
            " of " + netdev + " (the devmem guard dropped them)";
 }
 
+std::optional<std::string> guard_blinded(const std::string &netdev) {
+    auto beside = bpf::FlowFilter::beside_guard(netdev);
+    if (!beside)
+        return "cannot list what else runs on " + netdev + "'s ingress (" + beside.error().message +
+               "), so the devmem guard cannot vouch for it";
+    if (beside->empty()) return std::nullopt;
+    std::string what;
+    for (auto &b : *beside)
+        what += (what.empty() ? "" : ", ") + b;
+    return what + " on " + netdev +
+           "'s ingress can keep packets from the devmem guard, so foreign traffic on its queues "
+           "would go unseen";
+}
+
 Result<void> DevmemGuards::add(const std::string &id, const std::string &netdev,
                                std::uint32_t queue, const std::vector<policy::FlowSpec> &flows,
                                const std::vector<std::uint32_t> &own_rules) {
@@ -105,7 +119,9 @@ std::map<std::string, std::string> DevmemGuards::drifted(std::int64_t now_us) {
             if (c.misrouted) out[id] = misrouted_note(c.misrouted, b.queue, b.netdev);
         }
         if (!out.count(id) && recheck) {
-            if (auto rss = FlowSteering::check_not_in_rss(b.netdev, b.queue); !rss)
+            if (auto blind = guard_blinded(b.netdev))
+                out[id] = *blind;
+            else if (auto rss = FlowSteering::check_not_in_rss(b.netdev, b.queue); !rss)
                 out[id] = rss.error().message;
             else if (auto rules = FlowSteering::rules_to_queue(b.netdev, b.queue); !rules)
                 out[id] = rules.error().message; // unreadable: fail closed
