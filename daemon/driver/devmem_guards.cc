@@ -41,6 +41,10 @@ Result<void> DevmemGuards::add(const std::string &id, const std::string &netdev,
         (void)bpf::FlowFilter::remove_pinned(pin_root_, netdev);
         auto made = bpf::FlowFilter::attach_guard(netdev, o);
         if (!made) return std::move(made).error().context("devmem guard on " + netdev);
+        // Refused now rather than ended at the first re-check.
+        if (auto blind = guard_blinded(netdev))
+            return make_error(Errc::driver_failure,
+                              "devmem: " + *blind + " (remove them, or use another NIC)");
         g = guards_.emplace(netdev, std::move(*made)).first;
     }
     // A slot no live binding holds: after a wrap, handing out a held one would replace that

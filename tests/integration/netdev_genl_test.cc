@@ -765,3 +765,33 @@ TEST(DevmemGuards, ASlotStillHeldIsNeverHandedOutAgain) {
     std::error_code ec;
     std::filesystem::remove_all(pins, ec);
 }
+
+// Another tc ingress filter on the NIC could end classification before the guard sees a packet:
+// the guard refuses to vouch for such a NIC, at activation (and at each re-check if one appears
+// later), naming the filter.
+TEST(DevmemGuards, AnotherIngressFilterIsRefusedAndEndsGuardedBindings) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    TestNamespace ns;
+    ASSERT_TRUE(ns.ok());
+    std::string pins = "/sys/fs/bpf/knod-guards-beside-" + std::to_string(getpid());
+    auto flows = std::vector<policy::FlowSpec>{
+        *policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
+    {
+        DevmemGuards guards(pins);
+        ASSERT_TRUE(guards.add("b1", "knodq0", 3, flows, {}));
+        EXPECT_TRUE(guards.drifted(DevmemGuards::recheck_us).empty()) << "the guard alone";
+        ASSERT_EQ(sh("tc filter add dev knodq0 ingress prio 1 bpf bytecode '1,6 0 0 4294967295,'"),
+                  0);
+        auto drift = guards.drifted(2 * DevmemGuards::recheck_us);
+        ASSERT_EQ(drift.size(), 1u);
+        EXPECT_NE(drift["b1"].find("tc ingress filter pref 1"), std::string::npos) << drift["b1"];
+        guards.remove("b1");
+        auto refused = guards.add("b2", "knodq0", 3, flows, {});
+        ASSERT_FALSE(refused) << "guarded a NIC with another ingress filter";
+        EXPECT_NE(refused.error().message.find("tc ingress filter pref 1"), std::string::npos)
+            << refused.error().message;
+        EXPECT_FALSE(bpf::FlowFilter::guard_attached("knodq0")) << "the refused guard stayed";
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(pins, ec);
+}
