@@ -447,6 +447,50 @@ int knod_steer(struct __sk_buff *skb) {
  * memory: it is dropped and counted as misrouted for the queue's binding, and the daemon revokes
  * the binding (steering drift). Packets on unbound queues are the stack's. `rx_queue` is the
  * queue index, or -1 when the driver recorded none. */
+/* The slot a malformed or fragmented TCP/UDP packet's addresses and ports name (a bad TCP
+ * header, a cut one, an IPv4 first fragment; IPv6 without extension headers), or -1: a NIC's
+ * ntuple rule matches by these fields alone, so such a packet of a binding's own flow lands on
+ * its queue without any steering drifting. */
+static __always_inline long tuple_slot(void *data, void *end, const struct knod_config *c) {
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > end) return -1;
+    void *next = eth + 1;
+    __u16 proto = eth->h_proto;
+    if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+        __be16 *vlan = next;
+        if ((void *)(vlan + 2) > end) return -1;
+        proto = vlan[1];
+        next = vlan + 2;
+    }
+    struct packet p = {};
+    __be16 *ports;
+    if (proto == bpf_htons(ETH_P_IP)) {
+        struct iphdr *ip = next;
+        if ((void *)(ip + 1) > end || ip->ihl < 5 || ip->version != 4) return -1;
+        if (ip->frag_off & bpf_htons(0x1fff)) return -1; /* a later fragment: no ports */
+        p.family = 4;
+        p.protocol = ip->protocol;
+        __builtin_memcpy(p.src, &ip->saddr, 4);
+        __builtin_memcpy(p.dst, &ip->daddr, 4);
+        ports = (void *)ip + ip->ihl * 4;
+    } else if (proto == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = next;
+        if ((void *)(ip6 + 1) > end || ip6->version != 6) return -1;
+        p.family = 6;
+        p.protocol = ip6->nexthdr;
+        __builtin_memcpy(p.src, &ip6->saddr, 16);
+        __builtin_memcpy(p.dst, &ip6->daddr, 16);
+        ports = (void *)(ip6 + 1);
+    } else {
+        return -1;
+    }
+    if (p.protocol != IPPROTO_TCP && p.protocol != IPPROTO_UDP) return -1;
+    if ((void *)(ports + 2) > end) return -1;
+    p.src_port = bpf_ntohs(ports[0]);
+    p.dst_port = bpf_ntohs(ports[1]);
+    return classify(&p, c);
+}
+
 static __always_inline int guard(struct __sk_buff *skb, long rx_queue) {
     if (rx_queue < 0 || rx_queue >= KNOD_MAX_QUEUES) return TC_ACT_OK;
     __u32 q = rx_queue;
@@ -471,13 +515,28 @@ static __always_inline int guard(struct __sk_buff *skb, long rx_queue) {
     if (decided == DECIDED_OFFLOAD) {
         struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &slot_id);
         if (cnt) {
-            cnt->packets += 1;
+            /* After GRO one skb may carry several of the flow's packets. */
+            cnt->packets += skb->gso_segs ? skb->gso_segs : 1;
             cnt->bytes += skb->len;
         }
         return TC_ACT_OK;
     }
     if (decided == DECIDED_MALFORMED) count(KNOD_STAT_MALFORMED);
     if (decided == DECIDED_FRAGMENT) count(KNOD_STAT_FRAGMENT);
+    if (decided == DECIDED_MALFORMED || decided == DECIDED_FRAGMENT) {
+        /* One of the queue's own flows, malformed or fragmented: dropped as the binding's, not
+         * drift (whoever can send on the flow could otherwise end the binding with one packet). */
+        long own = tuple_slot((void *)(long)skb->data, (void *)(long)skb->data_end, &c);
+        if (own >= 0 && own < KNOD_MAX_BINDINGS && *(volatile __u32 *)&cfg->epoch == c.epoch) {
+            __u32 own_id = own;
+            struct knod_slot *os = bpf_map_lookup_elem(&slots, &own_id);
+            if (os && os->state == KNOD_SLOT_ACTIVE && os->queue == q) {
+                struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &own_id);
+                if (cnt) cnt->drops += 1;
+                return TC_ACT_SHOT;
+            }
+        }
+    }
     /* Charged to the binding that holds the queue (reread: the slot may have changed). */
     owner = bpf_map_lookup_elem(&bound_queues, &q);
     if (owner && *owner) {

@@ -7,10 +7,14 @@
 #include <bpf/libbpf.h>
 #include <linux/if_link.h>
 #include <linux/magic.h>
+#include <linux/netlink.h>
+#include <linux/pkt_sched.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -18,6 +22,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -223,6 +228,76 @@ bool FlowFilter::guard_attached(const std::string &ifname) {
     LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex, .attach_point = BPF_TC_INGRESS);
     LIBBPF_OPTS(bpf_tc_opts, opts, .handle = guard_handle, .priority = guard_priority);
     return bpf_tc_query(&hook, &opts) == 0;
+}
+
+Result<std::vector<std::string>> FlowFilter::beside_guard(const std::string &ifname) {
+    int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+    if (ifindex == 0) return make_error(Errc::not_found, "no network interface '" + ifname + "'");
+    std::vector<std::string> out;
+    // tcx programs run before every clsact filter; one that returns anything but next hides the
+    // packet from the guard.
+    // BPF_TCX_INGRESS (Linux 6.6+; Debian 12's headers stop before it): an older kernel refuses
+    // the query, and has no tcx.
+    constexpr int tcx_ingress = 46;
+    __u32 tcx_count = 0;
+    if (bpf_prog_query(ifindex, static_cast<bpf_attach_type>(tcx_ingress), 0, nullptr, nullptr,
+                       &tcx_count) == 0 &&
+        tcx_count > 0)
+        out.push_back(std::to_string(tcx_count) + " tcx ingress program(s)");
+    int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    if (fd < 0) return make_error(Errc::io, "rtnetlink socket: " + err(errno));
+    struct {
+        nlmsghdr n;
+        tcmsg t;
+    } req{};
+    req.n.nlmsg_len = NLMSG_LENGTH(sizeof(tcmsg));
+    req.n.nlmsg_type = RTM_GETTFILTER;
+    req.n.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    req.t.tcm_family = AF_UNSPEC;
+    req.t.tcm_ifindex = ifindex;
+    req.t.tcm_parent = TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS);
+    if (send(fd, &req, req.n.nlmsg_len, 0) < 0) {
+        int e = errno;
+        close(fd);
+        return make_error(Errc::io, "tc filter dump of " + ifname + ": " + err(e));
+    }
+    std::vector<char> buf(32768);
+    for (bool done = false; !done;) {
+        ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+        if (n < 0) {
+            int e = errno;
+            close(fd);
+            return make_error(Errc::io, "tc filter dump of " + ifname + ": " + err(e));
+        }
+        int left = static_cast<int>(n);
+        for (auto *h = reinterpret_cast<nlmsghdr *>(buf.data()); NLMSG_OK(h, left);
+             h = NLMSG_NEXT(h, left)) {
+            if (h->nlmsg_type == NLMSG_DONE) {
+                done = true;
+                break;
+            }
+            if (h->nlmsg_type == NLMSG_ERROR) {
+                auto *e = static_cast<nlmsgerr *>(NLMSG_DATA(h));
+                close(fd);
+                if (e->error == -EINVAL || e->error == -ENOENT) return out; // no clsact
+                return make_error(Errc::io, "tc filter dump of " + ifname + ": " + err(e->error));
+            }
+            if (h->nlmsg_type != RTM_NEWTFILTER || h->nlmsg_len < NLMSG_LENGTH(sizeof(tcmsg)))
+                continue;
+            auto *t = static_cast<tcmsg *>(NLMSG_DATA(h));
+            if (t->tcm_handle == 0) continue; // a priority's head, not a filter
+            __u32 prio = TC_H_MAJ(t->tcm_info) >> 16;
+            if (prio == guard_priority && t->tcm_handle == guard_handle) continue; // ours
+            out.push_back("tc ingress filter pref " + std::to_string(prio) + " handle 0x" +
+                          [](__u32 v) {
+                              char hex[16];
+                              std::snprintf(hex, sizeof hex, "%x", v);
+                              return std::string(hex);
+                          }(t->tcm_handle));
+        }
+    }
+    close(fd);
+    return out;
 }
 
 void FlowFilter::detach() {

@@ -63,6 +63,11 @@ class FlowFilter {
     Result<void> guard_passed_traffic();
     // Whether a devmem guard (ours: its fixed tc handle and priority) is attached to `ifname`.
     static bool guard_attached(const std::string &ifname);
+    // What else sees `ifname`'s ingress packets before or beside the guard and could keep them
+    // from it (a tc filter that ends classification, a tcx program): one line each, empty when
+    // the guard is alone (rtnetlink RTM_GETTFILTER dump of clsact ingress; BPF_TCX_INGRESS
+    // query). An error when the kernel cannot be asked: the guard cannot vouch for its queue.
+    static Result<std::vector<std::string>> beside_guard(const std::string &ifname);
     // Removes pinned filters whose interface is not in `keep`, detaching their programs.
     // Returns the interfaces it cleaned up. Mounts bpffs first if needed.
     static Result<std::vector<std::string>> reconcile(const std::string &pin_root,

@@ -5,6 +5,7 @@
 // traffic on a bound queue (steering drift).
 #include "cli/commands.h"
 #include "knod/result.h"
+#include "knod/untrusted.h"
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
@@ -18,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstring>
 #include <iostream>
 #include <optional>
@@ -98,12 +100,20 @@ int send(const Options &o) {
     auto colon = o.to.rfind(':');
     sockaddr_in dst{};
     dst.sin_family = AF_INET;
-    if (colon == std::string::npos ||
+    std::uint16_t port = 0;
+    if (colon != std::string::npos) {
+        // from_chars: no throw, no sign, the whole rest or nothing.
+        const char *first = o.to.data() + colon + 1, *last = o.to.data() + o.to.size();
+        auto [end, ec] = std::from_chars(first, last, port);
+        if (ec != std::errc() || end != last) port = 0;
+    }
+    if (colon == std::string::npos || port == 0 ||
         inet_pton(AF_INET, o.to.substr(0, colon).c_str(), &dst.sin_addr) != 1) {
-        std::cerr << "knod-policy sim-send: --to must be IPV4:PORT\n";
+        std::cerr << "knod-policy sim-send: --to must be IPV4:PORT (a port 1-65535), not " << o.to
+                  << "\n";
         return exit_usage;
     }
-    dst.sin_port = htons(static_cast<std::uint16_t>(std::stoi(o.to.substr(colon + 1))));
+    dst.sin_port = htons(port);
     pid_t pid = fork();
     if (pid == 0) {
         int ns = open(("/run/netns/" + o.netns).c_str(), O_RDONLY | O_CLOEXEC);

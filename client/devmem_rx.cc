@@ -28,6 +28,12 @@ Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t receive
         if (c->cmsg_level != SOL_SOCKET ||
             (c->cmsg_type != so_devmem_dmabuf && c->cmsg_type != so_devmem_linear))
             continue; // someone else's (timestamps, ...)
+        // CMSG_FIRSTHDR checks only that a header fits, not the length the message claims.
+        auto *control_end = static_cast<const std::uint8_t *>(msg.msg_control) + msg.msg_controllen;
+        if (c->cmsg_len >
+            static_cast<std::size_t>(control_end - reinterpret_cast<const std::uint8_t *>(c)))
+            return make_error(Errc::corrupt, "devmem receive: a control message runs past the "
+                                             "control buffer");
         if (c->cmsg_len < CMSG_LEN(sizeof(DmabufCmsg)))
             return make_error(Errc::corrupt, "devmem receive: a short " +
                                                  std::string(c->cmsg_type == so_devmem_dmabuf

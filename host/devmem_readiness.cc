@@ -211,7 +211,13 @@ Result<XdpAttachment> parse_link_xdp(nlmsghdr *reply) {
     XdpAttachment x;
     if (!tb[IFLA_XDP]) return x; // a kernel without XDP: nothing can be attached
     nlattr *xdp[IFLA_XDP_MAX + 1] = {};
-    if (nla_parse_nested(xdp, IFLA_XDP_MAX, tb[IFLA_XDP], nullptr) < 0)
+    // With a policy, libnl refuses an attribute shorter than its type instead of reading on.
+    nla_policy policy[IFLA_XDP_MAX + 1] = {};
+    policy[IFLA_XDP_ATTACHED].type = NLA_U8;
+    for (int a :
+         {IFLA_XDP_PROG_ID, IFLA_XDP_DRV_PROG_ID, IFLA_XDP_SKB_PROG_ID, IFLA_XDP_HW_PROG_ID})
+        policy[a].type = NLA_U32;
+    if (nla_parse_nested(xdp, IFLA_XDP_MAX, tb[IFLA_XDP], policy) < 0)
         return make_error(Errc::corrupt, "rtnetlink getlink: unparsable IFLA_XDP");
     if (xdp[IFLA_XDP_ATTACHED]) x.mode = nla_get_u8(xdp[IFLA_XDP_ATTACHED]);
     if (xdp[IFLA_XDP_PROG_ID]) x.prog_id = nla_get_u32(xdp[IFLA_XDP_PROG_ID]);

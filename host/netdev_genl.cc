@@ -160,11 +160,19 @@ std::optional<std::uint64_t> get_uint(nlattr *a) {
     return std::nullopt;
 }
 
+// A u32 attribute's value; none for an absent or short one (parsed without a policy, an
+// attribute's length is the sender's word: nla_get_u32 would read past it).
+std::optional<std::uint32_t> get_u32(nlattr *a) {
+    if (!a || nla_len(a) < 4) return std::nullopt;
+    return nla_get_u32(a);
+}
+
 std::optional<QueueStats> qstats_of(nlattr **tb) {
-    if (!tb[a_qstats_queue_id] || !tb[a_qstats_queue_type]) return std::nullopt; // device scope
-    if (nla_get_u32(tb[a_qstats_queue_type]) != queue_type_rx) return std::nullopt;
+    auto id = get_u32(tb[a_qstats_queue_id]), type = get_u32(tb[a_qstats_queue_type]);
+    if (!id || !type) return std::nullopt; // device scope
+    if (*type != queue_type_rx) return std::nullopt;
     QueueStats s;
-    s.queue = nla_get_u32(tb[a_qstats_queue_id]);
+    s.queue = *id;
     s.rx_packets = get_uint(tb[a_qstats_rx_packets]);
     s.rx_bytes = get_uint(tb[a_qstats_rx_bytes]);
     return s;
@@ -266,8 +274,8 @@ Result<NetdevDevice> NetdevGenl::device(int ifindex) {
     x.max_attr = 6;
     x.on_reply = [&](nlattr **tb) {
         got = true;
-        if (tb[a_dev_ifindex]) dev.ifindex = static_cast<int>(nla_get_u32(tb[a_dev_ifindex]));
-        if (tb[a_dev_xdp_features]) dev.xdp_features = nla_get_u64(tb[a_dev_xdp_features]);
+        if (auto i = get_u32(tb[a_dev_ifindex])) dev.ifindex = static_cast<int>(*i);
+        if (auto f = get_uint(tb[a_dev_xdp_features])) dev.xdp_features = *f;
     };
     if (auto r = exchange(sock_, msg->get(), x, "netdev dev-get"); !r) return std::move(r).error();
     if (!got)
@@ -284,15 +292,16 @@ Result<std::vector<NetdevQueue>> NetdevGenl::queues(int ifindex) {
     Exchange x;
     x.max_attr = a_queue_max;
     x.on_reply = [&](nlattr **tb) {
-        if (!tb[a_queue_id] || !tb[a_queue_type]) return;
-        if (tb[a_queue_ifindex] && static_cast<int>(nla_get_u32(tb[a_queue_ifindex])) != ifindex)
+        auto id = get_u32(tb[a_queue_id]), type = get_u32(tb[a_queue_type]);
+        if (!id || !type) return;
+        if (tb[a_queue_ifindex] &&
+            get_u32(tb[a_queue_ifindex]) != static_cast<std::uint32_t>(ifindex))
             return;
         NetdevQueue q;
-        q.id = nla_get_u32(tb[a_queue_id]);
-        q.type = nla_get_u32(tb[a_queue_type]) == queue_type_rx ? NetdevQueue::Type::rx
-                                                                : NetdevQueue::Type::tx;
-        if (tb[a_queue_napi_id]) q.napi_id = nla_get_u32(tb[a_queue_napi_id]);
-        if (tb[a_queue_dmabuf]) q.dmabuf = nla_get_u32(tb[a_queue_dmabuf]);
+        q.id = *id;
+        q.type = *type == queue_type_rx ? NetdevQueue::Type::rx : NetdevQueue::Type::tx;
+        if (auto n = get_u32(tb[a_queue_napi_id])) q.napi_id = *n;
+        if (tb[a_queue_dmabuf]) q.dmabuf = get_u32(tb[a_queue_dmabuf]).value_or(0);
         q.io_uring = tb[a_queue_io_uring] != nullptr;
         q.xsk = tb[a_queue_xsk] != nullptr;
         out.push_back(q);
@@ -311,7 +320,8 @@ Result<std::optional<QueueStats>> NetdevGenl::rx_queue_stats(int ifindex, std::u
     Exchange x;
     x.max_attr = a_qstats_max;
     x.on_reply = [&](nlattr **tb) {
-        if (tb[a_qstats_ifindex] && static_cast<int>(nla_get_u32(tb[a_qstats_ifindex])) != ifindex)
+        if (tb[a_qstats_ifindex] &&
+            get_u32(tb[a_qstats_ifindex]) != static_cast<std::uint32_t>(ifindex))
             return;
         if (auto s = qstats_of(tb); s && s->queue == queue) found = s;
     };

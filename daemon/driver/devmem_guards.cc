@@ -3,12 +3,28 @@
 #include "daemon/driver/ntuple.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
 
 namespace knod::driver {
 
 std::string misrouted_note(std::uint64_t packets, std::uint32_t queue, const std::string &netdev) {
     return std::to_string(packets) + " foreign packet(s) landed on queue " + std::to_string(queue) +
            " of " + netdev + " (the devmem guard dropped them)";
+}
+
+std::optional<std::string> guard_blinded(const std::string &netdev) {
+    auto beside = bpf::FlowFilter::beside_guard(netdev);
+    if (!beside)
+        return "cannot list what else runs on " + netdev + "'s ingress (" + beside.error().message +
+               "), so the devmem guard cannot vouch for it";
+    if (beside->empty()) return std::nullopt;
+    std::string what;
+    for (auto &b : *beside)
+        what += (what.empty() ? "" : ", ") + b;
+    return what + " on " + netdev +
+           "'s ingress can keep packets from the devmem guard, so foreign traffic on its queues "
+           "would go unseen";
 }
 
 Result<void> DevmemGuards::add(const std::string &id, const std::string &netdev,
@@ -25,10 +41,28 @@ Result<void> DevmemGuards::add(const std::string &id, const std::string &netdev,
         (void)bpf::FlowFilter::remove_pinned(pin_root_, netdev);
         auto made = bpf::FlowFilter::attach_guard(netdev, o);
         if (!made) return std::move(made).error().context("devmem guard on " + netdev);
+        // Refused now rather than ended at the first re-check.
+        if (auto blind = guard_blinded(netdev))
+            return make_error(Errc::driver_failure,
+                              "devmem: " + *blind + " (remove them, or use another NIC)");
         g = guards_.emplace(netdev, std::move(*made)).first;
     }
-    std::uint32_t slot = next_slot_++;
-    if (next_slot_ >= KNOD_MAX_BINDINGS) next_slot_ = 1;
+    // A slot no live binding holds: after a wrap, handing out a held one would replace that
+    // binding's flows and queue (its own packets then count as misrouted).
+    std::set<std::uint32_t> held;
+    for (auto &[other, b] : bindings_)
+        held.insert(b.slot);
+    std::optional<std::uint32_t> free;
+    for (std::uint32_t tries = 1; tries < KNOD_MAX_BINDINGS && !free; ++tries) {
+        std::uint32_t candidate = next_slot_++;
+        if (next_slot_ >= KNOD_MAX_BINDINGS) next_slot_ = 1;
+        if (!held.count(candidate)) free = candidate;
+    }
+    if (!free)
+        return make_error(Errc::driver_failure, "devmem guard: all " +
+                                                    std::to_string(KNOD_MAX_BINDINGS - 1) +
+                                                    " binding slots are in use");
+    std::uint32_t slot = *free;
     auto &guard = *g->second;
     // Flows first, then the queue: a packet never meets an active slot without its rules.
     if (auto r = guard.set_flows(slot, flows); !r)
@@ -64,7 +98,7 @@ journal::Counters DevmemGuards::counters(const std::string &id) const {
     auto g = guards_.find(it->second.netdev);
     if (g == guards_.end()) return {};
     bpf::SlotCounters c = g->second->counters(it->second.slot);
-    return {c.bytes, c.packets, c.misrouted};
+    return {c.bytes, c.packets, c.drops + c.misrouted}; // its own malformed ones, foreign ones
 }
 
 void DevmemGuards::add_stats(std::map<std::string, std::uint64_t> &out) const {
@@ -89,7 +123,9 @@ std::map<std::string, std::string> DevmemGuards::drifted(std::int64_t now_us) {
             if (c.misrouted) out[id] = misrouted_note(c.misrouted, b.queue, b.netdev);
         }
         if (!out.count(id) && recheck) {
-            if (auto rss = FlowSteering::check_not_in_rss(b.netdev, b.queue); !rss)
+            if (auto blind = guard_blinded(b.netdev))
+                out[id] = *blind;
+            else if (auto rss = FlowSteering::check_not_in_rss(b.netdev, b.queue); !rss)
                 out[id] = rss.error().message;
             else if (auto rules = FlowSteering::rules_to_queue(b.netdev, b.queue); !rules)
                 out[id] = rules.error().message; // unreadable: fail closed

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ namespace knod::driver {
 
 // What a binding's drift report says when the guard dropped foreign packets on its queue.
 std::string misrouted_note(std::uint64_t packets, std::uint32_t queue, const std::string &netdev);
+// Why `netdev`'s guard cannot vouch for its bound queues (something else on its ingress could
+// keep packets from it, or that cannot be read), or nothing when the guard is alone there.
+std::optional<std::string> guard_blinded(const std::string &netdev);
 
 class DevmemGuards {
   public:

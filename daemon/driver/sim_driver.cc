@@ -198,11 +198,26 @@ journal::Counters SimDriver::counters(const std::string &id) const {
 std::map<std::string, std::string> SimDriver::drifted() {
     std::map<std::string, std::string> out;
     if (!network_) return out;
+    // The guard charges a foreign packet to one binding of its queue (the queue's owner in its
+    // index), but it landed on every binding sharing that queue: each of them drifted.
+    std::map<std::uint32_t, std::uint64_t> on_queue;
+    for (auto &[id, s] : slots_)
+        on_queue[s.queue] += network_->filter().counters(s.slot).misrouted;
+    // Asked only while a binding is active: one rtnetlink dump per tick.
+    std::optional<std::string> blind;
+    bool any_active = std::any_of(slots_.begin(), slots_.end(), [](auto &e) {
+        return e.second.active && !e.second.drift_reported;
+    });
+    if (any_active) blind = guard_blinded(config_.netdev);
     for (auto &[id, s] : slots_) {
         if (!s.active || s.drift_reported) continue;
-        std::uint64_t misrouted = network_->filter().counters(s.slot).misrouted;
-        if (misrouted == 0) continue;
-        out[id] = misrouted_note(misrouted, s.queue, config_.netdev);
+        std::uint64_t misrouted = on_queue[s.queue];
+        if (misrouted)
+            out[id] = misrouted_note(misrouted, s.queue, config_.netdev);
+        else if (blind)
+            out[id] = *blind;
+        else
+            continue;
         s.drift_reported = true;
     }
     return out;

@@ -635,5 +635,11 @@ py 'import json,sys; c={x["id"]:x["status"] for x in json.load(open(sys.argv[1])
 "$cli" doctor >"$work/out" 2>&1; rc=$?
 [ "$rc" -le 1 ] && grep -q "^Netdevs:" "$work/out" && grep -q "kernel.pci_p2pdma\|kernel.config" "$work/out" && ok "doctor runs on this machine" || { not_ok "doctor live (exit $rc)"; cat "$work/out"; }
 
+# sim-send: a bad --to port is a usage error (exit 2) before anything is sent, not an abort or a
+# port wrapped into another one.
+for to in 10.99.0.2:abc 10.99.0.2:99999999999 10.99.0.2:70000 10.99.0.2: 10.99.0.2:0; do
+    expect_rc 2 "sim-send --to $to is bad usage" -- "$cli" sim-send --netns knod-no-such-ns --to "$to"
+    grep -q -- "--to must be IPV4:PORT" "$work/out" || not_ok "sim-send --to $to: $(cat "$work/out")"
+done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

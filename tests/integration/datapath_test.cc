@@ -235,3 +235,76 @@ TEST_F(DatapathTest, ForeignTrafficOnABoundQueueRevokesForSteeringDrift) {
     ASSERT_TRUE(report.ok());
     EXPECT_NE(report->find("\"misrouted\":1"), std::string::npos) << *report;
 }
+
+// Bindings share a sim queue when there are more bindings than offload queues. Foreign traffic on
+// that queue lands on every one of them, so it must end every one of them, not only the binding
+// activated last (the guard's queue index names one owner). Here the first holder, an
+// unprivileged process, shares queue 1 with a fourth binding; a stray steering rule puts foreign
+// packets on queue 1; both end as steering-drift.
+TEST_F(DatapathTest, ForeignTrafficOnASharedQueueRevokesEveryBindingOnIt) {
+    auto c = sandbox_->client();
+    auto held = std::async(std::launch::async, [&] {
+        return sandbox_->run_client(
+            {"hold-until-end", netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5400"},
+            65534);
+    });
+    ASSERT_TRUE(eventually([&] {
+        auto l = c.list();
+        return l.ok() && l->size() == 1 && l->front().state == "active";
+    })) << "the holder's binding is not active";
+    std::string first = c.list()->front().id;
+    // Three more: queues 2, 3, then 1 again (the least loaded queue, lowest first).
+    std::vector<int> fds;
+    std::string last;
+    for (int port : {5401, 5402, 5403}) {
+        int fd = make_region(4096);
+        fds.push_back(fd);
+        auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                                   {"udp 10.99.0.1:* -> 10.99.0.2:" + std::to_string(port)});
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        ASSERT_TRUE(c.activate(g->id, g->key).ok());
+        last = g->id;
+    }
+    send(5999, "stray", 1, 1);
+    ASSERT_TRUE(eventually(
+        [&] {
+            return sandbox_->sql("SELECT end_reason FROM sessions WHERE id='" + last + "'") ==
+                   "steering-drift";
+        },
+        4000))
+        << "the binding activated last on queue 1 was not revoked";
+    EXPECT_TRUE(eventually(
+        [&] {
+            return sandbox_->sql("SELECT end_reason FROM sessions WHERE id='" + first + "'") ==
+                   "steering-drift";
+        },
+        4000))
+        << "the first binding on queue 1 saw the same foreign packet and still runs";
+    Output holder = held.get();
+    EXPECT_NE(holder.out.find("ended revoked steering-drift"), std::string::npos) << holder.out;
+    for (int fd : fds)
+        close(fd);
+}
+
+// The guard is one tc ingress filter among any others on the NIC (a firewall's, a CNI's). One
+// ahead of it that ends classification (here a classic BPF filter that matches everything and
+// passes it) means the guard never sees a packet: foreign traffic on a bound queue must still
+// end the binding (fail closed), not go unseen.
+TEST_F(DatapathTest, AFilterAheadOfTheGuardDoesNotHideSteeringDrift) {
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5400"});
+    close(fd);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    ASSERT_EQ(std::system(("tc filter add dev " + netdev_ +
+                           " ingress prio 1 bpf bytecode '1,6 0 0 4294967295,'")
+                              .c_str()),
+              0);
+    for (int q = 1; q < 4; ++q)
+        send(5999, "stray", 1, q);
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 12000))
+        << "foreign traffic landed on the binding's queue, unseen by the guard";
+    (void)std::system(("tc filter del dev " + netdev_ + " ingress prio 1 >/dev/null 2>&1").c_str());
+}

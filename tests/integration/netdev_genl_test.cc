@@ -718,3 +718,80 @@ TEST(DevmemGuards, CountBindingsAndReportForeignPacketsOnTheirQueueAsDrift) {
     std::error_code ec;
     std::filesystem::remove_all(pins, ec);
 }
+
+// Guard slots are reused only when free: after a NIC's guard has handed out every slot once
+// (bindings made and released over a daemon's life, any user's), a new binding must not be given
+// a slot a live binding still holds. Given it, the new binding's flows replace the live one's, so
+// the live binding's own packets count as misrouted and it is ended as steering-drift (a denial
+// of service by whoever churns bindings), and the two share counters.
+TEST(DevmemGuards, ASlotStillHeldIsNeverHandedOutAgain) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    TestNamespace ns;
+    ASSERT_TRUE(ns.ok());
+    std::string pins = "/sys/fs/bpf/knod-guards-wrap-" + std::to_string(getpid());
+    {
+        DevmemGuards guards(pins);
+        auto victim = std::vector<policy::FlowSpec>{
+            *policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
+        auto churn = std::vector<policy::FlowSpec>{
+            *policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:6000")};
+        ASSERT_TRUE(guards.add("victim", "knodq0", 3, victim, {}));
+        // Every other slot once: bindings come and go on queue 2.
+        for (std::uint32_t i = 2; i < KNOD_MAX_BINDINGS; ++i) {
+            auto r = guards.add("churn", "knodq0", 2, churn, {});
+            ASSERT_TRUE(r) << "add " << i << ": " << r.error().message;
+            guards.remove("churn");
+        }
+        ASSERT_TRUE(guards.add("next", "knodq0", 2, churn, {}));
+        const bpf::FlowFilter *guard = guards.guard("knodq0");
+        ASSERT_NE(guard, nullptr);
+        test::PacketSpec p;
+        p.src = "10.1.1.1";
+        p.dst = "10.0.0.2";
+        p.dport = 5000;
+        p.protocol = 6;
+        auto packet = test::build_packet(p);
+        __sk_buff ctx{};
+        ctx.cb[0] = 3;
+        LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = packet.data(),
+                    .data_size_in = static_cast<__u32>(packet.size()), .ctx_in = &ctx,
+                    .ctx_size_in = sizeof ctx, .repeat = 1);
+        ASSERT_EQ(bpf_prog_test_run_opts(guard->guard_test_program_fd(), &opts), 0);
+        EXPECT_EQ(static_cast<int>(opts.retval), TC_ACT_OK) << "the victim's own packet dropped";
+        EXPECT_EQ(guards.counters("victim").rx_packets, 1u);
+        EXPECT_EQ(guards.counters("next").rx_packets, 0u) << "the two bindings share counters";
+        EXPECT_TRUE(guards.drifted(0).empty()) << "a binding ended for another one's slot";
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(pins, ec);
+}
+
+// Another tc ingress filter on the NIC could end classification before the guard sees a packet:
+// the guard refuses to vouch for such a NIC, at activation (and at each re-check if one appears
+// later), naming the filter.
+TEST(DevmemGuards, AnotherIngressFilterIsRefusedAndEndsGuardedBindings) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    TestNamespace ns;
+    ASSERT_TRUE(ns.ok());
+    std::string pins = "/sys/fs/bpf/knod-guards-beside-" + std::to_string(getpid());
+    auto flows = std::vector<policy::FlowSpec>{
+        *policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
+    {
+        DevmemGuards guards(pins);
+        ASSERT_TRUE(guards.add("b1", "knodq0", 3, flows, {}));
+        EXPECT_TRUE(guards.drifted(DevmemGuards::recheck_us).empty()) << "the guard alone";
+        ASSERT_EQ(sh("tc filter add dev knodq0 ingress prio 1 bpf bytecode '1,6 0 0 4294967295,'"),
+                  0);
+        auto drift = guards.drifted(2 * DevmemGuards::recheck_us);
+        ASSERT_EQ(drift.size(), 1u);
+        EXPECT_NE(drift["b1"].find("tc ingress filter pref 1"), std::string::npos) << drift["b1"];
+        guards.remove("b1");
+        auto refused = guards.add("b2", "knodq0", 3, flows, {});
+        ASSERT_FALSE(refused) << "guarded a NIC with another ingress filter";
+        EXPECT_NE(refused.error().message.find("tc ingress filter pref 1"), std::string::npos)
+            << refused.error().message;
+        EXPECT_FALSE(bpf::FlowFilter::guard_attached("knodq0")) << "the refused guard stayed";
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(pins, ec);
+}

@@ -1,7 +1,8 @@
 // The devmem guard (tc ingress, issue 18) in the kernel, driven with BPF_PROG_TEST_RUN: crafted
 // packets on a given RX queue in (the test entry reads it from cb[0]), verdict and per-binding
-// counters out. A binding's own packet on its queue is counted; anything else on a bound queue is
-// dropped and counted as misrouted for the queue's binding; unbound queues are untouched.
+// counters out. A binding's own packet on its queue is counted; its own flow's malformed packets
+// and first fragments there are dropped for it; anything else on a bound queue is dropped and
+// counted as misrouted for the queue's binding; unbound queues are untouched.
 // Needs root (CAP_BPF); skipped otherwise.
 #include "bpf/flow_filter.h"
 #include "tests/unit/packet_builder.h"
@@ -26,7 +27,9 @@ using knod::test::with;
 
 namespace {
 
-enum class Want { counted, misrouted, untouched };
+// dropped: one of the queue binding's own flows, malformed or a first fragment (what a NIC's
+// ntuple rule matches by is intact): dropped and counted for it, not as drift.
+enum class Want { counted, misrouted, dropped, untouched };
 
 struct Case {
     const char *name;
@@ -86,9 +89,12 @@ class DevmemGuardTest : public ::testing::Test {
             EXPECT_EQ(now.misrouted - before[s].misrouted,
                       mine && c.want == Want::misrouted ? 1u : 0u)
                 << "slot " << s;
+            EXPECT_EQ(now.drops - before[s].drops, mine && c.want == Want::dropped ? 1u : 0u)
+                << "slot " << s;
         }
         EXPECT_EQ(filter_->stats().misrouted - st, c.want == Want::misrouted ? 1u : 0u);
-        EXPECT_EQ(verdict, c.want == Want::misrouted ? TC_ACT_SHOT : TC_ACT_OK);
+        bool shot = c.want == Want::misrouted || c.want == Want::dropped;
+        EXPECT_EQ(verdict, shot ? TC_ACT_SHOT : TC_ACT_OK);
     }
 
     std::unique_ptr<FlowFilter> filter_;
@@ -129,14 +135,23 @@ TEST_F(DevmemGuardTest, CraftedPacketsOnEachQueue) {
         {"exact flow, other source port, on its queue", 7,
          v4("10.0.0.5", 1235, "10.1.2.3", 6000, tcp), Want::misrouted, 4},
         {"IPv4 first fragment of its flow", 3, with(mine, [](auto &p) { p.ipv4_frag = 0x2000; }),
+         Want::dropped, 1},
+        {"IPv4 first fragment of another flow", 3,
+         with(v4("10.0.1.1", 999, "10.1.2.3", 5001, tcp), [](auto &p) { p.ipv4_frag = 0x2000; }),
          Want::misrouted, 1},
         {"IPv4 later fragment of its flow", 3, with(mine, [](auto &p) { p.ipv4_frag = 0x0010; }),
          Want::misrouted, 1},
         {"IPv6 fragment of its flow", 5, with(mine6, [](auto &p) { p.ipv6_ext = {44}; }),
          Want::misrouted, 2},
         // (A test run refuses an skb whose IPv4 header is cut short: EINVAL.)
-        {"truncated TCP header", 3, with(mine, [](auto &p) { p.truncate = 14 + 20 + 10; }),
+        {"truncated TCP header of its flow", 3,
+         with(mine, [](auto &p) { p.truncate = 14 + 20 + 10; }), Want::dropped, 1},
+        {"truncated TCP header of another flow", 3,
+         with(v4("10.1.0.1", 999, "10.1.2.3", 5000, tcp),
+              [](auto &p) { p.truncate = 14 + 20 + 10; }),
          Want::misrouted, 1},
+        {"its flow's first fragment on another binding's queue", 5,
+         with(mine, [](auto &p) { p.ipv4_frag = 0x2000; }), Want::misrouted, 2},
         {"IPv4 ihl below 5", 3, with(mine, [](auto &p) { p.ipv4_ihl = 4; }), Want::misrouted, 1},
         {"ARP on a bound queue", 3, with(mine, [](auto &p) { p.ethertype = 0x0806; }),
          Want::misrouted, 1},
@@ -173,4 +188,45 @@ TEST_F(DevmemGuardTest, AQueueIsBoundOnlyWhileItsBindingIsActive) {
     install(5, SlotState::active, 3, {"tcp 10.0.0.0/16:* -> 10.1.2.3:5000"});
     check({"new owner", 3, foreign, Want::misrouted, 5});
     check({"new owner's flow", 3, v4("10.0.1.1", 999, "10.1.2.3", 5000, tcp), Want::counted, 5});
+}
+
+// A NIC's ntuple rule matches a TCP flow by its addresses and ports only, so any packet that
+// carries a binding's 4-tuple lands on its queue, whatever else is in it. A sender who knows (or
+// spoofs) the tuple, with no sequence number and no connection, can make one with a bad TCP
+// data offset: the guard must drop it (the stack would too), but it is the binding's own flow,
+// not steering drift, and must not end the binding (one packet from off path would revoke any
+// devmem binding).
+TEST_F(DevmemGuardTest, AMalformedPacketOfItsOwnFlowIsDroppedWithoutDrift) {
+    auto packet = build_packet(v4("10.0.0.5", 1234, "10.1.2.3", 6000, tcp));
+    packet[14 + 20 + 12] = 0x40; // TCP data offset 4 (below the minimum 5)
+    std::uint64_t misrouted = filter_->counters(4).misrouted;
+    EXPECT_EQ(run(7, packet), TC_ACT_SHOT) << "a malformed packet reached the holder's socket";
+    EXPECT_EQ(filter_->counters(4).misrouted, misrouted)
+        << "the binding's own (malformed) packet counted as foreign: the daemon would end it as "
+           "steering-drift";
+    // The same over IPv6 (a NIC's TCP_V6_FLOW rule matches by the tuple alone too).
+    auto packet6 = build_packet(v6("fd00::5", 999, "fd00::1", 443));
+    packet6[14 + 40 + 12] = 0x40;
+    misrouted = filter_->counters(2).misrouted;
+    EXPECT_EQ(run(5, packet6), TC_ACT_SHOT);
+    EXPECT_EQ(filter_->counters(2).misrouted, misrouted) << "IPv6: counted as foreign";
+}
+
+// A devmem NIC's packets reach tc ingress after GRO (header split keeps TCP GRO on): one skb
+// there may carry several of the flow's packets. RxPackets counts the packets the NIC received
+// (the segments GRO merged), not the skbs.
+TEST_F(DevmemGuardTest, AGroAggregateCountsAsItsSegments) {
+    auto packet = build_packet(v4("10.0.0.5", 1234, "10.1.2.3", 6000, tcp));
+    __sk_buff ctx{};
+    ctx.cb[0] = 7;
+    ctx.gso_segs = 3;
+    ctx.gso_size = 1000;
+    LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = packet.data(),
+                .data_size_in = static_cast<__u32>(packet.size()), .ctx_in = &ctx,
+                .ctx_size_in = sizeof ctx, .repeat = 1);
+    SlotCounters before = filter_->counters(4);
+    ASSERT_EQ(bpf_prog_test_run_opts(filter_->guard_test_program_fd(), &opts), 0);
+    EXPECT_EQ(static_cast<int>(opts.retval), TC_ACT_OK);
+    EXPECT_EQ(filter_->counters(4).packets - before.packets, 3u)
+        << "a GRO aggregate of 3 segments counted as one packet";
 }

@@ -295,3 +295,42 @@ TEST(DevmemQstats, LiveLoopbackHasNoQueueStatsAndThatIsNotAnError) {
     ASSERT_TRUE(s) << s.error().message;
     EXPECT_FALSE(s->has_value());
 }
+
+// A reply whose IFLA_XDP attributes are shorter than their type (a u8 or u32 with no payload) is
+// refused, not read past the attribute into whatever follows (here: the next attribute's header
+// would be taken for a program id, or a mode).
+TEST(DevmemReadiness, ShortXdpAttributesAreRefused) {
+    for (int attr : {IFLA_XDP_ATTACHED, IFLA_XDP_PROG_ID, IFLA_XDP_DRV_PROG_ID}) {
+        SCOPED_TRACE(attr);
+        MsgPtr m(nlmsg_alloc_simple(RTM_NEWLINK, 0), nlmsg_free);
+        ifinfomsg ifi{};
+        ifi.ifi_index = 2;
+        nlmsg_append(m.get(), &ifi, sizeof ifi, NLMSG_ALIGNTO);
+        nlattr *x = nla_nest_start(m.get(), IFLA_XDP);
+        nla_put(m.get(), attr, 0, nullptr); // the attribute's header only
+        nla_put_u32(m.get(), IFLA_XDP_FLAGS, 0x01020304);
+        nla_nest_end(m.get(), x);
+        nla_put_string(m.get(), IFLA_IFNAME, "eth2");
+        auto r = parse_link_xdp(nlmsg_hdr(m.get()));
+        ASSERT_FALSE(r) << "parsed mode " << int(r->mode) << ", program id " << r->prog_id;
+        EXPECT_EQ(r.error().code, Errc::corrupt);
+    }
+}
+
+// A qstats reply whose queue id or type has no payload is no queue's stats: the parser must not
+// take the next attribute's header for the id.
+TEST(DevmemQstats, ShortQueueAttributesAreNoQueue) {
+    for (int attr : {2 /* queue type */, 3 /* queue id */}) {
+        SCOPED_TRACE(attr);
+        std::unique_ptr<nl_msg, decltype(&nlmsg_free)> m(nlmsg_alloc(), nlmsg_free);
+        genlmsg_put(m.get(), 0, 0, 30, 0, 0, 12, 1);
+        nla_put_u32(m.get(), 1, 2);
+        if (attr == 2) nla_put(m.get(), 2, 0, nullptr);
+        nla_put_u32(m.get(), 3, 3); // queue id (for attr 3: a short one follows, taken last)
+        if (attr == 3) nla_put(m.get(), 3, 0, nullptr);
+        if (attr == 3) nla_put_u32(m.get(), 2, 0);
+        nla_put_u32(m.get(), 8, 41);
+        auto s = driver::parse_qstats_reply(nlmsg_hdr(m.get()));
+        EXPECT_FALSE(s) << "stats for queue " << s->queue;
+    }
+}

@@ -184,3 +184,15 @@ TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
     auto closed = DevmemReceiver(1 << 20).wait_for_data(0); // no such fd
     EXPECT_FALSE(closed) << "a closed fd is an error, not a timeout";
 }
+
+// A message whose length reaches past the control buffer's end (msg_controllen) is refused, not
+// read beyond the buffer: CMSG_FIRSTHDR checks only that a header fits, not the length it claims.
+TEST(DevmemRx, AMessageLongerThanTheControlBufferIsRefused) {
+    Control c;
+    c.frag(so_devmem_dmabuf, 0, 100, 1);
+    auto m = c.msg();
+    m.msg_controllen = sizeof(cmsghdr) + 8; // the header and 8 of the message's 24 bytes
+    auto r = parse_devmem_cmsgs(m, 100);
+    ASSERT_FALSE(r) << "parsed " << r->fragments.size() << " fragment(s) from past the buffer";
+    EXPECT_EQ(r.error().code, Errc::corrupt);
+}
