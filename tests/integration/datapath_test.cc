@@ -211,7 +211,7 @@ TEST_F(DatapathTest, ForeignTrafficOnABoundQueueRevokesForSteeringDrift) {
     send(5999, "foreign", 3);
     send(5999, "foreign", 3, 0);
     send(5400, std::string(3000, 'F'), 1); // its own flow in fragments: the stack's, not drift
-    usleep(1500000); // more than one of the daemon's 1 s ticks
+    usleep(1500000);                       // more than one of the daemon's 1 s ticks
     ASSERT_EQ(c.list()->size(), 1u) << "revoked although nothing landed on its queue";
     EXPECT_EQ(c.counters(id)->dropped_packets, 0u);
 
