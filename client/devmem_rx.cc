@@ -128,21 +128,33 @@ Result<void> DevmemReceiver::release(const std::vector<DevmemFragment> &fragment
     tokens.reserve(fragments.size());
     for (auto &f : fragments)
         tokens.push_back(f.token);
+    // Every batch is tried even after one fails: a buffer never given back is one the NIC can
+    // never fill again, so one bad token must not keep the others from the kernel.
+    std::size_t wanted = 0, freed_total = 0;
+    std::string first_error;
     for (auto &batch : devmem_token_batches(tokens)) {
         std::size_t want = 0;
         for (auto &r : batch)
             want += r.token_count;
+        wanted += want;
         int freed = setsockopt(fd_, SOL_SOCKET, so_devmem_dontneed, batch.data(),
                                static_cast<socklen_t>(batch.size() * sizeof(DmabufToken)));
-        if (freed < 0)
-            return make_error(Errc::io, std::string("devmem release (SO_DEVMEM_DONTNEED): ") +
-                                            std::strerror(errno));
-        // The kernel returns how many it freed; fewer: tokens it did not know.
-        if (static_cast<std::size_t>(freed) != want)
-            return make_error(Errc::invalid_argument,
-                              "devmem release: the kernel freed " + std::to_string(freed) + " of " +
-                                  std::to_string(want) + " buffers (unknown tokens)");
+        if (freed < 0) {
+            if (first_error.empty())
+                first_error = std::string("SO_DEVMEM_DONTNEED: ") + std::strerror(errno);
+            continue;
+        }
+        freed_total += static_cast<std::size_t>(freed);
     }
+    if (!first_error.empty())
+        return make_error(Errc::io, "devmem release: " + first_error + " (the kernel freed " +
+                                        std::to_string(freed_total) + " of " +
+                                        std::to_string(wanted) + " buffers)");
+    // The kernel returns how many it freed; fewer: tokens it did not know.
+    if (freed_total != wanted)
+        return make_error(Errc::invalid_argument,
+                          "devmem release: the kernel freed " + std::to_string(freed_total) +
+                              " of " + std::to_string(wanted) + " buffers (unknown tokens)");
     return {};
 }
 

@@ -172,6 +172,14 @@ TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
     EXPECT_TRUE(freed.error().message.find("freed 0 of 1") != std::string::npos ||
                 freed.error().message.find("Protocol not available") != std::string::npos)
         << freed.error().message;
+    // Three batches (128 ranges each at most): a failing one does not keep the others back.
+    std::vector<DevmemFragment> many;
+    for (std::uint32_t t = 0; t < 300; ++t)
+        many.push_back(DevmemFragment{0, 100, 2 * t + 1, 0}); // no two consecutive: 300 ranges
+    auto all = rx.release(many);
+    ASSERT_FALSE(all);
+    EXPECT_NE(all.error().message.find(" of 300 buffers"), std::string::npos)
+        << "every batch was tried: " << all.error().message;
     EXPECT_TRUE(rx.release({})) << "nothing to release";
     close(client);
     ready = rx.wait_for_data(5000);
