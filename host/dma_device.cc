@@ -16,7 +16,12 @@ namespace {
 int on_link(nl_msg *msg, void *arg) {
     auto *out = static_cast<NetdevParent *>(arg);
     nlattr *tb[IFLA_MAX + 1] = {};
-    if (nlmsg_parse(nlmsg_hdr(msg), sizeof(ifinfomsg), tb, IFLA_MAX, nullptr) < 0) return NL_OK;
+    // NLA_STRING makes libnl refuse a name without its NUL: nothing is read past an attribute,
+    // and a reply that fails the policy leaves the parent unknown (not PCI: refused).
+    nla_policy policy[IFLA_MAX + 1] = {};
+    for (int a : {IFLA_IFNAME, IFLA_PARENT_DEV_NAME, IFLA_PARENT_DEV_BUS_NAME})
+        policy[a].type = NLA_STRING;
+    if (nlmsg_parse(nlmsg_hdr(msg), sizeof(ifinfomsg), tb, IFLA_MAX, policy) < 0) return NL_OK;
     if (tb[IFLA_IFNAME]) out->netdev = nla_get_string(tb[IFLA_IFNAME]);
     if (tb[IFLA_PARENT_DEV_NAME]) out->device = nla_get_string(tb[IFLA_PARENT_DEV_NAME]);
     if (tb[IFLA_PARENT_DEV_BUS_NAME]) out->bus = nla_get_string(tb[IFLA_PARENT_DEV_BUS_NAME]);
