@@ -23,9 +23,12 @@ namespace {
 
 constexpr std::size_t max_pending_records = 100000;
 
-std::string new_binding_id() {
+// Random, so one caller cannot guess another's id; without randomness nothing is granted (an id
+// of zeros would collide at the second request).
+Result<std::string> new_binding_id() {
     std::array<std::uint8_t, 8> bytes{};
-    RAND_bytes(bytes.data(), static_cast<int>(bytes.size()));
+    if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1)
+        return make_error(Errc::unavailable, "OpenSSL RAND_bytes failed: no binding id");
     return "b" + to_hex(bytes); // a valid D-Bus object path element
 }
 
@@ -669,8 +672,10 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                            " earlier record(s) are still waiting for the disk; retry in a second"));
     }
 
+    auto fresh_id = new_binding_id();
+    if (!fresh_id) return fresh_id.error();
     Binding b;
-    b.id = new_binding_id();
+    b.id = std::move(*fresh_id);
     b.netdev = req.netdev;
     b.gpu = gpu->name;
     b.gpu_names = gpu->names;

@@ -305,18 +305,28 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
         if (!caller) return fail(err, caller.error());
         // The reply goes once the grant is durable; meanwhile the loop serves other callers.
         std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
-        s->manager_->request(*caller, a, [call](Result<daemon::Granted> granted) {
+        s->manager_->request(*caller, a, [s, call](Result<daemon::Granted> granted) {
             if (!granted) return reply_error(call.get(), granted.error());
             sd_bus_message *reply_raw = nullptr;
-            if (sd_bus_message_new_method_return(call.get(), &reply_raw) < 0) return;
+            int built = sd_bus_message_new_method_return(call.get(), &reply_raw);
             MessagePtr reply(reply_raw);
             std::string path = binding_path(granted->id);
-            if (sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str()) <
-                    0 ||
-                sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
-                                            granted->key.size()) < 0)
+            if (built >= 0)
+                built =
+                    sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str());
+            if (built >= 0)
+                built = sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
+                                                    granted->key.size());
+            if (built >= 0) {
+                sd_bus_send(nullptr, reply.get(), nullptr);
                 return;
-            sd_bus_send(nullptr, reply.get(), nullptr);
+            }
+            // The key cannot reach the caller: the binding it could never activate ends now,
+            // and the caller hears why at once instead of waiting out its timeout.
+            s->manager_->release(granted->id, {}, true, [](Result<void>) {});
+            reply_error(call.get(), make_error(Errc::io, std::string("the reply could not be "
+                                                                     "built: ") +
+                                                             std::strerror(-built)));
         });
         return 1; // replied, or will be
     });
@@ -357,6 +367,9 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         for (auto check : {limits::check_length("id", id, limits::binding_id),
                            limits::check_length("reason", why, limits::reason)})
             if (!check) return fail(err, check.error());
+        // Bad input is refused before anyone (polkit) is asked about the caller.
+        if (why[0] == '\0')
+            return fail(err, make_error(Errc::invalid_argument, "reason: say why you revoke"));
         if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
@@ -373,8 +386,6 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
                                                "not-authorized", denied.message, id);
                     return done(denied);
                 }
-                if (why.empty())
-                    return done(make_error(Errc::invalid_argument, "reason: say why you revoke"));
                 s->manager_->revoke(id, why, peer, done);
             });
         return 1; // replied, or will be
