@@ -176,12 +176,12 @@ void BindingManager::start() {
         no.reason = adopted.error().message;
         record(std::move(no));
     }
-    (void)journal_->close_open_sessions(reason::daemon_restart, kept);
+    (void)journal_->close_open_sessions(to_string(EndReason::daemon_restart), kept);
     // A restart may bring a new policy: what it no longer grants ends as on a reload.
     for (auto &id : kept)
         if (auto it = bindings_.find(id);
             it != bindings_.end() && !decide_again(it->second).granted())
-            end_binding(id, reason::policy_reload);
+            end_binding(id, EndReason::policy_reload);
 }
 
 void BindingManager::store_handles(Binding &b) {
@@ -752,7 +752,8 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
         Abandoned a = std::move(gone->second);
         abandoned_.erase(gone);
         if (written) close_session(a.binding, a.why, {}, {});
-        return done(make_error(Errc::denied, "the caller went away (" + a.why +
+        return done(make_error(Errc::denied, std::string("the caller went away (") +
+                                                 to_string(a.why) +
                                                  ") before its grant was durable"));
     }
     auto it = inflight_.find(id);
@@ -769,7 +770,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
         keys_.revoke(b.key_id);
     }
     if (exited) {
-        close_session(b, reason::process_exit, {}, {});
+        close_session(b, EndReason::process_exit, {}, {});
         return done(make_error(Errc::denied, "the calling process exited before its grant was "
                                              "durable; nothing is granted"));
     }
@@ -877,22 +878,21 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     return until;
 }
 
-void BindingManager::close_session(const Binding &b, const std::string &why,
-                                   const journal::Counters &c, Done durable,
-                                   const std::string &seen) {
+void BindingManager::close_session(const Binding &b, EndReason why, const journal::Counters &c,
+                                   Done durable, const std::string &seen) {
     journal::Event e = event_for(journal::kind::ended, b.owner);
-    e.reason = why;
+    e.reason = to_string(why);
     nlohmann::json detail{{"rx_bytes", c.rx_bytes},
                           {"rx_packets", c.rx_packets},
                           {"dropped_packets", c.dropped_packets}};
     // What the driver saw (steering drift): the daemon's own words, bounded like a reason.
     if (!seen.empty()) detail["seen"] = seen.substr(0, limits::reason);
     e.detail = knod::dump_json(detail);
-    if (why == reason::policy_reload) name_policy(e); // the policy that ended it
+    if (why == EndReason::policy_reload) name_policy(e); // the policy that ended it
     forward(e, b.netdev, b.gpu);
     if (pending_.empty() && !stopping_ && journal_ready()) {
-        PendingEnd end{b.id, why, c, e};
-        journal_->close_session_async(b.id, why, c, std::move(e),
+        PendingEnd end{b.id, to_string(why), c, e};
+        journal_->close_session_async(b.id, end.reason, c, std::move(e),
                                       [this, end, durable](Result<std::int64_t> r) {
                                           post_([this, end, durable, ok = r.ok()] {
                                               if (!ok) keep(end);
@@ -900,12 +900,12 @@ void BindingManager::close_session(const Binding &b, const std::string &why,
                                           });
                                       });
     } else {
-        keep(PendingEnd{b.id, why, c, std::move(e)});
+        keep(PendingEnd{b.id, to_string(why), c, std::move(e)});
         if (durable) durable({});
     }
 }
 
-void BindingManager::end_binding(const std::string &id, const std::string &why, Done durable,
+void BindingManager::end_binding(const std::string &id, EndReason why, Done durable,
                                  const std::string &note) {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;
@@ -914,7 +914,7 @@ void BindingManager::end_binding(const std::string &id, const std::string &why, 
     driver_.detach(id);
     keys_.revoke(it->second.key_id);
     close_session(it->second, why, c, std::move(durable),
-                  why == reason::steering_drift ? note : std::string());
+                  why == EndReason::steering_drift ? note : std::string());
     count_usage(it->second, -1);
     claims_.release(id);
     if (store_)
@@ -933,7 +933,7 @@ void BindingManager::release(const std::string &id, const Peer &by, bool privile
         return done(make_error(Errc::denied, "binding " + id + " belongs to uid " +
                                                  std::to_string(it->second.owner.uid) +
                                                  "; only its owner or an admin may release it"));
-    end_binding(id, reason::release, std::move(done));
+    end_binding(id, EndReason::release, std::move(done));
 }
 
 void BindingManager::revoke(const std::string &id, const std::string &why, const Peer &by,
@@ -944,7 +944,7 @@ void BindingManager::revoke(const std::string &id, const std::string &why, const
     e.session_id = id;
     e.reason = escape_untrusted(why.substr(0, limits::reason), Escape::message);
     record(std::move(e));
-    end_binding(id, reason::revoke, std::move(done), why);
+    end_binding(id, EndReason::revoke, std::move(done), why);
 }
 
 void BindingManager::refuse_action(const char *kind, const Peer &by, const std::string &decision,
@@ -981,16 +981,16 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
         knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}});
     record_load(std::move(e));
     for (auto &id : doomed)
-        end_binding(id, reason::policy_reload);
+        end_binding(id, EndReason::policy_reload);
     events_.policy_reloaded(policy_.rules.size(), doomed.size());
     return doomed.size();
 }
 
-void BindingManager::holder_gone(const std::string &id, const std::string &why) {
+void BindingManager::holder_gone(const std::string &id, EndReason why) {
     end_binding(id, why);
 }
 
-void BindingManager::abandon_grant(const std::string &id, const std::string &why) {
+void BindingManager::abandon_grant(const std::string &id, EndReason why) {
     auto it = inflight_.find(id);
     if (it == inflight_.end()) return;
     driver_.detach(id);
@@ -1006,15 +1006,15 @@ void BindingManager::connection_gone(const std::string &bus_name) {
     for (auto &[id, b] : inflight_)
         if (b.owner.bus_name == bus_name) gone.push_back(id);
     for (auto &id : gone)
-        abandon_grant(id, reason::disconnect);
+        abandon_grant(id, EndReason::disconnect);
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         if (b.owner.bus_name == bus_name) ids.push_back(id);
     for (auto &id : ids)
-        end_binding(id, reason::disconnect);
+        end_binding(id, EndReason::disconnect);
 }
 
-void BindingManager::netdev_gone(const std::string &netdev, const std::string &why) {
+void BindingManager::netdev_gone(const std::string &netdev, EndReason why) {
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         if (b.netdev == netdev) ids.push_back(id);
@@ -1027,9 +1027,9 @@ void BindingManager::tick(std::int64_t now_us) {
     for (auto &[id, b] : bindings_)
         if (b.expires_us <= now_us) expired.push_back(id);
     for (auto &id : expired)
-        end_binding(id, reason::expire);
+        end_binding(id, EndReason::expire);
     for (auto &[id, seen] : driver_.drifted())
-        if (bindings_.count(id)) end_binding(id, reason::steering_drift, {}, seen);
+        if (bindings_.count(id)) end_binding(id, EndReason::steering_drift, {}, seen);
     keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
     if (now_us - last_retention_us_ >= 3600ll * 1000000) (void)apply_retention();
     record_coalesced(now_us, false);
@@ -1042,7 +1042,7 @@ void BindingManager::shutdown() {
     for (auto &[id, b] : bindings_)
         ids.push_back(id);
     for (auto &id : ids)
-        end_binding(id, reason::daemon_stop);
+        end_binding(id, EndReason::daemon_stop);
     record_coalesced(journal::now_us(), true);
     journal::Event e;
     e.kind = journal::kind::daemon_stop;
@@ -1079,7 +1079,7 @@ std::size_t BindingManager::hand_off() {
         rows.clear();
     }
     for (auto &id : ending)
-        end_binding(id, reason::daemon_stop);
+        end_binding(id, EndReason::daemon_stop);
     record_coalesced(journal::now_us(), true);
     journal::Event e;
     e.kind = journal::kind::daemon_stop;

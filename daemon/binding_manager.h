@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/driver/driver.h"
+#include "daemon/end_reason.h"
 #include "daemon/flow_claims.h"
 #include "daemon/handle_store.h"
 #include "daemon/keys/key_authority.h"
@@ -31,21 +32,6 @@ namespace knod::daemon {
 enum class BindingState { granted, active };
 const char *to_string(BindingState s);
 
-// End reasons, as journaled and signalled.
-namespace reason {
-inline constexpr const char *release = "release";
-inline constexpr const char *revoke = "revoke";
-inline constexpr const char *expire = "expire";
-inline constexpr const char *process_exit = "process-exit";
-inline constexpr const char *disconnect = "disconnect";
-inline constexpr const char *policy_reload = "policy-reload";
-inline constexpr const char *daemon_stop = "daemon-stop";
-inline constexpr const char *daemon_restart = "daemon-restart";
-// The devmem guard saw foreign packets on the binding's queue, or RSS / an ntuple rule now
-// reaches it: the NIC would put other traffic in the holder's memory.
-inline constexpr const char *steering_drift = "steering-drift";
-} // namespace reason
-
 struct Binding {
     std::string id;
     std::string netdev;
@@ -70,9 +56,8 @@ class BindingEvents {
   public:
     virtual ~BindingEvents() = default;
     virtual void binding_created(const Binding &b) = 0;
-    // `why` is the journaled end reason; `note` what the ender said (an admin's revoke reason).
-    virtual void binding_ended(const Binding &b, const std::string &why,
-                               const std::string &note) = 0;
+    // `note` is what the ender said (an admin's revoke reason) or saw (steering drift).
+    virtual void binding_ended(const Binding &b, EndReason why, const std::string &note) = 0;
     virtual void policy_reloaded(std::size_t rules, std::size_t revoked) = 0;
     // A binding the previous daemon handed over (a restart): its holder already knows it, so
     // nothing is announced; the holder's exit is watched again.
@@ -174,11 +159,11 @@ class BindingManager {
     void refuse_action(const char *kind, const Peer &by, const std::string &decision,
                        const std::string &why, const std::optional<std::string> &binding = {});
     // The holder's process exited or its bus connection went away.
-    void holder_gone(const std::string &id, const std::string &why);
+    void holder_gone(const std::string &id, EndReason why);
     // Ends every binding of a bus connection (it disconnected).
     void connection_gone(const std::string &bus_name);
-    // Ends every binding on a network device that went down or away (`why`: link-down, ...).
-    void netdev_gone(const std::string &netdev, const std::string &why);
+    // Ends every binding on a network device that went down or away.
+    void netdev_gone(const std::string &netdev, EndReason why);
     // Periodic work: expiry, steering drift (Driver::drifted), and retrying journal records
     // that could not be written.
     void tick(std::int64_t now_us);
@@ -222,14 +207,14 @@ class BindingManager {
     // Puts "policy": the digest in force into the event's detail: every decision names the
     // policy that made it.
     void name_policy(journal::Event &e) const;
-    void end_binding(const std::string &id, const std::string &why, Done durable = {},
+    void end_binding(const std::string &id, EndReason why, Done durable = {},
                      const std::string &note = {});
     // Journals a session's end (now, or kept for when the journal is back).
-    void close_session(const Binding &b, const std::string &why, const journal::Counters &c,
-                       Done durable, const std::string &seen = {});
+    void close_session(const Binding &b, EndReason why, const journal::Counters &c, Done durable,
+                       const std::string &seen = {});
     // A grant in flight whose caller left: everything it held goes now; finish_grant closes
     // its session instead of handing out the key.
-    void abandon_grant(const std::string &id, const std::string &why);
+    void abandon_grant(const std::string &id, EndReason why);
     Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
     void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                       const GrantDone &done);
@@ -272,7 +257,7 @@ class BindingManager {
     std::map<std::string, Binding> inflight_; // granted, waiting for the journal to commit
     struct Abandoned {
         Binding binding;
-        std::string why;
+        EndReason why;
     };
     std::map<std::string, Abandoned> abandoned_; // in flight, caller gone: nothing to hand out
     std::map<uid_t, policy::Usage> usage_;       // live and in-flight bindings per uid, for quotas

@@ -419,27 +419,31 @@ int main(int argc, char **argv) {
         knod::daemon::BindingManager *manager;
         std::string ifname;
     };
-    auto links = knod::host::LinkMonitor::open([&manager, &event](const std::string &ifname,
-                                                                  const std::string &why) {
-        if (!manager.driver().netdevs_are_links()) return;
-        if (why != "link-down") return manager.netdev_gone(ifname, why);
-        auto *check = new DownCheck{&manager, ifname};
-        auto later = [](sd_event_source *src, uint64_t, void *ud) -> int {
-            std::unique_ptr<DownCheck> c(static_cast<DownCheck *>(ud));
-            c->manager->netdev_gone(
-                c->ifname, if_nametoindex(c->ifname.c_str()) == 0 ? "link-removed" : "link-down");
-            sd_event_source_unref(src);
-            return 0;
-        };
-        uint64_t now = 0;
-        sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
-        sd_event_source *src = nullptr; // unreferenced by `later` when it has run
-        if (sd_event_add_time(event.get(), &src, CLOCK_MONOTONIC, now + 200'000, 10'000, later,
-                              check) < 0) {
-            delete check;
-            manager.netdev_gone(ifname, why);
-        }
-    });
+    auto links = knod::host::LinkMonitor::open(
+        [&manager, &event](const std::string &ifname, const std::string &why) {
+            if (!manager.driver().netdevs_are_links()) return;
+            auto reason = why == "link-removed" ? knod::daemon::EndReason::link_removed
+                                                : knod::daemon::EndReason::link_down;
+            if (reason != knod::daemon::EndReason::link_down)
+                return manager.netdev_gone(ifname, reason);
+            auto *check = new DownCheck{&manager, ifname};
+            auto later = [](sd_event_source *src, uint64_t, void *ud) -> int {
+                std::unique_ptr<DownCheck> c(static_cast<DownCheck *>(ud));
+                c->manager->netdev_gone(c->ifname, if_nametoindex(c->ifname.c_str()) == 0
+                                                       ? knod::daemon::EndReason::link_removed
+                                                       : knod::daemon::EndReason::link_down);
+                sd_event_source_unref(src);
+                return 0;
+            };
+            uint64_t now = 0;
+            sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
+            sd_event_source *src = nullptr; // unreferenced by `later` when it has run
+            if (sd_event_add_time(event.get(), &src, CLOCK_MONOTONIC, now + 200'000, 10'000, later,
+                                  check) < 0) {
+                delete check;
+                manager.netdev_gone(ifname, reason);
+            }
+        });
     if (!links) {
         std::cerr << "knod-policyd: " << links.error().message << "\n";
         return 1;

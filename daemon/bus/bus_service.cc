@@ -644,7 +644,7 @@ int BusService::holder_exited(sd_event_source *src, int, uint32_t, void *self) {
             // Ending a binding edits the watch (and erases it with the last one): work on a copy.
             std::set<std::string> ids = watch.bindings;
             for (auto &id : ids)
-                s->manager_->holder_gone(id, daemon::reason::process_exit);
+                s->manager_->holder_gone(id, daemon::EndReason::process_exit);
             break;
         }
         return 0;
@@ -770,7 +770,7 @@ void BusService::binding_created(const daemon::Binding &b) {
                  [&](sd_bus_message *m) { return append_interfaces_added(m, b); });
 }
 
-void BusService::binding_ended(const daemon::Binding &b, const std::string &why,
+void BusService::binding_ended(const daemon::Binding &b, daemon::EndReason why,
                                const std::string &note) {
     auto holder = holders_.find(std::make_pair(b.owner.pid, b.owner.start_time));
     if (holder != holders_.end()) {
@@ -778,12 +778,11 @@ void BusService::binding_ended(const daemon::Binding &b, const std::string &why,
         if (holder->second.bindings.empty()) holders_.erase(holder);
     }
     std::string path = binding_path(b.id);
-    bool revoked = why == daemon::reason::revoke || why == daemon::reason::policy_reload ||
-                   why == daemon::reason::expire || why == daemon::reason::steering_drift ||
-                   why.rfind("link-", 0) == 0;
+    bool revoked = daemon::is_revocation(why);
     // The holder learns why: the journaled reason, then what the admin said ("revoke: ...") or
     // what the driver saw ("steering-drift: ...").
-    std::string reason = note.empty() ? why : why + ": " + note;
+    std::string reason = daemon::to_string(why);
+    if (!note.empty()) reason += ": " + note;
     signal_about(
         b, {manager_path, manager_interface, revoked ? "BindingRevoked" : "BindingReleased"},
         [&](sd_bus_message *m) {

@@ -28,7 +28,7 @@ class BusService : public daemon::BindingEvents {
     Result<std::size_t> reload(const daemon::Peer &by, const std::string &via);
 
     void binding_created(const daemon::Binding &b) override;
-    void binding_ended(const daemon::Binding &b, const std::string &why,
+    void binding_ended(const daemon::Binding &b, daemon::EndReason why,
                        const std::string &note) override;
     void policy_reloaded(std::size_t rules, std::size_t revoked) override;
     void binding_adopted(const daemon::Binding &b) override;

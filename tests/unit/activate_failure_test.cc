@@ -54,8 +54,7 @@ class NoDmaDevice : public FailingActivation {
 
 struct NoEvents : daemon::BindingEvents {
     void binding_created(const daemon::Binding &) override {}
-    void binding_ended(const daemon::Binding &, const std::string &, const std::string &) override {
-    }
+    void binding_ended(const daemon::Binding &, daemon::EndReason, const std::string &) override {}
     void policy_reloaded(std::size_t, std::size_t) override {}
 };
 
