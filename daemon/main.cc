@@ -383,7 +383,7 @@ int main(int argc, char **argv) {
     }
     knod::driver::Driver &driver = **opened;
     auto paths = o.policy;
-    knod::bus::BusService service(bus->get(), event.get(), [paths] { return load_policy(paths); });
+    knod::bus::BusService service(bus->get());
     knod::daemon::ManagerConfig config;
     config.journal_path = o.state_dir + "/journal.db";
     config.requests_per_second = o.rate;
@@ -412,6 +412,8 @@ int main(int argc, char **argv) {
         config, driver, std::move(*keys), std::move(*policy), service,
         [&driver_loop](std::function<void()> fn) { driver_loop.post(std::move(fn)); });
     manager.set_sinks(&sinks);
+    manager.set_event_loop(&driver_loop);
+    manager.set_policy_loader([paths] { return load_policy(paths); });
     // A link that goes down or away takes its bindings with it. A deleted link is reported down
     // before it is gone: "down" is judged again 200 ms later (a down link delivers nothing
     // meanwhile), so a removal is recorded as link-removed.
@@ -487,7 +489,7 @@ int main(int argc, char **argv) {
                 knod::daemon::Peer by;
                 by.uid = si->ssi_uid;
                 by.pid = static_cast<pid_t>(si->ssi_pid);
-                auto r = l->service->reload(by, "SIGHUP");
+                auto r = l->manager->reload(by, "SIGHUP");
                 log(r ? "policy reloaded; " + std::to_string(*r) + " binding(s) revoked"
                       : "policy reload refused, keeping the old policy:\n" + r.error().message);
                 return 0;

@@ -9,7 +9,6 @@
 #include "knod/untrusted.h"
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
-#include <sys/epoll.h>
 
 #include <cstring>
 #include <iostream>
@@ -145,8 +144,7 @@ std::string binding_path(const std::string &id) {
     return std::string(bindings_prefix) + "/" + id;
 }
 
-BusService::BusService(sd_bus *bus, sd_event *event, PolicyLoader loader)
-    : bus_(bus), event_(event), loader_(std::move(loader)), authorizer_(bus) {}
+BusService::BusService(sd_bus *bus) : bus_(bus), authorizer_(bus) {}
 
 BusService::~BusService() = default;
 
@@ -392,16 +390,6 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
     });
 }
 
-Result<std::size_t> BusService::reload(const daemon::Peer &by, const std::string &via) {
-    auto next = loader_();
-    if (!next) {
-        manager_->refuse_action(journal::kind::reload_refused, by, "invalid-policy",
-                                via + ": " + next.error().message);
-        return next.error();
-    }
-    return manager_->reload(std::move(*next), by, via);
-}
-
 int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("ReloadPolicy", err, [&]() -> int {
         auto *s = service(self);
@@ -422,7 +410,7 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
                                            denied.message);
                 return reply_error(call.get(), denied);
             }
-            auto revoked = s->reload(by, "uid " + std::to_string(by.uid));
+            auto revoked = s->manager_->reload(by, "uid " + std::to_string(by.uid));
             if (!revoked) return reply_error(call.get(), revoked.error());
             sd_bus_reply_method_return(
                 call.get(), "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
@@ -636,21 +624,6 @@ int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *
     });
 }
 
-int BusService::holder_exited(sd_event_source *src, int, uint32_t, void *self) {
-    return guarded("holder exit", nullptr, [&]() -> int {
-        auto *s = service(self);
-        for (auto &[holder, watch] : s->holders_) {
-            if (watch.source.get() != src) continue;
-            // Ending a binding edits the watch (and erases it with the last one): work on a copy.
-            std::set<std::string> ids = watch.bindings;
-            for (auto &id : ids)
-                s->manager_->holder_gone(id, daemon::EndReason::process_exit);
-            break;
-        }
-        return 0;
-    });
-}
-
 int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("Subscribe", err, [&]() -> int {
         auto *s = service(self);
@@ -726,21 +699,6 @@ int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding
     return r;
 }
 
-void BusService::watch_holder(const daemon::Binding &b) {
-    auto holder = std::make_pair(b.owner.pid, b.owner.start_time);
-    auto it = holders_.find(holder);
-    if (it == holders_.end() && b.owner.pidfd) {
-        sd_event_source *src = nullptr;
-        if (sd_event_add_io(event_, &src, b.owner.pidfd->get(), EPOLLIN, holder_exited, this) >= 0)
-            it = holders_.emplace(holder, HolderWatch{SourcePtr(src), b.owner.pidfd, {}}).first;
-    }
-    if (it != holders_.end()) it->second.bindings.insert(b.id);
-}
-
-void BusService::binding_adopted(const daemon::Binding &b) {
-    watch_holder(b);
-}
-
 void BusService::check_connections() {
     std::set<std::string> names;
     for (auto *b : manager_->bindings())
@@ -761,7 +719,6 @@ void BusService::check_connections() {
 
 void BusService::binding_created(const daemon::Binding &b) {
     std::string path = binding_path(b.id);
-    watch_holder(b);
     signal_about(b, {manager_path, manager_interface, "BindingCreated"}, [&](sd_bus_message *m) {
         return sd_bus_message_append(m, "os", path.c_str(), b.id.c_str());
     });
@@ -772,11 +729,6 @@ void BusService::binding_created(const daemon::Binding &b) {
 
 void BusService::binding_ended(const daemon::Binding &b, daemon::EndReason why,
                                const std::string &note) {
-    auto holder = holders_.find(std::make_pair(b.owner.pid, b.owner.start_time));
-    if (holder != holders_.end()) {
-        holder->second.bindings.erase(b.id);
-        if (holder->second.bindings.empty()) holders_.erase(holder);
-    }
     std::string path = binding_path(b.id);
     bool revoked = daemon::is_revocation(why);
     // The holder learns why: the journaled reason, then what the admin said ("revoke: ...") or

@@ -13,25 +13,18 @@
 
 namespace knod::bus {
 
-// Loads the policy afresh for a reload; an invalid policy comes back as an error.
-using PolicyLoader = std::function<Result<policy::Policy>()>;
-
 class BusService : public daemon::BindingEvents {
   public:
-    BusService(sd_bus *bus, sd_event *event, PolicyLoader loader);
+    explicit BusService(sd_bus *bus);
     ~BusService() override;
 
     // Registers the objects and takes the well-known name.
     Result<void> start(daemon::BindingManager &manager);
-    // Reload on SIGHUP: same path as the method, attributed to the signal's sender (`by`);
-    // `via` says how it was asked. A policy that does not load is journaled as refused.
-    Result<std::size_t> reload(const daemon::Peer &by, const std::string &via);
 
     void binding_created(const daemon::Binding &b) override;
     void binding_ended(const daemon::Binding &b, daemon::EndReason why,
                        const std::string &note) override;
     void policy_reloaded(std::size_t rules, std::size_t revoked) override;
-    void binding_adopted(const daemon::Binding &b) override;
     // After a restart took bindings back: a holder whose bus connection closed meanwhile (the
     // bus's NameOwnerChanged went to nobody) loses its bindings as on a disconnect.
     void check_connections();
@@ -57,10 +50,8 @@ class BusService : public daemon::BindingEvents {
     static int enumerate_bindings(sd_bus *bus, const char *prefix, void *self, char ***nodes,
                                   sd_bus_error *err);
     static int name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *err);
-    static int holder_exited(sd_event_source *s, int fd, uint32_t revents, void *self);
 
   private:
-    void watch_holder(const daemon::Binding &b);
     Result<Credentials> credentials(sd_bus_message *m) const;
     Result<daemon::Peer> peer(sd_bus_message *m) const;
     // The per-uid rate limit for methods the core does not see (RequestBinding and Activate
@@ -82,19 +73,9 @@ class BusService : public daemon::BindingEvents {
     void emit_state_changed(const daemon::Binding &b);
 
     sd_bus *bus_;
-    sd_event *event_;
-    PolicyLoader loader_;
     Authorizer authorizer_;
     daemon::BindingManager *manager_ = nullptr;
     std::vector<SlotPtr> slots_;
-    // One pidfd watch per holder process (pid and start time), however many bindings it holds:
-    // a process with 10,000 bindings costs one fd here, not 10,000.
-    struct HolderWatch {
-        SourcePtr source;
-        std::shared_ptr<UniqueFd> pidfd;
-        std::set<std::string> bindings;
-    };
-    std::map<std::pair<pid_t, std::uint64_t>, HolderWatch> holders_;
     // What the bus vouched for, per connection: a unique name is never reused and its uid and
     // pid never change, so one GetConnectionCredentials round trip per connection is enough.
     // Dropped when the connection goes.
