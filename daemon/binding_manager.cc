@@ -480,10 +480,10 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         return journal_error(make_error(Errc::journal_unavailable, "the journal cannot be opened"));
     if (audit_.pending()) {
         audit_.flush_pending_async();
-        return journal_error(make_error(
-            Errc::journal_unavailable,
-            std::to_string(audit_.pending()) +
-                " earlier audit_.record(s) are still waiting for the disk; retry in a second"));
+        return journal_error(
+            make_error(Errc::journal_unavailable,
+                       std::to_string(audit_.pending()) +
+                           " earlier record(s) are still waiting for the disk; retry in a second"));
     }
 
     auto fresh_id = new_binding_id();
