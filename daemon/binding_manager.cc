@@ -351,9 +351,25 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
     if (!started) done(started.error());
 }
 
+// parse -> decide -> prepare -> commit: each step refuses (journaled where the policy or the
+// host refused) before the next one takes anything.
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
     if (auto r = throttle(caller.uid, caller.pid, "RequestBinding"); !r) return r.error();
+    auto parsed = parse_request(caller, args);
+    if (!parsed) return parsed.error();
+    auto decided = decide_request(caller, args, *parsed);
+    if (!decided) return decided.error();
+    auto prepared = prepare_grant(caller, args, *parsed, *decided);
+    if (!prepared) return prepared.error();
+    commit_grant(args, *decided, std::move(*prepared), done);
+    return {};
+}
+
+// The caller's arguments, checked and read: sizes, mode, flows, the netdev and GPU the driver
+// knows by those names, and what the region fd really is.
+Result<BindingManager::ParsedRequest> BindingManager::parse_request(const Peer &caller,
+                                                                    const RequestArgs &args) {
 
     // Sizes first: nothing below copies, parses or quotes more than these.
     for (auto check : {limits::check_length("netdev", args.netdev, limits::netdev),
@@ -369,7 +385,8 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
             !c)
             return c.error();
 
-    policy::Request req;
+    ParsedRequest parsed;
+    policy::Request &req = parsed.request;
     req.caller = caller.caller();
     auto mode = policy::parse_mode(args.mode);
     if (!mode) return make_error(Errc::invalid_argument, "mode: must be rx-only, tx or rx-tx");
@@ -413,10 +430,25 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                                                       ", not a " + driver::to_string(region->kind));
     if (auto w = driver::check_window(*region, args.offset, args.length); !w) return w.error();
     req.region_bytes = args.length;
+    parsed.netdev = std::move(*netdev);
+    parsed.gpu = std::move(*gpu);
+    parsed.region = *region;
+    return parsed;
+}
 
-    policy::Decision d = policy::decide(policy_, req, usage_of(caller.uid));
-    journal::Event decision =
-        event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
+// Policy, isolation on this host, exclusive flows, a journal that takes writes: the grant's
+// event (granted) or the refusal, journaled.
+Result<BindingManager::Decided> BindingManager::decide_request(const Peer &caller,
+                                                               const RequestArgs &args,
+                                                               const ParsedRequest &parsed) {
+    const policy::Request &req = parsed.request;
+    const driver::GpuInfo *gpu = &parsed.gpu;
+    const driver::NetdevInfo *netdev = &parsed.netdev;
+    Decided decided;
+    policy::Decision &d = decided.decision;
+    d = policy::decide(policy_, req, usage_of(caller.uid));
+    journal::Event &decision = decided.event;
+    decision = event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
     decision.rule = d.rule.empty() ? std::nullopt : std::optional(d.rule);
     decision.decision = d.would_deny ? "would-deny" : policy::to_string(d.verdict);
     decision.reason = d.reason;
@@ -485,7 +517,20 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                        std::to_string(audit_.pending()) +
                            " earlier record(s) are still waiting for the disk; retry in a second"));
     }
+    return decided;
+}
 
+// What the grant holds, taken in order and given back if a later part fails: an id, the
+// daemon's own reference to the region, the key, the driver's queues.
+Result<BindingManager::Prepared> BindingManager::prepare_grant(const Peer &caller,
+                                                               const RequestArgs &args,
+                                                               const ParsedRequest &parsed,
+                                                               Decided &decided) {
+    const policy::Request &req = parsed.request;
+    const driver::GpuInfo *gpu = &parsed.gpu;
+    const driver::RegionInfo *region = &parsed.region;
+    const policy::Decision &d = decided.decision;
+    journal::Event &decision = decided.event;
     auto fresh_id = new_binding_id();
     if (!fresh_id) return fresh_id.error();
     Binding b;
@@ -527,7 +572,15 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         return make_error(Errc::driver_failure, queues.error().message);
     }
     b.queues = *queues;
+    return Prepared{std::move(b), key->key};
+}
 
+// The session row and the grant event in one commit; the key goes to the caller only once
+// they are durable (finish_grant). Meanwhile the binding counts against quotas and flows.
+void BindingManager::commit_grant(const RequestArgs &args, const Decided &decided,
+                                  Prepared prepared, GrantDone &done) {
+    Binding &b = prepared.binding;
+    const Peer &caller = b.owner;
     journal::Session s;
     s.id = b.id;
     s.uid = caller.uid;
@@ -543,18 +596,18 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     s.key_id = b.key_id;
     s.rule = b.rule;
     s.started_us = b.created_us;
-    Granted g{b.id, b.key_id, key->key, b.rule};
+    Granted g{b.id, b.key_id, prepared.key, b.rule};
     std::string id = b.id;
     count_usage(b, +1); // in flight counts: concurrent requests cannot slip past a quota
     claims_.claim(b.netdev, id, b.owner.uid, b.flows);
     inflight_.emplace(id, std::move(b));
     audit_.open_session(
-        s, decision, [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
+        s, decided.event,
+        [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
             post_([this, id, g, done, r = std::move(r)]() mutable {
                 finish_grant(id, g, std::move(r), done);
             });
         });
-    return {};
 }
 
 void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,

@@ -209,7 +209,29 @@ class BindingManager {
     // A grant in flight whose caller left: everything it held goes now; finish_grant closes
     // its session instead of handing out the key.
     void abandon_grant(const std::string &id, EndReason why);
+    // RequestBinding's steps (start_grant runs them in order; each may refuse).
+    struct ParsedRequest {
+        policy::Request request;
+        driver::NetdevInfo netdev;
+        driver::GpuInfo gpu;
+        driver::RegionInfo region;
+    };
+    struct Decided {
+        policy::Decision decision;
+        journal::Event event; // the grant event, or the refusal's
+    };
+    struct Prepared {
+        Binding binding;
+        keys::KeyBytes key;
+    };
     Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
+    Result<ParsedRequest> parse_request(const Peer &caller, const RequestArgs &args);
+    Result<Decided> decide_request(const Peer &caller, const RequestArgs &args,
+                                   const ParsedRequest &parsed);
+    Result<Prepared> prepare_grant(const Peer &caller, const RequestArgs &args,
+                                   const ParsedRequest &parsed, Decided &decided);
+    void commit_grant(const RequestArgs &args, const Decided &decided, Prepared prepared,
+                      GrantDone &done);
     void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                       const GrantDone &done);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
