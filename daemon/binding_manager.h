@@ -184,6 +184,9 @@ class BindingManager {
     std::vector<const Binding *> bindings() const;
     const policy::Policy &policy() const { return policy_; }
     ManagerStatus status() const;
+    std::size_t binding_count() const { return bindings_.size(); }
+    // The journal's and the sinks' state, for the figures status() sums up.
+    const AuditTrail &audit() const { return audit_; }
     journal::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
     const host::HostPaths &host_paths() const { return config_.host; }

@@ -18,7 +18,7 @@ namespace knod::bus {
 namespace limits = daemon::limits;
 namespace {
 
-constexpr const char *version = KNOD_VERSION;
+constexpr const char *daemon_version = KNOD_VERSION;
 
 // What a caller reads: valid UTF-8 without control characters (sd-bus refuses to send anything
 // else, and the caller might print it), and short, whatever the error quoted.
@@ -50,20 +50,144 @@ daemon::Done reply_when_done(sd_bus_message *m) {
     };
 }
 
+// The properties' getters, one per property.
+namespace get {
+using daemon::Binding;
+using daemon::BindingManager;
+
+int version(sd_bus_message *m, const BindingManager &) {
+    return sd_bus_message_append(m, "s", daemon_version);
+}
+int driver(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "s", mgr.driver().name().c_str());
+}
+int binding_count(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "u", static_cast<std::uint32_t>(mgr.binding_count()));
+}
+int rules(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "u", static_cast<std::uint32_t>(mgr.policy().rules.size()));
+}
+int permissive(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "b", mgr.policy().settings.permissive);
+}
+int journal_available(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "b", mgr.audit().open() && mgr.audit().pending() == 0);
+}
+int pending_journal_records(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", static_cast<std::uint64_t>(mgr.audit().pending()));
+}
+int sink_dropped_records(sd_bus_message *m, const BindingManager &mgr) {
+    const sinks::SinkQueue *q = mgr.audit().sinks();
+    return sd_bus_message_append(m, "t", q ? q->dropped() : std::uint64_t{0});
+}
+int sink_failed_records(sd_bus_message *m, const BindingManager &mgr) {
+    std::uint64_t failed = 0;
+    if (const sinks::SinkQueue *q = mgr.audit().sinks())
+        for (auto &k : q->stats())
+            failed += k.failed;
+    return sd_bus_message_append(m, "t", failed);
+}
+
+int id(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.id.c_str());
+}
+int netdev(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.netdev.c_str());
+}
+int gpu(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.gpu.c_str());
+}
+int mode(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", policy::to_string(b.mode));
+}
+int owner_uid(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "u", b.owner.uid);
+}
+int owner_pid(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "u", static_cast<std::uint32_t>(b.owner.pid));
+}
+int region_size(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "t", b.region_id.length);
+}
+int flows(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    int r = sd_bus_message_open_container(m, 'a', "s");
+    for (auto &f : b.flows)
+        if (r >= 0) r = sd_bus_message_append(m, "s", f.to_string().c_str());
+    return r < 0 ? r : sd_bus_message_close_container(m);
+}
+int queues(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append_array(m, 'u', b.queues.data(),
+                                       b.queues.size() * sizeof(std::uint32_t));
+}
+int key_id(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.key_id.c_str());
+}
+int rule(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.rule.c_str());
+}
+int created(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "t", static_cast<std::uint64_t>(b.created_us));
+}
+int expires(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "t", static_cast<std::uint64_t>(b.expires_us));
+}
+int state(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", daemon::to_string(b.state));
+}
+int rx_bytes(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.counters(b.id).rx_bytes);
+}
+int rx_packets(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.counters(b.id).rx_packets);
+}
+int dropped_packets(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.counters(b.id).dropped_packets);
+}
+
+} // namespace get
+
+} // namespace
+
+template <BusService::ManagerGet get>
+int BusService::manager_property(sd_bus *, const char *, const char *, const char *,
+                                 sd_bus_message *reply, void *self, sd_bus_error *err) {
+    return guarded("manager property", err,
+                   [&]() -> int { return get(reply, *service(self)->manager_); });
+}
+
+template <BusService::BindingGet get>
+int BusService::binding_property(sd_bus *, const char *path, const char *, const char *,
+                                 sd_bus_message *reply, void *self, sd_bus_error *err) {
+    return guarded("binding property", err, [&]() -> int {
+        auto *s = service(self);
+        const daemon::Binding *b = s->emitting_ ? s->emitting_ : s->binding_at(path);
+        if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
+        return get(reply, *b, *s->manager_);
+    });
+}
+
+namespace {
+
 // Every method below is callable by any local user at the sd-bus level
 // (SD_BUS_VTABLE_UNPRIVILEGED); each says how it checks its caller. Members without the flag
 // would be root-only, and that is the default for anything added later.
 const sd_bus_vtable manager_vtable[] = {
     SD_BUS_VTABLE_START(0),
-    SD_BUS_PROPERTY("Version", "s", BusService::manager_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Driver", "s", BusService::manager_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("BindingCount", "u", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("Rules", "u", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("Permissive", "b", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("PendingJournalRecords", "t", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("SinkDroppedRecords", "t", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("SinkFailedRecords", "t", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("Version", "s", BusService::manager_property<get::version>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Driver", "s", BusService::manager_property<get::driver>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("BindingCount", "u", BusService::manager_property<get::binding_count>, 0, 0),
+    SD_BUS_PROPERTY("Rules", "u", BusService::manager_property<get::rules>, 0, 0),
+    SD_BUS_PROPERTY("Permissive", "b", BusService::manager_property<get::permissive>, 0, 0),
+    SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property<get::journal_available>,
+                    0, 0),
+    SD_BUS_PROPERTY("PendingJournalRecords", "t",
+                    BusService::manager_property<get::pending_journal_records>, 0, 0),
+    SD_BUS_PROPERTY("SinkDroppedRecords", "t",
+                    BusService::manager_property<get::sink_dropped_records>, 0, 0),
+    SD_BUS_PROPERTY("SinkFailedRecords", "t",
+                    BusService::manager_property<get::sink_failed_records>, 0, 0),
     // Anyone: the policy decides, as the caller's own uid.
     SD_BUS_METHOD_WITH_NAMES("RequestBinding", "ssshttas",
                              SD_BUS_PARAM(netdev) SD_BUS_PARAM(gpu) SD_BUS_PARAM(mode)
@@ -97,26 +221,38 @@ const sd_bus_vtable manager_vtable[] = {
 
 const sd_bus_vtable binding_vtable[] = {
     SD_BUS_VTABLE_START(0),
-    SD_BUS_PROPERTY("Id", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Netdev", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Gpu", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Mode", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("OwnerUid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property, 0,
+    SD_BUS_PROPERTY("Id", "s", BusService::binding_property<get::id>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Flows", "as", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Queues", "au", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("KeyId", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Rule", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Created", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Netdev", "s", BusService::binding_property<get::netdev>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Gpu", "s", BusService::binding_property<get::gpu>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Mode", "s", BusService::binding_property<get::mode>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("OwnerUid", "u", BusService::binding_property<get::owner_uid>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property<get::owner_pid>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property<get::region_size>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Flows", "as", BusService::binding_property<get::flows>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Queues", "au", BusService::binding_property<get::queues>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("KeyId", "s", BusService::binding_property<get::key_id>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Rule", "s", BusService::binding_property<get::rule>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Created", "t", BusService::binding_property<get::created>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
     // Moves when the holder renews.
-    SD_BUS_PROPERTY("Expires", "t", BusService::binding_property, 0, 0),
-    SD_BUS_PROPERTY("State", "s", BusService::binding_property, 0,
+    SD_BUS_PROPERTY("Expires", "t", BusService::binding_property<get::expires>, 0, 0),
+    SD_BUS_PROPERTY("State", "s", BusService::binding_property<get::state>, 0,
                     SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-    SD_BUS_PROPERTY("RxBytes", "t", BusService::binding_property, 0, 0),
-    SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property, 0, 0),
-    SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property, 0, 0),
+    SD_BUS_PROPERTY("RxBytes", "t", BusService::binding_property<get::rx_bytes>, 0, 0),
+    SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property<get::rx_packets>, 0, 0),
+    SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property<get::dropped_packets>, 0,
+                    0),
     // Anyone who can see the object; the key is checked against the caller's own process.
     // The holder only (the key is checked against the caller's own process): extends the key.
     SD_BUS_METHOD_WITH_NAMES("Renew", "ay", SD_BUS_PARAM(key), "t", SD_BUS_PARAM(expires_us),
@@ -531,81 +667,6 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
     });
 }
 
-int BusService::manager_property(sd_bus *, const char *, const char *, const char *property,
-                                 sd_bus_message *reply, void *self, sd_bus_error *) {
-    return guarded("manager property", nullptr, [&]() -> int {
-        auto *s = service(self);
-        std::string p = property;
-        auto st = s->manager_->status();
-        if (p == "Version") return sd_bus_message_append(reply, "s", version);
-        if (p == "Driver")
-            return sd_bus_message_append(reply, "s", s->manager_->driver().name().c_str());
-        if (p == "BindingCount")
-            return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(st.bindings));
-        if (p == "Rules")
-            return sd_bus_message_append(
-                reply, "u", static_cast<std::uint32_t>(s->manager_->policy().rules.size()));
-        if (p == "Permissive")
-            return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
-        if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
-        if (p == "SinkDroppedRecords") return sd_bus_message_append(reply, "t", st.sink_dropped);
-        if (p == "SinkFailedRecords") {
-            std::uint64_t failed = 0;
-            for (auto &k : st.sink_stats)
-                failed += k.failed;
-            return sd_bus_message_append(reply, "t", failed);
-        }
-        if (p == "PendingJournalRecords")
-            return sd_bus_message_append(reply, "t",
-                                         static_cast<std::uint64_t>(st.pending_records));
-        return -ENOENT;
-    });
-}
-
-int BusService::binding_property(sd_bus *, const char *path, const char *, const char *property,
-                                 sd_bus_message *reply, void *self, sd_bus_error *err) {
-    return guarded("binding property", err, [&]() -> int {
-        auto *s = service(self);
-        const daemon::Binding *b = s->binding_at(path);
-        if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
-        return s->append_property(reply, *b, property);
-    });
-}
-
-int BusService::append_property(sd_bus_message *reply, const daemon::Binding &binding,
-                                const std::string &p) const {
-    const daemon::Binding *b = &binding;
-    if (p == "Id") return sd_bus_message_append(reply, "s", b->id.c_str());
-    if (p == "Netdev") return sd_bus_message_append(reply, "s", b->netdev.c_str());
-    if (p == "Gpu") return sd_bus_message_append(reply, "s", b->gpu.c_str());
-    if (p == "Mode") return sd_bus_message_append(reply, "s", policy::to_string(b->mode));
-    if (p == "OwnerUid") return sd_bus_message_append(reply, "u", b->owner.uid);
-    if (p == "OwnerPid")
-        return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(b->owner.pid));
-    if (p == "RegionSize") return sd_bus_message_append(reply, "t", b->region_id.length);
-    if (p == "KeyId") return sd_bus_message_append(reply, "s", b->key_id.c_str());
-    if (p == "Rule") return sd_bus_message_append(reply, "s", b->rule.c_str());
-    if (p == "Created")
-        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->created_us));
-    if (p == "Expires")
-        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->expires_us));
-    if (p == "State") return sd_bus_message_append(reply, "s", daemon::to_string(b->state));
-    if (p == "Flows") {
-        int r = sd_bus_message_open_container(reply, 'a', "s");
-        for (auto &f : b->flows)
-            if (r >= 0) r = sd_bus_message_append(reply, "s", f.to_string().c_str());
-        return r < 0 ? r : sd_bus_message_close_container(reply);
-    }
-    if (p == "Queues")
-        return sd_bus_message_append_array(reply, 'u', b->queues.data(),
-                                           b->queues.size() * sizeof(std::uint32_t));
-    auto c = manager_->counters(b->id);
-    if (p == "RxBytes") return sd_bus_message_append(reply, "t", c.rx_bytes);
-    if (p == "RxPackets") return sd_bus_message_append(reply, "t", c.rx_packets);
-    if (p == "DroppedPackets") return sd_bus_message_append(reply, "t", c.dropped_packets);
-    return -ENOENT;
-}
-
 int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
     return guarded("NameOwnerChanged", nullptr, [&]() -> int {
         // Only the bus itself says who left. The match names the sender, but sd-bus cannot check
@@ -675,7 +736,7 @@ void BusService::emit_state_changed(const daemon::Binding &b) {
                  });
 }
 
-int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const {
+int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) {
     std::string path = binding_path(b.id);
     int r = sd_bus_message_append(m, "o", path.c_str());
     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sa{sv}}");
@@ -685,15 +746,19 @@ int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding
     if (r >= 0) r = sd_bus_message_append(m, "s", binding_interface);
     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sv}");
     // Every property of the vtable, through the getter Get uses.
+    emitting_ = &b;
     for (const sd_bus_vtable *v = binding_vtable; r >= 0 && v->type != _SD_BUS_VTABLE_END; ++v) {
         if (v->type != _SD_BUS_VTABLE_PROPERTY) continue;
         r = sd_bus_message_open_container(m, 'e', "sv");
         if (r >= 0) r = sd_bus_message_append(m, "s", v->x.property.member);
         if (r >= 0) r = sd_bus_message_open_container(m, 'v', v->x.property.signature);
-        if (r >= 0) r = append_property(m, b, v->x.property.member);
+        if (r >= 0)
+            r = v->x.property.get(bus_, path.c_str(), binding_interface, v->x.property.member, m,
+                                  this, nullptr);
         if (r >= 0) r = sd_bus_message_close_container(m); // variant
         if (r >= 0) r = sd_bus_message_close_container(m); // entry
     }
+    emitting_ = nullptr;
     for (int level = 0; level < 3 && r >= 0; ++level) // properties, interface entry, interfaces
         r = sd_bus_message_close_container(m);
     return r;

@@ -39,9 +39,16 @@ class BusService : public daemon::BindingEvents {
     static int activate(sd_bus_message *m, void *self, sd_bus_error *err);
     static int renew(sd_bus_message *m, void *self, sd_bus_error *err);
     static int release(sd_bus_message *m, void *self, sd_bus_error *err);
+    // One getter per property: `get` reads one figure of the manager, or one field of the
+    // binding at the path (if the caller may see it), and appends it.
+    using ManagerGet = int (*)(sd_bus_message *, const daemon::BindingManager &);
+    using BindingGet = int (*)(sd_bus_message *, const daemon::Binding &,
+                               const daemon::BindingManager &);
+    template <ManagerGet get>
     static int manager_property(sd_bus *bus, const char *path, const char *interface,
                                 const char *property, sd_bus_message *reply, void *self,
                                 sd_bus_error *err);
+    template <BindingGet get>
     static int binding_property(sd_bus *bus, const char *path, const char *interface,
                                 const char *property, sd_bus_message *reply, void *self,
                                 sd_bus_error *err);
@@ -60,11 +67,8 @@ class BusService : public daemon::BindingEvents {
     // May the sender of the message being handled see this binding?
     bool visible(const daemon::Binding &b) const;
     const daemon::Binding *binding_at(const char *path) const;
-    // One property of a binding, as Get and InterfacesAdded carry it (no visibility check).
-    int append_property(sd_bus_message *reply, const daemon::Binding &b,
-                        const std::string &property) const;
     // The ObjectManager's InterfacesAdded arguments for a binding, as GetManagedObjects shows it.
-    int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const;
+    int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b);
 
     // Signals about a binding go only to the connections that may list it: the one that
     // requested it, and subscribers (Subscribe) of the owner's uid, auditors and admins.
@@ -75,6 +79,9 @@ class BusService : public daemon::BindingEvents {
     sd_bus *bus_;
     Authorizer authorizer_;
     daemon::BindingManager *manager_ = nullptr;
+    // The binding whose InterfacesAdded is being built: its getters skip the visibility check
+    // (the signal goes only to those entitled to it).
+    const daemon::Binding *emitting_ = nullptr;
     std::vector<SlotPtr> slots_;
     // What the bus vouched for, per connection: a unique name is never reused and its uid and
     // pid never change, so one GetConnectionCredentials round trip per connection is enough.
