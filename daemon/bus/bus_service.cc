@@ -1,14 +1,12 @@
 #include "daemon/bus/bus_service.h"
 
 #include "daemon/bus/guard.h"
+#include "daemon/host_report.h"
 #include "daemon/request_limits.h"
-#include "host/report.h"
 #include "protocol/names.h"
 
-#include "knod/json.h"
 #include "knod/untrusted.h"
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <iostream>
@@ -560,39 +558,7 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("GetHostReport", err, [&]() -> int {
         auto *s = service(self);
         if (auto t = s->throttle(m, "GetHostReport"); !t) return fail(err, t.error());
-        const auto &d = s->manager_->driver();
-        nlohmann::json j{{"driver", d.name()}};
-        j["netdevs"] = nlohmann::json::array();
-        for (auto &n : d.netdevs())
-            j["netdevs"].push_back({{"name", n.name}, {"rx_queues", n.rx_queues}});
-        j["gpus"] = nlohmann::json::array();
-        for (auto &g : d.gpus())
-            j["gpus"].push_back(
-                {{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
-        j["datapath"] = d.stats();
-        // Inventory and isolation checks, as `knod-policy doctor --json` prints them.
-        if (auto host = host::build_report(s->manager_->host_paths()))
-            j["host"] = host->to_json();
-        else
-            j["host"] = {{"error", host.error().message}};
-        auto st = s->manager_->status();
-        nlohmann::json each = nlohmann::json::array();
-        std::uint64_t failed = 0;
-        for (auto &k : st.sink_stats) {
-            failed += k.failed;
-            each.push_back({{"name", k.name},
-                            {"written", k.written},
-                            {"failed", k.failed},
-                            {"dropped", k.dropped},
-                            {"failing", k.failing},
-                            {"last_error", k.last_error}});
-        }
-        j["sinks"] = {
-            {"names", st.sinks}, {"dropped", st.sink_dropped}, {"failed", failed}, {"each", each}};
-        j["journal"] = {{"available", st.journal_available},
-                        {"pending_records", st.pending_records},
-                        {"dropped_records", st.journal_dropped}};
-        return sd_bus_reply_method_return(m, "s", knod::dump_json(j).c_str());
+        return sd_bus_reply_method_return(m, "s", daemon::host_report_json(*s->manager_).c_str());
     });
 }
 
