@@ -8,6 +8,7 @@
 #include "knod/untrusted.h"
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <string_view>
@@ -306,11 +307,6 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
         return r;
     if (!(r = add(sd_bus_add_object_manager(bus_, &slot, manager_path), "object manager")))
         return r;
-    if (!(r = add(sd_bus_match_signal(bus_, &slot, "org.freedesktop.DBus", "/org/freedesktop/DBus",
-                                      "org.freedesktop.DBus", "NameOwnerChanged",
-                                      name_owner_changed, this),
-                  "NameOwnerChanged match")))
-        return r;
     // main() takes the name before it touches the network; EALREADY means it did.
     int rc = sd_bus_request_name(bus_, service_name, 0);
     if (rc < 0 && rc != -EALREADY)
@@ -349,7 +345,10 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender);
     if (!process) return c;
     c.gids = std::move(process->gids);
-    if (!c.sender.empty()) creds_cache_[c.sender] = c;
+    if (!c.sender.empty()) {
+        creds_cache_[c.sender] = c;
+        track(c.sender);
+    }
     return c;
 }
 
@@ -633,20 +632,68 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
     });
 }
 
-int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
-    return guarded("NameOwnerChanged", nullptr, [&]() -> int {
-        // Only the bus itself says who left. The match names the sender, but sd-bus cannot check
-        // a well-known sender locally, and any client may address a signal of this name to us:
-        // without this test one call from any user ended any other user's bindings.
-        const char *sender = sd_bus_message_get_sender(m);
-        if (!sender || std::strcmp(sender, "org.freedesktop.DBus") != 0) return 0;
-        const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
-        if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
-        if (name[0] == ':' && new_owner[0] == '\0') {
-            service(self)->creds_cache_.erase(name);
-            service(self)->subscribers_.erase(name);
-            service(self)->manager_->connection_gone(name);
+void BusService::track(const std::string &name) const {
+    if (name.empty() || name[0] != ':' || tracks_.count(name)) return;
+    sd_bus_track *raw = nullptr;
+    if (sd_bus_track_new(bus_, &raw, connection_left, const_cast<BusService *>(this)) < 0) return;
+    TrackPtr t(raw);
+    // Untracked, the connection's bindings still end at the next restart check or with their
+    // holder's process; a failure here costs only that.
+    if (sd_bus_track_add_name(t.get(), name.c_str()) < 0) return;
+    tracks_.emplace(name, std::move(t));
+}
+
+namespace {
+
+struct LeftCheck {
+    BusService *service;
+    std::string name;
+};
+
+} // namespace
+
+int BusService::connection_left(sd_bus_track *t, void *self) {
+    return guarded("connection left", nullptr, [&]() -> int {
+        auto *s = service(self);
+        auto it = std::find_if(s->tracks_.begin(), s->tracks_.end(),
+                               [t](auto &entry) { return entry.second.get() == t; });
+        if (it == s->tracks_.end()) return 0;
+        auto check = std::make_unique<LeftCheck>(LeftCheck{s, it->first});
+        s->tracks_.erase(it); // sd-bus holds its own reference while this runs
+        // sd-bus does not check locally who sent the NameOwnerChanged that emptied the track:
+        // any client may address one to us. The bus itself says whether the name is gone, in
+        // a call the loop does not wait for. A lost bus answers nothing: the disconnect ends
+        // every binding as daemon-stop.
+        sd_bus_slot *slot = nullptr;
+        if (sd_bus_call_method_async(s->bus_, &slot, "org.freedesktop.DBus",
+                                     "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                     "NameHasOwner", name_has_owner, check.get(), "s",
+                                     check->name.c_str()) < 0)
+            return 0;
+        sd_bus_slot_set_destroy_callback(slot,
+                                         [](void *ud) { delete static_cast<LeftCheck *>(ud); });
+        check.release();
+        sd_bus_slot_set_floating(slot, 1);
+        sd_bus_slot_unref(slot);
+        return 0;
+    });
+}
+
+int BusService::name_has_owner(sd_bus_message *reply, void *ud, sd_bus_error *) {
+    return guarded("NameHasOwner", nullptr, [&]() -> int {
+        auto *check = static_cast<LeftCheck *>(ud);
+        BusService *s = check->service;
+        int has = 1; // no answer: keep, as for any other call
+        if (sd_bus_message_is_method_error(reply, nullptr) ||
+            sd_bus_message_read(reply, "b", &has) < 0)
+            return 0;
+        if (has) {
+            s->track(check->name); // a spoofed signal: the connection is still there
+            return 0;
         }
+        s->creds_cache_.erase(check->name);
+        s->subscribers_.erase(check->name);
+        s->manager_->connection_gone(check->name);
         return 0;
     });
 }
@@ -746,6 +793,10 @@ void BusService::check_connections() {
         sd_bus_error_free(&err);
         if (!has) manager_->connection_gone(name);
     }
+}
+
+void BusService::binding_adopted(const daemon::Binding &b) {
+    track(b.owner.bus_name); // its holder's connection, if it is still there
 }
 
 void BusService::binding_created(const daemon::Binding &b) {

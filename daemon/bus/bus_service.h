@@ -25,6 +25,7 @@ class BusService : public daemon::BindingEvents {
     void binding_ended(const daemon::Binding &b, daemon::EndReason why,
                        const std::string &note) override;
     void policy_reloaded(std::size_t rules, std::size_t revoked) override;
+    void binding_adopted(const daemon::Binding &b) override;
     // After a restart took bindings back: a holder whose bus connection closed meanwhile (the
     // bus's NameOwnerChanged went to nobody) loses its bindings as on a disconnect.
     void check_connections();
@@ -56,7 +57,8 @@ class BusService : public daemon::BindingEvents {
                             void **found, sd_bus_error *err);
     static int enumerate_bindings(sd_bus *bus, const char *prefix, void *self, char ***nodes,
                                   sd_bus_error *err);
-    static int name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int connection_left(sd_bus_track *track, void *self);
+    static int name_has_owner(sd_bus_message *reply, void *check, sd_bus_error *err);
 
   private:
     Result<Credentials> credentials(sd_bus_message *m) const;
@@ -87,6 +89,10 @@ class BusService : public daemon::BindingEvents {
     // pid never change, so one GetConnectionCredentials round trip per connection is enough.
     // Dropped when the connection goes.
     mutable std::map<std::string, Credentials> creds_cache_;
+    // Every connection that called us, watched by sd-bus (sd_bus_track, as systemd's services
+    // do): when it leaves, its cached credentials, its subscription and its bindings go.
+    void track(const std::string &name) const;
+    mutable std::map<std::string, TrackPtr> tracks_;
     // Connections that called Subscribe, by unique name; dropped when the connection goes.
     // Whether one sees every binding is decided once per admin/auditor group setting, so that a
     // signal costs no user-database lookups however many subscribers there are.
