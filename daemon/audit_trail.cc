@@ -1,5 +1,6 @@
 #include "daemon/audit_trail.h"
 
+#include "journal/journal.h"
 #include "knod/json.h"
 
 #include <nlohmann/json.hpp>
@@ -143,8 +144,7 @@ void AuditTrail::close_session(const std::string &id, const std::string &reason,
     }
 }
 
-void AuditTrail::open_session(const journal::Session &s, journal::Event grant,
-                              journal::Journal::Done done) {
+void AuditTrail::open_session(const journal::Session &s, journal::Event grant, Written done) {
     forward(grant, s.netdev, s.gpu);
     journal_->open_session_async(s, std::move(grant), std::move(done));
 }
@@ -165,7 +165,7 @@ Result<std::int64_t> AuditTrail::write_now(const Pending &record) {
     return journal_->close_session(end.id, end.reason, end.counters, end.event);
 }
 
-void AuditTrail::write_async(const Pending &record, journal::Journal::Done done) {
+void AuditTrail::write_async(const Pending &record, Written done) {
     if (auto *e = std::get_if<journal::Event>(&record))
         return journal_->append_async(*e, std::move(done));
     if (auto *l = std::get_if<PendingLoad>(&record))

@@ -6,7 +6,8 @@
 
 #include "daemon/refusal_coalescer.h"
 #include "daemon/sinks/sinks.h"
-#include "journal/journal.h"
+#include "journal/records.h"
+#include "knod/result.h"
 #include "policy/policy.h"
 
 #include <atomic>
@@ -18,12 +19,18 @@
 #include <string>
 #include <variant>
 
+namespace knod::journal {
+class Journal; // journal/journal.h: SQLite stays out of the daemon's headers
+} // namespace knod::journal
+
 namespace knod::daemon {
 
 // Runs a function on the daemon's event-loop thread (journal completions arrive on the
 // journal's writer thread and come back through this).
 using Post = std::function<void(std::function<void()>)>;
 using Done = std::function<void(Result<void>)>;
+// A journal write's answer (the event's sequence number), on the journal's writer thread.
+using Written = std::function<void(Result<std::int64_t>)>;
 
 struct AuditConfig {
     std::string journal_path;
@@ -61,7 +68,7 @@ class AuditTrail {
                        const journal::Counters &counters, journal::Event closing,
                        const std::string &netdev, const std::string &gpu, Done durable);
     // A grant's session row and event in one commit; `done` runs on the writer thread.
-    void open_session(const journal::Session &s, journal::Event grant, journal::Journal::Done done);
+    void open_session(const journal::Session &s, journal::Event grant, Written done);
     // Puts "policy": the digest in force into the event's detail.
     void name_policy(journal::Event &e) const;
     // Copies an event to the sinks only (the journal gets it another way).
@@ -106,7 +113,7 @@ class AuditTrail {
     void record_coalesced(std::int64_t now_us, bool all);
     // Writes one kept record, waiting, or on the writer thread.
     Result<std::int64_t> write_now(const Pending &record);
-    void write_async(const Pending &record, journal::Journal::Done done);
+    void write_async(const Pending &record, Written done);
     void report_unwritten(const Result<void> &flushed) const;
     bool writing_async() { return pending_.empty() && !stopping_ && journal(); }
 

@@ -1,6 +1,7 @@
 #include "daemon/binding_manager.h"
 
 #include "daemon/request_limits.h"
+#include "journal/journal.h"
 #include "knod/hex.h"
 #include "knod/untrusted.h"
 
