@@ -747,7 +747,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     return until;
 }
 
-void BindingManager::close_session(const Binding &b, EndReason why, const journal::Counters &c,
+void BindingManager::close_session(const Binding &b, EndReason why, const driver::Counters &c,
                                    Done durable, const std::string &seen) {
     journal::Event e = event_for(journal::kind::ended, b.owner);
     e.reason = to_string(why);
@@ -758,7 +758,9 @@ void BindingManager::close_session(const Binding &b, EndReason why, const journa
     if (!seen.empty()) detail["seen"] = seen.substr(0, limits::reason);
     e.detail = knod::dump_json(detail);
     if (why == EndReason::policy_reload) audit_.name_policy(e); // the policy that ended it
-    audit_.close_session(b.id, to_string(why), c, std::move(e), b.netdev, b.gpu,
+    // The journal's own copy of the figures: the journal does not know the driver.
+    journal::Counters row{c.rx_bytes, c.rx_packets, c.dropped_packets};
+    audit_.close_session(b.id, to_string(why), row, std::move(e), b.netdev, b.gpu,
                          std::move(durable));
 }
 
@@ -767,7 +769,7 @@ void BindingManager::end_binding(const std::string &id, EndReason why, Done dura
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;
     // Stop the data path and kill the key first: security does not wait for the disk.
-    journal::Counters c = driver_.counters(id);
+    driver::Counters c = driver_.counters(id);
     driver_.detach(id);
     keys_.revoke(it->second.key_id);
     close_session(it->second, why, c, std::move(durable),

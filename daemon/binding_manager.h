@@ -187,7 +187,7 @@ class BindingManager {
     std::size_t binding_count() const { return bindings_.size(); }
     // The journal's and the sinks' state, for the figures status() sums up.
     const AuditTrail &audit() const { return audit_; }
-    journal::Counters counters(const std::string &id) const { return driver_.counters(id); }
+    driver::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
     const host::HostPaths &host_paths() const { return config_.host; }
     std::size_t max_flows() const { return config_.max_flows; }
@@ -207,7 +207,7 @@ class BindingManager {
     void end_binding(const std::string &id, EndReason why, Done durable = {},
                      const std::string &note = {});
     // Journals a session's end (now, or kept for when the journal is back).
-    void close_session(const Binding &b, EndReason why, const journal::Counters &c, Done durable,
+    void close_session(const Binding &b, EndReason why, const driver::Counters &c, Done durable,
                        const std::string &seen = {});
     // A grant in flight whose caller left: everything it held goes now; finish_grant closes
     // its session instead of handing out the key.

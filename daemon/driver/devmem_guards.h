@@ -7,7 +7,7 @@
 #pragma once
 
 #include "bpf/flow_filter.h"
-#include "journal/records.h"
+#include "daemon/driver/driver.h"
 #include "knod/result.h"
 #include "policy/flow_spec.h"
 
@@ -32,7 +32,7 @@ class DevmemGuards {
     void set_own_rules(const std::string &id, const std::vector<std::uint32_t> &own_rules);
     // Stops guarding; the last binding of a NIC takes its guard off.
     void remove(const std::string &id);
-    journal::Counters counters(const std::string &id) const;
+    Counters counters(const std::string &id) const;
     // Bindings that drifted since the last call, with what was seen. `now_us`: for the
     // periodic RSS / ntuple re-check.
     std::map<std::string, std::string> drifted(std::int64_t now_us);

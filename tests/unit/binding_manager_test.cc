@@ -50,7 +50,7 @@ class FakeDriver : public driver::Driver {
         active.erase(id);
         ++detaches;
     }
-    journal::Counters counters(const std::string &) const override { return {}; }
+    driver::Counters counters(const std::string &) const override { return {}; }
 
     std::set<std::string> attached, active;
     int detaches = 0;
