@@ -4,7 +4,7 @@
 //   knod_filter_bench [--quick] [--rules N]... [--sources N] [--repeat N] [--xdp-filter OBJECT]
 // Exits 1 when a verdict or counter disagrees with the rules, 77 without root or BPF.
 #include "bpf/flow_filter.h"
-#include "tests/unit/packet_builder.h"
+#include "bpf/packet_builder.h"
 #include "xdp_pass.skel.h"
 
 #include <bpf/bpf.h>
@@ -19,8 +19,8 @@
 
 namespace {
 
-using knod::test::build_packet;
-using knod::test::PacketSpec;
+using knod::bpf::packets::build_packet;
+using knod::bpf::packets::PacketSpec;
 
 std::string source(std::uint32_t i) {
     return "10." + std::to_string(50 + (i >> 16)) + "." + std::to_string((i >> 8) & 255) + "." +

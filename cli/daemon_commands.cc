@@ -64,6 +64,71 @@ int call_failed(const char *what, const Error &e, const std::string &address) {
     return exit_usage;
 }
 
+namespace {
+
+// `status`: the daemon's properties, with the data-path and sink figures of its host report.
+int run_status(client::Client &client, const BusOptions &o) {
+    auto st = client.status();
+    if (!st) return call_failed("status", st.error(), o.address);
+    nlohmann::json datapath = nlohmann::json::object(), sinks = nlohmann::json::object();
+    if (auto report = client.host_report(); report) {
+        auto j = nlohmann::json::parse(*report, nullptr, false);
+        if (j.is_object() && j.contains("datapath")) datapath = j["datapath"];
+        if (j.is_object() && j.contains("sinks")) sinks = j["sinks"];
+    }
+    if (o.json) {
+        std::cout << knod::dump_json(
+                         nlohmann::json{{"version", st->version},
+                                        {"driver", st->driver},
+                                        {"bindings", st->bindings},
+                                        {"rules", st->rules},
+                                        {"permissive", st->permissive},
+                                        {"journal_available", st->journal_available},
+                                        {"pending_journal_records", st->pending_journal_records},
+                                        {"datapath", datapath},
+                                        {"sinks", sinks}},
+                         2)
+                  << "\n";
+    } else {
+        std::cout << "knod-policyd " << st->version << ", driver " << st->driver << "\n"
+                  << "rules:    " << st->rules << (st->permissive ? " (PERMISSIVE)" : "") << "\n"
+                  << "bindings: " << st->bindings << "\n"
+                  << "journal:  "
+                  << (st->journal_available ? "ok" : "UNAVAILABLE (requests are refused)");
+        if (st->pending_journal_records)
+            std::cout << ", " << st->pending_journal_records << " record(s) waiting for the disk";
+        std::cout << "\n";
+        if (!sinks.empty()) print_sinks(sinks);
+        if (!datapath.empty()) {
+            std::cout << "datapath:";
+            for (auto &[k, v] : datapath.items())
+                std::cout << " " << k << "=" << v;
+            std::cout << "\n";
+        }
+    }
+    return exit_ok;
+}
+
+// `revoke ID --reason TEXT`.
+int run_revoke(client::Client &client, const BusOptions &o, const std::string &id,
+               const std::string &reason) {
+    auto r = client.revoke(id, reason);
+    if (!r) return call_failed("revoke", r.error(), o.address);
+    std::cout << "revoked " << id << "\n";
+    return exit_ok;
+}
+
+// `reload`: the daemon re-reads its policy files.
+int run_reload(client::Client &client, const BusOptions &o) {
+    auto r = client.reload();
+    if (!r) return call_failed("reload", r.error(), o.address);
+    std::cout << "policy reloaded: " << r->first << " rule(s); " << r->second
+              << " binding(s) revoked\n";
+    return exit_ok;
+}
+
+} // namespace
+
 Runner add_daemon_commands(CLI::App &app) {
     auto common = std::make_shared<BusOptions>();
     auto *status =
@@ -85,61 +150,9 @@ Runner add_daemon_commands(CLI::App &app) {
         auto client = client::Client::connect(common->address);
         const char *name = status->parsed() ? "status" : revoke->parsed() ? "revoke" : "reload";
         if (!client) return call_failed(name, client.error(), common->address);
-        if (status->parsed()) {
-            auto st = client->status();
-            if (!st) return call_failed("status", st.error(), common->address);
-            nlohmann::json datapath = nlohmann::json::object(), sinks = nlohmann::json::object();
-            if (auto report = client->host_report(); report) {
-                auto j = nlohmann::json::parse(*report, nullptr, false);
-                if (j.is_object() && j.contains("datapath")) datapath = j["datapath"];
-                if (j.is_object() && j.contains("sinks")) sinks = j["sinks"];
-            }
-            if (common->json) {
-                std::cout << knod::dump_json(
-                                 nlohmann::json{
-                                     {"version", st->version},
-                                     {"driver", st->driver},
-                                     {"bindings", st->bindings},
-                                     {"rules", st->rules},
-                                     {"permissive", st->permissive},
-                                     {"journal_available", st->journal_available},
-                                     {"pending_journal_records", st->pending_journal_records},
-                                     {"datapath", datapath},
-                                     {"sinks", sinks}},
-                                 2)
-                          << "\n";
-            } else {
-                std::cout << "knod-policyd " << st->version << ", driver " << st->driver << "\n"
-                          << "rules:    " << st->rules << (st->permissive ? " (PERMISSIVE)" : "")
-                          << "\n"
-                          << "bindings: " << st->bindings << "\n"
-                          << "journal:  "
-                          << (st->journal_available ? "ok" : "UNAVAILABLE (requests are refused)");
-                if (st->pending_journal_records)
-                    std::cout << ", " << st->pending_journal_records
-                              << " record(s) waiting for the disk";
-                std::cout << "\n";
-                if (!sinks.empty()) print_sinks(sinks);
-                if (!datapath.empty()) {
-                    std::cout << "datapath:";
-                    for (auto &[k, v] : datapath.items())
-                        std::cout << " " << k << "=" << v;
-                    std::cout << "\n";
-                }
-            }
-            return exit_ok;
-        }
-        if (revoke->parsed()) {
-            auto r = client->revoke(*id, *reason);
-            if (!r) return call_failed("revoke", r.error(), common->address);
-            std::cout << "revoked " << *id << "\n";
-            return exit_ok;
-        }
-        auto r = client->reload();
-        if (!r) return call_failed("reload", r.error(), common->address);
-        std::cout << "policy reloaded: " << r->first << " rule(s); " << r->second
-                  << " binding(s) revoked\n";
-        return exit_ok;
+        if (status->parsed()) return run_status(*client, *common);
+        if (revoke->parsed()) return run_revoke(*client, *common, *id, *reason);
+        return run_reload(*client, *common);
     };
 }
 

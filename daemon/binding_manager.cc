@@ -1,6 +1,7 @@
 #include "daemon/binding_manager.h"
 
 #include "daemon/request_limits.h"
+#include "journal/journal.h"
 #include "knod/hex.h"
 #include "knod/untrusted.h"
 
@@ -11,21 +12,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <filesystem>
-#include <iostream>
 #include <set>
-#include <thread>
 
 namespace knod::daemon {
 namespace {
 
-constexpr std::size_t max_pending_records = 100000;
-
-std::string new_binding_id() {
+// Random, so one caller cannot guess another's id; without randomness nothing is granted (an id
+// of zeros would collide at the second request).
+Result<std::string> new_binding_id() {
     std::array<std::uint8_t, 8> bytes{};
-    RAND_bytes(bytes.data(), static_cast<int>(bytes.size()));
+    if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1)
+        return make_error(Errc::unavailable, "OpenSSL RAND_bytes failed: no binding id");
     return "b" + to_hex(bytes); // a valid D-Bus object path element
 }
 
@@ -53,6 +51,17 @@ nlohmann::json flows_json(const std::vector<policy::FlowSpec> &flows) {
 
 } // namespace
 
+BindingManager::~BindingManager() {
+    audit_.close();
+}
+
+void BindingManager::set_event_loop(driver::EventLoop *loop) {
+    holders_.reset();
+    if (loop)
+        holders_ = std::make_unique<HolderWatch>(
+            *loop, [this](const std::string &id) { holder_gone(id, EndReason::process_exit); });
+}
+
 const char *to_string(BindingState s) {
     return s == BindingState::active ? "active" : "granted";
 }
@@ -61,65 +70,14 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                keys::KeyAuthority keys, policy::Policy policy,
                                BindingEvents &events, Post post)
     : config_(std::move(config)), driver_(driver), keys_(std::move(keys)),
-      policy_(std::move(policy)), events_(events), post_(std::move(post)),
+      policy_(std::move(policy)), events_(events), post_(post),
+      audit_(
+          {config_.journal_path, config_.refusal_window, config_.retain_age, config_.retain_events},
+          policy_, std::move(post)),
       limiter_(config_.requests_per_second, config_.request_burst),
-      refusals_(
-          std::chrono::duration_cast<std::chrono::microseconds>(config_.refusal_window).count()),
       host_(config_.host.sysfs, config_.host.proc) {
     // A policy built without the parser still gets the digest of the text it carries.
     if (policy_.digest.empty()) policy_.digest = policy::policy_digest(policy_.text);
-}
-
-// The journal first: its writer may still answer queued work, and those answers post to the
-// loop through post_, which must outlive it.
-BindingManager::~BindingManager() {
-    journal_.reset();
-}
-
-void BindingManager::set_sinks(sinks::SinkQueue *sinks) {
-    sinks_ = sinks;
-    if (!sinks_) return;
-    std::weak_ptr<bool> alive = alive_;
-    sinks_->on_transition([this, alive](const std::string &sink, bool failing,
-                                        const std::string &error) {
-        post_([this, alive, sink, failing, error] {
-            if (alive.expired()) return;
-            journal::Event e;
-            e.kind = failing ? journal::kind::sink_failing : journal::kind::sink_recovered;
-            e.reason = failing ? sink + ": " + error : sink + " takes records again";
-            e.detail = knod::dump_json(failing ? nlohmann::json{{"sink", sink}, {"error", error}}
-                                               : nlohmann::json{{"sink", sink}});
-            record(std::move(e));
-        });
-    });
-}
-
-bool BindingManager::journal_ready() {
-    if (journal_) return true;
-    auto j = journal::Journal::open(config_.journal_path);
-    if (!j) return false;
-    journal_ = std::move(*j);
-    std::error_code ec;
-    auto absolute = std::filesystem::absolute(config_.journal_path, ec);
-    std::string path = ec ? config_.journal_path : absolute.lexically_normal().string();
-    // A second anchor of the chain head, in the system journal, at most once a second.
-    journal_->set_commit_listener([this, last = std::make_shared<std::atomic<std::int64_t>>(0),
-                                   journal_id = journal_->identity().journal_id,
-                                   path](std::int64_t seq, const journal::Hash &head) {
-        std::int64_t now = journal::now_us();
-        if (!sinks_ || now - last->load() < 1000000) return;
-        last->store(now);
-        journal::Event e;
-        e.kind = journal::kind::anchor;
-        // The journal's id and path: `audit verify` matches each copy to one journal.
-        e.detail = knod::dump_json(nlohmann::json{{"journal_id", journal_id},
-                                                  {"path", path},
-                                                  {"seq", seq},
-                                                  {"hash", journal::to_hex(head)}});
-        e.reason = "chain head " + std::to_string(seq) + " " + journal::to_hex(head);
-        sinks_->offer({e, {}, {}});
-    });
-    return true;
 }
 
 Result<void> BindingManager::apply_settings(const policy::Settings &settings) {
@@ -131,8 +89,9 @@ Result<void> BindingManager::apply_settings(const policy::Settings &settings) {
 
 void BindingManager::start() {
     std::map<std::string, std::string> handoffs;
-    if (journal_ready())
-        if (auto taken = journal_->take_handoffs()) handoffs = std::move(*taken);
+    journal::Journal *journal = audit_.journal();
+    if (journal)
+        if (auto taken = journal->take_handoffs()) handoffs = std::move(*taken);
     // The daemon loads the policy it starts with: its own uid and pid are the actor's.
     Peer self;
     self.uid = ::getuid();
@@ -142,15 +101,15 @@ void BindingManager::start() {
                           {"rules", policy_.rules.size()},
                           {"handed_over", handoffs.size()},
                           {"policy", policy_.digest}};
-    if (journal_) { // where this journal lives, inside the chain (meta may be edited)
-        auto &id = journal_->identity();
+    if (journal) { // where this journal lives, inside the chain (meta may be edited)
+        auto &id = journal->identity();
         detail["journal_id"] = id.journal_id;
         detail["machine_id"] = id.machine_id;
         detail["hostname"] = escape_untrusted(id.hostname);
     }
     e.detail = knod::dump_json(detail);
-    record_load(std::move(e));
-    if (!journal_) return;
+    audit_.record_load(std::move(e));
+    if (!journal) return;
     // Bindings the previous daemon handed over come back if their handles did and their
     // holders live; every other open session (a crash, a stop that discarded the fd store, a
     // holder gone meanwhile) ends now: its binding did not survive.
@@ -171,14 +130,14 @@ void BindingManager::start() {
         no.pid.reset();
         no.session_id = id;
         no.reason = adopted.error().message;
-        record(std::move(no));
+        audit_.record(std::move(no));
     }
-    (void)journal_->close_open_sessions(reason::daemon_restart, kept);
+    (void)journal->close_open_sessions(to_string(EndReason::daemon_restart), kept);
     // A restart may bring a new policy: what it no longer grants ends as on a reload.
     for (auto &id : kept)
         if (auto it = bindings_.find(id);
             it != bindings_.end() && !decide_again(it->second).granted())
-            end_binding(id, reason::policy_reload);
+            end_binding(id, EndReason::policy_reload);
 }
 
 void BindingManager::store_handles(Binding &b) {
@@ -340,6 +299,7 @@ Result<void> BindingManager::adopt(const std::string &id, const std::string &tex
     // systemd keeps what it handed back; storing again is harmless (it drops duplicates) and
     // covers a store that was emptied meanwhile.
     store_handles(kept);
+    if (holders_) holders_->add(id, kept.owner.pid, kept.owner.start_time, kept.owner.pidfd);
     events_.binding_adopted(kept);
     kept.owner.pidfd.reset();
     journal::Event e = event_for(journal::kind::adopted, kept.owner);
@@ -349,125 +309,7 @@ Result<void> BindingManager::adopt(const std::string &id, const std::string &tex
     e.detail = knod::dump_json(nlohmann::json{{"state", to_string(kept.state)},
                                               {"queues", kept.queues},
                                               {"expires_us", kept.expires_us}});
-    record(std::move(e));
-    return {};
-}
-
-void BindingManager::forward(const journal::Event &e, const std::string &netdev,
-                             const std::string &gpu) {
-    if (sinks_) sinks_->offer({e, netdev, gpu});
-}
-
-Result<std::int64_t> BindingManager::apply_retention() {
-    last_retention_us_ = journal::now_us();
-    if (!config_.retain_age && !config_.retain_events) return std::int64_t{0};
-    if (!journal_ready()) return make_error(Errc::journal_unavailable, "journal not open");
-    std::optional<std::int64_t> before;
-    if (config_.retain_age)
-        before = last_retention_us_ -
-                 std::chrono::duration_cast<std::chrono::microseconds>(*config_.retain_age).count();
-    return journal_->prune(before, config_.retain_events);
-}
-
-void BindingManager::record(journal::Event e) {
-    forward(e);
-    // Stopping: everything is written in order, waited for, by the final flush_pending_now();
-    // an asynchronous failure could no longer come back through the loop.
-    if (pending_.empty() && !stopping_ && journal_ready()) {
-        // Not waited for; a failure comes back to be kept for the retry at the next tick.
-        journal_->append_async(e, [this, e](Result<std::int64_t> r) {
-            if (!r) post_([this, e] { keep(e); });
-        });
-        return;
-    }
-    keep(std::move(e));
-}
-
-void BindingManager::record_load(journal::Event e) {
-    name_policy(e);
-    forward(e);
-    PendingLoad load{std::move(e), {policy_.digest, policy_.text}};
-    if (pending_.empty() && !stopping_ && journal_ready()) {
-        journal_->append_policy_load_async(load.event, load.policy,
-                                           [this, load](Result<std::int64_t> r) {
-                                               if (!r) post_([this, load] { keep(load); });
-                                           });
-        return;
-    }
-    keep(std::move(load));
-}
-
-void BindingManager::name_policy(journal::Event &e) const {
-    nlohmann::json d = nlohmann::json::object();
-    if (e.detail) d = nlohmann::json::parse(*e.detail, nullptr, false);
-    if (!d.is_object()) return; // never: details are built here, as objects
-    d["policy"] = policy_.digest;
-    e.detail = knod::dump_json(d);
-}
-
-Result<std::int64_t> BindingManager::write_now(const Pending &record) {
-    if (auto *e = std::get_if<journal::Event>(&record)) return journal_->append(*e);
-    if (auto *l = std::get_if<PendingLoad>(&record))
-        return journal_->append_policy_load(l->event, l->policy);
-    auto &end = std::get<PendingEnd>(record);
-    return journal_->close_session(end.id, end.reason, end.counters, end.event);
-}
-
-void BindingManager::write_async(const Pending &record, journal::Journal::Done done) {
-    if (auto *e = std::get_if<journal::Event>(&record))
-        return journal_->append_async(*e, std::move(done));
-    if (auto *l = std::get_if<PendingLoad>(&record))
-        return journal_->append_policy_load_async(l->event, l->policy, std::move(done));
-    auto &end = std::get<PendingEnd>(record);
-    journal_->close_session_async(end.id, end.reason, end.counters, end.event, std::move(done));
-}
-
-void BindingManager::keep(Pending record) {
-    if (pending_.size() >= max_pending_records) {
-        ++dropped_records_; // bounded memory beats an OOM kill that loses everything
-        return;
-    }
-    pending_.push_back(std::move(record));
-}
-
-void BindingManager::flush_pending_async() {
-    if (flushing_ || pending_.empty() || !journal_ready()) return;
-    // One record in flight at a time, in order, on the writer thread: a locked or slow journal
-    // costs the writer its busy timeout, never the event loop.
-    auto outcome = std::make_shared<std::atomic<int>>(flush_running);
-    flushing_ = outcome;
-    auto done = [this, outcome](Result<std::int64_t> r) {
-        bool ok = r || r.error().code == Errc::not_found; // a session row already gone
-        outcome->store(ok ? flush_written : flush_failed);
-        post_([this, outcome] {
-            if (flushing_ != outcome) return; // shutdown took this one over
-            flushing_.reset();
-            if (outcome->load() != flush_written) return; // the next tick tries again
-            pending_.pop_front();
-            flush_pending_async();
-        });
-    };
-    write_async(pending_.front(), done);
-}
-
-Result<void> BindingManager::flush_pending_now() {
-    if (flushing_) {
-        // The record in flight: wait for its outcome (bounded by SQLite's busy timeout) so it is
-        // neither lost nor written twice.
-        while (flushing_->load() == flush_running)
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        if (flushing_->load() == flush_written) pending_.pop_front();
-        flushing_.reset();
-    }
-    if (pending_.empty()) return {};
-    if (!journal_ready()) return make_error(Errc::journal_unavailable, "journal not open");
-    while (!pending_.empty()) {
-        auto r = write_now(pending_.front());
-        // A kept end whose session row is already gone was written before.
-        bool end = std::holds_alternative<PendingEnd>(pending_.front());
-        if (!r && !(end && r.error().code == Errc::not_found)) return r.error();
-        pending_.pop_front();
-    }
+    audit_.record(std::move(e));
     return {};
 }
 
@@ -479,37 +321,13 @@ Result<void> BindingManager::throttle(uid_t uid, pid_t pid, const char *method) 
     e.pid = pid;
     e.reason = std::string(method) + " refused: over the per-user rate limit";
     e.detail = knod::dump_json(nlohmann::json{{"method", method}});
-    refuse(std::move(e));
+    audit_.refuse(std::move(e));
     char rate[64];
     std::snprintf(rate, sizeof rate, "%g per second (bursts of %g)", limiter_.per_second(),
                   limiter_.burst());
     return make_error(Errc::quota_exceeded, "too many requests from uid " + std::to_string(uid) +
                                                 ": at most " + rate +
                                                 " per user, over all its connections; retry later");
-}
-
-void BindingManager::refuse(journal::Event e) {
-    // Root's refusals are kept one by one: root could write the journal directly anyway.
-    bool full = !e.uid || *e.uid == 0 ||
-                refusals_.admit(static_cast<std::uint32_t>(*e.uid), e.kind, journal::now_us());
-    if (full) record(std::move(e)); // otherwise counted; the window's record says how many
-}
-
-void BindingManager::record_coalesced(std::int64_t now_us, bool all) {
-    for (auto &s : all ? refusals_.close_all(now_us) : refusals_.close(now_us)) {
-        journal::Event e;
-        e.kind = journal::kind::coalesced;
-        if (s.uid) e.uid = *s.uid;
-        e.decision = s.kind;
-        e.reason = std::to_string(s.count) + " more " + s.kind + " refusals of " +
-                   (s.uid ? "uid " + std::to_string(*s.uid) : std::string("many uids")) +
-                   ", journaled as this count only";
-        e.detail = knod::dump_json(nlohmann::json{{"kind", s.kind},
-                                                  {"count", s.count},
-                                                  {"since_us", s.since_us},
-                                                  {"until_us", s.until_us}});
-        record(std::move(e));
-    }
 }
 
 policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) const {
@@ -534,9 +352,25 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
     if (!started) done(started.error());
 }
 
+// parse -> decide -> prepare -> commit: each step refuses (journaled where the policy or the
+// host refused) before the next one takes anything.
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
     if (auto r = throttle(caller.uid, caller.pid, "RequestBinding"); !r) return r.error();
+    auto parsed = parse_request(caller, args);
+    if (!parsed) return parsed.error();
+    auto decided = decide_request(caller, args, *parsed);
+    if (!decided) return decided.error();
+    auto prepared = prepare_grant(caller, args, *parsed, *decided);
+    if (!prepared) return prepared.error();
+    commit_grant(args, *decided, std::move(*prepared), done);
+    return {};
+}
+
+// The caller's arguments, checked and read: sizes, mode, flows, the netdev and GPU the driver
+// knows by those names, and what the region fd really is.
+Result<BindingManager::ParsedRequest> BindingManager::parse_request(const Peer &caller,
+                                                                    const RequestArgs &args) {
 
     // Sizes first: nothing below copies, parses or quotes more than these.
     for (auto check : {limits::check_length("netdev", args.netdev, limits::netdev),
@@ -552,7 +386,8 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
             !c)
             return c.error();
 
-    policy::Request req;
+    ParsedRequest parsed;
+    policy::Request &req = parsed.request;
     req.caller = caller.caller();
     auto mode = policy::parse_mode(args.mode);
     if (!mode) return make_error(Errc::invalid_argument, "mode: must be rx-only, tx or rx-tx");
@@ -577,7 +412,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                                                   {"flows", flows_json(req.flows)},
                                                   {"exe", escape_untrusted(caller.executable)},
                                                   {"policy", policy_.digest}});
-        refuse(std::move(e));
+        audit_.refuse(std::move(e));
         return make_error(Errc::driver_failure, *why);
     }
     auto netdev = driver_.netdev(args.netdev);
@@ -596,10 +431,25 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                                                       ", not a " + driver::to_string(region->kind));
     if (auto w = driver::check_window(*region, args.offset, args.length); !w) return w.error();
     req.region_bytes = args.length;
+    parsed.netdev = std::move(*netdev);
+    parsed.gpu = std::move(*gpu);
+    parsed.region = *region;
+    return parsed;
+}
 
-    policy::Decision d = policy::decide(policy_, req, usage_of(caller.uid));
-    journal::Event decision =
-        event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
+// Policy, isolation on this host, exclusive flows, a journal that takes writes: the grant's
+// event (granted) or the refusal, journaled.
+Result<BindingManager::Decided> BindingManager::decide_request(const Peer &caller,
+                                                               const RequestArgs &args,
+                                                               const ParsedRequest &parsed) {
+    const policy::Request &req = parsed.request;
+    const driver::GpuInfo *gpu = &parsed.gpu;
+    const driver::NetdevInfo *netdev = &parsed.netdev;
+    Decided decided;
+    policy::Decision &d = decided.decision;
+    d = policy::decide(policy_, req, usage_of(caller.uid));
+    journal::Event &decision = decided.event;
+    decision = event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
     decision.rule = d.rule.empty() ? std::nullopt : std::optional(d.rule);
     decision.decision = d.would_deny ? "would-deny" : policy::to_string(d.verdict);
     decision.reason = d.reason;
@@ -615,7 +465,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           {"policy", policy_.digest}};
     decision.detail = knod::dump_json(detail);
     if (!d.granted()) {
-        refuse(std::move(decision));
+        audit_.refuse(std::move(decision));
         // Say why each rule missed, so the caller can act without an admin's help.
         std::string why = d.reason;
         for (std::size_t i = 0; i < d.misses.size() && i < 5; ++i)
@@ -630,7 +480,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         decision.kind = journal::kind::denied;
         decision.decision = "isolation-violation";
         decision.reason = iso.reason;
-        refuse(std::move(decision));
+        audit_.refuse(std::move(decision));
         return make_error(Errc::isolation_violation,
                           iso.reason + " (rule '" + d.rule + "' requires iommu = \"" +
                               policy::to_string(d.iommu) + "\"); fix: " + iso.fix);
@@ -646,7 +496,7 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                           c->binding + " (uid " + std::to_string(c->owner) + ")";
         detail["conflicts_with"] = c->binding;
         decision.detail = knod::dump_json(detail);
-        refuse(std::move(decision));
+        audit_.refuse(std::move(decision));
         // Another user's binding is not named: the caller may not see it.
         std::string theirs = c->owner == caller.uid
                                  ? "flow '" + c->held.to_string() + "' of your binding " +
@@ -659,18 +509,33 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     }
     // Fail closed: without a journal that can take the grant, nothing is granted. Records still
     // waiting for the disk mean it is not taking writes now: refuse at once, never wait here.
-    if (!journal_ready())
+    if (!audit_.journal())
         return journal_error(make_error(Errc::journal_unavailable, "the journal cannot be opened"));
-    if (!pending_.empty()) {
-        flush_pending_async();
+    if (audit_.pending()) {
+        audit_.flush_pending_async();
         return journal_error(
             make_error(Errc::journal_unavailable,
-                       std::to_string(pending_.size()) +
+                       std::to_string(audit_.pending()) +
                            " earlier record(s) are still waiting for the disk; retry in a second"));
     }
+    return decided;
+}
 
+// What the grant holds, taken in order and given back if a later part fails: an id, the
+// daemon's own reference to the region, the key, the driver's queues.
+Result<BindingManager::Prepared> BindingManager::prepare_grant(const Peer &caller,
+                                                               const RequestArgs &args,
+                                                               const ParsedRequest &parsed,
+                                                               Decided &decided) {
+    const policy::Request &req = parsed.request;
+    const driver::GpuInfo *gpu = &parsed.gpu;
+    const driver::RegionInfo *region = &parsed.region;
+    const policy::Decision &d = decided.decision;
+    journal::Event &decision = decided.event;
+    auto fresh_id = new_binding_id();
+    if (!fresh_id) return fresh_id.error();
     Binding b;
-    b.id = new_binding_id();
+    b.id = std::move(*fresh_id);
     b.netdev = req.netdev;
     b.gpu = gpu->name;
     b.gpu_names = gpu->names;
@@ -704,11 +569,19 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         decision.kind = journal::kind::denied;
         decision.decision = "driver-failure";
         decision.reason = queues.error().message;
-        refuse(std::move(decision));
+        audit_.refuse(std::move(decision));
         return make_error(Errc::driver_failure, queues.error().message);
     }
     b.queues = *queues;
+    return Prepared{std::move(b), key->key};
+}
 
+// The session row and the grant event in one commit; the key goes to the caller only once
+// they are durable (finish_grant). Meanwhile the binding counts against quotas and flows.
+void BindingManager::commit_grant(const RequestArgs &args, const Decided &decided,
+                                  Prepared prepared, GrantDone &done) {
+    Binding &b = prepared.binding;
+    const Peer &caller = b.owner;
     journal::Session s;
     s.id = b.id;
     s.uid = caller.uid;
@@ -724,19 +597,18 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
     s.key_id = b.key_id;
     s.rule = b.rule;
     s.started_us = b.created_us;
-    forward(decision, s.netdev, s.gpu);
-    Granted g{b.id, b.key_id, key->key, b.rule};
+    Granted g{b.id, b.key_id, prepared.key, b.rule};
     std::string id = b.id;
     count_usage(b, +1); // in flight counts: concurrent requests cannot slip past a quota
     claims_.claim(b.netdev, id, b.owner.uid, b.flows);
     inflight_.emplace(id, std::move(b));
-    journal_->open_session_async(
-        s, decision, [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
+    audit_.open_session(
+        s, decided.event,
+        [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
             post_([this, id, g, done, r = std::move(r)]() mutable {
                 finish_grant(id, g, std::move(r), done);
             });
         });
-    return {};
 }
 
 void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
@@ -747,7 +619,8 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
         Abandoned a = std::move(gone->second);
         abandoned_.erase(gone);
         if (written) close_session(a.binding, a.why, {}, {});
-        return done(make_error(Errc::denied, "the caller went away (" + a.why +
+        return done(make_error(Errc::denied, std::string("the caller went away (") +
+                                                 to_string(a.why) +
                                                  ") before its grant was durable"));
     }
     auto it = inflight_.find(id);
@@ -764,7 +637,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
         keys_.revoke(b.key_id);
     }
     if (exited) {
-        close_session(b, reason::process_exit, {}, {});
+        close_session(b, EndReason::process_exit, {}, {});
         return done(make_error(Errc::denied, "the calling process exited before its grant was "
                                              "durable; nothing is granted"));
     }
@@ -776,12 +649,14 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
         e.reason = "granted by rule '" + b.rule + "' but not recorded: " + written.error().message;
         e.detail = knod::dump_json(
             nlohmann::json{{"netdev", b.netdev}, {"gpu", b.gpu}, {"policy", policy_.digest}});
-        forward(e, b.netdev, b.gpu);
-        keep(std::move(e));
+        audit_.forward(e, b.netdev, b.gpu);
+        audit_.keep(std::move(e));
         return done(journal_error(written.error()));
     }
     auto [pos, inserted] = bindings_.emplace(b.id, std::move(b));
     store_handles(pos->second);
+    const Peer &holder = pos->second.owner;
+    if (holders_) holders_->add(pos->first, holder.pid, holder.start_time, holder.pidfd);
     events_.binding_created(pos->second);
     // The start time names the holder from now on; the watch keeps a pidfd per process.
     pos->second.owner.pidfd.reset();
@@ -801,8 +676,8 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         e.session_id = id;
         e.decision = "key-refused";
         e.reason = ok.error().message;
-        name_policy(e);
-        refuse(std::move(e));
+        audit_.name_policy(e);
+        audit_.refuse(std::move(e));
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
@@ -812,15 +687,15 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         e.session_id = id;
         e.decision = "driver-failure";
         e.reason = escape_untrusted(r.error().message, Escape::message);
-        name_policy(e);
-        refuse(std::move(e));
+        audit_.name_policy(e);
+        audit_.refuse(std::move(e));
         return make_error(Errc::driver_failure, r.error().message);
     }
     b.state = BindingState::active;
     store_handles(b); // a driver may hold a kernel handle of its own from now on
     journal::Event e = event_for("activated", presenter);
     e.session_id = id;
-    record(std::move(e));
+    audit_.record(std::move(e));
     return {};
 }
 
@@ -846,8 +721,8 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
         journal::Event e = event_for("renew-refused", presenter);
         e.session_id = id;
         e.reason = why;
-        name_policy(e);
-        refuse(std::move(e));
+        audit_.name_policy(e);
+        audit_.refuse(std::move(e));
         return make_error(code, why);
     };
     if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
@@ -868,53 +743,43 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     e.session_id = id;
     e.rule = d.rule;
     e.detail = knod::dump_json(nlohmann::json{{"expires_us", until}, {"policy", policy_.digest}});
-    record(std::move(e));
+    audit_.record(std::move(e));
     return until;
 }
 
-void BindingManager::close_session(const Binding &b, const std::string &why,
-                                   const journal::Counters &c, Done durable,
-                                   const std::string &seen) {
+void BindingManager::close_session(const Binding &b, EndReason why, const driver::Counters &c,
+                                   Done durable, const std::string &seen) {
     journal::Event e = event_for(journal::kind::ended, b.owner);
-    e.reason = why;
+    e.reason = to_string(why);
     nlohmann::json detail{{"rx_bytes", c.rx_bytes},
                           {"rx_packets", c.rx_packets},
                           {"dropped_packets", c.dropped_packets}};
     // What the driver saw (steering drift): the daemon's own words, bounded like a reason.
     if (!seen.empty()) detail["seen"] = seen.substr(0, limits::reason);
     e.detail = knod::dump_json(detail);
-    if (why == reason::policy_reload) name_policy(e); // the policy that ended it
-    forward(e, b.netdev, b.gpu);
-    if (pending_.empty() && !stopping_ && journal_ready()) {
-        PendingEnd end{b.id, why, c, e};
-        journal_->close_session_async(b.id, why, c, std::move(e),
-                                      [this, end, durable](Result<std::int64_t> r) {
-                                          post_([this, end, durable, ok = r.ok()] {
-                                              if (!ok) keep(end);
-                                              if (durable) durable({});
-                                          });
-                                      });
-    } else {
-        keep(PendingEnd{b.id, why, c, std::move(e)});
-        if (durable) durable({});
-    }
+    if (why == EndReason::policy_reload) audit_.name_policy(e); // the policy that ended it
+    // The journal's own copy of the figures: the journal does not know the driver.
+    journal::Counters row{c.rx_bytes, c.rx_packets, c.dropped_packets};
+    audit_.close_session(b.id, to_string(why), row, std::move(e), b.netdev, b.gpu,
+                         std::move(durable));
 }
 
-void BindingManager::end_binding(const std::string &id, const std::string &why, Done durable,
+void BindingManager::end_binding(const std::string &id, EndReason why, Done durable,
                                  const std::string &note) {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return;
     // Stop the data path and kill the key first: security does not wait for the disk.
-    journal::Counters c = driver_.counters(id);
+    driver::Counters c = driver_.counters(id);
     driver_.detach(id);
     keys_.revoke(it->second.key_id);
     close_session(it->second, why, c, std::move(durable),
-                  why == reason::steering_drift ? note : std::string());
+                  why == EndReason::steering_drift ? note : std::string());
     count_usage(it->second, -1);
     claims_.release(id);
     if (store_)
         for (auto &name : it->second.stored)
             store_->remove(name);
+    if (holders_) holders_->remove(id, it->second.owner.pid, it->second.owner.start_time);
     Binding ended = std::move(it->second);
     bindings_.erase(it);
     events_.binding_ended(ended, why, note);
@@ -928,7 +793,7 @@ void BindingManager::release(const std::string &id, const Peer &by, bool privile
         return done(make_error(Errc::denied, "binding " + id + " belongs to uid " +
                                                  std::to_string(it->second.owner.uid) +
                                                  "; only its owner or an admin may release it"));
-    end_binding(id, reason::release, std::move(done));
+    end_binding(id, EndReason::release, std::move(done));
 }
 
 void BindingManager::revoke(const std::string &id, const std::string &why, const Peer &by,
@@ -938,8 +803,8 @@ void BindingManager::revoke(const std::string &id, const std::string &why, const
     journal::Event e = event_for(journal::kind::revoked, by);
     e.session_id = id;
     e.reason = escape_untrusted(why.substr(0, limits::reason), Escape::message);
-    record(std::move(e));
-    end_binding(id, reason::revoke, std::move(done), why);
+    audit_.record(std::move(e));
+    end_binding(id, EndReason::revoke, std::move(done), why);
 }
 
 void BindingManager::refuse_action(const char *kind, const Peer &by, const std::string &decision,
@@ -951,8 +816,8 @@ void BindingManager::refuse_action(const char *kind, const Peer &by, const std::
     // The caller's text, not necessarily a binding that exists: detail only, escaped.
     if (binding)
         e.detail = knod::dump_json(nlohmann::json{{"binding", escape_untrusted(*binding)}});
-    name_policy(e); // the policy in force: it names who may administer (admin_group)
-    refuse(std::move(e));
+    audit_.name_policy(e); // the policy in force: it names who may administer (admin_group)
+    audit_.refuse(std::move(e));
 }
 
 Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
@@ -974,18 +839,30 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
     e.reason = "reloaded by " + via; // as before: "uid N" (D-Bus) or "SIGHUP"
     e.detail =
         knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}});
-    record_load(std::move(e));
+    audit_.record_load(std::move(e));
     for (auto &id : doomed)
-        end_binding(id, reason::policy_reload);
+        end_binding(id, EndReason::policy_reload);
     events_.policy_reloaded(policy_.rules.size(), doomed.size());
     return doomed.size();
 }
 
-void BindingManager::holder_gone(const std::string &id, const std::string &why) {
+Result<std::size_t> BindingManager::reload(const Peer &by, const std::string &via) {
+    auto next = loader_ ? loader_()
+                        : Result<policy::Policy>(
+                              make_error(Errc::unsupported, "this daemon has no policy files"));
+    if (!next) {
+        refuse_action(journal::kind::reload_refused, by, "invalid-policy",
+                      via + ": " + next.error().message);
+        return next.error();
+    }
+    return reload(std::move(*next), by, via);
+}
+
+void BindingManager::holder_gone(const std::string &id, EndReason why) {
     end_binding(id, why);
 }
 
-void BindingManager::abandon_grant(const std::string &id, const std::string &why) {
+void BindingManager::abandon_grant(const std::string &id, EndReason why) {
     auto it = inflight_.find(id);
     if (it == inflight_.end()) return;
     driver_.detach(id);
@@ -1001,15 +878,15 @@ void BindingManager::connection_gone(const std::string &bus_name) {
     for (auto &[id, b] : inflight_)
         if (b.owner.bus_name == bus_name) gone.push_back(id);
     for (auto &id : gone)
-        abandon_grant(id, reason::disconnect);
+        abandon_grant(id, EndReason::disconnect);
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         if (b.owner.bus_name == bus_name) ids.push_back(id);
     for (auto &id : ids)
-        end_binding(id, reason::disconnect);
+        end_binding(id, EndReason::disconnect);
 }
 
-void BindingManager::netdev_gone(const std::string &netdev, const std::string &why) {
+void BindingManager::netdev_gone(const std::string &netdev, EndReason why) {
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         if (b.netdev == netdev) ids.push_back(id);
@@ -1022,39 +899,27 @@ void BindingManager::tick(std::int64_t now_us) {
     for (auto &[id, b] : bindings_)
         if (b.expires_us <= now_us) expired.push_back(id);
     for (auto &id : expired)
-        end_binding(id, reason::expire);
+        end_binding(id, EndReason::expire);
     for (auto &[id, seen] : driver_.drifted())
-        if (bindings_.count(id)) end_binding(id, reason::steering_drift, {}, seen);
+        if (bindings_.count(id)) end_binding(id, EndReason::steering_drift, {}, seen);
     keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
-    if (now_us - last_retention_us_ >= 3600ll * 1000000) (void)apply_retention();
-    record_coalesced(now_us, false);
-    flush_pending_async();
+    audit_.tick(now_us);
 }
 
 void BindingManager::shutdown() {
-    stopping_ = true;
+    audit_.stop();
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         ids.push_back(id);
     for (auto &id : ids)
-        end_binding(id, reason::daemon_stop);
-    record_coalesced(journal::now_us(), true);
+        end_binding(id, EndReason::daemon_stop);
     journal::Event e;
     e.kind = journal::kind::daemon_stop;
-    record(std::move(e));
-    report_unwritten(flush_pending_now());
-}
-
-void BindingManager::report_unwritten(const Result<void> &flushed) const {
-    if (flushed && pending_.empty()) return;
-    std::cerr << "knod-policyd: " << pending_.size()
-              << " journal record(s) could not be written at stop"
-              << (flushed ? std::string() : ": " + flushed.error().message)
-              << "; sessions left open are closed as daemon-restart at the next start" << std::endl;
+    audit_.finish(std::move(e));
 }
 
 std::size_t BindingManager::hand_off() {
-    stopping_ = true;
+    audit_.stop();
     std::map<std::string, std::string> rows;
     std::vector<std::string> ending;
     for (auto &[id, b] : bindings_) {
@@ -1066,24 +931,22 @@ std::size_t BindingManager::hand_off() {
         else
             rows.emplace(id, std::move(row));
     }
-    (void)flush_pending_now();
-    if (!rows.empty() && !(journal_ready() && journal_->hand_off(rows))) {
+    (void)audit_.flush_pending_now();
+    if (!rows.empty() && !(audit_.journal() && audit_.journal()->hand_off(rows))) {
         // Not on disk: the next start could not take them back, so they end now as before.
         for (auto &[id, row] : rows)
             ending.push_back(id);
         rows.clear();
     }
     for (auto &id : ending)
-        end_binding(id, reason::daemon_stop);
-    record_coalesced(journal::now_us(), true);
+        end_binding(id, EndReason::daemon_stop);
     journal::Event e;
     e.kind = journal::kind::daemon_stop;
     e.reason = std::to_string(rows.size()) +
                " binding(s) handed to systemd's file-descriptor store for the next start";
     e.detail =
         knod::dump_json(nlohmann::json{{"handed_over", rows.size()}, {"ended", ending.size()}});
-    record(std::move(e));
-    report_unwritten(flush_pending_now());
+    audit_.finish(std::move(e));
     // The handed-over bindings stay as they are: no detach, no revoke, their sessions open.
     // The process exit closes the daemon's copies of their fds; systemd holds its own.
     return rows.size();
@@ -1102,13 +965,14 @@ std::vector<const Binding *> BindingManager::bindings() const {
 }
 
 ManagerStatus BindingManager::status() const {
+    const sinks::SinkQueue *sinks = audit_.sinks();
     return {bindings_.size(),
-            journal_ != nullptr && pending_.empty(),
-            pending_.size(),
-            dropped_records_,
-            sinks_ ? sinks_->dropped() : 0,
-            sinks_ ? sinks_->names() : std::vector<std::string>{},
-            sinks_ ? sinks_->stats() : std::vector<sinks::SinkStats>{}};
+            audit_.open() && audit_.pending() == 0,
+            audit_.pending(),
+            audit_.dropped(),
+            sinks ? sinks->dropped() : 0,
+            sinks ? sinks->names() : std::vector<std::string>{},
+            sinks ? sinks->stats() : std::vector<sinks::SinkStats>{}};
 }
 
 } // namespace knod::daemon

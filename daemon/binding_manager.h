@@ -3,17 +3,17 @@
 // bus adaptor unpacks arguments and credentials and calls in here.
 #pragma once
 
+#include "daemon/audit_trail.h"
 #include "daemon/driver/driver.h"
+#include "daemon/end_reason.h"
 #include "daemon/flow_claims.h"
 #include "daemon/handle_store.h"
+#include "daemon/holder_watch.h"
 #include "daemon/keys/key_authority.h"
 #include "daemon/peer.h"
 #include "daemon/rate_limiter.h"
-#include "daemon/refusal_coalescer.h"
-#include "daemon/sinks/sinks.h"
 #include "host/isolation.h"
 #include "host/paths.h"
-#include "journal/journal.h"
 #include "policy/engine.h"
 
 #include <atomic>
@@ -30,21 +30,6 @@ namespace knod::daemon {
 
 enum class BindingState { granted, active };
 const char *to_string(BindingState s);
-
-// End reasons, as journaled and signalled.
-namespace reason {
-inline constexpr const char *release = "release";
-inline constexpr const char *revoke = "revoke";
-inline constexpr const char *expire = "expire";
-inline constexpr const char *process_exit = "process-exit";
-inline constexpr const char *disconnect = "disconnect";
-inline constexpr const char *policy_reload = "policy-reload";
-inline constexpr const char *daemon_stop = "daemon-stop";
-inline constexpr const char *daemon_restart = "daemon-restart";
-// The devmem guard saw foreign packets on the binding's queue, or RSS / an ntuple rule now
-// reaches it: the NIC would put other traffic in the holder's memory.
-inline constexpr const char *steering_drift = "steering-drift";
-} // namespace reason
 
 struct Binding {
     std::string id;
@@ -70,9 +55,8 @@ class BindingEvents {
   public:
     virtual ~BindingEvents() = default;
     virtual void binding_created(const Binding &b) = 0;
-    // `why` is the journaled end reason; `note` what the ender said (an admin's revoke reason).
-    virtual void binding_ended(const Binding &b, const std::string &why,
-                               const std::string &note) = 0;
+    // `note` is what the ender said (an admin's revoke reason) or saw (steering drift).
+    virtual void binding_ended(const Binding &b, EndReason why, const std::string &note) = 0;
     virtual void policy_reloaded(std::size_t rules, std::size_t revoked) = 0;
     // A binding the previous daemon handed over (a restart): its holder already knows it, so
     // nothing is announced; the holder's exit is watched again.
@@ -121,11 +105,10 @@ struct ManagerStatus {
     std::vector<sinks::SinkStats> sink_stats; // per sink: written, failed, dropped, failing
 };
 
-// Runs a function on the daemon's event-loop thread (journal completions arrive on the
-// journal's writer thread and come back through this).
-using Post = std::function<void(std::function<void()>)>;
 using GrantDone = std::function<void(Result<Granted>)>;
-using Done = std::function<void(Result<void>)>;
+// Reads the policy afresh for a reload (the files the daemon started with); an invalid policy
+// comes back as an error.
+using PolicyLoader = std::function<Result<policy::Policy>()>;
 
 class BindingManager {
   public:
@@ -141,6 +124,9 @@ class BindingManager {
     // Where live bindings' kernel handles are kept across a restart (systemd's fd store);
     // optional. Set before start().
     void set_handle_store(HandleStore *store) { store_ = store; }
+    // Where holders' pidfds are watched (the daemon's loop): a binding ends when its holder's
+    // process exits. Optional (tests without a loop); set before start().
+    void set_event_loop(driver::EventLoop *loop);
     // Hands the policy's settings to the driver (unmatched traffic); fails if it cannot honour
     // them. Called before start(); reload() does the same for the next policy.
     Result<void> apply_settings() { return apply_settings(policy_.settings); }
@@ -168,17 +154,21 @@ class BindingManager {
     // actor (its uid and pid go in the event), `via` how it asked, in the event's text ("uid N"
     // over D-Bus, "SIGHUP").
     Result<std::size_t> reload(policy::Policy next, const Peer &by, const std::string &via);
+    // The same with the policy the loader reads now (ReloadPolicy, SIGHUP); a policy that does
+    // not load is journaled as refused and the old one stays.
+    Result<std::size_t> reload(const Peer &by, const std::string &via);
+    void set_policy_loader(PolicyLoader loader) { loader_ = std::move(loader); }
     // Journals a privileged action refused to `by` (`kind`: journal::kind::reload_refused or
     // revoke_refused), coalesced like every refusal. `decision`: not-authorized or
     // invalid-policy; `binding`: a revoke's argument.
     void refuse_action(const char *kind, const Peer &by, const std::string &decision,
                        const std::string &why, const std::optional<std::string> &binding = {});
-    // The holder's process exited or its bus connection went away.
-    void holder_gone(const std::string &id, const std::string &why);
+    // The holder's process exited (HolderWatch) or its bus connection went away.
+    void holder_gone(const std::string &id, EndReason why);
     // Ends every binding of a bus connection (it disconnected).
     void connection_gone(const std::string &bus_name);
-    // Ends every binding on a network device that went down or away (`why`: link-down, ...).
-    void netdev_gone(const std::string &netdev, const std::string &why);
+    // Ends every binding on a network device that went down or away.
+    void netdev_gone(const std::string &netdev, EndReason why);
     // Periodic work: expiry, steering drift (Driver::drifted), and retrying journal records
     // that could not be written.
     void tick(std::int64_t now_us);
@@ -194,106 +184,86 @@ class BindingManager {
     std::vector<const Binding *> bindings() const;
     const policy::Policy &policy() const { return policy_; }
     ManagerStatus status() const;
-    journal::Counters counters(const std::string &id) const { return driver_.counters(id); }
+    std::size_t binding_count() const { return bindings_.size(); }
+    // The journal's and the sinks' state, for the figures status() sums up.
+    const AuditTrail &audit() const { return audit_; }
+    driver::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
     const host::HostPaths &host_paths() const { return config_.host; }
     std::size_t max_flows() const { return config_.max_flows; }
     // Copies of every event go here too (journald, Linux audit); optional. A sink that starts
     // or stops failing becomes a sink-failing / sink-recovered event.
-    void set_sinks(sinks::SinkQueue *sinks);
+    void set_sinks(sinks::SinkQueue *sinks) { audit_.set_sinks(sinks); }
     // Applies the retention settings now; returns how many events went.
-    Result<std::int64_t> apply_retention();
+    Result<std::int64_t> apply_retention() { return audit_.apply_retention(); }
 
   private:
     Result<void> apply_settings(const policy::Settings &settings);
-    bool journal_ready();
     // Takes back one handed-over binding; the error says why not (its session is then closed).
     Result<void> adopt(const std::string &id, const std::string &handoff);
     std::string handoff_of(const Binding &b, const std::string &driver_state) const;
     // Keeps the binding's region fd and the driver's handles in the store, by binding id.
     void store_handles(Binding &b);
-    void forward(const journal::Event &e, const std::string &netdev = {},
-                 const std::string &gpu = {});
-    // Writes an event now, or keeps it to write once the journal is back.
-    void record(journal::Event e);
-    // A policy load (daemon-start, policy-reload): the event, and the policy's text stored
-    // under its digest, in one transaction (now, or kept for when the journal is back).
-    void record_load(journal::Event e);
-    // Puts "policy": the digest in force into the event's detail: every decision names the
-    // policy that made it.
-    void name_policy(journal::Event &e) const;
-    void end_binding(const std::string &id, const std::string &why, Done durable = {},
+    void end_binding(const std::string &id, EndReason why, Done durable = {},
                      const std::string &note = {});
     // Journals a session's end (now, or kept for when the journal is back).
-    void close_session(const Binding &b, const std::string &why, const journal::Counters &c,
-                       Done durable, const std::string &seen = {});
+    void close_session(const Binding &b, EndReason why, const driver::Counters &c, Done durable,
+                       const std::string &seen = {});
     // A grant in flight whose caller left: everything it held goes now; finish_grant closes
     // its session instead of handing out the key.
-    void abandon_grant(const std::string &id, const std::string &why);
+    void abandon_grant(const std::string &id, EndReason why);
+    // RequestBinding's steps (start_grant runs them in order; each may refuse).
+    struct ParsedRequest {
+        policy::Request request;
+        driver::NetdevInfo netdev;
+        driver::GpuInfo gpu;
+        driver::RegionInfo region;
+    };
+    struct Decided {
+        policy::Decision decision;
+        journal::Event event; // the grant event, or the refusal's
+    };
+    struct Prepared {
+        Binding binding;
+        keys::KeyBytes key;
+    };
     Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
+    Result<ParsedRequest> parse_request(const Peer &caller, const RequestArgs &args);
+    Result<Decided> decide_request(const Peer &caller, const RequestArgs &args,
+                                   const ParsedRequest &parsed);
+    Result<Prepared> prepare_grant(const Peer &caller, const RequestArgs &args,
+                                   const ParsedRequest &parsed, Decided &decided);
+    void commit_grant(const RequestArgs &args, const Decided &decided, Prepared prepared,
+                      GrantDone &done);
     void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                       const GrantDone &done);
-    // Journals a refusal unless its (uid, kind) already has a record in the current window.
-    void refuse(journal::Event e);
-    void record_coalesced(std::int64_t now_us, bool all);
     policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
     // The current policy's decision on a live binding, as if it were asked for now (its own
     // usage not counted against it): reload and Renew.
     policy::Decision decide_again(const Binding &b) const;
     void count_usage(const Binding &b, int sign); // +1 when granted (in flight), -1 when gone
-    // Retries kept records on the journal's writer thread, one at a time, in order.
-    void flush_pending_async();
-    // Writes them now, waiting (shutdown only).
-    Result<void> flush_pending_now();
-
-    struct PendingEnd {
-        std::string id;
-        std::string reason;
-        journal::Counters counters;
-        journal::Event event;
-    };
-    struct PendingLoad {
-        journal::Event event;
-        journal::PolicyText policy;
-    };
-    using Pending = std::variant<journal::Event, PendingEnd, PendingLoad>;
-    void keep(Pending record);
-    // Writes one kept record, waiting, or (`done` set) on the writer thread.
-    Result<std::int64_t> write_now(const Pending &record);
-    void write_async(const Pending &record, journal::Journal::Done done);
 
     ManagerConfig config_;
     driver::Driver &driver_;
     keys::KeyAuthority keys_;
     policy::Policy policy_;
     BindingEvents &events_;
-    std::unique_ptr<journal::Journal> journal_;
+    Post post_;
+    AuditTrail audit_; // closed first (the destructor): its writer's answers post to the loop
     std::map<std::string, Binding> bindings_;
     std::map<std::string, Binding> inflight_; // granted, waiting for the journal to commit
     struct Abandoned {
         Binding binding;
-        std::string why;
+        EndReason why;
     };
     std::map<std::string, Abandoned> abandoned_; // in flight, caller gone: nothing to hand out
     std::map<uid_t, policy::Usage> usage_;       // live and in-flight bindings per uid, for quotas
-    Post post_;
     RateLimiter limiter_;
-    RefusalCoalescer refusals_;
     FlowClaims claims_; // flows of live and in-flight bindings, per netdev
-    std::deque<Pending> pending_;
-    // The outcome of the kept record being retried now (pending_.front()); null when none is.
-    enum { flush_running, flush_written, flush_failed };
-    std::shared_ptr<std::atomic<int>> flushing_;
-    bool stopping_ = false; // shutdown or hand-off: records are written synchronously, in order
-    void report_unwritten(const Result<void> &flushed) const;
-    std::uint64_t dropped_records_ = 0;
-    sinks::SinkQueue *sinks_ = nullptr;
-    // Sink reports are posted from the sink thread; one that runs after the manager is gone
-    // finds this expired.
-    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     HandleStore *store_ = nullptr;
+    std::unique_ptr<HolderWatch> holders_;
+    PolicyLoader loader_;
     host::SysfsHost host_;
-    std::int64_t last_retention_us_ = 0;
 };
 
 } // namespace knod::daemon

@@ -188,10 +188,9 @@ knod::Result<knod::bus::BusPtr> connect_bus(const Options &o) {
     return bus;
 }
 
-} // namespace
-
-int main(int argc, char **argv) {
-    Options o;
+// Reads the command line into `o`. Returns the exit code when the process stops here (--help,
+// --version, bad usage).
+std::optional<int> parse_options(int argc, char **argv, Options &o) {
     CLI::App app{"knod-policyd: the KNOD binding policy daemon. It owns org.knod.Policy1 on the "
                  "bus and controls every binding of a network device to GPU memory."};
     app.add_option("--bus", o.bus, "system or session")
@@ -280,7 +279,42 @@ int main(int argc, char **argv) {
         // CLI11's own codes (109, 106...) mean nothing to scripts: usage errors are 2.
         return app.exit(e) == 0 ? 0 : 2;
     }
+    return std::nullopt;
+}
 
+// What a signal, a tick or the bus's disconnect needs.
+struct Loop {
+    knod::daemon::BindingManager *manager = nullptr;
+    knod::bus::BusService *service = nullptr;
+    sd_event *event = nullptr;
+    bool keep_bindings = false;
+};
+
+// Everything the daemon runs with, built in order by build() and torn down in reverse.
+class Daemon {
+  public:
+    ~Daemon() { sd_event_source_unref(tick_); }
+    // Builds and starts everything; nullopt when ready to run, else the exit code.
+    std::optional<int> build(Options &o);
+    // Serves until a signal or the bus's loss stops it; the exit code.
+    int run();
+
+  private:
+    std::optional<knod::daemon::FdStore> fd_store_;
+    std::optional<knod::FileLock> state_lock_;
+    knod::bus::EventPtr event_;
+    knod::bus::BusPtr bus_;
+    std::unique_ptr<SdEventLoop> driver_loop_;
+    std::unique_ptr<knod::driver::Driver> driver_;
+    std::unique_ptr<knod::bus::BusService> service_;
+    std::unique_ptr<knod::sinks::SinkQueue> sinks_;
+    std::unique_ptr<knod::daemon::BindingManager> manager_;
+    std::optional<knod::host::LinkMonitor> links_;
+    Loop loop_;
+    sd_event_source *tick_ = nullptr;
+};
+
+std::optional<int> Daemon::build(Options &o) {
     // What systemd's fd store handed back, taken before anything else opens a descriptor or
     // starts a child.
     bool keep_bindings = o.keep_bindings == "true" ||
@@ -290,7 +324,8 @@ int main(int argc, char **argv) {
                      "a unit with FileDescriptorStoreMax=\n";
         return exit_config;
     }
-    auto fd_store = knod::daemon::FdStore::from_environment(keep_bindings);
+    fd_store_.emplace(knod::daemon::FdStore::from_environment(keep_bindings));
+    auto &fd_store = *fd_store_;
 
     auto policy = load_policy(o.policy);
     if (!policy) {
@@ -318,6 +353,7 @@ int main(int argc, char **argv) {
                   << "\n";
         return 1;
     }
+    state_lock_.emplace(std::move(*state_lock));
     // The journal is for the auditors too (the state dir's group; knod-audit when packaged),
     // the key secret for the daemon alone.
     auto state_files = knod::daemon::check_state_files(o.state_dir,
@@ -355,12 +391,15 @@ int main(int argc, char **argv) {
 
     sd_event *ev_raw = nullptr;
     sd_event_default(&ev_raw);
-    knod::bus::EventPtr event(ev_raw);
-    auto bus = connect_bus(o);
-    if (!bus) {
-        std::cerr << "knod-policyd: " << bus.error().message << "\n";
-        return bus.error().code == knod::Errc::unavailable ? 2 : 1;
+    event_.reset(ev_raw);
+    auto &event = event_;
+    auto connected = connect_bus(o);
+    if (!connected) {
+        std::cerr << "knod-policyd: " << connected.error().message << "\n";
+        return connected.error().code == knod::Errc::unavailable ? 2 : 1;
     }
+    bus_ = std::move(*connected);
+    auto *bus = &bus_;
     sd_bus_attach_event(bus->get(), event.get(), SD_EVENT_PRIORITY_NORMAL);
     // The name before the network, BPF or journal: a second daemon on the same bus stops here.
     // Calls that arrive before the vtables exist wait in the queue until the loop runs.
@@ -373,7 +412,8 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    SdEventLoop driver_loop(event.get());
+    driver_loop_ = std::make_unique<SdEventLoop>(event.get());
+    auto &driver_loop = *driver_loop_;
     o.sim.drop_unmatched =
         policy->settings.unmatched_traffic == knod::policy::UnmatchedTraffic::drop;
     auto opened = open_driver(o, &driver_loop);
@@ -381,9 +421,11 @@ int main(int argc, char **argv) {
         std::cerr << "knod-policyd: " << opened.error().message << "\n";
         return 1;
     }
-    knod::driver::Driver &driver = **opened;
+    driver_ = std::move(*opened);
+    knod::driver::Driver &driver = *driver_;
     auto paths = o.policy;
-    knod::bus::BusService service(bus->get(), event.get(), [paths] { return load_policy(paths); });
+    service_ = std::make_unique<knod::bus::BusService>(bus->get());
+    auto &service = *service_;
     knod::daemon::ManagerConfig config;
     config.journal_path = o.state_dir + "/journal.db";
     config.requests_per_second = o.rate;
@@ -403,15 +445,19 @@ int main(int argc, char **argv) {
     if (o.journald) sink_list.push_back(std::make_unique<knod::sinks::JournaldSink>());
     if (o.linux_audit)
         if (auto audit = knod::sinks::LinuxAuditSink::open()) sink_list.push_back(std::move(audit));
-    knod::sinks::SinkQueue sinks(std::move(sink_list));
+    sinks_ = std::make_unique<knod::sinks::SinkQueue>(std::move(sink_list));
+    auto &sinks = *sinks_;
     if (auto p = driver_loop.start_posting(); !p) {
         std::cerr << "knod-policyd: " << p.error().message << "\n";
         return 1;
     }
-    knod::daemon::BindingManager manager(
+    manager_ = std::make_unique<knod::daemon::BindingManager>(
         config, driver, std::move(*keys), std::move(*policy), service,
         [&driver_loop](std::function<void()> fn) { driver_loop.post(std::move(fn)); });
+    auto &manager = *manager_;
     manager.set_sinks(&sinks);
+    manager.set_event_loop(&driver_loop);
+    manager.set_policy_loader([paths] { return load_policy(paths); });
     // A link that goes down or away takes its bindings with it. A deleted link is reported down
     // before it is gone: "down" is judged again 200 ms later (a down link delivers nothing
     // meanwhile), so a removal is recorded as link-removed.
@@ -419,32 +465,37 @@ int main(int argc, char **argv) {
         knod::daemon::BindingManager *manager;
         std::string ifname;
     };
-    auto links = knod::host::LinkMonitor::open([&manager, &event](const std::string &ifname,
-                                                                  const std::string &why) {
-        if (!manager.driver().netdevs_are_links()) return;
-        if (why != "link-down") return manager.netdev_gone(ifname, why);
-        auto *check = new DownCheck{&manager, ifname};
-        auto later = [](sd_event_source *src, uint64_t, void *ud) -> int {
-            std::unique_ptr<DownCheck> c(static_cast<DownCheck *>(ud));
-            c->manager->netdev_gone(
-                c->ifname, if_nametoindex(c->ifname.c_str()) == 0 ? "link-removed" : "link-down");
-            sd_event_source_unref(src);
-            return 0;
-        };
-        uint64_t now = 0;
-        sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
-        sd_event_source *src = nullptr; // unreferenced by `later` when it has run
-        if (sd_event_add_time(event.get(), &src, CLOCK_MONOTONIC, now + 200'000, 10'000, later,
-                              check) < 0) {
-            delete check;
-            manager.netdev_gone(ifname, why);
-        }
-    });
+    auto links = knod::host::LinkMonitor::open(
+        [&manager, &event](const std::string &ifname, const std::string &why) {
+            if (!manager.driver().netdevs_are_links()) return;
+            auto reason = why == "link-removed" ? knod::daemon::EndReason::link_removed
+                                                : knod::daemon::EndReason::link_down;
+            if (reason != knod::daemon::EndReason::link_down)
+                return manager.netdev_gone(ifname, reason);
+            auto *check = new DownCheck{&manager, ifname};
+            auto later = [](sd_event_source *src, uint64_t, void *ud) -> int {
+                std::unique_ptr<DownCheck> c(static_cast<DownCheck *>(ud));
+                c->manager->netdev_gone(c->ifname, if_nametoindex(c->ifname.c_str()) == 0
+                                                       ? knod::daemon::EndReason::link_removed
+                                                       : knod::daemon::EndReason::link_down);
+                sd_event_source_unref(src);
+                return 0;
+            };
+            uint64_t now = 0;
+            sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
+            sd_event_source *src = nullptr; // unreferenced by `later` when it has run
+            if (sd_event_add_time(event.get(), &src, CLOCK_MONOTONIC, now + 200'000, 10'000, later,
+                                  check) < 0) {
+                delete check;
+                manager.netdev_gone(ifname, reason);
+            }
+        });
     if (!links) {
         std::cerr << "knod-policyd: " << links.error().message << "\n";
         return 1;
     }
-    if (auto w = driver_loop.watch(links->fd(), [&links] { links->drain(); }); !w) {
+    links_.emplace(std::move(*links));
+    if (auto w = driver_loop.watch(links_->fd(), [this] { links_->drain(); }); !w) {
         std::cerr << "knod-policyd: " << w.error().message << "\n";
         return 1;
     }
@@ -469,12 +520,8 @@ int main(int argc, char **argv) {
     if (auto pruned = manager.apply_retention(); pruned && *pruned > 0)
         log("journal retention pruned " + std::to_string(*pruned) + " event(s)");
 
-    struct Loop {
-        knod::daemon::BindingManager *manager;
-        knod::bus::BusService *service;
-        sd_event *event;
-        bool keep_bindings;
-    } loop{&manager, &service, event.get(), fd_store.enabled()};
+    loop_ = Loop{&manager, &service, event.get(), fd_store.enabled()};
+    auto &loop = loop_;
     auto on_signal = [](sd_event_source *s, const struct signalfd_siginfo *si, void *ud) -> int {
         return knod::bus::guarded("signal", nullptr, [&] {
             auto *l = static_cast<Loop *>(ud);
@@ -483,7 +530,7 @@ int main(int argc, char **argv) {
                 knod::daemon::Peer by;
                 by.uid = si->ssi_uid;
                 by.pid = static_cast<pid_t>(si->ssi_pid);
-                auto r = l->service->reload(by, "SIGHUP");
+                auto r = l->manager->reload(by, "SIGHUP");
                 log(r ? "policy reloaded; " + std::to_string(*r) + " binding(s) revoked"
                       : "policy reload refused, keeping the old policy:\n" + r.error().message);
                 return 0;
@@ -532,7 +579,7 @@ int main(int argc, char **argv) {
     };
     uint64_t now = 0;
     sd_event_now(event.get(), CLOCK_MONOTONIC, &now);
-    sd_event_source *tick = nullptr;
+    auto &tick = tick_;
     sd_event_add_time(event.get(), &tick, CLOCK_MONOTONIC, now + 1'000'000, 100'000, on_tick,
                       &loop);
     sd_event_source_set_enabled(tick, SD_EVENT_ON);
@@ -543,8 +590,24 @@ int main(int argc, char **argv) {
     if (auto why = driver.unavailable()) status += "; refusing bindings: " + *why;
     log(status);
     sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
-    int r = sd_event_loop(event.get());
-    sd_event_source_unref(tick);
+    return std::nullopt;
+}
+
+int Daemon::run() {
+    int r = sd_event_loop(event_.get());
+    sd_event_source_unref(tick_);
+    tick_ = nullptr;
     if (r < 0) log("knod-policyd: event loop failed: " + std::string(std::strerror(-r)));
     return r == 0 ? 0 : 1;
+}
+
+} // namespace
+
+// Options, then everything built in order, then the loop.
+int main(int argc, char **argv) {
+    Options o;
+    if (auto code = parse_options(argc, argv, o)) return *code;
+    Daemon daemon;
+    if (auto code = daemon.build(o)) return *code;
+    return daemon.run();
 }

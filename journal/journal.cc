@@ -97,7 +97,12 @@ class Journal::Writer {
     static Result<std::unique_ptr<Writer>> open(const std::string &path) {
         auto db = open_and_migrate(path);
         if (!db) return db.error();
-        auto w = std::unique_ptr<Writer>(new Writer(std::move(*db)));
+        // Prepared before the writer exists: a failure is an error here, never a throw.
+        auto insert = db->prepare("INSERT INTO events (seq, at_us, kind, session_id, uid, pid, "
+                                  "rule, decision, reason, detail, prev_hash, hash) VALUES "
+                                  "(?,?,?,?,?,?,?,?,?,?,?,?)");
+        if (!insert) return std::move(insert).error().context(path + ": events table");
+        auto w = std::unique_ptr<Writer>(new Writer(std::move(*db), std::move(*insert)));
         if (auto r = w->load_head(); !r) return r.error();
         return w;
     }
@@ -181,12 +186,8 @@ class Journal::Writer {
         if (!written || std::rename(tmp.c_str(), anchor_.c_str()) != 0) ::unlink(tmp.c_str());
     }
 
-    explicit Writer(Database db)
-        : db_(std::move(db)),
-          insert_event_(db_.prepare("INSERT INTO events (seq, at_us, kind, session_id, uid, pid, "
-                                    "rule, decision, reason, detail, prev_hash, hash) VALUES "
-                                    "(?,?,?,?,?,?,?,?,?,?,?,?)")
-                            .value()) {}
+    Writer(Database db, Statement insert_event)
+        : db_(std::move(db)), insert_event_(std::move(insert_event)) {}
 
     Result<void> load_head() {
         auto st = db_.prepare("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1");

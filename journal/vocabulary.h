@@ -63,7 +63,8 @@ inline const std::vector<std::string> &known_decisions() {
 inline const std::vector<std::string> &known_end_reasons() {
     static const std::vector<std::string> v = {"release",      "revoke",         "expire",
                                                "process-exit", "disconnect",     "policy-reload",
-                                               "daemon-stop",  "daemon-restart", "steering-drift"};
+                                               "daemon-stop",  "daemon-restart", "steering-drift",
+                                               "link-down",    "link-removed"};
     return v;
 }
 

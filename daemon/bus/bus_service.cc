@@ -1,16 +1,14 @@
 #include "daemon/bus/bus_service.h"
 
 #include "daemon/bus/guard.h"
+#include "daemon/host_report.h"
 #include "daemon/request_limits.h"
-#include "host/report.h"
 #include "protocol/names.h"
 
-#include "knod/json.h"
 #include "knod/untrusted.h"
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
-#include <sys/epoll.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <string_view>
@@ -19,7 +17,7 @@ namespace knod::bus {
 namespace limits = daemon::limits;
 namespace {
 
-constexpr const char *version = KNOD_VERSION;
+constexpr const char *daemon_version = KNOD_VERSION;
 
 // What a caller reads: valid UTF-8 without control characters (sd-bus refuses to send anything
 // else, and the caller might print it), and short, whatever the error quoted.
@@ -51,20 +49,144 @@ daemon::Done reply_when_done(sd_bus_message *m) {
     };
 }
 
+// The properties' getters, one per property.
+namespace get {
+using daemon::Binding;
+using daemon::BindingManager;
+
+int version(sd_bus_message *m, const BindingManager &) {
+    return sd_bus_message_append(m, "s", daemon_version);
+}
+int driver(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "s", mgr.driver().name().c_str());
+}
+int binding_count(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "u", static_cast<std::uint32_t>(mgr.binding_count()));
+}
+int rules(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "u", static_cast<std::uint32_t>(mgr.policy().rules.size()));
+}
+int permissive(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "b", mgr.policy().settings.permissive);
+}
+int journal_available(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "b", mgr.audit().open() && mgr.audit().pending() == 0);
+}
+int pending_journal_records(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", static_cast<std::uint64_t>(mgr.audit().pending()));
+}
+int sink_dropped_records(sd_bus_message *m, const BindingManager &mgr) {
+    const sinks::SinkQueue *q = mgr.audit().sinks();
+    return sd_bus_message_append(m, "t", q ? q->dropped() : std::uint64_t{0});
+}
+int sink_failed_records(sd_bus_message *m, const BindingManager &mgr) {
+    std::uint64_t failed = 0;
+    if (const sinks::SinkQueue *q = mgr.audit().sinks())
+        for (auto &k : q->stats())
+            failed += k.failed;
+    return sd_bus_message_append(m, "t", failed);
+}
+
+int id(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.id.c_str());
+}
+int netdev(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.netdev.c_str());
+}
+int gpu(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.gpu.c_str());
+}
+int mode(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", policy::to_string(b.mode));
+}
+int owner_uid(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "u", b.owner.uid);
+}
+int owner_pid(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "u", static_cast<std::uint32_t>(b.owner.pid));
+}
+int region_size(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "t", b.region_id.length);
+}
+int flows(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    int r = sd_bus_message_open_container(m, 'a', "s");
+    for (auto &f : b.flows)
+        if (r >= 0) r = sd_bus_message_append(m, "s", f.to_string().c_str());
+    return r < 0 ? r : sd_bus_message_close_container(m);
+}
+int queues(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append_array(m, 'u', b.queues.data(),
+                                       b.queues.size() * sizeof(std::uint32_t));
+}
+int key_id(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.key_id.c_str());
+}
+int rule(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.rule.c_str());
+}
+int created(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "t", static_cast<std::uint64_t>(b.created_us));
+}
+int expires(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "t", static_cast<std::uint64_t>(b.expires_us));
+}
+int state(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", daemon::to_string(b.state));
+}
+int rx_bytes(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.counters(b.id).rx_bytes);
+}
+int rx_packets(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.counters(b.id).rx_packets);
+}
+int dropped_packets(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.counters(b.id).dropped_packets);
+}
+
+} // namespace get
+
+} // namespace
+
+template <BusService::ManagerGet get>
+int BusService::manager_property(sd_bus *, const char *, const char *, const char *,
+                                 sd_bus_message *reply, void *self, sd_bus_error *err) {
+    return guarded("manager property", err,
+                   [&]() -> int { return get(reply, *service(self)->manager_); });
+}
+
+template <BusService::BindingGet get>
+int BusService::binding_property(sd_bus *, const char *path, const char *, const char *,
+                                 sd_bus_message *reply, void *self, sd_bus_error *err) {
+    return guarded("binding property", err, [&]() -> int {
+        auto *s = service(self);
+        const daemon::Binding *b = s->emitting_ ? s->emitting_ : s->binding_at(path);
+        if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
+        return get(reply, *b, *s->manager_);
+    });
+}
+
+namespace {
+
 // Every method below is callable by any local user at the sd-bus level
 // (SD_BUS_VTABLE_UNPRIVILEGED); each says how it checks its caller. Members without the flag
 // would be root-only, and that is the default for anything added later.
 const sd_bus_vtable manager_vtable[] = {
     SD_BUS_VTABLE_START(0),
-    SD_BUS_PROPERTY("Version", "s", BusService::manager_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Driver", "s", BusService::manager_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("BindingCount", "u", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("Rules", "u", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("Permissive", "b", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("PendingJournalRecords", "t", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("SinkDroppedRecords", "t", BusService::manager_property, 0, 0),
-    SD_BUS_PROPERTY("SinkFailedRecords", "t", BusService::manager_property, 0, 0),
+    SD_BUS_PROPERTY("Version", "s", BusService::manager_property<get::version>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Driver", "s", BusService::manager_property<get::driver>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("BindingCount", "u", BusService::manager_property<get::binding_count>, 0, 0),
+    SD_BUS_PROPERTY("Rules", "u", BusService::manager_property<get::rules>, 0, 0),
+    SD_BUS_PROPERTY("Permissive", "b", BusService::manager_property<get::permissive>, 0, 0),
+    SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property<get::journal_available>,
+                    0, 0),
+    SD_BUS_PROPERTY("PendingJournalRecords", "t",
+                    BusService::manager_property<get::pending_journal_records>, 0, 0),
+    SD_BUS_PROPERTY("SinkDroppedRecords", "t",
+                    BusService::manager_property<get::sink_dropped_records>, 0, 0),
+    SD_BUS_PROPERTY("SinkFailedRecords", "t",
+                    BusService::manager_property<get::sink_failed_records>, 0, 0),
     // Anyone: the policy decides, as the caller's own uid.
     SD_BUS_METHOD_WITH_NAMES("RequestBinding", "ssshttas",
                              SD_BUS_PARAM(netdev) SD_BUS_PARAM(gpu) SD_BUS_PARAM(mode)
@@ -98,26 +220,38 @@ const sd_bus_vtable manager_vtable[] = {
 
 const sd_bus_vtable binding_vtable[] = {
     SD_BUS_VTABLE_START(0),
-    SD_BUS_PROPERTY("Id", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Netdev", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Gpu", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Mode", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("OwnerUid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property, 0,
+    SD_BUS_PROPERTY("Id", "s", BusService::binding_property<get::id>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Flows", "as", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Queues", "au", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("KeyId", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Rule", "s", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-    SD_BUS_PROPERTY("Created", "t", BusService::binding_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Netdev", "s", BusService::binding_property<get::netdev>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Gpu", "s", BusService::binding_property<get::gpu>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Mode", "s", BusService::binding_property<get::mode>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("OwnerUid", "u", BusService::binding_property<get::owner_uid>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property<get::owner_pid>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property<get::region_size>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Flows", "as", BusService::binding_property<get::flows>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Queues", "au", BusService::binding_property<get::queues>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("KeyId", "s", BusService::binding_property<get::key_id>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Rule", "s", BusService::binding_property<get::rule>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    SD_BUS_PROPERTY("Created", "t", BusService::binding_property<get::created>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
     // Moves when the holder renews.
-    SD_BUS_PROPERTY("Expires", "t", BusService::binding_property, 0, 0),
-    SD_BUS_PROPERTY("State", "s", BusService::binding_property, 0,
+    SD_BUS_PROPERTY("Expires", "t", BusService::binding_property<get::expires>, 0, 0),
+    SD_BUS_PROPERTY("State", "s", BusService::binding_property<get::state>, 0,
                     SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-    SD_BUS_PROPERTY("RxBytes", "t", BusService::binding_property, 0, 0),
-    SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property, 0, 0),
-    SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property, 0, 0),
+    SD_BUS_PROPERTY("RxBytes", "t", BusService::binding_property<get::rx_bytes>, 0, 0),
+    SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property<get::rx_packets>, 0, 0),
+    SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property<get::dropped_packets>, 0,
+                    0),
     // Anyone who can see the object; the key is checked against the caller's own process.
     // The holder only (the key is checked against the caller's own process): extends the key.
     SD_BUS_METHOD_WITH_NAMES("Renew", "ay", SD_BUS_PARAM(key), "t", SD_BUS_PARAM(expires_us),
@@ -145,8 +279,7 @@ std::string binding_path(const std::string &id) {
     return std::string(bindings_prefix) + "/" + id;
 }
 
-BusService::BusService(sd_bus *bus, sd_event *event, PolicyLoader loader)
-    : bus_(bus), event_(event), loader_(std::move(loader)), authorizer_(bus) {}
+BusService::BusService(sd_bus *bus) : bus_(bus), authorizer_(bus) {}
 
 BusService::~BusService() = default;
 
@@ -173,11 +306,6 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
               "node enumerator")))
         return r;
     if (!(r = add(sd_bus_add_object_manager(bus_, &slot, manager_path), "object manager")))
-        return r;
-    if (!(r = add(sd_bus_match_signal(bus_, &slot, "org.freedesktop.DBus", "/org/freedesktop/DBus",
-                                      "org.freedesktop.DBus", "NameOwnerChanged",
-                                      name_owner_changed, this),
-                  "NameOwnerChanged match")))
         return r;
     // main() takes the name before it touches the network; EALREADY means it did.
     int rc = sd_bus_request_name(bus_, service_name, 0);
@@ -217,7 +345,10 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender);
     if (!process) return c;
     c.gids = std::move(process->gids);
-    if (!c.sender.empty()) creds_cache_[c.sender] = c;
+    if (!c.sender.empty()) {
+        creds_cache_[c.sender] = c;
+        track(c.sender);
+    }
     return c;
 }
 
@@ -305,18 +436,28 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
         if (!caller) return fail(err, caller.error());
         // The reply goes once the grant is durable; meanwhile the loop serves other callers.
         std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
-        s->manager_->request(*caller, a, [call](Result<daemon::Granted> granted) {
+        s->manager_->request(*caller, a, [s, call](Result<daemon::Granted> granted) {
             if (!granted) return reply_error(call.get(), granted.error());
             sd_bus_message *reply_raw = nullptr;
-            if (sd_bus_message_new_method_return(call.get(), &reply_raw) < 0) return;
+            int built = sd_bus_message_new_method_return(call.get(), &reply_raw);
             MessagePtr reply(reply_raw);
             std::string path = binding_path(granted->id);
-            if (sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str()) <
-                    0 ||
-                sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
-                                            granted->key.size()) < 0)
+            if (built >= 0)
+                built =
+                    sd_bus_message_append(reply.get(), "os", path.c_str(), granted->key_id.c_str());
+            if (built >= 0)
+                built = sd_bus_message_append_array(reply.get(), 'y', granted->key.data(),
+                                                    granted->key.size());
+            if (built >= 0) {
+                sd_bus_send(nullptr, reply.get(), nullptr);
                 return;
-            sd_bus_send(nullptr, reply.get(), nullptr);
+            }
+            // The key cannot reach the caller: the binding it could never activate ends now,
+            // and the caller hears why at once instead of waiting out its timeout.
+            s->manager_->release(granted->id, {}, true, [](Result<void>) {});
+            reply_error(call.get(), make_error(Errc::io, std::string("the reply could not be "
+                                                                     "built: ") +
+                                                             std::strerror(-built)));
         });
         return 1; // replied, or will be
     });
@@ -357,6 +498,9 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         for (auto check : {limits::check_length("id", id, limits::binding_id),
                            limits::check_length("reason", why, limits::reason)})
             if (!check) return fail(err, check.error());
+        // Bad input is refused before anyone (polkit) is asked about the caller.
+        if (why[0] == '\0')
+            return fail(err, make_error(Errc::invalid_argument, "reason: say why you revoke"));
         if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
@@ -373,22 +517,10 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
                                                "not-authorized", denied.message, id);
                     return done(denied);
                 }
-                if (why.empty())
-                    return done(make_error(Errc::invalid_argument, "reason: say why you revoke"));
                 s->manager_->revoke(id, why, peer, done);
             });
         return 1; // replied, or will be
     });
-}
-
-Result<std::size_t> BusService::reload(const daemon::Peer &by, const std::string &via) {
-    auto next = loader_();
-    if (!next) {
-        manager_->refuse_action(journal::kind::reload_refused, by, "invalid-policy",
-                                via + ": " + next.error().message);
-        return next.error();
-    }
-    return manager_->reload(std::move(*next), by, via);
 }
 
 int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) {
@@ -411,7 +543,7 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
                                            denied.message);
                 return reply_error(call.get(), denied);
             }
-            auto revoked = s->reload(by, "uid " + std::to_string(by.uid));
+            auto revoked = s->manager_->reload(by, "uid " + std::to_string(by.uid));
             if (!revoked) return reply_error(call.get(), revoked.error());
             sd_bus_reply_method_return(
                 call.get(), "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
@@ -425,39 +557,7 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("GetHostReport", err, [&]() -> int {
         auto *s = service(self);
         if (auto t = s->throttle(m, "GetHostReport"); !t) return fail(err, t.error());
-        const auto &d = s->manager_->driver();
-        nlohmann::json j{{"driver", d.name()}};
-        j["netdevs"] = nlohmann::json::array();
-        for (auto &n : d.netdevs())
-            j["netdevs"].push_back({{"name", n.name}, {"rx_queues", n.rx_queues}});
-        j["gpus"] = nlohmann::json::array();
-        for (auto &g : d.gpus())
-            j["gpus"].push_back(
-                {{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
-        j["datapath"] = d.stats();
-        // Inventory and isolation checks, as `knod-policy doctor --json` prints them.
-        if (auto host = host::build_report(s->manager_->host_paths()))
-            j["host"] = host->to_json();
-        else
-            j["host"] = {{"error", host.error().message}};
-        auto st = s->manager_->status();
-        nlohmann::json each = nlohmann::json::array();
-        std::uint64_t failed = 0;
-        for (auto &k : st.sink_stats) {
-            failed += k.failed;
-            each.push_back({{"name", k.name},
-                            {"written", k.written},
-                            {"failed", k.failed},
-                            {"dropped", k.dropped},
-                            {"failing", k.failing},
-                            {"last_error", k.last_error}});
-        }
-        j["sinks"] = {
-            {"names", st.sinks}, {"dropped", st.sink_dropped}, {"failed", failed}, {"each", each}};
-        j["journal"] = {{"available", st.journal_available},
-                        {"pending_records", st.pending_records},
-                        {"dropped_records", st.journal_dropped}};
-        return sd_bus_reply_method_return(m, "s", knod::dump_json(j).c_str());
+        return sd_bus_reply_method_return(m, "s", daemon::host_report_json(*s->manager_).c_str());
     });
 }
 
@@ -532,110 +632,68 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
     });
 }
 
-int BusService::manager_property(sd_bus *, const char *, const char *, const char *property,
-                                 sd_bus_message *reply, void *self, sd_bus_error *) {
-    return guarded("manager property", nullptr, [&]() -> int {
+void BusService::track(const std::string &name) const {
+    if (name.empty() || name[0] != ':' || tracks_.count(name)) return;
+    sd_bus_track *raw = nullptr;
+    if (sd_bus_track_new(bus_, &raw, connection_left, const_cast<BusService *>(this)) < 0) return;
+    TrackPtr t(raw);
+    // Untracked, the connection's bindings still end at the next restart check or with their
+    // holder's process; a failure here costs only that.
+    if (sd_bus_track_add_name(t.get(), name.c_str()) < 0) return;
+    tracks_.emplace(name, std::move(t));
+}
+
+namespace {
+
+struct LeftCheck {
+    BusService *service;
+    std::string name;
+};
+
+} // namespace
+
+int BusService::connection_left(sd_bus_track *t, void *self) {
+    return guarded("connection left", nullptr, [&]() -> int {
         auto *s = service(self);
-        std::string p = property;
-        auto st = s->manager_->status();
-        if (p == "Version") return sd_bus_message_append(reply, "s", version);
-        if (p == "Driver")
-            return sd_bus_message_append(reply, "s", s->manager_->driver().name().c_str());
-        if (p == "BindingCount")
-            return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(st.bindings));
-        if (p == "Rules")
-            return sd_bus_message_append(
-                reply, "u", static_cast<std::uint32_t>(s->manager_->policy().rules.size()));
-        if (p == "Permissive")
-            return sd_bus_message_append(reply, "b", s->manager_->policy().settings.permissive);
-        if (p == "JournalAvailable") return sd_bus_message_append(reply, "b", st.journal_available);
-        if (p == "SinkDroppedRecords") return sd_bus_message_append(reply, "t", st.sink_dropped);
-        if (p == "SinkFailedRecords") {
-            std::uint64_t failed = 0;
-            for (auto &k : st.sink_stats)
-                failed += k.failed;
-            return sd_bus_message_append(reply, "t", failed);
-        }
-        if (p == "PendingJournalRecords")
-            return sd_bus_message_append(reply, "t",
-                                         static_cast<std::uint64_t>(st.pending_records));
-        return -ENOENT;
-    });
-}
-
-int BusService::binding_property(sd_bus *, const char *path, const char *, const char *property,
-                                 sd_bus_message *reply, void *self, sd_bus_error *err) {
-    return guarded("binding property", err, [&]() -> int {
-        auto *s = service(self);
-        const daemon::Binding *b = s->binding_at(path);
-        if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
-        return s->append_property(reply, *b, property);
-    });
-}
-
-int BusService::append_property(sd_bus_message *reply, const daemon::Binding &binding,
-                                const std::string &p) const {
-    const daemon::Binding *b = &binding;
-    if (p == "Id") return sd_bus_message_append(reply, "s", b->id.c_str());
-    if (p == "Netdev") return sd_bus_message_append(reply, "s", b->netdev.c_str());
-    if (p == "Gpu") return sd_bus_message_append(reply, "s", b->gpu.c_str());
-    if (p == "Mode") return sd_bus_message_append(reply, "s", policy::to_string(b->mode));
-    if (p == "OwnerUid") return sd_bus_message_append(reply, "u", b->owner.uid);
-    if (p == "OwnerPid")
-        return sd_bus_message_append(reply, "u", static_cast<std::uint32_t>(b->owner.pid));
-    if (p == "RegionSize") return sd_bus_message_append(reply, "t", b->region_id.length);
-    if (p == "KeyId") return sd_bus_message_append(reply, "s", b->key_id.c_str());
-    if (p == "Rule") return sd_bus_message_append(reply, "s", b->rule.c_str());
-    if (p == "Created")
-        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->created_us));
-    if (p == "Expires")
-        return sd_bus_message_append(reply, "t", static_cast<std::uint64_t>(b->expires_us));
-    if (p == "State") return sd_bus_message_append(reply, "s", daemon::to_string(b->state));
-    if (p == "Flows") {
-        int r = sd_bus_message_open_container(reply, 'a', "s");
-        for (auto &f : b->flows)
-            if (r >= 0) r = sd_bus_message_append(reply, "s", f.to_string().c_str());
-        return r < 0 ? r : sd_bus_message_close_container(reply);
-    }
-    if (p == "Queues")
-        return sd_bus_message_append_array(reply, 'u', b->queues.data(),
-                                           b->queues.size() * sizeof(std::uint32_t));
-    auto c = manager_->counters(b->id);
-    if (p == "RxBytes") return sd_bus_message_append(reply, "t", c.rx_bytes);
-    if (p == "RxPackets") return sd_bus_message_append(reply, "t", c.rx_packets);
-    if (p == "DroppedPackets") return sd_bus_message_append(reply, "t", c.dropped_packets);
-    return -ENOENT;
-}
-
-int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
-    return guarded("NameOwnerChanged", nullptr, [&]() -> int {
-        // Only the bus itself says who left. The match names the sender, but sd-bus cannot check
-        // a well-known sender locally, and any client may address a signal of this name to us:
-        // without this test one call from any user ended any other user's bindings.
-        const char *sender = sd_bus_message_get_sender(m);
-        if (!sender || std::strcmp(sender, "org.freedesktop.DBus") != 0) return 0;
-        const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
-        if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
-        if (name[0] == ':' && new_owner[0] == '\0') {
-            service(self)->creds_cache_.erase(name);
-            service(self)->subscribers_.erase(name);
-            service(self)->manager_->connection_gone(name);
-        }
+        auto it = std::find_if(s->tracks_.begin(), s->tracks_.end(),
+                               [t](auto &entry) { return entry.second.get() == t; });
+        if (it == s->tracks_.end()) return 0;
+        auto check = std::make_unique<LeftCheck>(LeftCheck{s, it->first});
+        s->tracks_.erase(it); // sd-bus holds its own reference while this runs
+        // sd-bus does not check locally who sent the NameOwnerChanged that emptied the track:
+        // any client may address one to us. The bus itself says whether the name is gone, in
+        // a call the loop does not wait for. A lost bus answers nothing: the disconnect ends
+        // every binding as daemon-stop.
+        sd_bus_slot *slot = nullptr;
+        if (sd_bus_call_method_async(s->bus_, &slot, "org.freedesktop.DBus",
+                                     "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                     "NameHasOwner", name_has_owner, check.get(), "s",
+                                     check->name.c_str()) < 0)
+            return 0;
+        sd_bus_slot_set_destroy_callback(slot,
+                                         [](void *ud) { delete static_cast<LeftCheck *>(ud); });
+        check.release();
+        sd_bus_slot_set_floating(slot, 1);
+        sd_bus_slot_unref(slot);
         return 0;
     });
 }
 
-int BusService::holder_exited(sd_event_source *src, int, uint32_t, void *self) {
-    return guarded("holder exit", nullptr, [&]() -> int {
-        auto *s = service(self);
-        for (auto &[holder, watch] : s->holders_) {
-            if (watch.source.get() != src) continue;
-            // Ending a binding edits the watch (and erases it with the last one): work on a copy.
-            std::set<std::string> ids = watch.bindings;
-            for (auto &id : ids)
-                s->manager_->holder_gone(id, daemon::reason::process_exit);
-            break;
+int BusService::name_has_owner(sd_bus_message *reply, void *ud, sd_bus_error *) {
+    return guarded("NameHasOwner", nullptr, [&]() -> int {
+        auto *check = static_cast<LeftCheck *>(ud);
+        BusService *s = check->service;
+        int has = 1; // no answer: keep, as for any other call
+        if (sd_bus_message_is_method_error(reply, nullptr) ||
+            sd_bus_message_read(reply, "b", &has) < 0)
+            return 0;
+        if (has) {
+            s->track(check->name); // a spoofed signal: the connection is still there
+            return 0;
         }
+        s->creds_cache_.erase(check->name);
+        s->subscribers_.erase(check->name);
+        s->manager_->connection_gone(check->name);
         return 0;
     });
 }
@@ -691,7 +749,7 @@ void BusService::emit_state_changed(const daemon::Binding &b) {
                  });
 }
 
-int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const {
+int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) {
     std::string path = binding_path(b.id);
     int r = sd_bus_message_append(m, "o", path.c_str());
     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sa{sv}}");
@@ -701,33 +759,22 @@ int BusService::append_interfaces_added(sd_bus_message *m, const daemon::Binding
     if (r >= 0) r = sd_bus_message_append(m, "s", binding_interface);
     if (r >= 0) r = sd_bus_message_open_container(m, 'a', "{sv}");
     // Every property of the vtable, through the getter Get uses.
+    emitting_ = &b;
     for (const sd_bus_vtable *v = binding_vtable; r >= 0 && v->type != _SD_BUS_VTABLE_END; ++v) {
         if (v->type != _SD_BUS_VTABLE_PROPERTY) continue;
         r = sd_bus_message_open_container(m, 'e', "sv");
         if (r >= 0) r = sd_bus_message_append(m, "s", v->x.property.member);
         if (r >= 0) r = sd_bus_message_open_container(m, 'v', v->x.property.signature);
-        if (r >= 0) r = append_property(m, b, v->x.property.member);
+        if (r >= 0)
+            r = v->x.property.get(bus_, path.c_str(), binding_interface, v->x.property.member, m,
+                                  this, nullptr);
         if (r >= 0) r = sd_bus_message_close_container(m); // variant
         if (r >= 0) r = sd_bus_message_close_container(m); // entry
     }
+    emitting_ = nullptr;
     for (int level = 0; level < 3 && r >= 0; ++level) // properties, interface entry, interfaces
         r = sd_bus_message_close_container(m);
     return r;
-}
-
-void BusService::watch_holder(const daemon::Binding &b) {
-    auto holder = std::make_pair(b.owner.pid, b.owner.start_time);
-    auto it = holders_.find(holder);
-    if (it == holders_.end() && b.owner.pidfd) {
-        sd_event_source *src = nullptr;
-        if (sd_event_add_io(event_, &src, b.owner.pidfd->get(), EPOLLIN, holder_exited, this) >= 0)
-            it = holders_.emplace(holder, HolderWatch{SourcePtr(src), b.owner.pidfd, {}}).first;
-    }
-    if (it != holders_.end()) it->second.bindings.insert(b.id);
-}
-
-void BusService::binding_adopted(const daemon::Binding &b) {
-    watch_holder(b);
 }
 
 void BusService::check_connections() {
@@ -748,9 +795,12 @@ void BusService::check_connections() {
     }
 }
 
+void BusService::binding_adopted(const daemon::Binding &b) {
+    track(b.owner.bus_name); // its holder's connection, if it is still there
+}
+
 void BusService::binding_created(const daemon::Binding &b) {
     std::string path = binding_path(b.id);
-    watch_holder(b);
     signal_about(b, {manager_path, manager_interface, "BindingCreated"}, [&](sd_bus_message *m) {
         return sd_bus_message_append(m, "os", path.c_str(), b.id.c_str());
     });
@@ -759,20 +809,14 @@ void BusService::binding_created(const daemon::Binding &b) {
                  [&](sd_bus_message *m) { return append_interfaces_added(m, b); });
 }
 
-void BusService::binding_ended(const daemon::Binding &b, const std::string &why,
+void BusService::binding_ended(const daemon::Binding &b, daemon::EndReason why,
                                const std::string &note) {
-    auto holder = holders_.find(std::make_pair(b.owner.pid, b.owner.start_time));
-    if (holder != holders_.end()) {
-        holder->second.bindings.erase(b.id);
-        if (holder->second.bindings.empty()) holders_.erase(holder);
-    }
     std::string path = binding_path(b.id);
-    bool revoked = why == daemon::reason::revoke || why == daemon::reason::policy_reload ||
-                   why == daemon::reason::expire || why == daemon::reason::steering_drift ||
-                   why.rfind("link-", 0) == 0;
+    bool revoked = daemon::is_revocation(why);
     // The holder learns why: the journaled reason, then what the admin said ("revoke: ...") or
     // what the driver saw ("steering-drift: ...").
-    std::string reason = note.empty() ? why : why + ": " + note;
+    std::string reason = daemon::to_string(why);
+    if (!note.empty()) reason += ": " + note;
     signal_about(
         b, {manager_path, manager_interface, revoked ? "BindingRevoked" : "BindingReleased"},
         [&](sd_bus_message *m) {

@@ -13,22 +13,16 @@
 
 namespace knod::bus {
 
-// Loads the policy afresh for a reload; an invalid policy comes back as an error.
-using PolicyLoader = std::function<Result<policy::Policy>()>;
-
 class BusService : public daemon::BindingEvents {
   public:
-    BusService(sd_bus *bus, sd_event *event, PolicyLoader loader);
+    explicit BusService(sd_bus *bus);
     ~BusService() override;
 
     // Registers the objects and takes the well-known name.
     Result<void> start(daemon::BindingManager &manager);
-    // Reload on SIGHUP: same path as the method, attributed to the signal's sender (`by`);
-    // `via` says how it was asked. A policy that does not load is journaled as refused.
-    Result<std::size_t> reload(const daemon::Peer &by, const std::string &via);
 
     void binding_created(const daemon::Binding &b) override;
-    void binding_ended(const daemon::Binding &b, const std::string &why,
+    void binding_ended(const daemon::Binding &b, daemon::EndReason why,
                        const std::string &note) override;
     void policy_reloaded(std::size_t rules, std::size_t revoked) override;
     void binding_adopted(const daemon::Binding &b) override;
@@ -46,9 +40,16 @@ class BusService : public daemon::BindingEvents {
     static int activate(sd_bus_message *m, void *self, sd_bus_error *err);
     static int renew(sd_bus_message *m, void *self, sd_bus_error *err);
     static int release(sd_bus_message *m, void *self, sd_bus_error *err);
+    // One getter per property: `get` reads one figure of the manager, or one field of the
+    // binding at the path (if the caller may see it), and appends it.
+    using ManagerGet = int (*)(sd_bus_message *, const daemon::BindingManager &);
+    using BindingGet = int (*)(sd_bus_message *, const daemon::Binding &,
+                               const daemon::BindingManager &);
+    template <ManagerGet get>
     static int manager_property(sd_bus *bus, const char *path, const char *interface,
                                 const char *property, sd_bus_message *reply, void *self,
                                 sd_bus_error *err);
+    template <BindingGet get>
     static int binding_property(sd_bus *bus, const char *path, const char *interface,
                                 const char *property, sd_bus_message *reply, void *self,
                                 sd_bus_error *err);
@@ -56,11 +57,10 @@ class BusService : public daemon::BindingEvents {
                             void **found, sd_bus_error *err);
     static int enumerate_bindings(sd_bus *bus, const char *prefix, void *self, char ***nodes,
                                   sd_bus_error *err);
-    static int name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *err);
-    static int holder_exited(sd_event_source *s, int fd, uint32_t revents, void *self);
+    static int connection_left(sd_bus_track *track, void *self);
+    static int name_has_owner(sd_bus_message *reply, void *check, sd_bus_error *err);
 
   private:
-    void watch_holder(const daemon::Binding &b);
     Result<Credentials> credentials(sd_bus_message *m) const;
     Result<daemon::Peer> peer(sd_bus_message *m) const;
     // The per-uid rate limit for methods the core does not see (RequestBinding and Activate
@@ -69,11 +69,8 @@ class BusService : public daemon::BindingEvents {
     // May the sender of the message being handled see this binding?
     bool visible(const daemon::Binding &b) const;
     const daemon::Binding *binding_at(const char *path) const;
-    // One property of a binding, as Get and InterfacesAdded carry it (no visibility check).
-    int append_property(sd_bus_message *reply, const daemon::Binding &b,
-                        const std::string &property) const;
     // The ObjectManager's InterfacesAdded arguments for a binding, as GetManagedObjects shows it.
-    int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b) const;
+    int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b);
 
     // Signals about a binding go only to the connections that may list it: the one that
     // requested it, and subscribers (Subscribe) of the owner's uid, auditors and admins.
@@ -82,23 +79,20 @@ class BusService : public daemon::BindingEvents {
     void emit_state_changed(const daemon::Binding &b);
 
     sd_bus *bus_;
-    sd_event *event_;
-    PolicyLoader loader_;
     Authorizer authorizer_;
     daemon::BindingManager *manager_ = nullptr;
+    // The binding whose InterfacesAdded is being built: its getters skip the visibility check
+    // (the signal goes only to those entitled to it).
+    const daemon::Binding *emitting_ = nullptr;
     std::vector<SlotPtr> slots_;
-    // One pidfd watch per holder process (pid and start time), however many bindings it holds:
-    // a process with 10,000 bindings costs one fd here, not 10,000.
-    struct HolderWatch {
-        SourcePtr source;
-        std::shared_ptr<UniqueFd> pidfd;
-        std::set<std::string> bindings;
-    };
-    std::map<std::pair<pid_t, std::uint64_t>, HolderWatch> holders_;
     // What the bus vouched for, per connection: a unique name is never reused and its uid and
     // pid never change, so one GetConnectionCredentials round trip per connection is enough.
     // Dropped when the connection goes.
     mutable std::map<std::string, Credentials> creds_cache_;
+    // Every connection that called us, watched by sd-bus (sd_bus_track, as systemd's services
+    // do): when it leaves, its cached credentials, its subscription and its bindings go.
+    void track(const std::string &name) const;
+    mutable std::map<std::string, TrackPtr> tracks_;
     // Connections that called Subscribe, by unique name; dropped when the connection goes.
     // Whether one sees every binding is decided once per admin/auditor group setting, so that a
     // signal costs no user-database lookups however many subscribers there are.

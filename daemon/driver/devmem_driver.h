@@ -68,9 +68,7 @@ class DevmemDriver : public Driver {
     void abandon(const std::string &netdev, const std::string &handoff) override;
     // From the binding's devmem guard: its packets and bytes on its queue, and as dropped the
     // foreign packets the guard dropped there.
-    journal::Counters counters(const std::string &id) const override {
-        return guards_.counters(id);
-    }
+    Counters counters(const std::string &id) const override { return guards_.counters(id); }
     // The NIC's own counters of the binding's RX queue (qstats-get), where the driver keeps
     // them; nullopt otherwise. They count every packet the NIC put on the queue since the
     // driver started it, foreign ones included, so RxBytes/RxPackets stay the guard's (the

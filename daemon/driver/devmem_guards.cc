@@ -92,7 +92,7 @@ void DevmemGuards::remove(const std::string &id) {
     if (!used && g != guards_.end()) guards_.erase(g); // detaches and unpins
 }
 
-journal::Counters DevmemGuards::counters(const std::string &id) const {
+Counters DevmemGuards::counters(const std::string &id) const {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return {};
     auto g = guards_.find(it->second.netdev);

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "bpf/flow_filter.h"
-#include "journal/records.h"
+#include "daemon/driver/driver.h"
 #include "knod/result.h"
 #include "policy/flow_spec.h"
 
@@ -39,7 +39,7 @@ class DevmemGuards {
     void set_own_rules(const std::string &id, const std::vector<std::uint32_t> &own_rules);
     // Stops guarding; the last binding of a NIC takes its guard off.
     void remove(const std::string &id);
-    journal::Counters counters(const std::string &id) const;
+    Counters counters(const std::string &id) const;
     // Per guarded NIC, what its guard dropped: NETDEV.guard.misrouted, .malformed, .fragments.
     void add_stats(std::map<std::string, std::uint64_t> &out) const;
     // Bindings that drifted since the last call, with what was seen. `now_us`: for the

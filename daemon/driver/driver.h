@@ -2,7 +2,6 @@
 #pragma once
 
 #include "daemon/driver/region.h"
-#include "journal/records.h"
 #include "knod/result.h"
 #include "knod/unique_fd.h"
 #include "policy/flow_spec.h"
@@ -26,6 +25,13 @@ struct NetdevInfo {
     std::string name;
     std::uint32_t rx_queues = 0;
     std::string pci; // the NIC's PCI address; empty for a simulated one
+};
+
+// A binding's data-path counters as the driver counts them; the session's end journals them.
+struct Counters {
+    std::uint64_t rx_bytes = 0;
+    std::uint64_t rx_packets = 0;
+    std::uint64_t dropped_packets = 0; // dropped on its path (filter drops, foreign packets)
 };
 
 // What the driver needs to set up one binding's data path.
@@ -57,7 +63,7 @@ class Driver {
     virtual Result<void> activate(const std::string &id) = 0;
     // Stops delivery at once and frees everything attach() took. Never fails.
     virtual void detach(const std::string &id) = 0;
-    virtual journal::Counters counters(const std::string &id) const = 0;
+    virtual Counters counters(const std::string &id) const = 0;
     // Bindings whose isolation no longer holds, each with what was seen (foreign packets on its
     // queue, RSS or another ntuple rule reaching it). The manager asks every tick and ends each
     // as steering-drift: fail closed. Cheap when nothing changed.

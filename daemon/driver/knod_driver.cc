@@ -137,8 +137,8 @@ void KnodDriver::detach(const std::string &id) {
     bindings_.erase(it);
 }
 
-journal::Counters KnodDriver::counters(const std::string &id) const {
-    journal::Counters c;
+Counters KnodDriver::counters(const std::string &id) const {
+    Counters c;
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return c;
     std::ifstream in(fs::path(inventory_.paths().sysfs) / "class/knod" / it->second.device->name /
@@ -146,7 +146,7 @@ journal::Counters KnodDriver::counters(const std::string &id) const {
     for (std::string line; std::getline(in, line);) {
         std::istringstream s(line);
         std::string who;
-        journal::Counters row;
+        Counters row;
         if (s >> who >> row.rx_bytes >> row.rx_packets >> row.dropped_packets && who == id) c = row;
     }
     return c;

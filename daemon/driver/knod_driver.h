@@ -44,7 +44,7 @@ class KnodDriver : public Driver {
     Result<std::vector<std::uint32_t>> attach(const BindingPlan &plan) override;
     Result<void> activate(const std::string &id) override;
     void detach(const std::string &id) override;
-    journal::Counters counters(const std::string &id) const override;
+    Counters counters(const std::string &id) const override;
 
   private:
     KnodDriver(host::HostPaths paths, std::vector<KnodDevice> devices)

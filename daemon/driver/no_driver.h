@@ -21,7 +21,7 @@ class NoDriver : public Driver {
     Result<std::vector<std::uint32_t>> attach(const BindingPlan &plan) override;
     Result<void> activate(const std::string &id) override;
     void detach(const std::string &) override {}
-    journal::Counters counters(const std::string &) const override { return {}; }
+    Counters counters(const std::string &) const override { return {}; }
     bool netdevs_are_links() const override { return false; }
     std::optional<std::string> unavailable() const override { return why_; }
 

@@ -2,7 +2,6 @@
 // the sim; anything else (regular file, pipe, socket, O_PATH) is refused.
 #pragma once
 
-#include "daemon/keys/key_authority.h"
 #include "knod/result.h"
 
 #include <cstdint>

@@ -183,10 +183,10 @@ void SimDriver::detach(const std::string &id) {
     if (network_) park_queue_if_idle(queue);
 }
 
-journal::Counters SimDriver::counters(const std::string &id) const {
+Counters SimDriver::counters(const std::string &id) const {
     auto it = slots_.find(id);
     if (it == slots_.end()) return {};
-    journal::Counters c{it->second.rx_bytes, it->second.rx_packets, 0};
+    Counters c{it->second.rx_bytes, it->second.rx_packets, 0};
     if (network_) {
         // Its own packets dropped while inactive, and foreign ones the guard dropped on its queue.
         bpf::SlotCounters f = network_->filter().counters(it->second.slot);

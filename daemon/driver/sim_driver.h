@@ -52,7 +52,7 @@ class SimDriver : public Driver {
     Result<std::vector<std::uint32_t>> attach(const BindingPlan &plan) override;
     Result<void> activate(const std::string &id) override;
     void detach(const std::string &id) override;
-    journal::Counters counters(const std::string &id) const override;
+    Counters counters(const std::string &id) const override;
     // The sim's network is rebuilt at every start (it is the daemon's own simulated NIC), so a
     // binding is taken back by installing it afresh, active if it was, with its stream position
     // (the ring continues where it stopped). Its only kernel handle is the region fd.

@@ -92,6 +92,10 @@ TEST_F(IdentityTest, AdminAndAuditorGroupsAreTheProcesss) {
         << "an auditor-group process sees every binding";
     EXPECT_TRUE(starts_with(
         s.run_client_with(as(nobody, nobody, {4245}), {"revoke", h.id(), "test"}).out, "error"));
+    // An empty reason is bad input: refused as such before anyone is asked whether the caller
+    // is an admin (the admin check may ask polkit, which is slow and may prompt).
+    Output no_reason = s.run_client_with(as(nobody, nobody), {"revoke", h.id(), ""});
+    EXPECT_NE(no_reason.out.find("say why you revoke"), std::string::npos) << no_reason.out;
     EXPECT_EQ(s.run_client_with(as(nobody, nobody, {4244}), {"list"}).out, "ok " + h.id());
     EXPECT_EQ(s.run_client_with(as(nobody, nobody, {4244}), {"revoke", h.id(), "test"}).out, "ok")
         << "a non-root process holding the admin gid may revoke";

@@ -5,6 +5,7 @@
 // their hints are checked per kernel. Also the rtnetlink inventory on the same veth. The
 // namespace is removed even when a test fails.
 #include "bpf/flow_filter.h"
+#include "bpf/packet_builder.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/devmem_guards.h"
 #include "daemon/driver/ntuple.h"
@@ -14,7 +15,6 @@
 #include "host/netdev_genl.h"
 #include "host/netdev_inventory.h"
 #include "tests/integration/dmabuf_sources.h"
-#include "tests/unit/packet_builder.h"
 
 #include <bpf/bpf.h>
 #include <linux/pkt_cls.h>
@@ -675,12 +675,12 @@ TEST(DevmemGuards, CountBindingsAndReportForeignPacketsOnTheirQueueAsDrift) {
         ASSERT_NE(guard, nullptr);
         EXPECT_TRUE(bpf::FlowFilter::guard_attached("knodq0"));
         auto run = [&](std::uint32_t queue, std::uint16_t dport, std::uint8_t proto) {
-            test::PacketSpec p;
+            bpf::packets::PacketSpec p;
             p.src = "10.1.1.1";
             p.dst = "10.0.0.2";
             p.dport = dport;
             p.protocol = proto;
-            auto packet = test::build_packet(p);
+            auto packet = bpf::packets::build_packet(p);
             __sk_buff ctx{};
             ctx.cb[0] = queue;
             LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = packet.data(),
@@ -745,12 +745,12 @@ TEST(DevmemGuards, ASlotStillHeldIsNeverHandedOutAgain) {
         ASSERT_TRUE(guards.add("next", "knodq0", 2, churn, {}));
         const bpf::FlowFilter *guard = guards.guard("knodq0");
         ASSERT_NE(guard, nullptr);
-        test::PacketSpec p;
+        bpf::packets::PacketSpec p;
         p.src = "10.1.1.1";
         p.dst = "10.0.0.2";
         p.dport = 5000;
         p.protocol = 6;
-        auto packet = test::build_packet(p);
+        auto packet = bpf::packets::build_packet(p);
         __sk_buff ctx{};
         ctx.cb[0] = 3;
         LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = packet.data(),

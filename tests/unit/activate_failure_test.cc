@@ -8,6 +8,7 @@
 #include "host/dma_device.h"
 #include "journal/verify.h"
 #include "policy/parser.h"
+#include "tests/unit/manager_rig.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -52,67 +53,15 @@ class NoDmaDevice : public FailingActivation {
     }
 };
 
-struct NoEvents : daemon::BindingEvents {
-    void binding_created(const daemon::Binding &) override {}
-    void binding_ended(const daemon::Binding &, const std::string &, const std::string &) override {
-    }
-    void policy_reloaded(std::size_t, std::size_t) override {}
-};
-
-// The daemon's loop, played by the test thread: journal completions are posted here.
-struct Loop {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::function<void()>> posted;
-    void post(std::function<void()> f) {
-        std::lock_guard lock(mu);
-        posted.push_back(std::move(f));
-        cv.notify_all();
-    }
-    bool run_until(const std::function<bool()> &done) {
-        auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (!done()) {
-            std::unique_lock lock(mu);
-            if (!cv.wait_until(lock, end, [&] { return !posted.empty(); })) return false;
-            auto f = std::move(posted.front());
-            posted.pop_front();
-            lock.unlock();
-            f();
-        }
-        return true;
-    }
-};
-
-// A temporary journal folder (removed at the end), the loop the manager posts to, and the
-// manager over a driver and a policy.
-struct Rig {
-    explicit Rig(const std::string &name)
-        : dir(fs::temp_directory_path() / ("knod-" + name + "-" + std::to_string(getpid()))) {
-        fs::remove_all(dir);
-        fs::create_directories(dir);
-        config.journal_path = (dir / "journal.db").string();
-    }
-    ~Rig() { fs::remove_all(dir); }
-    std::unique_ptr<daemon::BindingManager> manager(driver::Driver &driver, policy::Policy p) {
-        std::array<std::uint8_t, 32> secret{};
-        return std::make_unique<daemon::BindingManager>(
-            config, driver, std::move(keys::KeyAuthority::with_secret(secret)).value(),
-            std::move(p), events, [this](std::function<void()> f) { loop.post(std::move(f)); });
-    }
-    fs::path dir;
-    NoEvents events;
-    Loop loop;
-    daemon::ManagerConfig config;
-};
+using knod::testing::Loop;
+using knod::testing::Rig;
 
 // One RequestBinding for a sealed 4 KiB memfd on knodsim0, run to its answer.
 void request_one_region(daemon::BindingManager &m, Loop &loop, const daemon::Peer &me,
                         std::optional<Result<daemon::Granted>> &granted,
                         const std::string &flow = "udp 10.0.0.1:* -> 10.0.0.2:5000") {
-    int fd = memfd_create("region", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+    int fd = knod::testing::sealed_region();
     ASSERT_GE(fd, 0);
-    ASSERT_EQ(ftruncate(fd, 4096), 0);
-    ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
     daemon::RequestArgs args{"knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow}};
     m.request(me, args, [&](Result<daemon::Granted> g) { granted = std::move(g); });
     EXPECT_TRUE(loop.run_until([&] { return granted.has_value(); }));

@@ -5,7 +5,7 @@
 // counted as misrouted for the queue's binding; unbound queues are untouched.
 // Needs root (CAP_BPF); skipped otherwise.
 #include "bpf/flow_filter.h"
-#include "tests/unit/packet_builder.h"
+#include "bpf/packet_builder.h"
 
 #include <bpf/bpf.h>
 #include <gtest/gtest.h>
@@ -19,11 +19,11 @@ using namespace knod::bpf;
 namespace {
 constexpr std::uint8_t tcp = 6; // devmem receive is TCP only
 }
-using knod::test::build_packet;
-using knod::test::PacketSpec;
-using knod::test::v4;
-using knod::test::v6;
-using knod::test::with;
+using knod::bpf::packets::build_packet;
+using knod::bpf::packets::PacketSpec;
+using knod::bpf::packets::v4;
+using knod::bpf::packets::v6;
+using knod::bpf::packets::with;
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The flow filter in the kernel, driven with BPF_PROG_TEST_RUN: crafted packets in, verdict and
 // counters out. Needs root (CAP_BPF); skipped otherwise.
 #include "bpf/flow_filter.h"
-#include "tests/unit/packet_builder.h"
+#include "bpf/packet_builder.h"
 
 #include <bpf/bpf.h>
 #include <gtest/gtest.h>
@@ -14,11 +14,11 @@
 
 using namespace knod;
 using namespace knod::bpf;
-using knod::test::build_packet;
-using knod::test::PacketSpec;
-using knod::test::v4;
-using knod::test::v6;
-using knod::test::with;
+using knod::bpf::packets::build_packet;
+using knod::bpf::packets::PacketSpec;
+using knod::bpf::packets::v4;
+using knod::bpf::packets::v6;
+using knod::bpf::packets::with;
 
 namespace {
 

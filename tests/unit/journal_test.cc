@@ -282,6 +282,16 @@ TEST_F(JournalTest, NewerSchemaIsAClearError) {
     EXPECT_NE(j.error().message.find("newer than this build"), std::string::npos);
 }
 
+// A journal at the current schema whose events table is gone (edited by hand): opening it is an
+// error naming the table, not an exception out of the writer's constructor.
+TEST_F(JournalTest, AJournalWithoutItsEventsTableIsAnErrorNotAThrow) {
+    write_events(1);
+    tamper("DROP TABLE events");
+    auto j = Journal::open(path_);
+    ASSERT_FALSE(j.ok());
+    EXPECT_NE(j.error().message.find("events"), std::string::npos) << j.error().message;
+}
+
 TEST_F(JournalTest, UnwritableJournalFailsAndLosesNothingAfter) {
     write_events(2);
     auto j = std::move(Journal::open(path_)).value();

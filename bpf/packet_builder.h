@@ -1,5 +1,5 @@
-// Crafts Ethernet frames for filter tests: IPv4/IPv6, VLAN tags, TCP/UDP, fragments, and
-// truncation at any length.
+// Crafts Ethernet frames for the filter's tests and benchmarks: IPv4/IPv6, VLAN tags, TCP/UDP,
+// fragments, and truncation at any length. Header-only; nothing in the daemon uses it.
 #pragma once
 
 #include <arpa/inet.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace knod::test {
+namespace knod::bpf::packets {
 
 struct PacketSpec {
     bool ipv6 = false;
@@ -123,4 +123,4 @@ template <typename F> PacketSpec with(PacketSpec p, F f) {
     return p;
 }
 
-} // namespace knod::test
+} // namespace knod::bpf::packets

@@ -1,0 +1,274 @@
+#include "daemon/audit_trail.h"
+
+#include "journal/journal.h"
+#include "knod/json.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+namespace knod::daemon {
+namespace {
+
+constexpr std::size_t max_pending_records = 100000;
+
+} // namespace
+
+AuditTrail::AuditTrail(AuditConfig config, const policy::Policy &policy, Post post)
+    : config_(std::move(config)), policy_(policy), post_(std::move(post)),
+      refusals_(
+          std::chrono::duration_cast<std::chrono::microseconds>(config_.refusal_window).count()) {}
+
+// The journal first: its writer may still answer queued work, and those answers post to the
+// loop through post_, which must outlive it.
+AuditTrail::~AuditTrail() {
+    close();
+}
+
+void AuditTrail::close() {
+    journal_.reset();
+}
+
+void AuditTrail::set_sinks(sinks::SinkQueue *sinks) {
+    sinks_ = sinks;
+    if (!sinks_) return;
+    std::weak_ptr<bool> alive = alive_;
+    sinks_->on_transition([this, alive](const std::string &sink, bool failing,
+                                        const std::string &error) {
+        post_([this, alive, sink, failing, error] {
+            if (alive.expired()) return;
+            journal::Event e;
+            e.kind = failing ? journal::kind::sink_failing : journal::kind::sink_recovered;
+            e.reason = failing ? sink + ": " + error : sink + " takes records again";
+            e.detail = knod::dump_json(failing ? nlohmann::json{{"sink", sink}, {"error", error}}
+                                               : nlohmann::json{{"sink", sink}});
+            record(std::move(e));
+        });
+    });
+}
+
+journal::Journal *AuditTrail::journal() {
+    if (journal_) return journal_.get();
+    auto j = journal::Journal::open(config_.journal_path);
+    if (!j) return nullptr;
+    journal_ = std::move(*j);
+    std::error_code ec;
+    auto absolute = std::filesystem::absolute(config_.journal_path, ec);
+    std::string path = ec ? config_.journal_path : absolute.lexically_normal().string();
+    // A second anchor of the chain head, in the system journal, at most once a second.
+    journal_->set_commit_listener([this, last = std::make_shared<std::atomic<std::int64_t>>(0),
+                                   journal_id = journal_->identity().journal_id,
+                                   path](std::int64_t seq, const journal::Hash &head) {
+        std::int64_t now = journal::now_us();
+        if (!sinks_ || now - last->load() < 1000000) return;
+        last->store(now);
+        journal::Event e;
+        e.kind = journal::kind::anchor;
+        // The journal's id and path: `audit verify` matches each copy to one journal.
+        e.detail = knod::dump_json(nlohmann::json{{"journal_id", journal_id},
+                                                  {"path", path},
+                                                  {"seq", seq},
+                                                  {"hash", journal::to_hex(head)}});
+        e.reason = "chain head " + std::to_string(seq) + " " + journal::to_hex(head);
+        sinks_->offer({e, {}, {}});
+    });
+    return journal_.get();
+}
+
+void AuditTrail::forward(const journal::Event &e, const std::string &netdev,
+                         const std::string &gpu) {
+    if (sinks_) sinks_->offer({e, netdev, gpu});
+}
+
+Result<std::int64_t> AuditTrail::apply_retention() {
+    last_retention_us_ = journal::now_us();
+    if (!config_.retain_age && !config_.retain_events) return std::int64_t{0};
+    if (!journal()) return make_error(Errc::journal_unavailable, "journal not open");
+    std::optional<std::int64_t> before;
+    if (config_.retain_age)
+        before = last_retention_us_ -
+                 std::chrono::duration_cast<std::chrono::microseconds>(*config_.retain_age).count();
+    return journal_->prune(before, config_.retain_events);
+}
+
+void AuditTrail::record(journal::Event e) {
+    forward(e);
+    // Stopping: everything is written in order, waited for, by the final flush_pending_now();
+    // an asynchronous failure could no longer come back through the loop.
+    if (writing_async()) {
+        // Not waited for; a failure comes back to be kept for the retry at the next tick.
+        journal_->append_async(e, [this, e](Result<std::int64_t> r) {
+            if (!r) post_([this, e] { keep_record(e); });
+        });
+        return;
+    }
+    keep_record(std::move(e));
+}
+
+void AuditTrail::record_load(journal::Event e) {
+    name_policy(e);
+    forward(e);
+    PendingLoad load{std::move(e), {policy_.digest, policy_.text}};
+    if (writing_async()) {
+        journal_->append_policy_load_async(load.event, load.policy,
+                                           [this, load](Result<std::int64_t> r) {
+                                               if (!r) post_([this, load] { keep_record(load); });
+                                           });
+        return;
+    }
+    keep_record(std::move(load));
+}
+
+void AuditTrail::keep(journal::Event e) {
+    keep_record(std::move(e));
+}
+
+void AuditTrail::close_session(const std::string &id, const std::string &reason,
+                               const journal::Counters &counters, journal::Event closing,
+                               const std::string &netdev, const std::string &gpu, Done durable) {
+    forward(closing, netdev, gpu);
+    if (writing_async()) {
+        PendingEnd end{id, reason, counters, closing};
+        journal_->close_session_async(id, reason, counters, std::move(closing),
+                                      [this, end, durable](Result<std::int64_t> r) {
+                                          post_([this, end, durable, ok = r.ok()] {
+                                              if (!ok) keep_record(end);
+                                              if (durable) durable({});
+                                          });
+                                      });
+    } else {
+        keep_record(PendingEnd{id, reason, counters, std::move(closing)});
+        if (durable) durable({});
+    }
+}
+
+void AuditTrail::open_session(const journal::Session &s, journal::Event grant, Written done) {
+    forward(grant, s.netdev, s.gpu);
+    journal_->open_session_async(s, std::move(grant), std::move(done));
+}
+
+void AuditTrail::name_policy(journal::Event &e) const {
+    nlohmann::json d = nlohmann::json::object();
+    if (e.detail) d = nlohmann::json::parse(*e.detail, nullptr, false);
+    if (!d.is_object()) return; // never: details are built here, as objects
+    d["policy"] = policy_.digest;
+    e.detail = knod::dump_json(d);
+}
+
+Result<std::int64_t> AuditTrail::write_now(const Pending &record) {
+    if (auto *e = std::get_if<journal::Event>(&record)) return journal_->append(*e);
+    if (auto *l = std::get_if<PendingLoad>(&record))
+        return journal_->append_policy_load(l->event, l->policy);
+    auto &end = std::get<PendingEnd>(record);
+    return journal_->close_session(end.id, end.reason, end.counters, end.event);
+}
+
+void AuditTrail::write_async(const Pending &record, Written done) {
+    if (auto *e = std::get_if<journal::Event>(&record))
+        return journal_->append_async(*e, std::move(done));
+    if (auto *l = std::get_if<PendingLoad>(&record))
+        return journal_->append_policy_load_async(l->event, l->policy, std::move(done));
+    auto &end = std::get<PendingEnd>(record);
+    journal_->close_session_async(end.id, end.reason, end.counters, end.event, std::move(done));
+}
+
+void AuditTrail::keep_record(Pending record) {
+    if (pending_.size() >= max_pending_records) {
+        ++dropped_records_; // bounded memory beats an OOM kill that loses everything
+        return;
+    }
+    pending_.push_back(std::move(record));
+}
+
+void AuditTrail::flush_pending_async() {
+    if (flushing_ || pending_.empty() || !journal()) return;
+    // One record in flight at a time, in order, on the writer thread: a locked or slow journal
+    // costs the writer its busy timeout, never the event loop.
+    auto outcome = std::make_shared<std::atomic<int>>(flush_running);
+    flushing_ = outcome;
+    auto done = [this, outcome](Result<std::int64_t> r) {
+        bool ok = r || r.error().code == Errc::not_found; // a session row already gone
+        outcome->store(ok ? flush_written : flush_failed);
+        post_([this, outcome] {
+            if (flushing_ != outcome) return; // shutdown took this one over
+            flushing_.reset();
+            if (outcome->load() != flush_written) return; // the next tick tries again
+            pending_.pop_front();
+            flush_pending_async();
+        });
+    };
+    write_async(pending_.front(), done);
+}
+
+Result<void> AuditTrail::flush_pending_now() {
+    if (flushing_) {
+        // The record in flight: wait for its outcome (bounded by SQLite's busy timeout) so it is
+        // neither lost nor written twice.
+        while (flushing_->load() == flush_running)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (flushing_->load() == flush_written) pending_.pop_front();
+        flushing_.reset();
+    }
+    if (pending_.empty()) return {};
+    if (!journal()) return make_error(Errc::journal_unavailable, "journal not open");
+    while (!pending_.empty()) {
+        auto r = write_now(pending_.front());
+        // A kept end whose session row is already gone was written before.
+        bool end = std::holds_alternative<PendingEnd>(pending_.front());
+        if (!r && !(end && r.error().code == Errc::not_found)) return r.error();
+        pending_.pop_front();
+    }
+    return {};
+}
+
+void AuditTrail::stop() {
+    stopping_ = true;
+}
+
+void AuditTrail::finish(journal::Event last) {
+    record_coalesced(journal::now_us(), true);
+    record(std::move(last));
+    report_unwritten(flush_pending_now());
+}
+
+void AuditTrail::report_unwritten(const Result<void> &flushed) const {
+    if (flushed && pending_.empty()) return;
+    std::cerr << "knod-policyd: " << pending_.size()
+              << " journal record(s) could not be written at stop"
+              << (flushed ? std::string() : ": " + flushed.error().message)
+              << "; sessions left open are closed as daemon-restart at the next start" << std::endl;
+}
+
+void AuditTrail::tick(std::int64_t now_us) {
+    if (now_us - last_retention_us_ >= 3600ll * 1000000) (void)apply_retention();
+    record_coalesced(now_us, false);
+    flush_pending_async();
+}
+
+void AuditTrail::refuse(journal::Event e) {
+    // Root's refusals are kept one by one: root could write the journal directly anyway.
+    bool full = !e.uid || *e.uid == 0 ||
+                refusals_.admit(static_cast<std::uint32_t>(*e.uid), e.kind, journal::now_us());
+    if (full) record(std::move(e)); // otherwise counted; the window's record says how many
+}
+
+void AuditTrail::record_coalesced(std::int64_t now_us, bool all) {
+    for (auto &s : all ? refusals_.close_all(now_us) : refusals_.close(now_us)) {
+        journal::Event e;
+        e.kind = journal::kind::coalesced;
+        if (s.uid) e.uid = *s.uid;
+        e.decision = s.kind;
+        e.reason = std::to_string(s.count) + " more " + s.kind + " refusals of " +
+                   (s.uid ? "uid " + std::to_string(*s.uid) : std::string("many uids")) +
+                   ", journaled as this count only";
+        e.detail = knod::dump_json(nlohmann::json{{"kind", s.kind},
+                                                  {"count", s.count},
+                                                  {"since_us", s.since_us},
+                                                  {"until_us", s.until_us}});
+        record(std::move(e));
+    }
+}
+
+} // namespace knod::daemon

@@ -1,0 +1,305 @@
+// The core alone: BindingManager over a fake Driver (it records what it was asked), a real
+// SQLite journal in a temporary folder, and the test thread as the event loop (journal
+// completions run when the test drains them). No D-Bus, no network: quotas with grants in
+// flight, the fail-closed journal, retries of records the disk refused, revocation by a
+// reload, process exit through HolderWatch, and shutdown.
+#include "daemon/binding_manager.h"
+#include "journal/sqlite.h"
+#include "journal/verify.h"
+#include "tests/unit/manager_rig.h"
+
+#include <gtest/gtest.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <set>
+
+using namespace knod;
+using knod::testing::parse_or_fail;
+using knod::testing::Rig;
+using knod::testing::sealed_region;
+
+namespace {
+
+// A driver with one netdev and one GPU and no data path: it records attach, activate, detach.
+class FakeDriver : public driver::Driver {
+  public:
+    std::string name() const override { return "fake"; }
+    driver::RegionKind region_kind() const override { return driver::RegionKind::memfd; }
+    Result<driver::GpuInfo> gpu(const std::string &n) const override {
+        if (n != "gpu0") return make_error(Errc::not_found, "no GPU " + n);
+        return driver::GpuInfo{"gpu0", {"gpu0"}, 1 << 30, ""};
+    }
+    Result<driver::NetdevInfo> netdev(const std::string &n) const override {
+        if (n != "nic0") return make_error(Errc::not_found, "no netdev " + n);
+        return driver::NetdevInfo{"nic0", 4, ""};
+    }
+    std::vector<driver::GpuInfo> gpus() const override { return {*gpu("gpu0")}; }
+    std::vector<driver::NetdevInfo> netdevs() const override { return {*netdev("nic0")}; }
+    Result<std::vector<std::uint32_t>> attach(const driver::BindingPlan &plan) override {
+        attached.insert(plan.id);
+        return std::vector<std::uint32_t>{1};
+    }
+    Result<void> activate(const std::string &id) override {
+        active.insert(id);
+        return {};
+    }
+    void detach(const std::string &id) override {
+        attached.erase(id);
+        active.erase(id);
+        ++detaches;
+    }
+    driver::Counters counters(const std::string &) const override { return {}; }
+
+    std::set<std::string> attached, active;
+    int detaches = 0;
+};
+
+// What the manager told the outside world.
+struct Recorder : daemon::BindingEvents {
+    void binding_created(const daemon::Binding &b) override { created.push_back(b.id); }
+    void binding_ended(const daemon::Binding &b, daemon::EndReason why,
+                       const std::string &) override {
+        ended.emplace_back(b.id, why);
+    }
+    void policy_reloaded(std::size_t, std::size_t revoked) override { reload_revoked = revoked; }
+    std::vector<std::string> created;
+    std::vector<std::pair<std::string, daemon::EndReason>> ended;
+    std::size_t reload_revoked = 0;
+};
+
+// An event loop the test fires by hand: which fds are watched, and their callbacks.
+struct HandLoop : driver::EventLoop {
+    Result<void> watch(int fd, std::function<void()> fn) override {
+        watched[fd] = std::move(fn);
+        return {};
+    }
+    void unwatch(int fd) override { watched.erase(fd); }
+    std::map<int, std::function<void()>> watched;
+};
+
+const char *two_per_user = R"([[rule]]
+name = "fake"
+netdevs = ["nic0"]
+max_region = "1MiB"
+flows = ["udp * -> *:*"]
+iommu = "any"
+max_bindings_per_uid = 2
+)";
+
+daemon::Peer user(uid_t uid) {
+    daemon::Peer p;
+    p.uid = uid;
+    p.pid = getpid();
+    return p;
+}
+
+// The session rows and events of the journal at `path`, as SQL answers.
+std::int64_t count(const std::string &path, const std::string &sql) {
+    auto db = journal::Database::open(path, SQLITE_OPEN_READONLY);
+    if (!db) return -1;
+    auto n = db->scalar(sql);
+    return n ? *n : -1;
+}
+
+class BindingManagerTest : public ::testing::Test {
+  protected:
+    BindingManagerTest()
+        : rig(std::string("core-") +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name()) {}
+
+    std::unique_ptr<daemon::BindingManager> make(const char *policy = two_per_user) {
+        auto m = rig.manager(driver, parse_or_fail(policy), &events);
+        m->start();
+        return m;
+    }
+    // Starts one request for a UDP port; the answer lands in `out` when the loop runs.
+    void ask(daemon::BindingManager &m, const daemon::Peer &who, int port,
+             std::optional<Result<daemon::Granted>> &out) {
+        int fd = sealed_region();
+        ASSERT_GE(fd, 0);
+        daemon::RequestArgs args{"nic0",
+                                 "gpu0",
+                                 "rx-only",
+                                 fd,
+                                 0,
+                                 4096,
+                                 {"udp 10.0.0.1:* -> 10.0.0.2:" + std::to_string(port)}};
+        m.request(who, args, [&out](Result<daemon::Granted> g) { out = std::move(g); });
+        close(fd);
+    }
+    Result<daemon::Granted> grant(daemon::BindingManager &m, const daemon::Peer &who, int port) {
+        std::optional<Result<daemon::Granted>> out;
+        ask(m, who, port, out);
+        EXPECT_TRUE(rig.loop.run_until([&] { return out.has_value(); }));
+        if (!out) return make_error(Errc::unavailable, "no answer");
+        return std::move(*out);
+    }
+    bool drain(const std::function<bool()> &until) { return rig.loop.run_until(until); }
+
+    Rig rig;
+    FakeDriver driver;
+    Recorder events;
+};
+
+} // namespace
+
+// Grants still waiting for the journal count against the quota: a third request made while two
+// are in flight is refused at once, before the first two are durable.
+TEST_F(BindingManagerTest, GrantsInFlightCountAgainstTheQuota) {
+    auto m = make();
+    std::optional<Result<daemon::Granted>> a, b, c;
+    ask(*m, user(1000), 5000, a);
+    ask(*m, user(1000), 5001, b);
+    ask(*m, user(1000), 5002, c);
+    ASSERT_TRUE(c.has_value()) << "the third is refused before the loop runs";
+    ASSERT_FALSE(c->ok());
+    EXPECT_EQ(c->error().code, Errc::quota_exceeded) << c->error().message;
+    EXPECT_FALSE(a.has_value()) << "the first two wait for the journal";
+    ASSERT_TRUE(drain([&] { return a && b; }));
+    EXPECT_TRUE(a->ok() && b->ok());
+    EXPECT_EQ(driver.attached.size(), 2u);
+    EXPECT_EQ(events.created.size(), 2u);
+    // Another user has a quota of its own.
+    EXPECT_TRUE(grant(*m, user(1001), 5003).ok());
+    // A release gives the slot back.
+    std::optional<Result<void>> released;
+    m->release((*a)->id, user(1000), false, [&](Result<void> r) { released = r; });
+    ASSERT_TRUE(drain([&] { return released.has_value(); }));
+    EXPECT_TRUE(grant(*m, user(1000), 5004).ok());
+    m->shutdown();
+}
+
+// No journal, no grant: a journal that cannot be opened refuses every request before the
+// driver or the key authority is asked anything.
+TEST_F(BindingManagerTest, AJournalThatCannotBeOpenedRefusesEveryRequest) {
+    rig.config.journal_path = (rig.dir / "missing" / "journal.db").string();
+    auto m = make();
+    auto g = grant(*m, user(1000), 5000);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.error().code, Errc::journal_unavailable) << g.error().message;
+    EXPECT_TRUE(driver.attached.empty()) << "nothing attached without a journal";
+    EXPECT_TRUE(events.created.empty());
+    EXPECT_FALSE(m->status().journal_available);
+    m->shutdown();
+}
+
+// Records the disk refuses are kept and retried in order at the next tick; meanwhile requests
+// are refused at once (fail closed), and afterwards everything is on disk, the chain intact.
+TEST_F(BindingManagerTest, RecordsTheDiskRefusedAreRetriedAndRequestsWaitForThem) {
+    auto m = make();
+    auto g = grant(*m, user(1000), 5000);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    // Another connection holds the write lock: the release's end cannot be written.
+    auto other =
+        std::move(journal::Database::open(rig.config.journal_path, SQLITE_OPEN_READWRITE)).value();
+    ASSERT_TRUE(other.exec("BEGIN IMMEDIATE").ok());
+    std::optional<Result<void>> released;
+    m->release(g->id, user(1000), false, [&](Result<void> r) { released = r; });
+    ASSERT_TRUE(drain([&] { return released.has_value(); }));
+    EXPECT_TRUE(driver.attached.empty()) << "the data path stops before the disk answers";
+    ASSERT_TRUE(drain([&] { return m->status().pending_records > 0; }));
+    EXPECT_FALSE(m->status().journal_available);
+    auto refused = grant(*m, user(1000), 5001);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::journal_unavailable);
+    EXPECT_NE(refused.error().message.find("waiting for the disk"), std::string::npos)
+        << refused.error().message;
+    ASSERT_TRUE(other.exec("COMMIT").ok());
+    m->tick(journal::now_us());
+    ASSERT_TRUE(drain([&] { return m->status().pending_records == 0; }));
+    EXPECT_EQ(count(rig.config.journal_path, "SELECT count(*) FROM sessions WHERE id = '" + g->id +
+                                                 "' AND end_reason = 'release'"),
+              1);
+    EXPECT_TRUE(grant(*m, user(1000), 5001).ok()) << "granted again once the disk is back";
+    m->shutdown();
+    auto v = journal::verify_chain(rig.config.journal_path);
+    ASSERT_TRUE(v.ok()) << v.error().message;
+    EXPECT_TRUE(v->ok) << v->problem;
+}
+
+// A reload whose policy no longer grants a binding revokes it (policy-reload), journaled with
+// the new policy; a reload whose policy does not load changes nothing.
+TEST_F(BindingManagerTest, AReloadRevokesWhatTheNewPolicyNoLongerGrants) {
+    auto m = make();
+    auto kept = grant(*m, user(1000), 5000);
+    auto lost = grant(*m, user(2000), 5001);
+    ASSERT_TRUE(kept.ok() && lost.ok());
+    std::string only_1000 = std::string(two_per_user) + "users = [1000]\n";
+    m->set_policy_loader([&] { return Result<policy::Policy>(parse_or_fail(only_1000)); });
+    auto revoked = m->reload(user(0), "test");
+    ASSERT_TRUE(revoked.ok()) << revoked.error().message;
+    EXPECT_EQ(*revoked, 1u);
+    EXPECT_EQ(events.reload_revoked, 1u);
+    ASSERT_EQ(events.ended.size(), 1u);
+    EXPECT_EQ(events.ended[0].first, lost->id);
+    EXPECT_EQ(events.ended[0].second, daemon::EndReason::policy_reload);
+    EXPECT_EQ(driver.attached, std::set<std::string>{kept->id});
+    m->set_policy_loader(
+        [] { return Result<policy::Policy>(make_error(Errc::invalid_policy, "line 1: broken")); });
+    EXPECT_FALSE(m->reload(user(0), "test").ok());
+    EXPECT_EQ(m->bindings().size(), 1u) << "a policy that does not load changes nothing";
+    m->shutdown();
+    EXPECT_EQ(count(rig.config.journal_path, "SELECT count(*) FROM sessions WHERE id = '" +
+                                                 lost->id + "' AND end_reason = 'policy-reload'"),
+              1);
+    EXPECT_EQ(
+        count(rig.config.journal_path, "SELECT count(*) FROM events WHERE kind = 'reload-refused'"),
+        1);
+}
+
+// A holder's exit ends its bindings, through the pidfd HolderWatch keeps on the loop; one
+// watch per process however many bindings it holds.
+TEST_F(BindingManagerTest, AHolderThatExitsLosesItsBindings) {
+    HandLoop loop;
+    auto m = rig.manager(driver, parse_or_fail(two_per_user), &events);
+    m->set_event_loop(&loop);
+    m->start();
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        pause();
+        _exit(0);
+    }
+    auto started = daemon::process_start_time(child);
+    ASSERT_TRUE(started.ok()) << started.error().message;
+    daemon::Peer who = user(1000);
+    who.pid = child;
+    who.start_time = *started;
+    auto pinned = daemon::pin_process(child, who.start_time);
+    ASSERT_TRUE(pinned.ok()) << pinned.error().message;
+    who.pidfd = *pinned;
+    auto a = grant(*m, who, 5000);
+    auto b = grant(*m, who, 5001);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(loop.watched.size(), 1u) << "one watch for the holder's two bindings";
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    auto fire = loop.watched.begin()->second;
+    fire();
+    EXPECT_TRUE(m->bindings().empty());
+    EXPECT_TRUE(loop.watched.empty()) << "the watch ends with the holder's last binding";
+    ASSERT_EQ(events.ended.size(), 2u);
+    EXPECT_EQ(events.ended[0].second, daemon::EndReason::process_exit);
+    m->shutdown();
+}
+
+// Shutdown ends every binding as daemon-stop and waits until the journal has it all.
+TEST_F(BindingManagerTest, ShutdownEndsEveryBindingAndLeavesNothingUnwritten) {
+    auto m = make();
+    ASSERT_TRUE(grant(*m, user(1000), 5000).ok());
+    ASSERT_TRUE(grant(*m, user(1001), 5001).ok());
+    m->shutdown();
+    EXPECT_TRUE(m->bindings().empty());
+    EXPECT_TRUE(driver.attached.empty());
+    EXPECT_EQ(driver.detaches, 2);
+    EXPECT_EQ(m->status().pending_records, 0u);
+    m.reset();
+    EXPECT_EQ(count(rig.config.journal_path,
+                    "SELECT count(*) FROM sessions WHERE end_reason = 'daemon-stop'"),
+              2);
+    EXPECT_EQ(
+        count(rig.config.journal_path, "SELECT count(*) FROM events WHERE kind = 'daemon-stop'"),
+        1);
+}
