@@ -32,7 +32,7 @@ struct knod_binding {
     std::string rule;
     std::uint64_t length = 0;
     bool released = false;
-    std::string end_reason;
+    std::optional<knod::client::BindingEnd> end; // once known: signalled, or our own release
 };
 
 namespace {
@@ -72,19 +72,24 @@ knod_errc code_of(const knod::Error &e, const std::string &dbus_name) {
         return KNOD_ERR_FAILED;
     }
     switch (e.code) {
-    case Errc::unavailable: return KNOD_ERR_UNAVAILABLE;
-    case Errc::expired: return KNOD_ERR_TIMEOUT;
-    case Errc::invalid_argument: return KNOD_ERR_INVALID_ARGUMENT;
-    case Errc::io: return KNOD_ERR_IO;
-    default: return KNOD_ERR_FAILED;
+    case Errc::unavailable:
+        return KNOD_ERR_UNAVAILABLE;
+    case Errc::expired:
+        return KNOD_ERR_TIMEOUT;
+    case Errc::invalid_argument:
+        return KNOD_ERR_INVALID_ARGUMENT;
+    case Errc::io:
+        return KNOD_ERR_IO;
+    default:
+        return KNOD_ERR_FAILED;
     }
 }
 
 knod_errc fail(knod_error **out, knod_errc code, std::string message, std::string dbus_name = {},
                std::optional<std::string> rule = std::nullopt) {
     if (out) {
-        *out = new (std::nothrow) knod_error{code, std::move(message), std::move(dbus_name),
-                                             std::move(rule)};
+        *out = new (std::nothrow)
+            knod_error{code, std::move(message), std::move(dbus_name), std::move(rule)};
     }
     return code;
 }
@@ -117,10 +122,12 @@ void unref(knod_client *c) {
 
 // The binding ended, as the daemon told us: KNOD_ERR_ENDED naming the reason, else nullopt.
 std::optional<knod_errc> ended(knod_binding *b, knod_error **error) {
-    auto end = b->owner->client.end_of(b->grant.id);
-    if (!end || !*end) return std::nullopt;
-    b->end_reason = (*end)->reason;
-    return fail(error, KNOD_ERR_ENDED, "binding " + b->grant.id + " ended: " + b->end_reason);
+    if (!b->end) {
+        auto end = b->owner->client.end_of(b->grant.id);
+        if (!end || !*end) return std::nullopt;
+        b->end = **end;
+    }
+    return fail(error, KNOD_ERR_ENDED, "binding " + b->grant.id + " ended: " + b->end->reason);
 }
 
 } // namespace
@@ -132,11 +139,22 @@ const char *knod_version(void) {
 }
 
 const char *knod_errc_name(int code) {
-    static const char *const names[] = {
-        "ok",           "denied",          "invalid-argument",    "no-such-binding",
-        "quota-exceeded", "isolation-violation", "driver-failure", "journal-unavailable",
-        "invalid-policy", "flow-conflict",  "failed",              "unavailable",
-        "timeout",      "ended",           "io",                  "no-memory"};
+    static const char *const names[] = {"ok",
+                                        "denied",
+                                        "invalid-argument",
+                                        "no-such-binding",
+                                        "quota-exceeded",
+                                        "isolation-violation",
+                                        "driver-failure",
+                                        "journal-unavailable",
+                                        "invalid-policy",
+                                        "flow-conflict",
+                                        "failed",
+                                        "unavailable",
+                                        "timeout",
+                                        "ended",
+                                        "io",
+                                        "no-memory"};
     if (code < 0 || static_cast<std::size_t>(code) >= sizeof names / sizeof names[0])
         return "unknown";
     return names[code];
@@ -234,7 +252,8 @@ knod_errc knod_binding_wait_for_data(knod_binding *b, uint64_t seen, int timeout
                                      uint64_t *rx_bytes, knod_error **error) {
     return guarded(error, [&] {
         if (!b) return missing(error, "binding");
-        auto rx = b->owner->client.wait_for_data(b->grant.id, seen, timeout_ms < 0 ? 0 : timeout_ms);
+        auto rx =
+            b->owner->client.wait_for_data(b->grant.id, seen, timeout_ms < 0 ? 0 : timeout_ms);
         if (!rx) {
             if (auto e = ended(b, error)) return *e;
             if (rx.error().code == Errc::expired)
@@ -273,6 +292,7 @@ knod_errc knod_binding_release(knod_binding *b, knod_error **error) {
             return fail(error, r.error());
         }
         b->released = true;
+        if (!b->end) b->end = knod::client::BindingEnd{false, "release"};
         return KNOD_OK;
     });
 }
@@ -297,12 +317,14 @@ knod_errc knod_binding_end(knod_binding *b, int *is_ended, const char **reason, 
                            knod_error **error) {
     return guarded(error, [&] {
         if (!b) return missing(error, "binding");
-        auto end = b->owner->client.end_of(b->grant.id);
-        if (!end) return fail(error, end.error());
-        if (*end) b->end_reason = (*end)->reason;
-        if (is_ended) *is_ended = end->has_value() ? 1 : 0;
-        if (reason) *reason = *end ? b->end_reason.c_str() : nullptr;
-        if (revoked) *revoked = *end && (*end)->revoked ? 1 : 0;
+        if (!b->end) {
+            auto end = b->owner->client.end_of(b->grant.id);
+            if (!end) return fail(error, end.error());
+            b->end = *end;
+        }
+        if (is_ended) *is_ended = b->end ? 1 : 0;
+        if (reason) *reason = b->end ? b->end->reason.c_str() : nullptr;
+        if (revoked) *revoked = b->end && b->end->revoked ? 1 : 0;
         return KNOD_OK;
     });
 }

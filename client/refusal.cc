@@ -48,8 +48,8 @@ Refusal parse_refusal(const std::string &message) {
         if (m.starts_with(head)) {
             auto rest = m.substr(head.size());
             auto end = rest.find("'; ");
-            r.rule = std::string(rest.substr(0, end == std::string_view::npos ? rest.rfind('\'')
-                                                                              : end));
+            r.rule =
+                std::string(rest.substr(0, end == std::string_view::npos ? rest.rfind('\'') : end));
         }
     } else if (r.dbus_name == bus::error::quota_exceeded) {
         // "uid U already holds N binding(s); rule 'R' allows M", "... region bytes; rule 'R'

@@ -18,6 +18,8 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
   # the audit report's page, rendered and measured by its test
   chromium python3-pil
+  # the Python package's tests (tests/python) under /usr/bin/python3
+  python3-pytest python3-numpy
   # running: a private bus, namespaces, the journal by hand
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
   # journal files written from export format (audit verify against the system journal's copies)

@@ -119,9 +119,9 @@ TEST(ClientCApi, NullArgumentsAreInvalidNotCrashes) {
     EXPECT_STREQ(knod_error_message(e), "out is NULL");
     knod_error_free(e);
     knod_binding *b = nullptr;
-    EXPECT_EQ(knod_request_binding(nullptr, "eth2", "gpu", nullptr, -1, 0, 1, nullptr, 0, &b,
-                                   nullptr),
-              KNOD_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(
+        knod_request_binding(nullptr, "eth2", "gpu", nullptr, -1, 0, 1, nullptr, 0, &b, nullptr),
+        KNOD_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(knod_binding_release(nullptr, nullptr), KNOD_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(knod_binding_wait_for_data(nullptr, 0, 1, nullptr, nullptr),
               KNOD_ERR_INVALID_ARGUMENT);

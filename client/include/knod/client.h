@@ -75,8 +75,7 @@ KNOD_API void knod_error_free(knod_error *error);
 
 /* Connects to the bus at `address` (a D-Bus address such as "unix:path=/run/dbus/x"); NULL or
  * "" means the system bus (DBUS_SYSTEM_BUS_ADDRESS is honoured). Does not check the daemon. */
-KNOD_API knod_errc knod_client_connect(const char *address, knod_client **out,
-                                       knod_error **error);
+KNOD_API knod_errc knod_client_connect(const char *address, knod_client **out, knod_error **error);
 /* Drops the caller's reference; the connection closes when no binding holds it either. */
 KNOD_API void knod_client_unref(knod_client *client);
 
@@ -87,23 +86,22 @@ KNOD_API void knod_client_unref(knod_client *client);
  * The fd stays the caller's. */
 KNOD_API knod_errc knod_request_binding(knod_client *client, const char *netdev, const char *gpu,
                                         const char *mode, int region_fd, uint64_t offset,
-                                        uint64_t length, const char *const *flows,
-                                        size_t n_flows, knod_binding **out, knod_error **error);
+                                        uint64_t length, const char *const *flows, size_t n_flows,
+                                        knod_binding **out, knod_error **error);
 /* The article's register_buffer: knod_request_binding() (rx-only), then
  * knod_binding_activate(); on an activation failure the grant is released again. */
-KNOD_API knod_errc knod_register_buffer(knod_client *client, const char *netdev,
-                                        const char *gpu, int region_fd, uint64_t offset,
-                                        uint64_t length, const char *const *flows,
-                                        size_t n_flows, knod_binding **out, knod_error **error);
+KNOD_API knod_errc knod_register_buffer(knod_client *client, const char *netdev, const char *gpu,
+                                        int region_fd, uint64_t offset, uint64_t length,
+                                        const char *const *flows, size_t n_flows,
+                                        knod_binding **out, knod_error **error);
 
 /* Presents the binding's key (Binding.Activate): data starts to flow into the region. */
 KNOD_API knod_errc knod_binding_activate(knod_binding *binding, knod_error **error);
 /* Waits until the binding's RxBytes passes `seen`, at most `timeout_ms` (< 0: 0); stores the
  * new RxBytes. Byte i of the stream is at offset + (i mod length) in the region.
  * KNOD_ERR_TIMEOUT when nothing came; KNOD_ERR_ENDED when the binding ended. */
-KNOD_API knod_errc knod_binding_wait_for_data(knod_binding *binding, uint64_t seen,
-                                              int timeout_ms, uint64_t *rx_bytes,
-                                              knod_error **error);
+KNOD_API knod_errc knod_binding_wait_for_data(knod_binding *binding, uint64_t seen, int timeout_ms,
+                                              uint64_t *rx_bytes, knod_error **error);
 /* Binding.Renew: extends the key by the policy's key lifetime from now; stores the new expiry
  * (microseconds since the epoch) when `expires_us` is not NULL. */
 KNOD_API knod_errc knod_binding_renew(knod_binding *binding, uint64_t *expires_us,

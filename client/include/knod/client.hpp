@@ -87,8 +87,8 @@ class Binding {
     Result<Counters> counters() {
         knod_error *e = nullptr;
         Counters c;
-        if (knod_binding_counters(b_.get(), &c.rx_bytes, &c.rx_packets, &c.dropped_packets,
-                                  &e) != KNOD_OK)
+        if (knod_binding_counters(b_.get(), &c.rx_bytes, &c.rx_packets, &c.dropped_packets, &e) !=
+            KNOD_OK)
             return Error(e);
         return c;
     }
