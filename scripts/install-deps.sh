@@ -25,7 +25,7 @@ packages=(
   # journal files written from export format (audit verify against the system journal's copies)
   systemd-journal-remote
   # packaging and its test: the Debian package, its lint, polkit, the unit checks
-  debhelper dpkg-dev lintian polkitd systemd man-db bash-completion git
+  debhelper dh-python dpkg-dev lintian polkitd systemd man-db bash-completion git
   # live-kernel and whole-system tests (tests/vm): QEMU, a kernel's modules, an initramfs, a
   # Debian root filesystem
   qemu-system-x86 mmdebstrap busybox-static cpio kmod pciutils ethtool e2fsprogs
