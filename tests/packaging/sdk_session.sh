@@ -38,29 +38,10 @@ check "python3 imports knod from the package" \
 
 # --- the installed daemon with the sim, on a private bus ------------------------------------
 mkdir -m 0755 "$work/sdkbus"
-cat >"$work/sdkbus/bus.conf" <<CONF
-<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path=$work/sdkbus/socket</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <deny own="*"/>
-    <deny send_type="method_call"/>
-    <allow send_type="signal"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
-  </policy>
-  <includedir>/usr/share/dbus-1/system.d</includedir>
-</busconfig>
-CONF
+# scripts/private-bus.conf.in, with the installed bus policy.
+sed -e "s|@SOCKET@|$work/sdkbus/socket|" \
+    -e "s|@POLICY_CONF@|/usr/share/dbus-1/system.d/org.knod.Policy1.conf|" \
+    "$src/scripts/private-bus.conf.in" >"$work/sdkbus/bus.conf"
 dbus-daemon --config-file="$work/sdkbus/bus.conf" --nofork --nopidfile &
 pids+=($!)
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/sdkbus/socket
