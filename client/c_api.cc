@@ -33,6 +33,10 @@ struct knod_binding {
     std::uint64_t length = 0;
     bool released = false;
     std::optional<knod::client::BindingEnd> end; // once known: signalled, or our own release
+    // The daemon's data notifier, asked for at the first wait; without one (a driver that has
+    // none, an older daemon) waits poll RxBytes.
+    std::optional<knod::client::Client::RxNotifier> notifier;
+    bool notifier_asked = false;
 };
 
 namespace {
@@ -252,8 +256,14 @@ knod_errc knod_binding_wait_for_data(knod_binding *b, uint64_t seen, int timeout
                                      uint64_t *rx_bytes, knod_error **error) {
     return guarded(error, [&] {
         if (!b) return missing(error, "binding");
-        auto rx =
-            b->owner->client.wait_for_data(b->grant.id, seen, timeout_ms < 0 ? 0 : timeout_ms);
+        auto &client = b->owner->client;
+        if (!b->notifier_asked) {
+            b->notifier_asked = true;
+            if (auto n = client.rx_notifier(b->grant.id, b->grant.key)) b->notifier = std::move(*n);
+        }
+        int ms = timeout_ms < 0 ? 0 : timeout_ms;
+        auto rx = b->notifier ? client.wait_for_data(b->grant.id, *b->notifier, seen, ms)
+                              : client.wait_for_data(b->grant.id, seen, ms);
         if (!rx) {
             if (auto e = ended(b, error)) return *e;
             if (rx.error().code == Errc::expired)

@@ -2,7 +2,10 @@
 
 #include "protocol/names.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <systemd/sd-bus.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -311,6 +314,61 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
             return make_error(Errc::expired,
                               "no data within " + std::to_string(timeout_ms) + " ms");
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
+
+Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
+                                               const std::vector<std::uint8_t> &key) {
+    sd_bus_message *call = nullptr;
+    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
+                                           binding_interface, "RxNotifier");
+    if (r < 0) return make_error(Errc::io, "RxNotifier: cannot build the call");
+    Reply reply;
+    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
+        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
+    sd_bus_message_unref(call);
+    if (r < 0) return bus_failure(reply.e, r, "RxNotifier");
+    int fd = -1;
+    RxNotifier n;
+    if (sd_bus_message_read(reply.m, "ht", &fd, &n.rx_bytes) < 0)
+        return make_error(Errc::io, "RxNotifier: unexpected reply");
+    // The message owns `fd`; ours is a nonblocking dup.
+    n.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 3));
+    if (!n.fd.valid() || fcntl(n.fd.get(), F_SETFL, O_NONBLOCK) != 0)
+        return make_error(Errc::io, std::string("RxNotifier: ") + std::strerror(errno));
+    return n;
+}
+
+Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n,
+                                            std::uint64_t seen, int timeout_ms) {
+    using namespace std::chrono;
+    auto deadline = steady_clock::now() + milliseconds(timeout_ms);
+    for (;;) {
+        std::uint64_t added = 0;
+        while (read(n.fd.get(), &added, sizeof added) == sizeof added)
+            n.rx_bytes += added;
+        if (n.rx_bytes > seen) return n.rx_bytes;
+        auto end = end_of(id); // reads what the bus has (an end signal among it)
+        if (!end) return end.error();
+        if (*end)
+            return make_error((*end)->revoked ? Errc::revoked : Errc::not_found,
+                              "binding " + id + " ended: " + (*end)->reason);
+        auto left = duration_cast<microseconds>(deadline - steady_clock::now()).count();
+        if (left <= 0)
+            return make_error(Errc::expired,
+                              "no data within " + std::to_string(timeout_ms) + " ms");
+        std::uint64_t bus_timeout = 0; // absolute, CLOCK_MONOTONIC us; UINT64_MAX: none
+        if (sd_bus_get_timeout(bus_, &bus_timeout) > 0 && bus_timeout != UINT64_MAX) {
+            std::uint64_t now = static_cast<std::uint64_t>(
+                duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count());
+            left = std::min<std::int64_t>(
+                left, bus_timeout > now ? static_cast<std::int64_t>(bus_timeout - now) : 0);
+        }
+        pollfd fds[2] = {{n.fd.get(), POLLIN, 0},
+                         {sd_bus_get_fd(bus_), static_cast<short>(sd_bus_get_events(bus_)), 0}};
+        int ms = static_cast<int>((left + 999) / 1000);
+        if (poll(fds, 2, ms) < 0 && errno != EINTR)
+            return make_error(Errc::io, std::string("waiting for data: ") + std::strerror(errno));
     }
 }
 

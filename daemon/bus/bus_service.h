@@ -45,6 +45,7 @@ class BusService : public daemon::BindingEvents {
     static int subscribe(sd_bus_message *m, void *self, sd_bus_error *err);
     static int activate(sd_bus_message *m, void *self, sd_bus_error *err);
     static int renew(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int rx_notifier(sd_bus_message *m, void *self, sd_bus_error *err);
     static int release(sd_bus_message *m, void *self, sd_bus_error *err);
     static int manager_property(sd_bus *bus, const char *path, const char *interface,
                                 const char *property, sd_bus_message *reply, void *self,
