@@ -30,7 +30,7 @@ check "the C++ program builds with pkg-config --cflags --libs knod-client" \
 check "a CMake project finds knod-client and builds" \
     'cmake -S . -B cmake-build >cmake.log 2>&1 && cmake --build cmake-build >>cmake.log 2>&1' || cat cmake.log
 check "the programs link libknod-client.so.1 from the package" \
-    'ldd c-receive | grep -q "libknod-client.so.1 => /usr/lib/.*/libknod-client.so.1"'
+    'ldd c-receive | grep -Eq "libknod-client.so.1 => (/usr)?/lib/[^ ]*/libknod-client.so.1"'
 check "the D-Bus interface XML is installed" \
     'grep -q "interface name=\"org.knod.Policy1.Manager\"" /usr/share/dbus-1/interfaces/org.knod.Policy1.xml'
 check "python3 imports knod from the package" \
