@@ -65,6 +65,21 @@ std::string path_of(const std::string &id) {
     return std::string(bus::bindings_prefix) + "/" + id;
 }
 
+// Calls a Binding method whose one argument is the key (Activate, Renew, RxNotifier); the reply
+// is left in `reply`.
+Result<void> call_with_key(sd_bus *bus, const std::string &id, const char *method,
+                           const std::vector<std::uint8_t> &key, Reply &reply) {
+    sd_bus_message *call = nullptr;
+    int r = sd_bus_message_new_method_call(bus, &call, service_name, path_of(id).c_str(),
+                                           binding_interface, method);
+    if (r < 0) return make_error(Errc::io, std::string(method) + ": cannot build the call");
+    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
+        r = sd_bus_call(bus, call, 0, &reply.e, &reply.m);
+    sd_bus_message_unref(call);
+    if (r < 0) return bus_failure(reply.e, r, method);
+    return {};
+}
+
 template <typename T>
 Result<T> property(sd_bus *bus, const std::string &path, const char *iface, const char *name,
                    char type) {
@@ -245,28 +260,13 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
 }
 
 Result<void> Client::activate(const std::string &id, const std::vector<std::uint8_t> &key) {
-    sd_bus_message *call = nullptr;
-    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
-                                           binding_interface, "Activate");
-    if (r < 0) return make_error(Errc::io, "Activate: cannot build the call");
     Reply reply;
-    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
-        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
-    sd_bus_message_unref(call);
-    if (r < 0) return bus_failure(reply.e, r, "Activate");
-    return {};
+    return call_with_key(bus_, id, "Activate", key, reply);
 }
 
 Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std::uint8_t> &key) {
-    sd_bus_message *call = nullptr;
-    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
-                                           binding_interface, "Renew");
-    if (r < 0) return make_error(Errc::io, "Renew: cannot build the call");
     Reply reply;
-    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
-        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
-    sd_bus_message_unref(call);
-    if (r < 0) return bus_failure(reply.e, r, "Renew");
+    if (auto r = call_with_key(bus_, id, "Renew", key, reply); !r) return r.error();
     std::uint64_t until = 0;
     if (sd_bus_message_read(reply.m, "t", &until) < 0)
         return make_error(Errc::io, "Renew: unexpected reply");
@@ -319,15 +319,8 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
 
 Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
                                                const std::vector<std::uint8_t> &key) {
-    sd_bus_message *call = nullptr;
-    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
-                                           binding_interface, "RxNotifier");
-    if (r < 0) return make_error(Errc::io, "RxNotifier: cannot build the call");
     Reply reply;
-    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
-        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
-    sd_bus_message_unref(call);
-    if (r < 0) return bus_failure(reply.e, r, "RxNotifier");
+    if (auto r = call_with_key(bus_, id, "RxNotifier", key, reply); !r) return r.error();
     int fd = -1;
     RxNotifier n;
     if (sd_bus_message_read(reply.m, "ht", &fd, &n.rx_bytes) < 0)
