@@ -257,6 +257,10 @@ knod_errc knod_binding_wait_for_data(knod_binding *b, uint64_t seen, int timeout
     return guarded(error, [&] {
         if (!b) return missing(error, "binding");
         auto &client = b->owner->client;
+        if (b->notifier && !b->notifier->fd.valid()) { // lost count: a restarted daemon
+            b->notifier.reset();
+            b->notifier_asked = false;
+        }
         if (!b->notifier_asked) {
             b->notifier_asked = true;
             if (auto n = client.rx_notifier(b->grant.id, b->grant.key)) b->notifier = std::move(*n);

@@ -347,9 +347,19 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n
             return make_error((*end)->revoked ? Errc::revoked : Errc::not_found,
                               "binding " + id + " ended: " + (*end)->reason);
         auto left = duration_cast<microseconds>(deadline - steady_clock::now()).count();
-        if (left <= 0)
+        if (left <= 0) {
+            // One look at RxBytes at the end: a daemon restarted with the binding kept (systemd's
+            // fd store) no longer writes this eventfd. Then the notifier is dropped (invalid fd)
+            // and the count taken from the daemon, so the caller can ask for a new one.
+            auto rx = property<std::uint64_t>(bus_, path_of(id), binding_interface, "RxBytes", 't');
+            if (rx && *rx != n.rx_bytes) {
+                n.fd.reset();
+                n.rx_bytes = *rx;
+                if (*rx > seen) return *rx;
+            }
             return make_error(Errc::expired,
                               "no data within " + std::to_string(timeout_ms) + " ms");
+        }
         std::uint64_t bus_timeout = 0; // absolute, CLOCK_MONOTONIC us; UINT64_MAX: none
         if (sd_bus_get_timeout(bus_, &bus_timeout) > 0 && bus_timeout != UINT64_MAX) {
             std::uint64_t now = static_cast<std::uint64_t>(

@@ -106,7 +106,9 @@ class Client {
     };
     Result<RxNotifier> rx_notifier(const std::string &id, const std::vector<std::uint8_t> &key);
     // wait_for_data without polling: sleeps in poll() on the notifier and the bus (a binding's
-    // end signal ends the wait) until `n.rx_bytes` passes `seen`; the same results.
+    // end signal ends the wait) until `n.rx_bytes` passes `seen`; the same results. At the
+    // timeout it reads RxBytes once: if the notifier lost count (the daemon restarted keeping
+    // the binding), `n.fd` is closed and the caller asks for a new notifier.
     Result<std::uint64_t> wait_for_data(const std::string &id, RxNotifier &n, std::uint64_t seen,
                                         int timeout_ms);
     Result<std::string> state(const std::string &id);
