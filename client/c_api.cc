@@ -6,6 +6,8 @@
 #include "client/refusal.h"
 #include "protocol/names.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -204,6 +206,9 @@ knod_errc knod_request_binding(knod_client *client, const char *netdev, const ch
         if (!netdev) return missing(error, "netdev");
         if (!gpu) return missing(error, "gpu");
         if (n_flows && !flows) return missing(error, "flows");
+        if (region_fd < 0 || fcntl(region_fd, F_GETFD) < 0)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        "region_fd " + std::to_string(region_fd) + " is not an open file");
         std::vector<std::string> flow_list;
         for (size_t i = 0; i < n_flows; ++i) {
             if (!flows[i]) return missing(error, ("flows[" + std::to_string(i) + "]").c_str());

@@ -176,6 +176,11 @@ def test_bad_buffers_are_refused_before_the_daemon_is_asked(client):
         client.register_buffer(type("T", (), {"data_ptr": lambda s: 1})(), flow(5108))
     with pytest.raises(ValueError, match="length"):
         client.register_buffer(3, flow(5108))
+    r, w = os.pipe()
+    os.close(r)
+    os.close(w)  # a number that is no open file now
+    with pytest.raises(knod.InvalidArgument, match=f"region_fd {r} is not an open file"):
+        client.register_buffer(r, flow(5108), length=4096)
 
 
 def _cpu_seconds():
