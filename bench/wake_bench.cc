@@ -1,9 +1,12 @@
 // Packet-to-wake-up latency of wait_for_data (libknod-client, the installed SDK) in the sim,
 // against a plain UDP recv() on the same veth in the same run: a datagram is sent from the wire
 // namespace while the receiver sleeps, and the time from sendto() to the receiver's wake-up is
-// taken, alternating the two, N times each. Prints p50/p99 of both and their ratio, and the
-// CPU a second of idle wait_for_data costs. Run inside scripts/knod-sandbox.sh as root:
+// taken, alternating the two, N times each. A third binding waits the old way (polling RxBytes
+// every 2 ms, what the library does where a driver has no notifier), for comparison. Prints
+// p50/p99 of each, the ratios to recv(), and the CPU a second of idle wait_for_data costs. Run
+// inside scripts/knod-sandbox.sh as root:
 //   knod_wake_bench [--netdev knodsim0] [--netns knod-sim] [--count 2000]
+#include "client/client.h"
 #include "knod/client.hpp"
 
 #include <arpa/inet.h>
@@ -28,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr std::uint16_t binding_port = 5900, udp_port = 5901;
+constexpr std::uint16_t binding_port = 5900, udp_port = 5901, polled_port = 5902;
 
 [[noreturn]] void die(const std::string &why) {
     std::fprintf(stderr, "knod_wake_bench: %s\n", why.c_str());
@@ -126,14 +129,34 @@ int main(int argc, char **argv) {
         {"udp 10.99.0.0/24:* -> 10.99.0.2:" + std::to_string(binding_port)});
     if (!b) die("register_buffer: " + b.error().message());
 
-    std::vector<double> knod_us, udp_us;
-    std::uint64_t seen = 0;
+    // The polling baseline, on the in-tree C++ client (it has the key to activate with).
+    auto poller = knod::client::Client::connect();
+    if (!poller) die(poller.error().message);
+    int polled_fd = memfd_create("wake-bench-poll", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (polled_fd < 0 || ftruncate(polled_fd, size) != 0 ||
+        fcntl(polled_fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+        die("memfd");
+    auto polled =
+        poller->request_binding(netdev, "sim0", "rx-only", polled_fd, 0, size,
+                                {"udp 10.99.0.0/24:* -> 10.99.0.2:" + std::to_string(polled_port)});
+    if (!polled || !poller->activate(polled->id, polled->key))
+        die("the polled binding: " +
+            (polled ? std::string("activate failed") : polled.error().message));
+
+    std::vector<double> knod_us, udp_us, polled_us;
+    std::uint64_t seen = 0, polled_seen = 0;
     for (int i = 0; i < count; ++i) {
         char tag = static_cast<char>('a' + i % 26);
         knod_us.push_back(one(tx, binding_port, tag, [&] {
             auto rx = b->wait_for_data(seen, 5000);
             if (!rx) return false;
             seen = *rx;
+            return true;
+        }));
+        polled_us.push_back(one(tx, polled_port, tag, [&] {
+            auto rx = poller->wait_for_data(polled->id, polled_seen, 5000);
+            if (!rx) return false;
+            polled_seen = *rx;
             return true;
         }));
         udp_us.push_back(one(tx, udp_port, tag, [&] {
@@ -164,8 +187,13 @@ int main(int argc, char **argv) {
                 pct(udp_us, 0.99));
     std::printf("  %-28s p50 %8.1f  p99 %8.1f\n", "wait_for_data (binding)", pct(knod_us, 0.5),
                 pct(knod_us, 0.99));
+    std::printf("  %-28s p50 %8.1f  p99 %8.1f\n", "polling RxBytes every 2 ms", pct(polled_us, 0.5),
+                pct(polled_us, 0.99));
     std::printf("  ratio wait_for_data / recv: p50 %.2fx  p99 %.2fx\n",
                 pct(knod_us, 0.5) / pct(udp_us, 0.5), pct(knod_us, 0.99) / pct(udp_us, 0.99));
+    std::printf("  ratio polling / recv:       p50 %.2fx  p99 %.2fx\n",
+                pct(polled_us, 0.5) / pct(udp_us, 0.5), pct(polled_us, 0.99) / pct(udp_us, 0.99));
+    (void)poller->release(polled->id);
     std::printf("CPU of 1 s idle wait_for_data: %.2f ms\n", cpu_ms);
     return 0;
 }
