@@ -2,7 +2,10 @@
 
 #include "protocol/names.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <systemd/sd-bus.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -60,6 +63,21 @@ Error bus_failure(const sd_bus_error &e, int r, const char *what) {
 
 std::string path_of(const std::string &id) {
     return std::string(bus::bindings_prefix) + "/" + id;
+}
+
+// Calls a Binding method whose one argument is the key (Activate, Renew, RxNotifier); the reply
+// is left in `reply`.
+Result<void> call_with_key(sd_bus *bus, const std::string &id, const char *method,
+                           const std::vector<std::uint8_t> &key, Reply &reply) {
+    sd_bus_message *call = nullptr;
+    int r = sd_bus_message_new_method_call(bus, &call, service_name, path_of(id).c_str(),
+                                           binding_interface, method);
+    if (r < 0) return make_error(Errc::io, std::string(method) + ": cannot build the call");
+    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
+        r = sd_bus_call(bus, call, 0, &reply.e, &reply.m);
+    sd_bus_message_unref(call);
+    if (r < 0) return bus_failure(reply.e, r, method);
+    return {};
 }
 
 template <typename T>
@@ -242,28 +260,13 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
 }
 
 Result<void> Client::activate(const std::string &id, const std::vector<std::uint8_t> &key) {
-    sd_bus_message *call = nullptr;
-    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
-                                           binding_interface, "Activate");
-    if (r < 0) return make_error(Errc::io, "Activate: cannot build the call");
     Reply reply;
-    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
-        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
-    sd_bus_message_unref(call);
-    if (r < 0) return bus_failure(reply.e, r, "Activate");
-    return {};
+    return call_with_key(bus_, id, "Activate", key, reply);
 }
 
 Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std::uint8_t> &key) {
-    sd_bus_message *call = nullptr;
-    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
-                                           binding_interface, "Renew");
-    if (r < 0) return make_error(Errc::io, "Renew: cannot build the call");
     Reply reply;
-    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0)
-        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
-    sd_bus_message_unref(call);
-    if (r < 0) return bus_failure(reply.e, r, "Renew");
+    if (auto r = call_with_key(bus_, id, "Renew", key, reply); !r) return r.error();
     std::uint64_t until = 0;
     if (sd_bus_message_read(reply.m, "t", &until) < 0)
         return make_error(Errc::io, "Renew: unexpected reply");
@@ -311,6 +314,64 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
             return make_error(Errc::expired,
                               "no data within " + std::to_string(timeout_ms) + " ms");
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
+
+Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
+                                               const std::vector<std::uint8_t> &key) {
+    Reply reply;
+    if (auto r = call_with_key(bus_, id, "RxNotifier", key, reply); !r) return r.error();
+    int fd = -1;
+    RxNotifier n;
+    if (sd_bus_message_read(reply.m, "ht", &fd, &n.rx_bytes) < 0)
+        return make_error(Errc::io, "RxNotifier: unexpected reply");
+    // The message owns `fd`; ours is a nonblocking dup.
+    n.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 3));
+    if (!n.fd.valid() || fcntl(n.fd.get(), F_SETFL, O_NONBLOCK) != 0)
+        return make_error(Errc::io, std::string("RxNotifier: ") + std::strerror(errno));
+    return n;
+}
+
+Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n,
+                                            std::uint64_t seen, int timeout_ms) {
+    using namespace std::chrono;
+    auto deadline = steady_clock::now() + milliseconds(timeout_ms);
+    for (;;) {
+        std::uint64_t added = 0;
+        while (read(n.fd.get(), &added, sizeof added) == sizeof added)
+            n.rx_bytes += added;
+        if (n.rx_bytes > seen) return n.rx_bytes;
+        auto end = end_of(id); // reads what the bus has (an end signal among it)
+        if (!end) return end.error();
+        if (*end)
+            return make_error((*end)->revoked ? Errc::revoked : Errc::not_found,
+                              "binding " + id + " ended: " + (*end)->reason);
+        auto left = duration_cast<microseconds>(deadline - steady_clock::now()).count();
+        if (left <= 0) {
+            // One look at RxBytes at the end: a daemon restarted with the binding kept (systemd's
+            // fd store) no longer writes this eventfd. Then the notifier is dropped (invalid fd)
+            // and the count taken from the daemon, so the caller can ask for a new one.
+            auto rx = property<std::uint64_t>(bus_, path_of(id), binding_interface, "RxBytes", 't');
+            if (rx && *rx != n.rx_bytes) {
+                n.fd.reset();
+                n.rx_bytes = *rx;
+                if (*rx > seen) return *rx;
+            }
+            return make_error(Errc::expired,
+                              "no data within " + std::to_string(timeout_ms) + " ms");
+        }
+        std::uint64_t bus_timeout = 0; // absolute, CLOCK_MONOTONIC us; UINT64_MAX: none
+        if (sd_bus_get_timeout(bus_, &bus_timeout) > 0 && bus_timeout != UINT64_MAX) {
+            std::uint64_t now = static_cast<std::uint64_t>(
+                duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count());
+            left = std::min<std::int64_t>(
+                left, bus_timeout > now ? static_cast<std::int64_t>(bus_timeout - now) : 0);
+        }
+        pollfd fds[2] = {{n.fd.get(), POLLIN, 0},
+                         {sd_bus_get_fd(bus_), static_cast<short>(sd_bus_get_events(bus_)), 0}};
+        int ms = static_cast<int>((left + 999) / 1000);
+        if (poll(fds, 2, ms) < 0 && errno != EINTR)
+            return make_error(Errc::io, std::string("waiting for data: ") + std::strerror(errno));
     }
 }
 

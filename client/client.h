@@ -4,6 +4,7 @@
 #pragma once
 
 #include "knod/result.h"
+#include "knod/unique_fd.h"
 
 #include <array>
 #include <cstdint>
@@ -95,6 +96,21 @@ class Client {
     // of the stream is at offset + (i mod length) in the region. Times out with Errc::expired;
     // a binding that ended is Errc::revoked (or not_found after a release), saying why.
     Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
+    // The holder's data notifier (Binding.RxNotifier, the key proves it is the holder): an
+    // eventfd the daemon adds each delivered payload's byte count to, and the RxBytes it starts
+    // from. Fails where the driver has none (devmem: the holder receives itself) or the daemon
+    // is older.
+    struct RxNotifier {
+        UniqueFd fd;
+        std::uint64_t rx_bytes = 0; // RxBytes as far as this notifier has counted
+    };
+    Result<RxNotifier> rx_notifier(const std::string &id, const std::vector<std::uint8_t> &key);
+    // wait_for_data without polling: sleeps in poll() on the notifier and the bus (a binding's
+    // end signal ends the wait) until `n.rx_bytes` passes `seen`; the same results. At the
+    // timeout it reads RxBytes once: if the notifier lost count (the daemon restarted keeping
+    // the binding), `n.fd` is closed and the caller asks for a new notifier.
+    Result<std::uint64_t> wait_for_data(const std::string &id, RxNotifier &n, std::uint64_t seen,
+                                        int timeout_ms);
     Result<std::string> state(const std::string &id);
     // Why the binding ended, if the daemon has said so to this connection; nullopt while it
     // lives (or if the end was never signalled here). Does not wait.

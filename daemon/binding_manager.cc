@@ -699,6 +699,25 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
     return {};
 }
 
+Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string &id,
+                                                               const Peer &presenter,
+                                                               std::span<const std::uint8_t> key) {
+    if (auto r = throttle(presenter.uid, presenter.pid, "RxNotifier"); !r) return r.error();
+    auto it = bindings_.find(id);
+    if (it == bindings_.end())
+        return make_error(Errc::not_found, "no binding " + quote_untrusted(id));
+    // Only the holder may learn when data lands: the same key check as Activate, not journaled
+    // (it grants nothing), but rate-limited like every call.
+    if (auto ok = keys_.verify(it->second.key_id, key, presenter.holder(), it->second.region_id);
+        !ok)
+        return make_error(Errc::denied, "key refused: " + ok.error().message);
+    auto fd = driver_.rx_notifier(id);
+    if (!fd) return fd.error();
+    // One loop thread: no payload lands between these two lines, so RxBytes plus what the
+    // eventfd counts from here is exact.
+    return RxNotifier{std::move(*fd), driver_.counters(id).rx_bytes};
+}
+
 policy::Decision BindingManager::decide_again(const Binding &b) const {
     policy::Request req;
     req.caller = b.owner.caller();

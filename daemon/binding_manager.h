@@ -142,6 +142,15 @@ class BindingManager {
     // since the epoch). Journaled; refused like Activate for a wrong key.
     Result<std::int64_t> renew(const std::string &id, const Peer &presenter,
                                std::span<const std::uint8_t> key);
+    // The holder (its key, checked like Activate's) gets an eventfd the driver adds each
+    // delivered payload's byte count to from now on, and the RxBytes it starts from: its
+    // wait_for_data sleeps on it. Unsupported where the driver places no data itself.
+    struct RxNotifier {
+        UniqueFd fd;
+        std::uint64_t rx_bytes = 0;
+    };
+    Result<RxNotifier> rx_notifier(const std::string &id, const Peer &presenter,
+                                   std::span<const std::uint8_t> key);
     // The per-uid rate limit, for every method (the bus adaptor calls it for those that do not
     // come in here): QuotaExceeded when `uid` has no token left; refusals are journaled,
     // coalesced. Root is not limited: it can stop the daemon or edit the journal anyway.

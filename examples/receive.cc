@@ -3,18 +3,20 @@
 //   handle = knod.register_buffer(ptr, n)          -> request_binding + activate
 //   knod.wait_for_data(handle, timeout_ms=100)     -> wait_for_data
 //
-// Here the "VRAM buffer" is a sealed memfd (the sim); on hardware it is a dma-buf.
+// It uses only the installed SDK (libknod-client, knod/client.hpp), as a program of one's own
+// would. Here the "VRAM buffer" is a sealed memfd (the sim); on hardware it is a dma-buf.
 //   knod-example-receive --netdev knodsim0 --gpu sim0 --bytes 4096
 //       --flow 'udp 10.99.0.0/24:* -> 10.99.0.2:5000' --packets 3
 // Exit status: 0 after receiving and releasing; 1 on failure; 3 when the binding ended under it
 // (revoked, expired, its NIC gone: the reason is printed).
-#include "client/client.h"
+#include "knod/client.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 
 int main(int argc, char **argv) {
@@ -39,50 +41,52 @@ int main(int argc, char **argv) {
         std::cerr << "cannot make the buffer\n";
         return 1;
     }
-    auto client = knod::client::Client::connect();
+    auto client = knod::sdk::Client::connect();
     if (!client) {
-        std::cerr << client.error().message << "\n";
+        std::cerr << client.error().message() << "\n";
         return 1;
     }
     auto granted = client->request_binding(netdev, gpu, "rx-only", fd, 0, bytes, {flow});
     if (!granted) {
-        std::cerr << "refused: " << granted.error().message << "\n";
+        auto &e = granted.error();
+        std::cerr << "refused: " << e.message() << "\n";
+        if (!e.rule().empty()) std::cerr << "deciding rule: " << e.rule() << "\n";
         return 1;
     }
-    auto rule = client->rule(granted->id);
-    std::cout << "granted binding " << granted->id << " by rule '" << (rule ? *rule : "?")
-              << "'; key id " << granted->key_id << std::endl;
-    if (auto a = client->activate(granted->id, granted->key); !a) {
-        std::cerr << "activate: " << a.error().message << "\n";
+    knod::sdk::Binding &b = *granted;
+    std::cout << "granted binding " << b.id() << " by rule '" << b.rule() << "'; key id "
+              << b.key_id() << std::endl;
+    if (auto a = b.activate(); !a) {
+        std::cerr << "activate: " << a.error().message() << "\n";
         return 1;
     }
     std::cout << "activated with the key; waiting for data" << std::endl;
     std::uint64_t seen = 0;
     for (;;) {
-        auto rx = client->wait_for_data(granted->id, seen, timeout_ms);
+        auto rx = b.wait_for_data(seen, timeout_ms);
         if (!rx) {
             // Revoked, expired, its NIC gone...: the daemon told us why; nothing to release.
-            if (auto end = client->end_of(granted->id); end && *end) {
-                std::cout << "binding " << granted->id << " ended: " << (*end)->reason << std::endl;
+            if (auto end = b.end(); end && *end) {
+                std::cout << "binding " << b.id() << " ended: " << (*end)->reason << std::endl;
                 return 3;
             }
-            std::cout << "no more data: " << rx.error().message << std::endl;
+            std::cout << "no more data: " << rx.error().message() << std::endl;
             break;
         }
         seen = *rx;
-        auto c = client->counters(granted->id);
+        auto c = b.counters();
         if (c && c->rx_packets >= packets) break;
     }
-    auto c = client->counters(granted->id);
+    auto c = b.counters();
     std::uint64_t n = std::min(seen, bytes);
     std::string data(n, '\0');
     if (n && pread(fd, data.data(), n, 0) != static_cast<ssize_t>(n)) return 1;
     std::cout << "buffer holds " << seen << " byte(s) from " << (c ? c->rx_packets : 0)
               << " packet(s): \"" << data << "\"" << std::endl;
-    if (auto r = client->release(granted->id); !r) {
-        std::cerr << "release: " << r.error().message << "\n";
+    if (auto r = b.release(); !r) {
+        std::cerr << "release: " << r.error().message() << "\n";
         return 1;
     }
-    std::cout << "released " << granted->id << std::endl;
+    std::cout << "released " << b.id() << std::endl;
     return 0;
 }

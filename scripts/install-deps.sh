@@ -18,12 +18,14 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
   # the audit report's page, rendered and measured by its test
   chromium python3-pil
+  # the Python package's tests (tests/python) under /usr/bin/python3
+  python3-pytest python3-numpy
   # running: a private bus, namespaces, the journal by hand
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
   # journal files written from export format (audit verify against the system journal's copies)
   systemd-journal-remote
   # packaging and its test: the Debian package, its lint, polkit, the unit checks
-  debhelper dpkg-dev lintian polkitd systemd man-db bash-completion git
+  debhelper dh-python dpkg-dev lintian polkitd systemd man-db bash-completion git
   # live-kernel and whole-system tests (tests/vm): QEMU, a kernel's modules, an initramfs, a
   # Debian root filesystem
   qemu-system-x86 mmdebstrap busybox-static cpio kmod pciutils ethtool e2fsprogs

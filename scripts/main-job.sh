@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's main job: installs dependencies, builds, then shows knod-policy at work: the
 # policy checked and explained, then knod-policyd with the sim driver on a private bus serving a
-# scripted client session (the article's register_buffer / wait_for_data), with traffic from the
-# wire side for an allowed flow and a forbidden one, and the journal trail it leaves. It stops
-# everything and leaves nothing behind.
+# scripted client session (the article's register_buffer / wait_for_data, in C++ and in Python),
+# with traffic from the wire side for an allowed flow and a forbidden one, and the journal trail
+# it leaves. It stops everything and leaves nothing behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -42,6 +42,16 @@ step "... and 4 on port 5001, which no binding holds" \
     $cli sim-send --to 10.99.0.2:5001 --count 4 --data "FORBIDDEN"
 while read -r line <&$rx; do echo "  client: $line"; done
 step "The filter counted the forbidden flow (unmatched_passed): never delivered" $cli status
+
+printf "\n\033[1m== The same in Python: examples/receive.py (import knod; register_buffer; wait_for_data)\033[0m\n"
+coproc PY { exec env PYTHONPATH=python KNOD_CLIENT_LIBRARY=build/client/libknod-client.so.1 \
+    /usr/bin/python3 examples/receive.py --netdev knodsim0 --gpu sim0 --bytes 4096 \
+    --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5002" --packets 2 --timeout-ms 5000 2>&1; }
+exec {py}<&"${PY[0]}"
+while read -r line <&$py; do echo "  python: $line"; case $line in activated*) break;; esac; done
+step "The wire side sends 2 datagrams to the Python client" \
+    $cli sim-send --to 10.99.0.2:5002 --count 2 --data "py-chunk;"
+while read -r line <&$py; do echo "  python: $line"; done
 step "uid 65534 asks too; the policy denies it by name" \
     setpriv --reuid=65534 --regid=65534 --clear-groups build/examples/knod-example-receive \
     --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5000"

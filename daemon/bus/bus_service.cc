@@ -256,6 +256,9 @@ const sd_bus_vtable binding_vtable[] = {
     // The holder only (the key is checked against the caller's own process): extends the key.
     SD_BUS_METHOD_WITH_NAMES("Renew", "ay", SD_BUS_PARAM(key), "t", SD_BUS_PARAM(expires_us),
                              BusService::renew, SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_METHOD_WITH_NAMES("RxNotifier", "ay", SD_BUS_PARAM(key), "ht",
+                             SD_BUS_PARAM(notifier) SD_BUS_PARAM(rx_bytes), BusService::rx_notifier,
+                             SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_METHOD_WITH_NAMES("Activate", "ay", SD_BUS_PARAM(key), "", "", BusService::activate,
                              SD_BUS_VTABLE_UNPRIVILEGED),
     // The owner, or an admin: checked in the handler.
@@ -605,6 +608,20 @@ int BusService::renew(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto until = s->manager_->renew(id, *caller, key);
         if (!until) return fail(err, until.error());
         return sd_bus_reply_method_return(m, "t", static_cast<std::uint64_t>(*until));
+    });
+}
+
+int BusService::rx_notifier(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("RxNotifier", err, [&]() -> int {
+        auto *s = service(self);
+        std::span<const std::uint8_t> key;
+        if (int r = read_key(m, err, key); r <= 0) return r;
+        auto caller = s->peer(m);
+        if (!caller) return fail(err, caller.error());
+        auto n = s->manager_->rx_notifier(id_of(sd_bus_message_get_path(m)), *caller, key);
+        if (!n) return fail(err, n.error());
+        // sd-bus sends a dup of the fd; ours closes when `n` goes.
+        return sd_bus_reply_method_return(m, "ht", n->fd.get(), n->rx_bytes);
     });
 }
 

@@ -64,6 +64,14 @@ class Driver {
     // Stops delivery at once and frees everything attach() took. Never fails.
     virtual void detach(const std::string &id) = 0;
     virtual Counters counters(const std::string &id) const = 0;
+    // For the holder's wait_for_data: an eventfd (nonblocking, close-on-exec; the caller's) to
+    // which the driver adds the byte count of every payload it places in the binding's region
+    // from now on, so the holder sleeps on it instead of polling RxBytes. A new one replaces
+    // the last. Drivers that place no data themselves (the holder receives: devmem) have none.
+    virtual Result<UniqueFd> rx_notifier(const std::string & /*id*/) {
+        return make_error(Errc::unsupported,
+                          "the " + name() + " driver does not place data itself: no notifier");
+    }
     // Bindings whose isolation no longer holds, each with what was seen (foreign packets on its
     // queue, RSS or another ntuple rule reaching it). The manager asks every tick and ends each
     // as steering-drift: fail closed. Cheap when nothing changed.

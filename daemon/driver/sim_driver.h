@@ -53,6 +53,7 @@ class SimDriver : public Driver {
     Result<void> activate(const std::string &id) override;
     void detach(const std::string &id) override;
     Counters counters(const std::string &id) const override;
+    Result<UniqueFd> rx_notifier(const std::string &id) override;
     // The sim's network is rebuilt at every start (it is the daemon's own simulated NIC), so a
     // binding is taken back by installing it afresh, active if it was, with its stream position
     // (the ring continues where it stopped). Its only kernel handle is the region fd.
@@ -79,6 +80,7 @@ class SimDriver : public Driver {
         std::uint64_t rx_bytes = 0;
         std::uint64_t rx_packets = 0;
         bool drift_reported = false;
+        UniqueFd notifier; // the holder's eventfd (rx_notifier), if it asked for one
     };
     void receive(XskQueue &q);
     void deliver(Slot &s, std::span<const std::uint8_t> payload);

@@ -479,3 +479,49 @@ TEST_F(RestartTest, AKeyThatExpiredDuringTheRestartIsNotTakenBack) {
         "1");
     EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
 }
+
+// wait_for_data's notifier (Binding.RxNotifier) belongs to the daemon that made it: after a
+// restart that keeps the binding, the old eventfd is never written again. The wait notices at
+// its timeout (RxBytes moved on without it), drops the notifier, and a new one counts on.
+TEST_F(RestartTest, AHoldersNotifierIsReplacedAfterARestart) {
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5600"});
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    auto n = c.rx_notifier(g->id, g->key);
+    ASSERT_TRUE(n.ok()) << n.error().message;
+    EXPECT_EQ(n->rx_bytes, 0u);
+    send(5600, "before");
+    auto rx = c.wait_for_data(g->id, *n, 0, 5000);
+    ASSERT_TRUE(rx.ok()) << rx.error().message;
+    EXPECT_EQ(*rx, 6u);
+
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    store_.drain();
+
+    send(5600, "after!");
+    ASSERT_TRUE(eventually([&] { return c.counters(g->id)->rx_bytes == 12; }));
+    rx = c.wait_for_data(g->id, *n, 6, 200);
+    ASSERT_TRUE(rx.ok()) << rx.error().message;
+    EXPECT_EQ(*rx, 12u);
+    EXPECT_FALSE(n->fd.valid()) << "a notifier that lost count is dropped";
+    auto again = c.rx_notifier(g->id, g->key);
+    ASSERT_TRUE(again.ok()) << again.error().message;
+    EXPECT_EQ(again->rx_bytes, 12u);
+    send(5600, "again!");
+    rx = c.wait_for_data(g->id, *again, 12, 5000);
+    ASSERT_TRUE(rx.ok()) << rx.error().message;
+    EXPECT_EQ(*rx, 18u);
+    // Someone else's key gets no notifier.
+    std::vector<std::uint8_t> wrong(g->key.size(), 0);
+    auto refused = c.rx_notifier(g->id, wrong);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::denied);
+    ASSERT_TRUE(c.release(g->id).ok());
+    close(fd);
+}

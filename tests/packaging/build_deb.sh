@@ -33,9 +33,9 @@ if ! (cd "$work/src" && dpkg-buildpackage -us -uc -b -j"$(nproc)") >"$work/build
 fi
 rm -rf "$out"
 mkdir -p "$out"
-cp "$work"/knod-policy_*.deb "$work"/knod-policy_*.changes "$work"/*.buildinfo "$out/" 2>/dev/null
+cp "$work"/*.deb "$work"/knod-policy_*.changes "$work"/*.buildinfo "$out/" 2>/dev/null
 ls "$out"/knod-policy_*.deb >/dev/null 2>&1 || {
     echo "build_deb: no package built"
     exit 1
 }
-echo "# built $(cd "$out" && ls knod-policy_*.deb) in $(($(date +%s) - started)) s"
+echo "# built $(cd "$out" && ls *.deb | tr "\n" " ")in $(($(date +%s) - started)) s"

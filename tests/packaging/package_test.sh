@@ -20,9 +20,12 @@ check() { if eval "$2"; then ok "$1"; else not_ok "$1"; fi; }
 die() { echo "package_test: $*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "needs root (dpkg -i, users, mount namespaces)"
-if dpkg-query -W -f='${Status}' knod-policy 2>/dev/null | grep -q 'ok installed'; then
-    die "knod-policy is installed on this machine; remove it first (the test installs and purges it)"
-fi
+packages="knod-policy libknod-client1 libknod-client-dev python3-knod"
+for p in $packages; do
+    if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed'; then
+        die "$p is installed on this machine; remove it first (the test installs and purges it)"
+    fi
+done
 work=$(mktemp -d /tmp/knod-package.XXXXXX)
 had_user=$(getent passwd knod-policy >/dev/null && echo yes || echo no)
 had_group=$(getent group knod-audit >/dev/null && echo yes || echo no)
@@ -30,7 +33,7 @@ had_render=$(getent group render >/dev/null && echo yes || echo no)
 had_state=$([ -e /var/lib/knod-policy ] && echo yes || echo no)
 had_pins=$([ -e /sys/fs/bpf/knod ] && echo yes || echo no) # tmpfiles.d makes it at install
 cleanup() {
-    dpkg --purge knod-policy >/dev/null 2>&1
+    dpkg --purge python3-knod libknod-client-dev libknod-client1 knod-policy >/dev/null 2>&1
     [ "$had_state" = yes ] || rm -rf /var/lib/knod-policy
     [ "$had_pins" = yes ] || rmdir /sys/fs/bpf/knod 2>/dev/null
     [ "$had_user" = yes ] || userdel knod-policy 2>/dev/null
@@ -44,7 +47,7 @@ trap cleanup EXIT
 # --- build (tests/packaging/build_deb.sh; ctest runs it once as the fixture packaging.build_deb
 # and passes its DEB_DIR) -------------------------------------------------------------------
 if [ -n "$deb_dir" ]; then
-    cp "$deb_dir"/knod-policy_*.deb "$deb_dir"/knod-policy_*.changes "$deb_dir"/*.buildinfo "$work/" 2>/dev/null
+    cp "$deb_dir"/*.deb "$deb_dir"/knod-policy_*.changes "$deb_dir"/*.buildinfo "$work/" 2>/dev/null
     check "the package was built (packaging.build_deb)" 'ls "$work"/knod-policy_*_amd64.deb >/dev/null 2>&1'
 else
     "$src/tests/packaging/build_deb.sh" "$src" "$work/deb" >"$work/build.log" 2>&1
@@ -58,8 +61,14 @@ check "lintian reports no errors" '! grep -q "^E:" "$work/lintian.log"'
 grep "^E:" "$work/lintian.log"
 
 # --- install ----------------------------------------------------------------------------
-dpkg -i "$deb" >"$work/install.log" 2>&1
-check "the package installs" '[ $? -eq 0 ]' || cat "$work/install.log"
+arch=$(dpkg --print-architecture)
+debs=()
+for p in libknod-client1 libknod-client-dev; do debs+=("$work/${p}_0.1.0_$arch.deb"); done
+debs+=("$work/python3-knod_0.1.0_all.deb")
+check "the SDK packages were built (libknod-client1, libknod-client-dev, python3-knod)" \
+    'ls "${debs[@]}" >/dev/null'
+dpkg -i "$deb" "${debs[@]}" >"$work/install.log" 2>&1
+check "the packages install" '[ $? -eq 0 ]' || cat "$work/install.log"
 for f in /usr/sbin/knod-policyd /usr/bin/knod-policy /lib/systemd/system/knod-policyd.service \
     /usr/share/dbus-1/system.d/org.knod.Policy1.conf \
     /usr/share/polkit-1/actions/org.knod.policy1.policy /etc/knod/policy.toml \
@@ -79,6 +88,24 @@ knod-policy explain --policy /etc/knod --user 0 --netdev eth0 --gpu 0000:c1:00.0
 check "the installed default policy denies a request" '[ $? -eq 1 ]'
 check "man finds the installed pages" 'man -w knod-policyd >/dev/null && man -w 5 knod-policy.toml >/dev/null'
 check "bash completion offers subcommands" 'bash -c "source /usr/share/bash-completion/bash_completion; source /usr/share/bash-completion/completions/knod-policy; COMP_WORDS=(knod-policy au); COMP_CWORD=1; COMP_LINE=\"knod-policy au\"; COMP_POINT=\${#COMP_LINE}; _knod_policy; [ \"\${COMPREPLY[*]}\" = audit ]"'
+
+for f in /usr/include/knod/client.h /usr/include/knod/client.hpp \
+    /usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libknod-client.so.1 \
+    /usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/pkgconfig/knod-client.pc \
+    /usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/cmake/knod-client/knod-client-config.cmake \
+    /usr/share/dbus-1/interfaces/org.knod.Policy1.xml /usr/lib/python3/dist-packages/knod/__init__.py; do
+    check "installed: $f" '[ -s "$f" ]'
+done
+check "libknod-client1 ships only the library (the -dev package the rest)" \
+    '[ "$(dpkg -L libknod-client1 | grep -c "\.so")" -eq 2 ] && ! dpkg -L libknod-client1 | grep -q include'
+
+# --- the SDK: programs of one's own and the Python example against the installed daemon -----
+bash "$src/tests/packaging/sdk_session.sh" "$src" "$work" >"$work/sdk.log" 2>&1
+sdk_rc=$?
+sed 's/^/    /' "$work/sdk.log"
+passed=$((passed + $(grep -c '^ok - ' "$work/sdk.log")))
+failed=$((failed + $(grep -c '^not ok - ' "$work/sdk.log")))
+check "the SDK session ran to the end" '[ $sdk_rc -eq 0 ]'
 
 # --- the installed unit -----------------------------------------------------------------
 systemd-analyze verify /lib/systemd/system/knod-policyd.service >"$work/verify.log" 2>&1
@@ -120,6 +147,10 @@ for sub in verify sessions; do
 done
 
 # --- purge ------------------------------------------------------------------------------
+dpkg --purge python3-knod libknod-client-dev libknod-client1 >"$work/purge.log" 2>&1
+check "the SDK packages purge, leaving no file" \
+    '[ $? -eq 0 ] && [ ! -e /usr/include/knod ] && [ ! -e /usr/lib/python3/dist-packages/knod ] && ! ls /usr/lib/*/libknod-client.so* >/dev/null 2>&1' ||
+    cat "$work/purge.log"
 dpkg --purge knod-policy >"$work/purge.log" 2>&1
 check "the package purges" '[ $? -eq 0 ]' || cat "$work/purge.log"
 check "purge removed the binaries, the unit and the config" \

@@ -1,0 +1,376 @@
+// The C API (include/knod/client.h) over the C++ client: handles own a Client or a granted
+// binding; every entry point catches what C++ could throw, so nothing unwinds into C.
+#include "knod/client.h"
+
+#include "client/client.h"
+#include "client/refusal.h"
+#include "protocol/names.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+
+struct knod_error {
+    knod_errc code = KNOD_ERR_FAILED;
+    std::string message;
+    std::string dbus_name;
+    std::optional<std::string> rule;
+};
+
+struct knod_client {
+    knod::client::Client client;
+    unsigned refs = 1;
+};
+
+struct knod_binding {
+    knod_client *owner = nullptr;
+    knod::client::GrantedBinding grant;
+    std::string rule;
+    std::uint64_t length = 0;
+    bool released = false;
+    std::optional<knod::client::BindingEnd> end; // once known: signalled, or our own release
+    // The daemon's data notifier, asked for at the first wait; without one (a driver that has
+    // none, an older daemon) waits poll RxBytes.
+    std::optional<knod::client::Client::RxNotifier> notifier;
+    bool notifier_asked = false;
+};
+
+namespace {
+
+using knod::Errc;
+
+struct NameCode {
+    const char *name;
+    knod_errc code;
+};
+
+constexpr NameCode by_name[] = {
+    {knod::bus::error::denied, KNOD_ERR_DENIED},
+    {knod::bus::error::invalid_argument, KNOD_ERR_INVALID_ARGUMENT},
+    {knod::bus::error::no_such_binding, KNOD_ERR_NO_SUCH_BINDING},
+    {knod::bus::error::quota_exceeded, KNOD_ERR_QUOTA_EXCEEDED},
+    {knod::bus::error::isolation_violation, KNOD_ERR_ISOLATION_VIOLATION},
+    {knod::bus::error::driver_failure, KNOD_ERR_DRIVER_FAILURE},
+    {knod::bus::error::journal_unavailable, KNOD_ERR_JOURNAL_UNAVAILABLE},
+    {knod::bus::error::invalid_policy, KNOD_ERR_INVALID_POLICY},
+    {knod::bus::error::flow_conflict, KNOD_ERR_FLOW_CONFLICT},
+    {knod::bus::error::failed, KNOD_ERR_FAILED},
+    // The bus's own answers: no daemon, or one that stopped answering; the bus policy's no.
+    {"org.freedesktop.DBus.Error.ServiceUnknown", KNOD_ERR_UNAVAILABLE},
+    {"org.freedesktop.DBus.Error.NameHasNoOwner", KNOD_ERR_UNAVAILABLE},
+    {"org.freedesktop.DBus.Error.NoReply", KNOD_ERR_UNAVAILABLE},
+    {"org.freedesktop.DBus.Error.Disconnected", KNOD_ERR_UNAVAILABLE},
+    {"org.freedesktop.DBus.Error.Timeout", KNOD_ERR_UNAVAILABLE},
+    {"org.freedesktop.DBus.Error.AccessDenied", KNOD_ERR_DENIED},
+    {"org.freedesktop.DBus.Error.UnknownObject", KNOD_ERR_NO_SUCH_BINDING},
+};
+
+knod_errc code_of(const knod::Error &e, const std::string &dbus_name) {
+    if (!dbus_name.empty()) {
+        for (auto &[name, code] : by_name)
+            if (dbus_name == name) return code;
+        return KNOD_ERR_FAILED;
+    }
+    switch (e.code) {
+    case Errc::unavailable:
+        return KNOD_ERR_UNAVAILABLE;
+    case Errc::expired:
+        return KNOD_ERR_TIMEOUT;
+    case Errc::invalid_argument:
+        return KNOD_ERR_INVALID_ARGUMENT;
+    case Errc::io:
+        return KNOD_ERR_IO;
+    default:
+        return KNOD_ERR_FAILED;
+    }
+}
+
+knod_errc fail(knod_error **out, knod_errc code, std::string message, std::string dbus_name = {},
+               std::optional<std::string> rule = std::nullopt) {
+    if (out) {
+        *out = new (std::nothrow)
+            knod_error{code, std::move(message), std::move(dbus_name), std::move(rule)};
+    }
+    return code;
+}
+
+knod_errc fail(knod_error **out, const knod::Error &e) {
+    knod::client::Refusal r = knod::client::parse_refusal(e.message);
+    knod_errc code = code_of(e, r.dbus_name);
+    return fail(out, code, r.dbus_name.empty() ? e.message : r.message, r.dbus_name, r.rule);
+}
+
+// Runs `body`, turning what C++ could throw into an error.
+template <typename Body> knod_errc guarded(knod_error **error, Body body) {
+    if (error) *error = nullptr;
+    try {
+        return body();
+    } catch (const std::bad_alloc &) {
+        return fail(error, KNOD_ERR_NO_MEMORY, "out of memory");
+    } catch (...) {
+        return fail(error, KNOD_ERR_FAILED, "unexpected failure inside libknod-client");
+    }
+}
+
+knod_errc missing(knod_error **error, const char *what) {
+    return fail(error, KNOD_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+}
+
+void unref(knod_client *c) {
+    if (c && --c->refs == 0) delete c;
+}
+
+// The binding ended, as the daemon told us: KNOD_ERR_ENDED naming the reason, else nullopt.
+std::optional<knod_errc> ended(knod_binding *b, knod_error **error) {
+    if (!b->end) {
+        auto end = b->owner->client.end_of(b->grant.id);
+        if (!end || !*end) return std::nullopt;
+        b->end = **end;
+    }
+    return fail(error, KNOD_ERR_ENDED, "binding " + b->grant.id + " ended: " + b->end->reason);
+}
+
+} // namespace
+
+extern "C" {
+
+const char *knod_version(void) {
+    return KNOD_VERSION;
+}
+
+const char *knod_errc_name(int code) {
+    static const char *const names[] = {"ok",
+                                        "denied",
+                                        "invalid-argument",
+                                        "no-such-binding",
+                                        "quota-exceeded",
+                                        "isolation-violation",
+                                        "driver-failure",
+                                        "journal-unavailable",
+                                        "invalid-policy",
+                                        "flow-conflict",
+                                        "failed",
+                                        "unavailable",
+                                        "timeout",
+                                        "ended",
+                                        "io",
+                                        "no-memory"};
+    if (code < 0 || static_cast<std::size_t>(code) >= sizeof names / sizeof names[0])
+        return "unknown";
+    return names[code];
+}
+
+knod_errc knod_error_code(const knod_error *e) {
+    return e ? e->code : KNOD_OK;
+}
+const char *knod_error_message(const knod_error *e) {
+    return e ? e->message.c_str() : "";
+}
+const char *knod_error_dbus_name(const knod_error *e) {
+    return e && !e->dbus_name.empty() ? e->dbus_name.c_str() : nullptr;
+}
+const char *knod_error_rule(const knod_error *e) {
+    return e && e->rule ? e->rule->c_str() : nullptr;
+}
+void knod_error_free(knod_error *e) {
+    delete e;
+}
+
+knod_errc knod_client_connect(const char *address, knod_client **out, knod_error **error) {
+    return guarded(error, [&] {
+        if (!out) return missing(error, "out");
+        auto c = knod::client::Client::connect(address ? address : "");
+        if (!c) return fail(error, c.error());
+        *out = new knod_client{std::move(*c)};
+        return KNOD_OK;
+    });
+}
+
+void knod_client_unref(knod_client *client) {
+    unref(client);
+}
+
+knod_errc knod_request_binding(knod_client *client, const char *netdev, const char *gpu,
+                               const char *mode, int region_fd, uint64_t offset, uint64_t length,
+                               const char *const *flows, size_t n_flows, knod_binding **out,
+                               knod_error **error) {
+    return guarded(error, [&] {
+        if (!client) return missing(error, "client");
+        if (!out) return missing(error, "out");
+        if (!netdev) return missing(error, "netdev");
+        if (!gpu) return missing(error, "gpu");
+        if (n_flows && !flows) return missing(error, "flows");
+        if (region_fd < 0 || fcntl(region_fd, F_GETFD) < 0)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        "region_fd " + std::to_string(region_fd) + " is not an open file");
+        std::vector<std::string> flow_list;
+        for (size_t i = 0; i < n_flows; ++i) {
+            if (!flows[i]) return missing(error, ("flows[" + std::to_string(i) + "]").c_str());
+            flow_list.emplace_back(flows[i]);
+        }
+        auto g = client->client.request_binding(netdev, gpu, mode ? mode : "rx-only", region_fd,
+                                                offset, length, flow_list);
+        if (!g) return fail(error, g.error());
+        auto b = std::make_unique<knod_binding>();
+        b->grant = std::move(*g);
+        b->length = length;
+        // The deciding rule is a property of the binding, not of the grant's reply.
+        if (auto rule = client->client.rule(b->grant.id)) b->rule = std::move(*rule);
+        b->owner = client;
+        ++client->refs;
+        *out = b.release();
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_register_buffer(knod_client *client, const char *netdev, const char *gpu,
+                               int region_fd, uint64_t offset, uint64_t length,
+                               const char *const *flows, size_t n_flows, knod_binding **out,
+                               knod_error **error) {
+    return guarded(error, [&] {
+        if (!out) return missing(error, "out");
+        knod_binding *b = nullptr;
+        knod_errc rc = knod_request_binding(client, netdev, gpu, "rx-only", region_fd, offset,
+                                            length, flows, n_flows, &b, error);
+        if (rc != KNOD_OK) return rc;
+        if ((rc = knod_binding_activate(b, error)) != KNOD_OK) {
+            knod_binding_free(b); // releases the grant
+            return rc;
+        }
+        *out = b;
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_binding_activate(knod_binding *b, knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        auto r = b->owner->client.activate(b->grant.id, b->grant.key);
+        if (!r) return fail(error, r.error());
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_binding_wait_for_data(knod_binding *b, uint64_t seen, int timeout_ms,
+                                     uint64_t *rx_bytes, knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        auto &client = b->owner->client;
+        if (b->notifier && !b->notifier->fd.valid()) { // lost count: a restarted daemon
+            b->notifier.reset();
+            b->notifier_asked = false;
+        }
+        if (!b->notifier_asked) {
+            b->notifier_asked = true;
+            if (auto n = client.rx_notifier(b->grant.id, b->grant.key)) b->notifier = std::move(*n);
+        }
+        int ms = timeout_ms < 0 ? 0 : timeout_ms;
+        auto rx = b->notifier ? client.wait_for_data(b->grant.id, *b->notifier, seen, ms)
+                              : client.wait_for_data(b->grant.id, seen, ms);
+        if (!rx) {
+            if (auto e = ended(b, error)) return *e;
+            if (rx.error().code == Errc::expired)
+                return fail(error, KNOD_ERR_TIMEOUT, rx.error().message);
+            return fail(error, rx.error());
+        }
+        if (rx_bytes) *rx_bytes = *rx;
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_binding_renew(knod_binding *b, uint64_t *expires_us, knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        auto until = b->owner->client.renew(b->grant.id, b->grant.key);
+        if (!until) {
+            if (auto e = ended(b, error)) return *e;
+            return fail(error, until.error());
+        }
+        if (expires_us) *expires_us = *until;
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_binding_release(knod_binding *b, knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        if (b->released) return KNOD_OK;
+        auto r = b->owner->client.release(b->grant.id);
+        if (!r) {
+            // Already over (revoked, expired, ...): nothing is left to release.
+            if (ended(b, nullptr)) {
+                b->released = true;
+                return KNOD_OK;
+            }
+            return fail(error, r.error());
+        }
+        b->released = true;
+        if (!b->end) b->end = knod::client::BindingEnd{false, "release"};
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_binding_counters(knod_binding *b, uint64_t *rx_bytes, uint64_t *rx_packets,
+                                uint64_t *dropped_packets, knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        auto c = b->owner->client.counters(b->grant.id);
+        if (!c) {
+            if (auto e = ended(b, error)) return *e;
+            return fail(error, c.error());
+        }
+        if (rx_bytes) *rx_bytes = c->rx_bytes;
+        if (rx_packets) *rx_packets = c->rx_packets;
+        if (dropped_packets) *dropped_packets = c->dropped_packets;
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_binding_end(knod_binding *b, int *is_ended, const char **reason, int *revoked,
+                           knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        if (!b->end) {
+            auto end = b->owner->client.end_of(b->grant.id);
+            if (!end) return fail(error, end.error());
+            b->end = *end;
+        }
+        if (is_ended) *is_ended = b->end ? 1 : 0;
+        if (reason) *reason = b->end ? b->end->reason.c_str() : nullptr;
+        if (revoked) *revoked = b->end && b->end->revoked ? 1 : 0;
+        return KNOD_OK;
+    });
+}
+
+const char *knod_binding_id(const knod_binding *b) {
+    return b ? b->grant.id.c_str() : nullptr;
+}
+const char *knod_binding_key_id(const knod_binding *b) {
+    return b ? b->grant.key_id.c_str() : nullptr;
+}
+const char *knod_binding_rule(const knod_binding *b) {
+    return b ? b->rule.c_str() : nullptr;
+}
+uint64_t knod_binding_length(const knod_binding *b) {
+    return b ? b->length : 0;
+}
+
+void knod_binding_free(knod_binding *b) {
+    if (!b) return;
+    try {
+        knod_binding_release(b, nullptr);
+    } catch (...) { // guarded() already catches; nothing may unwind into C
+    }
+    std::fill(b->grant.key.begin(), b->grant.key.end(), std::uint8_t{0});
+    knod_client *owner = b->owner;
+    delete b;
+    unref(owner);
+}
+
+} // extern "C"

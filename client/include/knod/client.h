@@ -1,0 +1,135 @@
+/* libknod-client: the knod-policyd client API in C (SONAME libknod-client.so.1).
+ *
+ * What the article's `knod.register_buffer(ptr, n)` / `knod.wait_for_data(handle, 100)` do,
+ * over the daemon's D-Bus API (org.knod.Policy1 on the system bus; the interface XML is
+ * installed as /usr/share/dbus-1/interfaces/org.knod.Policy1.xml). A program connects, asks
+ * for a binding of a netdev to a region of GPU memory (a dma-buf fd, or a sealed memfd for the
+ * sim driver) for some flows, activates it with the key the grant carries, waits for data,
+ * and releases it. Build with `pkg-config --cflags --libs knod-client`.
+ *
+ * Conventions:
+ *  - Handles are opaque. A knod_binding keeps its knod_client alive (reference counted), so
+ *    they may be freed in any order. One handle is used by one thread at a time.
+ *  - Every call that can fail returns a knod_errc (KNOD_OK is 0) and, when `error` is not
+ *    NULL, stores a knod_error the caller frees with knod_error_free(). Outputs are written
+ *    only on success.
+ *  - Strings returned by accessors belong to the handle they came from and live as long as it.
+ *  - Byte counts are bytes; times are microseconds since the Unix epoch; timeouts milliseconds.
+ */
+#ifndef KNOD_CLIENT_H
+#define KNOD_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KNOD_CLIENT_BUILDING)
+#define KNOD_API __attribute__((visibility("default")))
+#else
+#define KNOD_API
+#endif
+
+/* What went wrong, to branch on. The daemon's refusals map one to one onto its D-Bus error
+ * names (knod_error_dbus_name() gives the name itself). Values never change meaning. */
+typedef enum knod_errc {
+    KNOD_OK = 0,
+    KNOD_ERR_DENIED = 1,              /* org.knod.Policy1.Error.Denied (policy, key, holder) */
+    KNOD_ERR_INVALID_ARGUMENT = 2,    /* org.knod.Policy1.Error.InvalidArgument */
+    KNOD_ERR_NO_SUCH_BINDING = 3,     /* org.knod.Policy1.Error.NoSuchBinding (or released) */
+    KNOD_ERR_QUOTA_EXCEEDED = 4,      /* org.knod.Policy1.Error.QuotaExceeded */
+    KNOD_ERR_ISOLATION_VIOLATION = 5, /* org.knod.Policy1.Error.IsolationViolation */
+    KNOD_ERR_DRIVER_FAILURE = 6,      /* org.knod.Policy1.Error.DriverFailure */
+    KNOD_ERR_JOURNAL_UNAVAILABLE = 7, /* org.knod.Policy1.Error.JournalUnavailable */
+    KNOD_ERR_INVALID_POLICY = 8,      /* org.knod.Policy1.Error.InvalidPolicy */
+    KNOD_ERR_FLOW_CONFLICT = 9,       /* org.knod.Policy1.Error.FlowConflict */
+    KNOD_ERR_FAILED = 10,             /* org.knod.Policy1.Error.Failed, or another error */
+    KNOD_ERR_UNAVAILABLE = 11,        /* no bus, or knod-policyd not running on it */
+    KNOD_ERR_TIMEOUT = 12,            /* a wait ran out of time; nothing changed */
+    KNOD_ERR_ENDED = 13,              /* the binding ended (knod_binding_end() says why) */
+    KNOD_ERR_IO = 14,                 /* the bus connection failed or a reply was malformed */
+    KNOD_ERR_NO_MEMORY = 15
+} knod_errc;
+
+typedef struct knod_error knod_error;
+typedef struct knod_client knod_client;
+typedef struct knod_binding knod_binding;
+
+/* "0.1.0": the library's version (not the daemon's). */
+KNOD_API const char *knod_version(void);
+/* A stable lower-case name for a code: "denied", "quota-exceeded", ... ("unknown" otherwise). */
+KNOD_API const char *knod_errc_name(int code);
+
+KNOD_API knod_errc knod_error_code(const knod_error *error);
+/* A message a person can act on (the daemon's own text for its refusals). Never NULL. */
+KNOD_API const char *knod_error_message(const knod_error *error);
+/* The D-Bus error name the daemon or the bus answered with, e.g.
+ * "org.knod.Policy1.Error.Denied"; NULL when the error did not come over the bus. */
+KNOD_API const char *knod_error_dbus_name(const knod_error *error);
+/* For a policy refusal (Denied, QuotaExceeded): the name of the rule that decided it. NULL
+ * when no rule decided (a default deny, a refused key, any other error). */
+KNOD_API const char *knod_error_rule(const knod_error *error);
+KNOD_API void knod_error_free(knod_error *error);
+
+/* Connects to the bus at `address` (a D-Bus address such as "unix:path=/run/dbus/x"); NULL or
+ * "" means the system bus (DBUS_SYSTEM_BUS_ADDRESS is honoured). Does not check the daemon. */
+KNOD_API knod_errc knod_client_connect(const char *address, knod_client **out, knod_error **error);
+/* Drops the caller's reference; the connection closes when no binding holds it either. */
+KNOD_API void knod_client_unref(knod_client *client);
+
+/* RequestBinding: asks the daemon for a binding of `netdev` to bytes [offset, offset+length)
+ * of `region_fd` (a dma-buf; for the sim a memfd sealed with F_SEAL_SHRINK) for `flows`
+ * (flow specs such as "udp 10.99.0.0/24:* -> 10.99.0.2:5000"), mode "rx-only" when `mode` is
+ * NULL. The binding is granted inactive: nothing is delivered until knod_binding_activate().
+ * The fd stays the caller's. */
+KNOD_API knod_errc knod_request_binding(knod_client *client, const char *netdev, const char *gpu,
+                                        const char *mode, int region_fd, uint64_t offset,
+                                        uint64_t length, const char *const *flows, size_t n_flows,
+                                        knod_binding **out, knod_error **error);
+/* The article's register_buffer: knod_request_binding() (rx-only), then
+ * knod_binding_activate(); on an activation failure the grant is released again. */
+KNOD_API knod_errc knod_register_buffer(knod_client *client, const char *netdev, const char *gpu,
+                                        int region_fd, uint64_t offset, uint64_t length,
+                                        const char *const *flows, size_t n_flows,
+                                        knod_binding **out, knod_error **error);
+
+/* Presents the binding's key (Binding.Activate): data starts to flow into the region. */
+KNOD_API knod_errc knod_binding_activate(knod_binding *binding, knod_error **error);
+/* Waits until the binding's RxBytes passes `seen`, at most `timeout_ms` (< 0: 0); stores the
+ * new RxBytes. Byte i of the stream is at offset + (i mod length) in the region.
+ * KNOD_ERR_TIMEOUT when nothing came; KNOD_ERR_ENDED when the binding ended. */
+KNOD_API knod_errc knod_binding_wait_for_data(knod_binding *binding, uint64_t seen, int timeout_ms,
+                                              uint64_t *rx_bytes, knod_error **error);
+/* Binding.Renew: extends the key by the policy's key lifetime from now; stores the new expiry
+ * (microseconds since the epoch) when `expires_us` is not NULL. */
+KNOD_API knod_errc knod_binding_renew(knod_binding *binding, uint64_t *expires_us,
+                                      knod_error **error);
+/* Binding.Release: ends the binding (end reason "release"). Releasing twice is KNOD_OK. */
+KNOD_API knod_errc knod_binding_release(knod_binding *binding, knod_error **error);
+/* The daemon's counters: bytes and packets delivered, packets of its flows dropped (any of
+ * the pointers may be NULL). */
+KNOD_API knod_errc knod_binding_counters(knod_binding *binding, uint64_t *rx_bytes,
+                                         uint64_t *rx_packets, uint64_t *dropped_packets,
+                                         knod_error **error);
+/* Whether the binding has ended, and why, as the daemon told this connection: stores 1 and
+ * the end reason ("release", "expire", "revoke: <reason>", "process-exit", "link-down", ...)
+ * and whether it was revoked (ended by someone or something other than its holder), or 0
+ * while it lives. Does not wait. Any output pointer may be NULL. */
+KNOD_API knod_errc knod_binding_end(knod_binding *binding, int *ended, const char **reason,
+                                    int *revoked, knod_error **error);
+
+/* The binding's id ("b3"), the key id, the rule that granted it, the region bytes asked for. */
+KNOD_API const char *knod_binding_id(const knod_binding *binding);
+KNOD_API const char *knod_binding_key_id(const knod_binding *binding);
+KNOD_API const char *knod_binding_rule(const knod_binding *binding);
+KNOD_API uint64_t knod_binding_length(const knod_binding *binding);
+/* Frees the handle; a binding still held is released first (errors ignored). */
+KNOD_API void knod_binding_free(knod_binding *binding);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KNOD_CLIENT_H */

@@ -1,0 +1,289 @@
+"""knod: register GPU buffers with knod-policyd and wait for the NIC's data to land in them.
+
+The article's example, on this package::
+
+    import knod
+    buf = knod.SimBuffer(4096)                  # or a dma-buf: knod.gpu.export_dmabuf(tensor)
+    with knod.register_buffer(buf, flows="udp 10.99.0.0/24:* -> 10.99.0.2:5000") as handle:
+        rx = knod.wait_for_data(handle, timeout_ms=100)   # RxBytes, or None after 100 ms
+    # leaving the block releases the binding
+
+Everything goes through libknod-client.so.1 (the C API, loaded with ctypes); nothing of the
+D-Bus protocol is in Python. A Client and its Bindings are for one thread at a time (a lock
+enforces it). Byte counts are bytes, times microseconds since the Unix epoch, timeouts ms.
+"""
+import ctypes
+import threading
+from collections import namedtuple
+
+from . import _capi
+from ._errors import (BindingEnded, BusError, Denied, DriverFailure, Error, ExportUnavailable,
+                      Failed, FlowConflict, InvalidArgument, InvalidPolicy, IsolationViolation,
+                      JournalUnavailable, NoSuchBinding, QuotaExceeded, Unavailable)
+from ._errors import BY_CODE as _BY_CODE
+from ._errors import KNOD_ERR_ENDED as _ENDED
+from ._errors import KNOD_ERR_TIMEOUT as _TIMEOUT
+from .buffers import DmaBuf, SimBuffer
+
+__all__ = [
+    "Client", "Binding", "Counters", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
+    "default_client", "library_version", "Error", "Denied", "InvalidArgument", "NoSuchBinding",
+    "QuotaExceeded", "IsolationViolation", "DriverFailure", "JournalUnavailable",
+    "InvalidPolicy", "FlowConflict", "Failed", "Unavailable", "BindingEnded", "BusError",
+    "ExportUnavailable",
+]
+
+Counters = namedtuple("Counters", "rx_bytes rx_packets dropped_packets")
+
+
+def library_version():
+    """The loaded libknod-client's version string."""
+    return _capi.text(_capi.lib().knod_version())
+
+
+def _raise(code, err):
+    """Turns a knod_errc and its knod_error into the exception named after it (frees err)."""
+    lib = _capi.lib()
+    try:
+        message = _capi.text(lib.knod_error_message(err)) if err else "out of memory"
+        dbus_name = _capi.text(lib.knod_error_dbus_name(err)) if err else None
+        rule = _capi.text(lib.knod_error_rule(err)) if err else None
+    finally:
+        if err:
+            lib.knod_error_free(err)
+    cls = _BY_CODE.get(code, Error)
+    raise cls(message, code=code, dbus_name=dbus_name, rule=rule)
+
+
+def _call(fn, *args):
+    err = ctypes.c_void_p()
+    code = fn(*args, ctypes.byref(err))
+    if code != 0:
+        _raise(code, err.value)
+
+
+def _region(buffer, offset, length):
+    """(fd, offset, length) of what a binding should cover."""
+    if isinstance(buffer, DmaBuf):
+        off = buffer.offset if offset is None else offset
+        return buffer.fd, off, buffer.length if length is None else length
+    if isinstance(buffer, SimBuffer):
+        off = 0 if offset is None else offset
+        return buffer.fileno(), off, (len(buffer) - off) if length is None else length
+    if isinstance(buffer, int):
+        if length is None:
+            raise ValueError("a bare fd needs length=")
+        return buffer, 0 if offset is None else offset, length
+    if hasattr(buffer, "data_ptr"):
+        raise TypeError("a GPU tensor is bound through a dma-buf: pass "
+                        "knod.gpu.export_dmabuf(tensor) (and keep it open while bound)")
+    raise TypeError(f"cannot bind a {type(buffer).__name__}: pass a knod.SimBuffer, a "
+                    "knod.DmaBuf or a dma-buf fd with length=")
+
+
+class Client:
+    """A connection to knod-policyd. `address`: a D-Bus address; None means the system bus
+    (DBUS_SYSTEM_BUS_ADDRESS is honoured). Raises knod.Unavailable when there is no bus."""
+
+    def __init__(self, address=None):
+        self._lib = _capi.lib()
+        self._lock = threading.RLock()
+        handle = ctypes.c_void_p()
+        _call(self._lib.knod_client_connect, address.encode() if address else None,
+              ctypes.byref(handle))
+        self._handle = handle.value
+
+    def request_binding(self, buffer, flows, *, netdev="knodsim0", gpu="sim0", mode="rx-only",
+                        offset=None, length=None):
+        """Asks for a binding of `netdev` to `buffer` for `flows` (a flow spec or a list); the
+        Binding is granted but inactive until activate(). Raises knod.Denied (.rule: the
+        deciding rule, None for a default deny), knod.QuotaExceeded, knod.FlowConflict, ..."""
+        fd, off, n = _region(buffer, offset, length)
+        if isinstance(flows, str):
+            flows = [flows]
+        specs = (ctypes.c_char_p * max(1, len(flows)))(*[f.encode() for f in flows])
+        out = ctypes.c_void_p()
+        with self._lock:
+            _call(self._lib.knod_request_binding, self._handle, netdev.encode(), gpu.encode(),
+                  mode.encode(), fd, off, n, specs, len(flows), ctypes.byref(out))
+        return Binding(self, out.value, buffer)
+
+    def register_buffer(self, buffer, flows, **kw):
+        """The article's register_buffer: request_binding(), then activate() (a grant whose
+        activation fails is released). The returned Binding releases on `with` exit."""
+        b = self.request_binding(buffer, flows, **kw)
+        try:
+            b.activate()
+        except BaseException:
+            b.close()
+            raise
+        return b
+
+    def close(self):
+        """Drops this handle; the connection closes once its bindings are freed too."""
+        with self._lock:
+            if self._handle:
+                self._lib.knod_client_unref(self._handle)
+                self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+
+class Binding:
+    """A granted binding; as a context manager it releases on exit. Attributes: id, key_id,
+    rule (the granting rule), length (region bytes)."""
+
+    def __init__(self, client, handle, buffer):
+        self._client, self._handle, self._lib = client, handle, client._lib
+        self._buffer = buffer  # kept alive while bound
+        self._seen = 0
+        self._final_end = (None, False)
+        self.id = _capi.text(self._lib.knod_binding_id(handle))
+        self.key_id = _capi.text(self._lib.knod_binding_key_id(handle))
+        self.rule = _capi.text(self._lib.knod_binding_rule(handle))
+        self.length = self._lib.knod_binding_length(handle)
+
+    def _live(self):
+        if not self._handle:
+            raise ValueError(f"binding {self.id} is closed")
+        return self._handle
+
+    def activate(self):
+        """Presents the key: data starts to land in the buffer."""
+        with self._client._lock:
+            _call(self._lib.knod_binding_activate, self._live())
+
+    def wait_for_data(self, timeout_ms=100, seen=None):
+        """Waits until RxBytes passes `seen` (default: what the last call returned) for at most
+        `timeout_ms`; returns the new RxBytes, or None if nothing came. Raises
+        knod.BindingEnded (.reason) if the binding ended."""
+        since = self._seen if seen is None else seen
+        rx = ctypes.c_uint64()
+        err = ctypes.c_void_p()
+        with self._client._lock:
+            code = self._lib.knod_binding_wait_for_data(self._live(), since, int(timeout_ms),
+                                                        ctypes.byref(rx), ctypes.byref(err))
+        if code == _TIMEOUT:
+            self._lib.knod_error_free(err.value)
+            return None
+        if code == _ENDED:
+            self._lib.knod_error_free(err.value)
+            reason, revoked = self.end_reason, self.revoked
+            raise BindingEnded(f"binding {self.id} ended: {reason}", reason=reason,
+                               revoked=revoked, code=code)
+        if code != 0:
+            _raise(code, err.value)
+        self._seen = rx.value
+        return rx.value
+
+    def counters(self):
+        """Counters(rx_bytes, rx_packets, dropped_packets), from the daemon."""
+        v = [ctypes.c_uint64() for _ in range(3)]
+        with self._client._lock:
+            _call(self._lib.knod_binding_counters, self._live(), *map(ctypes.byref, v))
+        return Counters(*(x.value for x in v))
+
+    def renew(self):
+        """Extends the key by the policy's key lifetime from now; returns the new expiry
+        (microseconds since the epoch)."""
+        until = ctypes.c_uint64()
+        with self._client._lock:
+            _call(self._lib.knod_binding_renew, self._live(), ctypes.byref(until))
+        return until.value
+
+    def release(self):
+        """Ends the binding (end reason "release"); again, or after it ended, does nothing."""
+        with self._client._lock:
+            _call(self._lib.knod_binding_release, self._live())
+
+    def _end(self):
+        if not self._handle:
+            return self._final_end
+        ended, revoked = ctypes.c_int(), ctypes.c_int()
+        reason = ctypes.c_char_p()
+        with self._client._lock:
+            _call(self._lib.knod_binding_end, self._live(), ctypes.byref(ended),
+                  ctypes.byref(reason), ctypes.byref(revoked))
+        return (_capi.text(reason.value) if ended.value else None), bool(revoked.value)
+
+    @property
+    def end_reason(self):
+        """Why the binding ended ("release", "expire", "revoke: <why>", "process-exit", ...),
+        as the daemon told this connection (or "release" after this handle released it);
+        None while it lives. Still answers after close()."""
+        return self._end()[0]
+
+    @property
+    def revoked(self):
+        """Whether it ended by someone or something other than its holder."""
+        return self._end()[1]
+
+    def close(self):
+        """Releases the binding if still held and frees the handle."""
+        with self._client._lock:
+            if self._handle:
+                try:
+                    self.release()  # so the end reason is known after close()
+                except Error:
+                    pass
+                try:
+                    self._final_end = self._end()
+                except Error:
+                    pass
+                self._lib.knod_binding_free(self._handle)
+                self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._handle:
+            return
+        try:
+            if exc[0] is None:
+                self.release()  # a failed release is reported when nothing else is
+        finally:
+            self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+    def __repr__(self):
+        return f"<knod.Binding {self.id} rule={self.rule!r}>"
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_client():
+    """The module's own Client on the system bus, made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def register_buffer(buffer, nbytes=None, *, flows, netdev="knodsim0", gpu="sim0", offset=None,
+                    client=None):
+    """The article's knod.register_buffer(buffer, nbytes): binds `buffer` (a SimBuffer, a
+    DmaBuf, or a dma-buf fd with nbytes) for `flows` and activates it; returns the Binding
+    handle (a context manager that releases)."""
+    return (client or default_client()).register_buffer(
+        buffer, flows, netdev=netdev, gpu=gpu, offset=offset, length=nbytes)
+
+
+def wait_for_data(handle, timeout_ms=100):
+    """The article's knod.wait_for_data(handle, timeout_ms): the new RxBytes once more data has
+    landed, or None after timeout_ms."""
+    return handle.wait_for_data(timeout_ms)

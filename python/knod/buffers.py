@@ -1,0 +1,79 @@
+"""Receive buffers a binding can cover: a dma-buf (GPU memory) or, for the sim driver, a sealed
+memfd mapped into this process."""
+import fcntl
+import mmap
+import os
+
+
+class SimBuffer(mmap.mmap):
+    """`nbytes` bytes of shared memory standing in for VRAM with the sim driver: a memfd sealed
+    against shrinking (what the daemon requires of a sim region), mapped read-write. It is an
+    mmap, so it has the buffer protocol: numpy.frombuffer(buf, dtype=numpy.uint8) or
+    torch.frombuffer(buf, dtype=torch.uint8) is a view that sees the bytes the daemon writes.
+    Byte i of a binding's stream lands at offset + (i mod length).
+
+    close() unmaps and closes the fd (views must be gone first: mmap's BufferError otherwise).
+    """
+
+    def __new__(cls, nbytes):
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"SimBuffer needs a positive byte count, not {nbytes!r}")
+        fd = os.memfd_create("knod-sim-buffer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            self = super().__new__(cls, fd, nbytes, flags=mmap.MAP_SHARED,
+                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def __init__(self, nbytes):  # mmap has no __init__ of its own to call
+        pass
+
+    def fileno(self):
+        """The memfd (the region the daemon is handed); it stays this buffer's."""
+        return self._fd
+
+    @property
+    def nbytes(self):
+        return len(self)
+
+    def close(self):
+        if not self.closed:
+            super().close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __repr__(self):
+        return f"<knod.SimBuffer {len(self) if not self.closed else 'closed'} bytes fd={self._fd}>"
+
+
+class DmaBuf:
+    """A dma-buf fd and the byte range of it to bind: what knod.gpu's export helpers return,
+    or one made by hand from any exporter. `owned`: close() closes the fd."""
+
+    def __init__(self, fd, offset, length, owned=True):
+        if fd < 0 or offset < 0 or length <= 0:
+            raise ValueError(f"bad dma-buf range fd={fd} offset={offset} length={length}")
+        self.fd, self.offset, self.length, self.owned = fd, offset, length, owned
+
+    def fileno(self):
+        return self.fd
+
+    def close(self):
+        if self.owned and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<knod.DmaBuf fd={self.fd} offset={self.offset} length={self.length}>"
