@@ -91,7 +91,7 @@ vm_initramfs() {
     rm -f "$root/bin/sh"
     ln -s dash "$root/bin/sh"
     local tool
-    for tool in ip ethtool lspci setpriv kmod; do
+    for tool in ip tc ethtool lspci setpriv kmod; do
         vm_copy_binary "$root" "$(command -v "$tool")"
     done
     for tool in modprobe insmod lsmod rmmod depmod; do ln -sf kmod "$root/usr/bin/$tool"; done
