@@ -59,11 +59,20 @@ case " ${daemon_args[*]-} " in *" --driver"*) ;; *) daemon_args+=(--driver=sim) 
 "$build/daemon/knod-policyd" --bus-address="$DBUS_SYSTEM_BUS_ADDRESS" --policy "$policy" \
     --state-dir "$state" "${daemon_args[@]}" 2>"$work/daemon.log" &
 daemon_pid=$!
-for _ in $(seq 200); do
-    busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" status org.knod.Policy1 >/dev/null 2>&1 && break
+# Ready means the daemon itself answers: it owns its name before it builds the sim network and
+# the BPF filter (calls queue until then), so the bus knowing the name proves nothing yet.
+# A Peer.Ping is answered by the daemon's loop, after all of that.
+up=
+for _ in $(seq 120); do
+    if busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" --timeout=1 call org.knod.Policy1 \
+        /org/knod/Policy1 org.freedesktop.DBus.Peer Ping >/dev/null 2>&1; then
+        up=1
+        break
+    fi
     kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/daemon.log" >&2; exit 1; }
-    sleep 0.05
+    sleep 0.1
 done
+[ -n "$up" ] || { cat "$work/daemon.log" >&2; echo "knod-sandbox: knod-policyd never answered a Ping" >&2; exit 1; }
 export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid
 set +e
 "$@"
