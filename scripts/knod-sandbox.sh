@@ -4,15 +4,19 @@
 # packaging/dbus/, the daemon with the sim driver and a temporary state dir. It runs COMMAND with
 # DBUS_SYSTEM_BUS_ADDRESS pointing at that bus, then stops both and removes what it made.
 #
-#   scripts/knod-sandbox.sh [--policy FILE] [--build DIR] [--keep-state DIR] [--daemon-arg ARG]...
-#                           -- COMMAND [ARGS...]
+#   scripts/knod-sandbox.sh [--policy FILE] [--build DIR] [--keep-state DIR] [--unique-sim]
+#                           [--daemon-arg ARG]... -- COMMAND [ARGS...]
 #
-# Inside COMMAND: $KNOD_SANDBOX (the work dir), $KNOD_STATE_DIR, $KNOD_DAEMON_PID.
+# --unique-sim gives the sim network names of this run's own (netdev, wire namespace, BPF pin
+# root), so tests that run at once never meet on the default knodsim0 (the daemon refuses a sim
+# netdev another daemon serves). Inside COMMAND: $KNOD_SANDBOX (the work dir), $KNOD_STATE_DIR,
+# $KNOD_DAEMON_PID, and the sim's names as the daemon has them: $KNOD_SIM_NETDEV, $KNOD_SIM_NETNS.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
 policy=$repo/packaging/policy.example.toml
 state=
+unique_sim=
 daemon_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -20,6 +24,7 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --keep-state) state=$2; shift 2 ;;
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
+    --unique-sim) unique_sim=1; shift ;;
     --) shift; break ;;
     *) echo "knod-sandbox: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -56,6 +61,19 @@ export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
 
 # The sim unless --daemon-arg picks a driver (auto could find real hardware here).
 case " ${daemon_args[*]-} " in *" --driver"*) ;; *) daemon_args+=(--driver=sim) ;; esac
+if [ -n "$unique_sim" ]; then
+    n=$(($$ % 100000))
+    daemon_args+=("--sim-netdev=knodsimx$n" "--sim-netns=knod-simx$n"
+        "--bpf-pin-root=/sys/fs/bpf/knodx$n")
+fi
+KNOD_SIM_NETDEV=knodsim0 KNOD_SIM_NETNS=knod-sim
+for a in "${daemon_args[@]}"; do
+    case "$a" in
+    --sim-netdev=*) KNOD_SIM_NETDEV=${a#--sim-netdev=} ;;
+    --sim-netns=*) KNOD_SIM_NETNS=${a#--sim-netns=} ;;
+    esac
+done
+export KNOD_SIM_NETDEV KNOD_SIM_NETNS
 "$build/daemon/knod-policyd" --bus-address="$DBUS_SYSTEM_BUS_ADDRESS" --policy "$policy" \
     --state-dir "$state" "${daemon_args[@]}" 2>"$work/daemon.log" &
 daemon_pid=$!

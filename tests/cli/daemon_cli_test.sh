@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # knod-policy's daemon commands against a live knod-policyd; run inside scripts/knod-sandbox.sh.
-# Usage: knod-sandbox.sh -- daemon_cli_test.sh KNOD_POLICY KNOD_TEST_CLIENT
+# Usage: knod-sandbox.sh --unique-sim -- daemon_cli_test.sh KNOD_POLICY KNOD_TEST_CLIENT
 set -u
 cli=$1 client=$2
 passed=0 failed=0
@@ -11,7 +11,7 @@ check "status shows the sim driver" 'grep -q "driver sim" "$KNOD_SANDBOX/out"'
 "$cli" status --json >"$KNOD_SANDBOX/out"
 check "status --json parses" 'python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"journal_available\"] and d[\"rules\"]==3" "$KNOD_SANDBOX/out"'
 
-coproc HOLD { exec "$client" hold knodsim0 sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5000"; }
+coproc HOLD { exec "$client" hold "$KNOD_SIM_NETDEV" sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5000"; }
 read -r line <&"${HOLD[0]}"
 id=$(echo "$line" | cut -d' ' -f2)
 check "a holder got a binding" '[ "${line%% *}" = ok ]'
@@ -39,14 +39,14 @@ kill "$HOLD_PID" 2>/dev/null
 check "revoking a binding that does not exist is refused with exit 1" '[ $? -eq 1 ]'
 
 # bindings as an admin follows them (issue 22): every column, and --watch with rates.
-coproc ACTIVE { exec "$client" hold-active knodsim0 sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5000"; }
+coproc ACTIVE { exec "$client" hold-active "$KNOD_SIM_NETDEV" sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5000"; }
 read -r line <&"${ACTIVE[0]}"
 id=$(echo "$line" | cut -d' ' -f2)
 check "an active holder got a binding" '[ "${line%% *}" = ok ]'
 "$cli" bindings >"$KNOD_SANDBOX/out"
 check "the bindings table has state, rule, created, expires, RX bytes and packets, and the flows" \
     'head -1 "$KNOD_SANDBOX/out" | grep -q "^ID  *STATE  *UID  *PID  *NETDEV  *GPU  *REGION  *RULE  *CREATED  *EXPIRES  *RX BYTES  *RX PACKETS$" &&
-     grep -q "^$id  *active  *0  .* knodsim0  *sim0  *64.0KiB  *sim-local  *20[0-9-]* [0-9:]*Z  *[0-9]*m[0-9]*s  *0  *0$" "$KNOD_SANDBOX/out" &&
+     grep -q "^$id  *active  *0  .* $KNOD_SIM_NETDEV  *sim0  *64.0KiB  *sim-local  *20[0-9-]* [0-9:]*Z  *[0-9]*m[0-9]*s  *0  *0$" "$KNOD_SANDBOX/out" &&
      grep -q "^    flow udp 10.99.0.1:\* -> 10.99.0.2:5000$" "$KNOD_SANDBOX/out"'
 
 # --watch --json: one snapshot per line; rates from the second frame on. Traffic is sent once
@@ -54,7 +54,7 @@ check "the bindings table has state, rule, created, expires, RX bytes and packet
 "$cli" bindings --watch --json --interval 0.3 --count 8 >"$KNOD_SANDBOX/watch.jsonl" 2>&1 &
 watch_pid=$!
 for _ in $(seq 200); do [ -s "$KNOD_SANDBOX/watch.jsonl" ] && break; sleep 0.05; done
-"$cli" sim-send --to 10.99.0.2:5000 --count 5 --data abcd >/dev/null 2>&1
+"$cli" sim-send --netns "$KNOD_SIM_NETNS" --to 10.99.0.2:5000 --count 5 --data abcd >/dev/null 2>&1
 wait "$watch_pid"; watch_rc=$?
 check "bindings --watch --json streams one JSON snapshot per line, with rates after the first" \
     '[ $watch_rc -eq 0 ] && python3 -c "

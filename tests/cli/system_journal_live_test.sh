@@ -42,7 +42,7 @@ for _ in $(seq 100); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05;
 state=$work/state
 mkdir -m 0700 "$state"
 # shellcheck disable=SC2016
-"$src/scripts/knod-sandbox.sh" --build "$build" --keep-state "$state" \
+"$src/scripts/knod-sandbox.sh" --build "$build" --keep-state "$state" --unique-sim \
     --daemon-arg --linux-audit=false -- sh -c '
     cli=$1 work=$2
     for i in 1 2 3 4; do
