@@ -325,7 +325,8 @@ Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
     RxNotifier n;
     if (sd_bus_message_read(reply.m, "ht", &fd, &n.rx_bytes) < 0)
         return make_error(Errc::io, "RxNotifier: unexpected reply");
-    // The message owns `fd`; ours is a nonblocking dup.
+    // The message owns `fd`; ours is a nonblocking dup (the read end of a pipe whose write end
+    // only the daemon has).
     n.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 3));
     if (!n.fd.valid() || fcntl(n.fd.get(), F_SETFL, O_NONBLOCK) != 0)
         return make_error(Errc::io, std::string("RxNotifier: ") + std::strerror(errno));
@@ -337,10 +338,20 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n
     using namespace std::chrono;
     auto deadline = steady_clock::now() + milliseconds(timeout_ms);
     for (;;) {
-        std::uint64_t added = 0;
-        while (read(n.fd.get(), &added, sizeof added) == sizeof added)
-            n.rx_bytes += added;
+        // Each record is the binding's RxBytes total; the daemon writes 8 bytes at once (atomic
+        // on a pipe), so a read of 8 gets whole records.
+        std::uint64_t total = 0;
+        ssize_t got;
+        while ((got = read(n.fd.get(), &total, sizeof total)) == sizeof total)
+            n.rx_bytes = std::max(n.rx_bytes, total);
         if (n.rx_bytes > seen) return n.rx_bytes;
+        if (got == 0) {
+            // EOF: the daemon writes this pipe no more (it restarted, or a newer notifier took
+            // its place). Drop it, so the caller asks for a new one, and poll for the rest.
+            n.fd.reset();
+            auto left = duration_cast<milliseconds>(deadline - steady_clock::now()).count();
+            return wait_for_data(id, seen, static_cast<int>(std::max<std::int64_t>(left, 0)));
+        }
         auto end = end_of(id); // reads what the bus has (an end signal among it)
         if (!end) return end.error();
         if (*end)

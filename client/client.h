@@ -96,9 +96,9 @@ class Client {
     // of the stream is at offset + (i mod length) in the region. Times out with Errc::expired;
     // a binding that ended is Errc::revoked (or not_found after a release), saying why.
     Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
-    // The holder's data notifier (Binding.RxNotifier, the key proves it is the holder): an
-    // eventfd the daemon adds each delivered payload's byte count to, and the RxBytes it starts
-    // from. Fails where the driver has none (devmem: the holder receives itself) or the daemon
+    // The holder's data notifier (Binding.RxNotifier, the key proves it is the holder): the
+    // read end of a pipe on which the daemon writes RxBytes (native-endian u64 records) after
+    // each delivered payload, and the RxBytes it starts from. Fails where the driver has none (devmem: the holder receives itself) or the daemon
     // is older.
     struct RxNotifier {
         UniqueFd fd;

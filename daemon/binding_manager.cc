@@ -713,8 +713,8 @@ Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     auto fd = driver_.rx_notifier(id);
     if (!fd) return fd.error();
-    // One loop thread: no payload lands between these two lines, so RxBytes plus what the
-    // eventfd counts from here is exact.
+    // One loop thread: no payload lands between these two lines, so the starting RxBytes and
+    // the totals the pipe carries from here agree.
     return RxNotifier{std::move(*fd), driver_.counters(id).rx_bytes};
 }
 

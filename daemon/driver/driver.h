@@ -64,10 +64,13 @@ class Driver {
     // Stops delivery at once and frees everything attach() took. Never fails.
     virtual void detach(const std::string &id) = 0;
     virtual Counters counters(const std::string &id) const = 0;
-    // For the holder's wait_for_data: an eventfd (nonblocking, close-on-exec; the caller's) to
-    // which the driver adds the byte count of every payload it places in the binding's region
-    // from now on, so the holder sleeps on it instead of polling RxBytes. A new one replaces
-    // the last. Drivers that place no data themselves (the holder receives: devmem) have none.
+    // For the holder's wait_for_data: the read end of a pipe (close-on-exec; the caller's) on
+    // which the driver writes the binding's RxBytes total (a native-endian u64 per record) after
+    // every payload it places in the binding's region from now on, so the holder sleeps on it
+    // instead of polling RxBytes. A pipe, not an eventfd: the holder must share no open file
+    // with the daemon (an eventfd's one file carries O_NONBLOCK for both ends, so a holder could
+    // clear it and make the loop's write block). A new one replaces the last (the old one reads
+    // EOF). Drivers that place no data themselves (the holder receives: devmem) have none.
     virtual Result<UniqueFd> rx_notifier(const std::string & /*id*/) {
         return make_error(Errc::unsupported,
                           "the " + name() + " driver does not place data itself: no notifier");

@@ -80,7 +80,7 @@ class SimDriver : public Driver {
         std::uint64_t rx_bytes = 0;
         std::uint64_t rx_packets = 0;
         bool drift_reported = false;
-        UniqueFd notifier; // the holder's eventfd (rx_notifier), if it asked for one
+        UniqueFd notifier; // the write end of the holder's pipe (rx_notifier), if it asked for one
     };
     void receive(XskQueue &q);
     void deliver(Slot &s, std::span<const std::uint8_t> payload);

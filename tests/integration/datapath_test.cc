@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <future>
+#include <sstream>
 
 using namespace knod;
 using namespace knod::test;
@@ -186,6 +187,45 @@ TEST_F(DatapathTest, ALinkGoingDownRevokesItsBindings) {
                "link-down";
     }));
     ASSERT_EQ(std::system(("ip link set " + netdev_ + " up").c_str()), 0);
+}
+
+// The data notifier (Binding.RxNotifier) as an unprivileged holder gets it through the shipped
+// bus policy, and as a hostile one uses it: its end made blocking, the pipe shrunk to one page
+// and never read, a write into it tried. Nothing of that reaches the daemon's end: its loop
+// never blocks, every payload is still placed and counted, and the last record the holder
+// finally reads is not behind by more than what the full pipe held.
+TEST_F(DatapathTest, AHostileHolderCannotBlockTheLoopThroughItsNotifier) {
+    auto c = sandbox_->client();
+    auto held = std::async(std::launch::async, [&] {
+        return sandbox_->run_client(
+            {"hostile-notifier", netdev_, "sim0", "65536", "udp 10.99.0.1:* -> 10.99.0.2:5450"},
+            65534);
+    });
+    ASSERT_TRUE(eventually([&] {
+        auto l = c.list();
+        return l.ok() && l->size() == 1 && l->front().state == "active";
+    })) << "the holder's binding is not active";
+    std::string id = c.list()->front().id;
+    usleep(300000);           // it has taken its notifier (the reply came before it printed ok)
+    send(5450, "abcd", 1000); // 1000 records: the one-page pipe holds 512
+    ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 4000; }, 10000))
+        << "the loop stopped placing payloads";
+    EXPECT_TRUE(c.status().ok()) << "the loop does not answer";
+    ASSERT_TRUE(c.revoke(id, "notifier test").ok());
+    auto out = held.get();
+    // "ok ID KEY", then "ended revoked REASON notified RECORDS LAST [wrote]".
+    auto at = out.out.find(" notified ");
+    ASSERT_NE(at, std::string::npos)
+        << out.out << "(an unprivileged holder was refused its notifier?)";
+    std::istringstream words(out.out.substr(at));
+    std::string notified, wrote;
+    std::uint64_t records = 0, last = 0;
+    words >> notified >> records >> last >> wrote;
+    EXPECT_EQ(wrote, "") << "the holder could write into the daemon's notifier";
+    EXPECT_GT(records, 0u);
+    EXPECT_LT(records, 1000u) << "the pipe never filled: the test proves nothing";
+    EXPECT_GT(last, 0u);
+    EXPECT_LE(last, 4000u);
 }
 
 // Steering drift end to end: the sim runs the devmem guard behind its filter; foreign traffic

@@ -481,8 +481,8 @@ TEST_F(RestartTest, AKeyThatExpiredDuringTheRestartIsNotTakenBack) {
 }
 
 // wait_for_data's notifier (Binding.RxNotifier) belongs to the daemon that made it: after a
-// restart that keeps the binding, the old eventfd is never written again. The wait notices at
-// its timeout (RxBytes moved on without it), drops the notifier, and a new one counts on.
+// restart that keeps the binding, the old pipe's write end is gone (it reads EOF). The wait
+// notices, drops the notifier, polls RxBytes for the rest of its time, and a new one counts on.
 TEST_F(RestartTest, AHoldersNotifierIsReplacedAfterARestart) {
     auto c = sandbox_->client();
     int fd = make_region(4096);

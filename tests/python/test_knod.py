@@ -196,7 +196,7 @@ def test_waiting_sleeps_on_the_daemons_notifier(client):
     buf = knod.SimBuffer(512)
     with client.register_buffer(buf, flow(5109), netdev=NETDEV) as b:
         assert b.wait_for_data(10) is None  # asks for the notifier
-        # A second of waiting with nothing arriving: poll() on the eventfd and the bus, not
+        # A second of waiting with nothing arriving: poll() on the notifier pipe and the bus, not
         # 500 round trips to the daemon (which polling every 2 ms would cost).
         before = _cpu_seconds()
         assert b.wait_for_data(1000) is None

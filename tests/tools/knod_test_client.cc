@@ -10,6 +10,10 @@
 //   US" hold-until-end NETDEV GPU BYTES FLOW...  request and activate, print "ok ID KEYHEX", then
 //                                   wait (30 s at most) for the daemon to say the binding ended:
 //                                   "ended revoked|released REASON"
+//   hostile-notifier NETDEV GPU BYTES FLOW...  hold-until-end, also taking the data notifier
+//                                   (RxNotifier), making its end blocking, shrinking the pipe to
+//                                   one page, trying to write into it and reading nothing; at the
+//                                   end: "... notified RECORDS LAST_TOTAL [wrote]"
 //   watch                           subscribe (Manager.Subscribe; a refusal is printed and
 //                                   ignored) and add a plain match rule for the daemon's
 //                                   signals, print "ready", then one line per signal received
@@ -248,7 +252,7 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    if (cmd == "hold-until-end" && args.size() >= 5) {
+    if ((cmd == "hold-until-end" || cmd == "hostile-notifier") && args.size() >= 5) {
         std::uint64_t bytes = std::stoull(args[3]);
         int fd = memfd_create("knod-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
@@ -259,10 +263,35 @@ int main(int argc, char **argv) {
         if (!g) return report(g.error());
         if (auto a = client->activate(g->id, g->key); !a) return report(a);
         std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
+        // hostile-notifier: takes the data notifier and does to it what a hostile holder can:
+        // makes its own end blocking, shrinks the pipe to one page, tries to write into it, and
+        // reads nothing until the binding ends.
+        int notifier = -1;
+        bool wrote = false;
+        if (cmd == "hostile-notifier") {
+            auto n = client->rx_notifier(g->id, g->key);
+            if (!n) return report(n.error());
+            notifier = n->fd.release();
+            int fl = fcntl(notifier, F_GETFL);
+            fcntl(notifier, F_SETFL, fl & ~O_NONBLOCK);
+            fcntl(notifier, F_SETPIPE_SZ, 4096);
+            std::uint64_t big = ~std::uint64_t{1};
+            wrote = write(notifier, &big, sizeof big) > 0;
+        }
+        std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
         auto end = client->wait_for_end(g->id, 30000);
         if (!end) return report(end.error());
-        std::cout << "ended " << (end->revoked ? "revoked " : "released ") << end->reason
-                  << std::endl;
+        std::cout << "ended " << (end->revoked ? "revoked " : "released ") << end->reason;
+        if (notifier >= 0) {
+            fcntl(notifier, F_SETFL, O_NONBLOCK);
+            std::uint64_t total = 0, last = 0, records = 0;
+            while (read(notifier, &total, sizeof total) == sizeof total) {
+                last = total;
+                ++records;
+            }
+            std::cout << " notified " << records << " " << last << (wrote ? " wrote" : "");
+        }
+        std::cout << std::endl;
         return 0;
     }
     if (cmd == "renew-flood" && args.size() == 3) {
