@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <net/if.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -69,12 +70,35 @@ Result<void> require_tcp_flows(const std::vector<policy::FlowSpec> &flows) {
     return {};
 }
 
+// bind-rx takes a dma-buf fd and nothing else: the kernel's page pool places payload anywhere in
+// the whole dma-buf (netdev.yaml bind-rx has no offset or length). A window smaller than the
+// dma-buf would let the policy's max_region and quotas judge less than the NIC may write, and
+// the NIC write over whatever else shares the buffer; so only the whole dma-buf is a region here.
+Result<void> require_whole_region(const BindingPlan &plan) {
+    struct stat st {};
+    if (fstat(plan.region_fd, &st) != 0)
+        return make_error(Errc::invalid_argument,
+                          std::string("devmem: the region fd: ") + std::strerror(errno));
+    auto whole = static_cast<std::uint64_t>(st.st_size); // a dma-buf's inode carries its size
+    if (plan.offset != 0 || plan.length != whole)
+        return make_error(
+            Errc::invalid_argument,
+            "devmem: the NIC writes anywhere in the whole dma-buf (" + std::to_string(whole) +
+                " bytes), so a devmem region is the whole "
+                "dma-buf: request offset 0 and length " +
+                std::to_string(whole) + " (not offset " + std::to_string(plan.offset) +
+                ", length " + std::to_string(plan.length) +
+                "), or export a dma-buf of just the receive buffer");
+    return {};
+}
+
 Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan) {
     int ifindex = static_cast<int>(if_nametoindex(plan.netdev.c_str()));
     if (ifindex == 0) return make_error(Errc::driver_failure, "devmem: no netdev " + plan.netdev);
     // At request time already, not only at activation: a netdev bind-rx can never succeed on.
     if (auto dma = check_(ifindex); !dma) return std::move(dma).error();
     if (auto tcp = require_tcp_flows(plan.flows); !tcp) return std::move(tcp).error();
+    if (auto whole = require_whole_region(plan); !whole) return std::move(whole).error();
     // Refuse flows the NIC cannot steer now, not at activation.
     for (auto &f : plan.flows)
         for (auto family : {policy::Family::ipv4, policy::Family::ipv6})

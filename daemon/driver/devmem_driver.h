@@ -31,6 +31,9 @@ Result<void> require_devmem_device(int ifindex);
 // devmem receive is TCP only: a granted UDP (or any-protocol) flow could never be delivered, so
 // the backend refuses it (invalid_argument) with what to do instead.
 Result<void> require_tcp_flows(const std::vector<policy::FlowSpec> &flows);
+// InvalidArgument unless the plan's window is its whole region fd (offset 0, length its size):
+// bind-rx has no window, the NIC may write anywhere in the dma-buf.
+Result<void> require_whole_region(const BindingPlan &plan);
 
 class DevmemDriver : public Driver {
   public:

@@ -18,7 +18,9 @@ is widened to page boundaries and the returned DmaBuf's offset says where `ptr` 
 The pages around the buffer are exported with it: allocate receive buffers from a dedicated
 pool (their own cudaMalloc/hipMalloc, or a private memory pool, page-aligned and a whole number
 of pages), not from a caching allocator whose block may share pages with other tensors. The
-daemon only lets the NIC write [offset, offset+length), but the dma-buf covers the pages.
+sim and knod drivers let the NIC write only [offset, offset+length); devmem's bind-rx gives the
+NIC the whole dma-buf, so the devmem driver refuses anything but the whole of it (offset 0,
+length its size): for devmem, export exactly a page-aligned buffer of whole pages.
 
 Environment: KNOD_CUDA_LIBRARY, KNOD_HIP_LIBRARY, KNOD_HSA_LIBRARY name the library file to
 load instead of the default names (for a runtime in an unusual place, and for tests).

@@ -482,6 +482,7 @@ Result<std::vector<std::uint32_t>> attach_once(driver::Driver &d, const std::str
     plan.netdev = netdev;
     plan.flows = {*policy::parse_flow_spec(flow)};
     plan.region_fd = memfd();
+    plan.length = 1 << 20; // the whole buffer: a devmem region is a whole dma-buf
     auto q = d.attach(plan);
     close(plan.region_fd);
     return q;
@@ -515,6 +516,7 @@ TEST(DevmemDriver, ReservesAFreeQueueAndActivationFailsClosedOnVeth) {
     plan.netdev = "knodq0";
     plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
     plan.region_fd = memfd();
+    plan.length = 1 << 20;
     auto q = (*d)->attach(plan);
     ASSERT_TRUE(q) << q.error().message;
     EXPECT_EQ(*q, std::vector<std::uint32_t>{3}) << "the highest free RX queue of four";
@@ -532,7 +534,9 @@ TEST(DevmemDriver, ReservesAFreeQueueAndActivationFailsClosedOnVeth) {
     close(plan.region_fd);
 
     plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000-5001")};
+    plan.region_fd = memfd();
     auto ranged = (*d)->attach(plan);
+    close(plan.region_fd);
     ASSERT_FALSE(ranged) << "a port range has no ntuple form";
     EXPECT_NE(ranged.error().message.find("port range"), std::string::npos);
 }
@@ -626,6 +630,37 @@ TEST(DevmemDriver, RefusesUdpFlowsAtRequestTime) {
     EXPECT_EQ(q.error().code, Errc::invalid_argument);
     EXPECT_NE(q.error().message.find("devmem receives TCP only"), std::string::npos)
         << q.error().message;
+}
+
+// bind-rx gives the NIC the whole dma-buf: a window of it is refused at request time, naming the
+// whole size to ask for, so the policy judges every byte the NIC may write.
+TEST(DevmemDriver, RefusesAWindowOfADmaBuf) {
+    TestNamespace ns;
+    ASSERT_TRUE(ns.ok());
+    auto d = DevmemDriver::open(host::HostPaths{}, [](int) -> Result<void> { return {}; });
+    ASSERT_TRUE(d) << d.error().message;
+    BindingPlan plan;
+    plan.id = "w1";
+    plan.netdev = "knodq0";
+    plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
+    plan.region_fd = memfd();
+    for (auto [offset, length] : {std::pair<std::uint64_t, std::uint64_t>{0, 4096},
+                                  {4096, (1 << 20) - 4096},
+                                  {0, (1 << 20) + 4096}}) {
+        plan.offset = offset;
+        plan.length = length;
+        auto q = (*d)->attach(plan);
+        ASSERT_FALSE(q) << "a window at " << offset << "+" << length << " got a queue";
+        EXPECT_EQ(q.error().code, Errc::invalid_argument);
+        EXPECT_NE(q.error().message.find("request offset 0 and length 1048576"), std::string::npos)
+            << q.error().message;
+    }
+    plan.offset = 0;
+    plan.length = 1 << 20;
+    auto whole = (*d)->attach(plan);
+    EXPECT_TRUE(whole) << whole.error().message;
+    (*d)->detach("w1");
+    close(plan.region_fd);
 }
 
 // A PCI NIC of the QEMU run (e1000e): the devmem backend refuses it at request time for what
