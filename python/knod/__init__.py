@@ -62,15 +62,54 @@ def _call(fn, *args):
         _raise(code, err.value)
 
 
+def _text(what, value):
+    """`value` as the C API's NUL-terminated UTF-8: a str without NUL (ctypes would cut the
+    string at a NUL and send a different name)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{what} contains a NUL character: {value!r}")
+    return value.encode()
+
+
+def _integer(what, value, lo, hi):
+    """`value` checked to lie in [lo, hi]: ctypes would wrap it silently (2**32 + 5 as a C int
+    is 5: another fd)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+_U64 = 2**64 - 1
+_INT = 2**31 - 1
+
+
 def _region(buffer, offset, length):
-    """(fd, offset, length) of what a binding should cover."""
+    """(fd, offset, length) of what a binding should cover, each checked to fit its C type."""
+    fd, off, n = _region_unchecked(buffer, offset, length)
+    _integer("the region fd", fd, 0, _INT)
+    _integer("offset", off, 0, _U64)
+    if isinstance(buffer, SimBuffer) and off >= len(buffer):
+        raise ValueError(f"offset {off} is past the end of the {len(buffer)}-byte SimBuffer")
+    _integer("length", n, 1, _U64)
+    if isinstance(buffer, SimBuffer) and off + n > len(buffer):
+        raise ValueError(f"offset {off} + length {n} is past the end of the {len(buffer)}-byte "
+                         "SimBuffer")
+    return fd, off, n
+
+
+def _region_unchecked(buffer, offset, length):
     if isinstance(buffer, DmaBuf):
         off = buffer.offset if offset is None else offset
         return buffer.fd, off, buffer.length if length is None else length
     if isinstance(buffer, SimBuffer):
         off = 0 if offset is None else offset
-        return buffer.fileno(), off, (len(buffer) - off) if length is None else length
-    if isinstance(buffer, int):
+        if isinstance(off, int) and not isinstance(off, bool) and length is None:
+            return buffer.fileno(), off, len(buffer) - off
+        return buffer.fileno(), off, length
+    if isinstance(buffer, int) and not isinstance(buffer, bool):
         if length is None:
             raise ValueError("a bare fd needs length=")
         return buffer, 0 if offset is None else offset, length
@@ -89,7 +128,7 @@ class Client:
         self._lib = _capi.lib()
         self._lock = threading.RLock()
         handle = ctypes.c_void_p()
-        _call(self._lib.knod_client_connect, address.encode() if address else None,
+        _call(self._lib.knod_client_connect, _text("address", address) if address else None,
               ctypes.byref(handle))
         self._handle = handle.value
 
@@ -101,11 +140,12 @@ class Client:
         fd, off, n = _region(buffer, offset, length)
         if isinstance(flows, str):
             flows = [flows]
-        specs = (ctypes.c_char_p * max(1, len(flows)))(*[f.encode() for f in flows])
+        specs = (ctypes.c_char_p * max(1, len(flows)))(*[_text("a flow", f) for f in flows])
         out = ctypes.c_void_p()
         with self._lock:
-            _call(self._lib.knod_request_binding, self._handle, netdev.encode(), gpu.encode(),
-                  mode.encode(), fd, off, n, specs, len(flows), ctypes.byref(out))
+            _call(self._lib.knod_request_binding, self._handle, _text("netdev", netdev),
+                  _text("gpu", gpu), _text("mode", mode), fd, off, n, specs, len(flows),
+                  ctypes.byref(out))
         return Binding(self, out.value, buffer)
 
     def register_buffer(self, buffer, flows, **kw):
@@ -165,11 +205,12 @@ class Binding:
         """Waits until RxBytes passes `seen` (default: what the last call returned) for at most
         `timeout_ms`; returns the new RxBytes, or None if nothing came. Raises
         knod.BindingEnded (.reason) if the binding ended."""
-        since = self._seen if seen is None else seen
+        since = _integer("seen", self._seen if seen is None else seen, 0, _U64)
+        timeout_ms = _integer("timeout_ms", timeout_ms, 0, _INT)
         rx = ctypes.c_uint64()
         err = ctypes.c_void_p()
         with self._client._lock:
-            code = self._lib.knod_binding_wait_for_data(self._live(), since, int(timeout_ms),
+            code = self._lib.knod_binding_wait_for_data(self._live(), since, timeout_ms,
                                                         ctypes.byref(rx), ctypes.byref(err))
         if code == _TIMEOUT:
             self._lib.knod_error_free(err.value)

@@ -39,9 +39,9 @@ _HIP_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1
 
 def _page_range(ptr, nbytes):
     """(start, size, offset): the whole pages around [ptr, ptr+nbytes)."""
-    if not isinstance(ptr, int) or ptr <= 0:
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or not 0 < ptr < 2**64:
         raise ValueError(f"a device pointer must be a positive int, not {ptr!r}")
-    if not isinstance(nbytes, int) or nbytes <= 0:
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 < nbytes < 2**63:
         raise ValueError(f"nbytes must be a positive int, not {nbytes!r}")
     page = os.sysconf("SC_PAGE_SIZE")
     start = ptr & ~(page - 1)
@@ -146,6 +146,10 @@ def hip_export_dmabuf(ptr, nbytes):
 def export_dmabuf(tensor, runtime=None):
     """A DmaBuf for a GPU tensor's bytes. `runtime`: "cuda" or "hip"; by default HIP for a
     ROCm build of torch, else CUDA."""
+    if not callable(getattr(tensor, "data_ptr", None)):
+        raise TypeError(f"export_dmabuf needs a GPU tensor (with data_ptr()), not a "
+                        f"{type(tensor).__name__}; for a raw pointer use cuda_export_dmabuf(ptr, "
+                        "nbytes) or hip_export_dmabuf(ptr, nbytes)")
     ptr = tensor.data_ptr()
     nbytes = getattr(tensor, "nbytes", None)
     if nbytes is None:

@@ -7,6 +7,7 @@ import numpy
 import pytest
 
 import knod
+import knod.gpu
 from conftest import (NETDEV, binding_ids, cli, eventually, flow, journal, run_python,
                       sim_send)
 
@@ -181,6 +182,37 @@ def test_bad_buffers_are_refused_before_the_daemon_is_asked(client):
     os.close(w)  # a number that is no open file now
     with pytest.raises(knod.InvalidArgument, match=f"region_fd {r} is not an open file"):
         client.register_buffer(r, flow(5108), length=4096)
+
+
+def test_hostile_arguments_are_refused_not_truncated_or_wrapped(client):
+    # ctypes cuts a str at NUL and wraps ints to their C type: "knodsim0\0junk" would bind
+    # knodsim0, fd 2**32 + 5 would be fd 5. Each is refused before the daemon is asked.
+    buf = knod.SimBuffer(4096)
+    for kw in ({"netdev": NETDEV + "\0junk"}, {"gpu": "sim0\0x"}, {"mode": "rx-only\0"}):
+        with pytest.raises(ValueError, match="NUL"):
+            client.request_binding(buf, flow(5111), **kw)
+    with pytest.raises(ValueError, match="NUL"):
+        client.request_binding(buf, flow(5111) + "\0 -> 10.99.0.2:5999")
+    with pytest.raises(TypeError, match="netdev must be a str"):
+        client.request_binding(buf, flow(5111), netdev=b"knodsim0")
+    with pytest.raises(ValueError, match="region fd"):
+        client.request_binding(2**32 + buf.fileno(), flow(5111), length=4096)
+    with pytest.raises(ValueError, match="length"):
+        client.request_binding(buf.fileno(), flow(5111), length=2**64 + 100)
+    with pytest.raises(ValueError, match="past the end"):
+        client.request_binding(buf, flow(5111), offset=5000)
+    with pytest.raises(ValueError, match="past the end"):
+        client.request_binding(buf, flow(5111), offset=0, length=8192)
+    with pytest.raises(TypeError, match="data_ptr"):
+        knod.gpu.export_dmabuf(object())
+    with pytest.raises(ValueError, match="device pointer"):
+        knod.gpu.cuda_export_dmabuf(2**64, 4096)
+    with client.register_buffer(buf, flow(5111), netdev=NETDEV) as b:
+        with pytest.raises(ValueError, match="timeout_ms"):
+            b.wait_for_data(2**40)  # would wrap to a 0 ms wait
+        with pytest.raises(ValueError, match="seen"):
+            b.wait_for_data(10, seen=-1)
+    assert b.id not in binding_ids()
 
 
 def _cpu_seconds():
