@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include "knod/untrusted.h"
 #include "protocol/names.h"
 
 #include <fcntl.h>
@@ -166,9 +167,13 @@ Result<Client> Client::connect(const std::string &address) {
 }
 
 std::string Client::address_tried(const std::string &address) {
-    if (!address.empty()) return address;
+    // From an option or the environment: any bytes, any length; escaped and cut for messages.
+    auto shown = [](std::string_view a) {
+        return a.size() <= 256 && is_clean_text(a) ? std::string(a) : quote_untrusted(a, 256);
+    };
+    if (!address.empty()) return shown(address);
     const char *env = std::getenv("DBUS_SYSTEM_BUS_ADDRESS");
-    return env && *env ? env : "unix:path=/run/dbus/system_bus_socket";
+    return env && *env ? shown(env) : "unix:path=/run/dbus/system_bus_socket";
 }
 
 Client::Client(Client &&o) noexcept

@@ -119,7 +119,8 @@ struct ReadOnlyJournal::PrivateCopy {
 Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
     // Our own open first, so the reason reaches the auditor: a missing file is "no journal", an
     // unreadable one (or one in an unreadable directory) says so with the system's reason.
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO named as the journal must not wait for a writer before it is refused.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int err = errno;
         if (err == ENOENT) return make_error(Errc::not_found, "no journal at " + path);

@@ -1,5 +1,9 @@
 #include "journal/sqlite.h"
 
+#include "knod/regular_file.h"
+
+#include <sys/stat.h>
+
 #include <cctype>
 
 namespace knod::journal {
@@ -20,6 +24,25 @@ Errc code_for(int rc) {
     default:
         return Errc::io;
     }
+}
+
+// The file a path or a file: URI (as file_uri() writes them) names.
+std::string file_of(const std::string &path) {
+    if (!path.starts_with("file:")) return path;
+    std::string rest = path.substr(path.starts_with("file://") ? 7 : 5);
+    rest = rest.substr(0, rest.find('?'));
+    std::string out;
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+        if (rest[i] == '%' && i + 2 < rest.size() &&
+            std::isxdigit(static_cast<unsigned char>(rest[i + 1])) &&
+            std::isxdigit(static_cast<unsigned char>(rest[i + 2]))) {
+            out += static_cast<char>(std::stoi(rest.substr(i + 1, 2), nullptr, 16));
+            i += 2;
+        } else {
+            out += rest[i];
+        }
+    }
+    return out;
 }
 
 } // namespace
@@ -43,6 +66,13 @@ std::string file_uri(const std::string &path, const std::string &query) {
 }
 
 Result<Database> Database::open(const std::string &path, int flags) {
+    // SQLite would open a FIFO and wait for a writer, or a device: only a regular file (or none
+    // yet, to be created) is a database.
+    struct stat st {};
+    if (std::string file = file_of(path); stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return make_error(Errc::invalid_argument, "open " + file + ": it is " +
+                                                      file_kind(st.st_mode) +
+                                                      ", not a database file");
     sqlite3 *db = nullptr;
     int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX, nullptr);
     if (rc != SQLITE_OK) {

@@ -7,6 +7,7 @@
 #include "journal/table_check.h"
 
 #include "knod/json.h"
+#include "knod/regular_file.h"
 #include "knod/untrusted.h"
 #include <nlohmann/json.hpp>
 
@@ -15,7 +16,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <future>
 #include <map>
 #include <set>
@@ -37,21 +37,17 @@ struct Anchor {
 // The anchor file as the daemon writes it: {"seq": N, "hash": "<64 hex digits>"}. Absent is
 // nullopt; anything else that is not exactly that is an error naming the file.
 Result<std::optional<Anchor>> read_anchor(const std::string &path) {
-    std::ifstream in(path);
-    if (!in) {
-        if (errno == ENOENT) return std::optional<Anchor>();
-        return make_error(Errc::io,
-                          "cannot read the anchor file " + path + ": " + std::strerror(errno));
-    }
     auto bad = [&](const std::string &why) {
         return make_error(Errc::corrupt, "the anchor file " + path + " is malformed: " + why);
     };
     // The daemon writes ~100 bytes; anything much longer is not its anchor (and is never
-    // parsed whole, nor nested deep enough to exhaust the stack).
-    std::string text(4096, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<std::size_t>(in.gcount()));
-    if (!in.eof()) return bad("longer than 4 KiB");
+    // parsed whole, nor nested deep enough to exhaust the stack). A FIFO or device is refused.
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0 && errno == ENOENT) return std::optional<Anchor>();
+    auto read = read_regular_file(path, 4096);
+    if (!read) return make_error(Errc::io, "cannot read the anchor file: " + read.error().message);
+    std::string &text = *read;
+    if (text.size() > 4096) return bad("longer than 4 KiB");
     auto j = knod::parse_json(text);
     if (!j.is_object()) return bad("not a JSON object");
     auto seq = j.find("seq");

@@ -1,5 +1,6 @@
 #include "policy/parser.h"
 #include "knod/dir.h"
+#include "knod/regular_file.h"
 
 #include "knod/untrusted.h"
 
@@ -9,7 +10,6 @@
 #include <cctype>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -536,19 +536,15 @@ void PolicyParser::add_text(std::string_view text, const std::string &file) {
 }
 
 void PolicyParser::add_file(const std::string &path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
+    // One byte over the cap is enough to refuse the file; the rest is never read. A FIFO, a
+    // device or a read error (/proc/self/mem) is an error, never a wait or an empty policy.
+    auto text = read_regular_file(path, max_policy_bytes);
+    if (!text) {
         load_.diagnostics.push_back(
-            {Severity::error,
-             {path, 0, 0},
-             "cannot read policy file: " + std::string(std::strerror(errno))});
+            {Severity::error, {path, 0, 0}, "cannot read policy file: " + text.error().message});
         return;
     }
-    // One byte over the cap is enough to refuse the file; the rest is never read.
-    std::string text(max_policy_bytes + 1, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<std::size_t>(in.gcount()));
-    add_text(text, path);
+    add_text(*text, path);
 }
 
 PolicyLoad PolicyParser::finish() {

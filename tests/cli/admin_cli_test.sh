@@ -219,5 +219,24 @@ for sub in status bindings reload; do
         { not_ok "$sub without a bus (exit $rc)"; cat "$work/out"; }
 done
 
+# Files that are not regular files: a FIFO is refused at once (it waited for a writer), a read
+# error is an error (/proc/self/mem read as an empty, valid policy), for the policy and the
+# journal alike. A 100 KB bus address is cut in the message, not echoed whole.
+mkfifo "$work/fifo"
+for args in "check $work/fifo" "audit events --db $work/fifo" "audit verify --db $work/fifo" \
+    "check /proc/self/mem"; do
+    # shellcheck disable=SC2086
+    timeout 10 "$cli" $args >"$work/out" 2>&1
+    rc=$?
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -Eq "not a regular file|read failed" "$work/out" &&
+        ok "$args: refused at once, saying why (exit $rc)" ||
+        { not_ok "$args (exit $rc)"; cat "$work/out"; }
+done
+long=$(printf 'a%.0s' $(seq 100000))
+"$cli" status --bus-address "$long" >"$work/out" 2>&1
+[ "$(wc -c <"$work/out")" -lt 2000 ] && grep -q "100000 bytes" "$work/out" &&
+    ok "a 100 KB bus address is cut in the error, with its length" ||
+    not_ok "a 100 KB bus address: $(wc -c <"$work/out") bytes of error"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
