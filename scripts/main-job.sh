@@ -75,4 +75,10 @@ step "The session row, with its final counters" sqlite3 -column -header "$KNOD_S
 step "The chain verifies" $cli audit verify --db "$KNOD_STATE_DIR/journal.db"
 ' </dev/null
 printf '\n\033[1m== Left behind\033[0m\n'
-echo "links named knodsim*: $(ip -brief link | grep -c knodsim || true); namespace knod-sim: $(ip netns list | grep -c knod-sim || true); pinned under /sys/fs/bpf/knod: $(ls /sys/fs/bpf/knod 2>/dev/null | wc -l)"
+# This session's own names exactly (other daemons on this host may have sims of their own).
+left=0
+[ -e /sys/class/net/knodsim0 ] && { echo "link knodsim0 is still there"; left=1; }
+[ -e /run/netns/knod-sim ] && { echo "namespace knod-sim is still there"; left=1; }
+[ -e /sys/fs/bpf/knod/knodsim0 ] && { echo "BPF pins under /sys/fs/bpf/knod/knodsim0 are still there"; left=1; }
+[ "$left" -eq 0 ] && echo "nothing: link knodsim0, namespace knod-sim and the BPF pins are gone"
+exit "$left"
