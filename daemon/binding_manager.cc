@@ -358,13 +358,38 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
                                          GrantDone &done) {
     if (auto r = throttle(caller.uid, caller.pid, "RequestBinding"); !r) return r.error();
     auto parsed = parse_request(caller, args);
-    if (!parsed) return parsed.error();
+    if (!parsed) {
+        refuse_request(caller, args, parsed.error());
+        return parsed.error();
+    }
     auto decided = decide_request(caller, args, *parsed);
     if (!decided) return decided.error();
     auto prepared = prepare_grant(caller, args, *parsed, *decided);
     if (!prepared) return prepared.error();
     commit_grant(args, *decided, std::move(*prepared), done);
     return {};
+}
+
+// A request refused before the policy was asked (bad arguments, an unknown netdev or GPU, a
+// region that is no region, no driver): journaled like every refusal, with the arguments as the
+// caller sent them, escaped and cut (they may be anything up to the bus's message size).
+void BindingManager::refuse_request(const Peer &caller, const RequestArgs &args, const Error &why) {
+    constexpr std::size_t cut = 256;
+    journal::Event e = event_for(journal::kind::denied, caller);
+    e.decision = why.code == Errc::driver_failure ? "driver-failure" : "invalid-request";
+    e.reason = escape_untrusted(why.message, Escape::value, 4 * cut);
+    nlohmann::json flows = nlohmann::json::array();
+    for (std::size_t i = 0; i < args.flows.size() && i < 4; ++i)
+        flows.push_back(escape_untrusted(args.flows[i], Escape::value, cut));
+    e.detail = knod::dump_json(
+        nlohmann::json{{"netdev", escape_untrusted(args.netdev, Escape::value, cut)},
+                       {"gpu", escape_untrusted(args.gpu, Escape::value, cut)},
+                       {"mode", escape_untrusted(args.mode, Escape::value, cut)},
+                       {"flows", flows},
+                       {"flow_count", args.flows.size()},
+                       {"exe", escape_untrusted(caller.executable)},
+                       {"policy", policy_.digest}});
+    audit_.refuse(std::move(e));
 }
 
 // The caller's arguments, checked and read: sizes, mode, flows, the netdev and GPU the driver
@@ -401,20 +426,8 @@ Result<BindingManager::ParsedRequest> BindingManager::parse_request(const Peer &
                               "flows[" + std::to_string(i) + "]: " + f.error().message);
         req.flows.push_back(*f);
     }
-    // A host with nothing to drive: refused as a driver failure, journaled like any refusal.
-    if (auto why = driver_.unavailable()) {
-        journal::Event e = event_for(journal::kind::denied, caller);
-        e.decision = "driver-failure";
-        e.reason = *why;
-        e.detail = knod::dump_json(nlohmann::json{{"netdev", escape_untrusted(args.netdev)},
-                                                  {"gpu", escape_untrusted(args.gpu)},
-                                                  {"mode", args.mode},
-                                                  {"flows", flows_json(req.flows)},
-                                                  {"exe", escape_untrusted(caller.executable)},
-                                                  {"policy", policy_.digest}});
-        audit_.refuse(std::move(e));
-        return make_error(Errc::driver_failure, *why);
-    }
+    // A host with nothing to drive: refused as a driver failure (journaled by the caller).
+    if (auto why = driver_.unavailable()) return make_error(Errc::driver_failure, *why);
     auto netdev = driver_.netdev(args.netdev);
     if (!netdev) return netdev.error();
     auto gpu = driver_.gpu(args.gpu);

@@ -172,6 +172,11 @@ class BindingManager {
     // invalid-policy; `binding`: a revoke's argument.
     void refuse_action(const char *kind, const Peer &by, const std::string &decision,
                        const std::string &why, const std::optional<std::string> &binding = {});
+    // Journals a RequestBinding refused before the policy was asked (`why`: bad arguments, an
+    // unknown netdev or GPU, no driver; decision invalid-request or driver-failure), with the
+    // arguments escaped and cut, coalesced like every refusal. `caller`: as far as it could be
+    // identified (a caller whose process is gone has only the bus's uid and pid).
+    void refuse_request(const Peer &caller, const RequestArgs &args, const Error &why);
     // The holder's process exited (HolderWatch) or its bus connection went away.
     void holder_gone(const std::string &id, EndReason why);
     // Ends every binding of a bus connection (it disconnected).

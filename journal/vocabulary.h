@@ -46,6 +46,7 @@ inline const std::vector<std::string> &known_decisions() {
                                                "isolation-violation",
                                                "flow-conflict",
                                                "driver-failure",
+                                               "invalid-request",
                                                "key-refused",
                                                "journal-unavailable",
                                                "not-authorized",

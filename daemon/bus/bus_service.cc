@@ -355,6 +355,21 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     return c;
 }
 
+void BusService::journal_refused_request(sd_bus_message *m, const daemon::RequestArgs &args,
+                                         const Error &why) const {
+    // The caller as far as it can be named: the process, or only what the bus said of it (its
+    // process is gone), or nothing at all (uid unknown: (uid_t)-1, as the kernel's overflow uid).
+    daemon::Peer who;
+    who.uid = static_cast<uid_t>(-1);
+    if (auto c = credentials(m)) {
+        who.uid = c->uid;
+        who.pid = c->pid;
+        who.bus_name = c->sender;
+        if (auto p = daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender)) who = *p;
+    }
+    manager_->refuse_request(who, args, why);
+}
+
 Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     auto c = credentials(m);
     if (!c) return c.error();
@@ -413,22 +428,32 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
         int r = sd_bus_message_read(m, "ssshtt", &netdev, &gpu, &mode, &a.region_fd, &a.offset,
                                     &a.length);
         if (r < 0) return r;
+        // Every refusal is journaled, also these before the core has the arguments: with what
+        // was read so far (cut: the core escapes and bounds it) and whoever the caller is.
+        auto refuse = [&](const Error &why) {
+            auto cut = [](const char *v) { return std::string(v ? v : "").substr(0, 256); };
+            daemon::RequestArgs seen = a;
+            seen.netdev = cut(netdev);
+            seen.gpu = cut(gpu);
+            seen.mode = cut(mode);
+            s->journal_refused_request(m, seen, why);
+            return fail(err, why);
+        };
         // Sizes are checked on sd-bus's own copy of the message, before anything is copied.
         for (auto check : {limits::check_length("netdev", netdev, limits::netdev),
                            limits::check_length("gpu", gpu, limits::gpu),
                            limits::check_length("mode", mode, limits::mode)})
-            if (!check) return fail(err, check.error());
+            if (!check) return refuse(check.error());
         if ((r = sd_bus_message_enter_container(m, 'a', "s")) < 0) return r;
         const char *flow = nullptr;
         while ((r = sd_bus_message_read(m, "s", &flow)) > 0) {
             if (a.flows.size() == s->manager_->max_flows())
-                return fail(err, make_error(Errc::invalid_argument,
-                                            "flows: at most " +
-                                                std::to_string(s->manager_->max_flows()) +
-                                                " per binding"));
+                return refuse(make_error(
+                    Errc::invalid_argument,
+                    "flows: at most " + std::to_string(s->manager_->max_flows()) + " per binding"));
             std::string name = "flows[" + std::to_string(a.flows.size()) + "]";
             if (auto c = limits::check_length(name, flow, limits::flow); !c)
-                return fail(err, c.error());
+                return refuse(c.error());
             a.flows.emplace_back(flow);
         }
         if (r < 0 || (r = sd_bus_message_exit_container(m)) < 0) return r;
@@ -436,7 +461,7 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
         a.gpu = gpu;
         a.mode = mode;
         auto caller = s->peer(m);
-        if (!caller) return fail(err, caller.error());
+        if (!caller) return refuse(caller.error());
         // The reply goes once the grant is durable; meanwhile the loop serves other callers.
         std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
         s->manager_->request(*caller, a, [s, call](Result<daemon::Granted> granted) {

@@ -64,6 +64,10 @@ class BusService : public daemon::BindingEvents {
   private:
     Result<Credentials> credentials(sd_bus_message *m) const;
     Result<daemon::Peer> peer(sd_bus_message *m) const;
+    // RequestBinding refused before the core had it (argument sizes, an unidentifiable caller):
+    // journaled through the core with whatever identifies the caller.
+    void journal_refused_request(sd_bus_message *m, const daemon::RequestArgs &args,
+                                 const Error &why) const;
     // The per-uid rate limit for methods the core does not see (RequestBinding and Activate
     // are limited there).
     Result<void> throttle(sd_bus_message *m, const char *method) const;

@@ -111,6 +111,41 @@ TEST(UntrustedInput, ThirtyMebibyteFlowGetsAShortInvalidArgument) {
     EXPECT_EQ(st->bindings, 0u);
 }
 
+// Requests refused before the policy is asked are refusals like any other: journaled (the
+// first in full, escaped and cut; the rest of the window as a count), whether the daemon or its
+// bus adaptor refused them. They were answered and left no record.
+TEST(UntrustedInput, RequestsRefusedBeforeThePolicyIsAskedAreJournaled) {
+    SKIP_UNLESS_ROOT();
+    Sandbox sb(sim_policy, {"--refusal-window", "1", "--linux-audit=false"});
+    // An unknown netdev (the driver refuses it), a flow that does not parse (the core), a 30 MiB
+    // flow (the adaptor, before anything is copied).
+    Output a = sb.run_client(
+        {"hold", "no\x1b[2Jsuch", "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5000"}, nobody);
+    EXPECT_NE(a.out.find("error"), std::string::npos) << a.out;
+    Output b = sb.run_client({"hold", "knodsim0", "sim0", "4096", "udp 10.99.0.1:* ->"}, nobody);
+    EXPECT_NE(b.out.find("error"), std::string::npos) << b.out;
+    Output c = sb.run_program({KNOD_FUZZ_CLIENT_BIN, "big-flow", "30"}, nobody);
+    EXPECT_NE(c.out.find("InvalidArgument"), std::string::npos) << c.out;
+    // The first in full: the netdev escaped, the reason the caller got.
+    EXPECT_EQ(sb.sql("SELECT count(*) FROM events WHERE kind='request-denied' AND "
+                     "decision='invalid-request' AND uid=65534"),
+              "1");
+    std::string detail = sb.sql("SELECT detail FROM events WHERE decision='invalid-request'");
+    EXPECT_NE(detail.find(R"(no\\x1b[2Jsuch)"), std::string::npos) << detail;
+    EXPECT_EQ(detail.find('\x1b'), std::string::npos) << "raw escape in the journal";
+    // The other two as a count once the window closes.
+    EXPECT_TRUE(eventually(
+        [&] {
+            return sb.sql("SELECT json_extract(detail, '$.count') FROM events WHERE "
+                          "kind='refusals-coalesced' AND uid=65534") == "2";
+        },
+        5000))
+        << sb.sql("SELECT kind, decision, reason FROM events");
+    auto v = journal::verify_chain(sb.journal());
+    ASSERT_TRUE(v.ok());
+    EXPECT_TRUE(v->ok) << v->problem;
+}
+
 // Every string argument gets control characters, oversized and non-UTF-8 values, over 32
 // connections of one uid.
 TEST(UntrustedInput, HostileStringsOverManyConnectionsGetNamedErrors) {
