@@ -2,6 +2,7 @@
 // object, all measured in this one run with BPF_PROG_TEST_RUN's own `duration` (kernel time per
 // repetition, not wall time). Prints ratios. Needs root.
 //   knod_filter_bench [--quick] [--rules N]... [--sources N] [--repeat N] [--xdp-filter OBJECT]
+//   knod_filter_bench --control N...   the loader's cost of one binding change at N bindings
 // Exits 1 when a verdict or counter disagrees with the rules, 77 without root or BPF.
 #include "bpf/flow_filter.h"
 #include "bpf/packet_builder.h"
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -147,6 +149,64 @@ bool load_xdp_filter(XdpFilter &x, const std::string &path, std::uint32_t rules)
     return true;
 }
 
+// The exact flow of control-plane binding `i` (what the daemon's bench grants with the data path
+// on): one binding, one exact IPv4 flow.
+knod::policy::FlowSpec binding_flow(std::uint32_t i) {
+    return *knod::policy::parse_flow_spec(
+        "udp 10.99." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 3) + ":" +
+        std::to_string(10000 + i % 50000) + " -> 10.99.0.2:" + std::to_string(20000 + i % 30000));
+}
+
+// What a grant and a release cost the loader: set_flows, then remove, of one more binding.
+// Not inlined, so that callgrind can count its instructions alone
+// (valgrind --tool=callgrind --toggle-collect='*grant_and_release*').
+[[gnu::noinline]] bool grant_and_release(knod::bpf::FlowFilter &f, std::uint32_t slot,
+                                         const knod::policy::FlowSpec &flow) {
+    return f.set_slot(slot, knod::bpf::SlotState::inactive, 0).ok() &&
+           f.set_flows(slot, {flow}).ok() && f.remove(slot).ok();
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// For each N: the time to build N bindings (set_slot inactive + set_flows, as the daemon grants),
+// then the median of 21 grant_and_release of one more.
+int control(const std::vector<std::uint32_t> &sizes) {
+    std::printf("the loader's cost of a binding change (wall time; one exact IPv4 flow each)\n");
+    std::printf("%-10s %12s %16s\n", "bindings", "build ms", "grant+release ms");
+    for (std::uint32_t n : sizes) {
+        auto filter = knod::bpf::FlowFilter::load();
+        if (!filter) {
+            std::fprintf(stderr, "%s\n", filter.error().message.c_str());
+            return 77;
+        }
+        auto &f = **filter;
+        auto t = std::chrono::steady_clock::now();
+        for (std::uint32_t i = 0; i < n; ++i)
+            if (!f.set_slot(i, knod::bpf::SlotState::inactive, 0) ||
+                !f.set_flows(i, {binding_flow(i)})) {
+                std::fprintf(stderr, "binding %u refused\n", i);
+                return 1;
+            }
+        double build = ms_since(t);
+        std::vector<double> pair;
+        for (int k = 0; k < 21; ++k) {
+            auto flow = binding_flow(n + static_cast<std::uint32_t>(k));
+            t = std::chrono::steady_clock::now();
+            if (!grant_and_release(f, n, flow)) {
+                std::fprintf(stderr, "grant at %u bindings refused\n", n);
+                return 1;
+            }
+            pair.push_back(ms_since(t));
+        }
+        std::sort(pair.begin(), pair.end());
+        std::printf("%-10u %12.1f %16.3f\n", n, build, pair[pair.size() / 2]);
+        std::fflush(stdout);
+    }
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -154,9 +214,11 @@ int main(int argc, char **argv) {
     std::string xdpfilt = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_all.o";
     int repeat = 0;
     std::uint32_t varied_count = 0;
-    std::vector<std::uint32_t> sizes;
+    std::vector<std::uint32_t> sizes, control_sizes;
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--quick"))
+        if (!std::strcmp(argv[i], "--control") && i + 1 < argc)
+            control_sizes.push_back(static_cast<std::uint32_t>(std::stoul(argv[++i])));
+        else if (!std::strcmp(argv[i], "--quick"))
             quick = true;
         else if (!std::strcmp(argv[i], "--xdp-filter") && i + 1 < argc)
             xdpfilt = argv[++i];
@@ -169,12 +231,13 @@ int main(int argc, char **argv) {
         else {
             std::fprintf(stderr,
                          "usage: %s [--quick] [--rules N]... [--sources N] [--repeat N] "
-                         "[--xdp-filter OBJECT]\n",
+                         "[--xdp-filter OBJECT] | --control N...\n",
                          argv[0]);
             return 2;
         }
     }
     libbpf_set_print([](enum libbpf_print_level, const char *, va_list) { return 0; });
+    if (!control_sizes.empty()) return control(control_sizes);
     // Each test run has a fixed cost (tens of microseconds after the kernel switches its XDP
     // dispatcher) that lands inside the timed loop: long runs make it negligible.
     if (repeat <= 0) repeat = quick ? 20000 : 100000;

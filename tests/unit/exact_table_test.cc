@@ -1,6 +1,6 @@
 // The loader's IPv4 exact-rule table, without the kernel: placement, lookups as the BPF program
 // does them, the buckets it reports changed, and refusals that leave it as it was.
-#include "bpf/exact4_table.h"
+#include "bpf/exact_table.h"
 
 #include <gtest/gtest.h>
 
