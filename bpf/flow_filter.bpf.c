@@ -316,47 +316,34 @@ static __always_inline long classify(const struct packet *p, const struct knod_c
  * path must decide (prefix rules to try; not a plain IPv4 or IPv6 TCP/UDP packet, IPv4 options,
  * IPv6 extension headers, malformed, or a fragment), so that the generic path alone keeps every
  * rule about malformed and fragmented packets. */
+static __always_inline int plain_l4(void *l4, void *end, __u8 protocol) {
+    if (protocol == IPPROTO_UDP) return l4 + sizeof(struct udphdr) <= end;
+    if (protocol != IPPROTO_TCP) return 0;
+    struct tcphdr *tcp = l4;
+    return (void *)(tcp + 1) <= end && tcp->doff >= 5;
+}
+
 static __always_inline long exact_fast(void *data, void *end, const struct knod_config *c) {
     struct ethhdr *eth = data;
     if ((void *)(eth + 1) > end) return -2;
     __u8 gen = c->generation & 1;
-    __u8 protocol;
-    __be16 *ports;
     if (eth->h_proto == bpf_htons(ETH_P_IP)) {
         struct iphdr *ip = (void *)(eth + 1);
         if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->version != 4 ||
-            (ip->frag_off & bpf_htons(0x3fff)))
+            (ip->frag_off & bpf_htons(0x3fff)) || !plain_l4(ip + 1, end, ip->protocol))
             return -2;
-        protocol = ip->protocol;
-        ports = (void *)(ip + 1);
-    } else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+        long slot = exact4_slot(*(__u32 *)(ip + 1), ip->saddr, ip->daddr, ip->protocol, gen);
+        return slot == -1 && c->prefixes4 ? -2 : slot;
+    }
+    if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
-        if ((void *)(ip6 + 1) > end || ip6->version != 6) return -2;
-        protocol = ip6->nexthdr;
-        ports = (void *)(ip6 + 1);
-    } else {
-        return -2;
+        if ((void *)(ip6 + 1) > end || ip6->version != 6 || !plain_l4(ip6 + 1, end, ip6->nexthdr))
+            return -2;
+        long slot = exact6_slot(*(__u32 *)(ip6 + 1), (const __u32 *)&ip6->saddr,
+                                (const __u32 *)&ip6->daddr, ip6->nexthdr, gen);
+        return slot == -1 && c->prefixes6 ? -2 : slot;
     }
-    if (protocol == IPPROTO_UDP) {
-        if ((void *)ports + sizeof(struct udphdr) > end) return -2;
-    } else if (protocol == IPPROTO_TCP) {
-        struct tcphdr *tcp = (void *)ports;
-        if ((void *)(tcp + 1) > end || tcp->doff < 5) return -2;
-    } else {
-        return -2;
-    }
-    long slot;
-    if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-        struct iphdr *ip = (void *)(eth + 1);
-        slot = exact4_slot(*(__u32 *)ports, ip->saddr, ip->daddr, protocol, gen);
-        if (slot == -1 && c->prefixes4) return -2;
-    } else {
-        struct ipv6hdr *ip6 = (void *)(eth + 1);
-        slot = exact6_slot(*(__u32 *)ports, (const __u32 *)&ip6->saddr, (const __u32 *)&ip6->daddr,
-                           protocol, gen);
-        if (slot == -1 && c->prefixes6) return -2;
-    }
-    return slot;
+    return -2;
 }
 
 /* A copy of the config, epoch first, every field read exactly once where it stands: the

@@ -425,6 +425,7 @@ Result<void> FlowFilter::set_slot(std::uint32_t slot, SlotState state, std::uint
 Result<void> FlowFilter::set_flows(std::uint32_t slot, const std::vector<policy::FlowSpec> &flows) {
     auto change = rules_.set(slot, flows);
     if (!change) return change.error(); // refused: nothing changed, nothing written
+    if (change->exact.empty() && change->buckets.empty()) return {}; // the live rules stand
     for (auto &dirty : dirty_exact_)
         dirty.insert(change->exact.begin(), change->exact.end());
     for (auto &dirty : dirty_buckets_)
