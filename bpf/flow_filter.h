@@ -83,7 +83,9 @@ class FlowFilter {
     FlowFilter &operator=(const FlowFilter &) = delete;
 
     Result<void> set_slot(std::uint32_t slot, SlotState state, std::uint32_t queue);
-    // Replaces a binding's flows (empty removes them) and publishes the new rule set at once.
+    // Replaces a binding's flows (empty removes them) and publishes the new rule set at once, at
+    // the cost of this binding's flows (RuleSet). A refusal (an exact flow another binding holds,
+    // over KNOD_BUCKET_RULES on one prefix, an exact table full) changes nothing, kernel included.
     Result<void> set_flows(std::uint32_t slot, const std::vector<policy::FlowSpec> &flows);
     // Frees a slot: state first (its packets stop matching), then its rules and counters.
     Result<void> remove(std::uint32_t slot);
