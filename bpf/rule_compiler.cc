@@ -22,8 +22,9 @@ int width(Family f) {
 // `d` with the bits past `length` cleared.
 Destination masked(Family family, const std::array<std::uint8_t, 16> &addr, unsigned length) {
     Destination d{family, {}, static_cast<std::uint8_t>(length)};
-    for (unsigned bit = 0; bit < length; ++bit)
-        d.addr[bit / 8] |= addr[bit / 8] & (0x80 >> (bit % 8));
+    std::memcpy(d.addr.data(), addr.data(), length / 8);
+    if (length % 8)
+        d.addr[length / 8] = addr[length / 8] & static_cast<std::uint8_t>(0xff00 >> (length % 8));
     return d;
 }
 
@@ -259,17 +260,19 @@ Result<RuleChange> RuleSet::set(std::uint32_t slot, const std::vector<FlowSpec> 
     if (auto c = check_claims(slot, flows, new_keys); !c) return c.error();
 
     // Prefix rules: the destinations whose rule lists change, then every bucket inside them.
-    std::vector<std::pair<std::uint32_t, std::vector<Destination>>> new_rules;
+    // The new rules by destination (an any-family rule at the /0 of each family it may have).
+    std::map<Destination, std::vector<std::uint32_t>> new_at;
     std::set<Destination> touched;
     for (std::uint32_t i = 0; i < old.size(); ++i)
         if (!is_exact(old[i]))
             for (auto &d : destinations(old[i]))
                 touched.insert(d);
     for (std::uint32_t i = 0; i < flows.size(); ++i)
-        if (!is_exact(flows[i])) {
-            new_rules.push_back({i, destinations(flows[i])});
-            touched.insert(new_rules.back().second.begin(), new_rules.back().second.end());
-        }
+        if (!is_exact(flows[i]))
+            for (auto &d : destinations(flows[i])) {
+                new_at[d].push_back(i);
+                touched.insert(d);
+            }
     std::map<Destination, std::vector<RuleId>> staged_rules;
     for (auto &d : touched) {
         auto at = rules_at_.find(d);
@@ -277,8 +280,9 @@ Result<RuleChange> RuleSet::set(std::uint32_t slot, const std::vector<FlowSpec> 
         if (at != rules_at_.end())
             for (auto &id : at->second)
                 if (id.slot != slot) ids.push_back(id);
-        for (auto &[i, dsts] : new_rules)
-            if (std::find(dsts.begin(), dsts.end(), d) != dsts.end()) ids.push_back({slot, i});
+        if (auto mine = new_at.find(d); mine != new_at.end())
+            for (std::uint32_t i : mine->second)
+                ids.push_back({slot, i});
         std::sort(ids.begin(), ids.end());
         staged_rules[d] = std::move(ids);
     }
@@ -302,9 +306,20 @@ Result<RuleChange> RuleSet::set(std::uint32_t slot, const std::vector<FlowSpec> 
         } else {
             members = covering(b, slot);
         }
-        for (auto &[i, dsts] : new_rules)
-            if (covers_any(dsts, b))
+        // The new rules covering `b`: those at each of its prefixes, one lookup per length, or
+        // a check of each destination of the new rules when there are fewer of those.
+        auto add_mine = [&](const std::vector<std::uint32_t> &mine) {
+            for (std::uint32_t i : mine)
                 members.push_back({specificity(flows[i]), {slot, i}, to_rule(slot, flows[i])});
+        };
+        if (new_at.size() <= b.length + 1u) {
+            for (auto &[d, mine] : new_at)
+                if (covers(d, b)) add_mine(mine);
+        } else {
+            for (unsigned len = 0; len <= b.length; ++len)
+                if (auto mine = new_at.find(masked(b.family, b.addr, len)); mine != new_at.end())
+                    add_mine(mine->second);
+        }
         std::sort(members.begin(), members.end(), [](const Member &x, const Member &y) {
             return x.specificity != y.specificity ? x.specificity > y.specificity : x.id < y.id;
         });

@@ -359,3 +359,55 @@ TEST(FlowFilterIncremental, AnExactTableRefusalWritesNothing) {
     close(config);
     close(e6);
 }
+
+// A kernel write that fails half way (the prefix trie, shared by both generations, runs out of
+// entries) fails the change: the rules in force stay, and the next change publishes a
+// generation with none of the failed change's half-written buckets left in it (the dirty sets
+// kept them) and exact tables rewritten whole (unsynced).
+TEST(FlowFilterIncremental, AFailedKernelWriteIsCleanedUpByTheNextPublish) {
+    if (geteuid() != 0) GTEST_SKIP() << "BPF tests need root";
+    auto loaded = FlowFilter::load();
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    FlowFilter &f = **loaded;
+    int prog = f.program_fd();
+    int config = map_fd(prog, "config"), p4 = map_fd(prog, "prefixes4"),
+        e4 = map_fd(prog, "exact4");
+    ASSERT_TRUE(config >= 0 && p4 >= 0 && e4 >= 0);
+    std::map<std::uint32_t, std::vector<policy::FlowSpec>> model;
+    auto install = [&](std::uint32_t slot, std::vector<policy::FlowSpec> flows) {
+        ASSERT_TRUE(f.set_slot(slot, SlotState::active, 0).ok());
+        auto r = f.set_flows(slot, flows);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        model[slot] = std::move(flows);
+    };
+    install(1, {*policy::parse_flow_spec("udp 10.0.0.0/16:* -> 10.1.2.3:5000"),
+                *policy::parse_flow_spec("udp 10.5.0.1:1 -> 10.6.0.1:2")});
+    // More destinations than the trie holds for both generations together.
+    std::vector<policy::FlowSpec> crowd;
+    for (std::uint32_t i = 0; i < KNOD_MAX_BUCKETS; ++i)
+        crowd.push_back(*policy::parse_flow_spec(
+            "udp 10.200.0.0/16:* -> 11." + std::to_string(i >> 16) + "." +
+            std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255) + ":1"));
+    crowd.push_back(*policy::parse_flow_spec("udp 10.5.0.2:1 -> 10.6.0.1:2"));
+    ASSERT_TRUE(f.set_slot(2, SlotState::active, 0).ok());
+    auto r = f.set_flows(2, crowd);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, Errc::io) << r.error().message;
+    auto check = [&](const char *when) {
+        SCOPED_TRACE(when);
+        auto c = *compile_rules(model);
+        auto gen = static_cast<std::uint8_t>(read_config(config).generation);
+        EXPECT_EQ(trie<knod_lpm4_key>(p4, gen), expected<knod_lpm4_key>(c.buckets4));
+        std::multiset<std::string> w4;
+        for (auto &e : c.exact4)
+            w4.insert(bytes(e));
+        EXPECT_EQ(used_ways<knod_exact4_bucket>(e4, gen, KNOD_EXACT4_BUCKET_BITS), w4);
+    };
+    check("after the failure");
+    install(3, {*policy::parse_flow_spec("udp 10.5.0.3:1 -> 10.6.0.1:2")});
+    check("at the next publish");
+    install(4, {*policy::parse_flow_spec("udp 10.5.0.4:1 -> 10.6.0.1:2")});
+    check("and the one after");
+    for (int fd : {config, p4, e4})
+        close(fd);
+}
