@@ -229,20 +229,38 @@ int run(int prog, const std::vector<std::uint8_t> &packet) {
     return static_cast<int>(opts.retval);
 }
 
+// A loaded filter and its maps.
+class FlowFilterIncremental : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (geteuid() != 0) GTEST_SKIP() << "BPF tests need root";
+        auto loaded = FlowFilter::load();
+        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+        filter_ = std::move(*loaded);
+        prog = filter_->program_fd();
+        config = map_fd(prog, "config");
+        p4 = map_fd(prog, "prefixes4");
+        p6 = map_fd(prog, "prefixes6");
+        e4 = map_fd(prog, "exact4");
+        e6 = map_fd(prog, "exact6");
+        ASSERT_TRUE(config >= 0 && p4 >= 0 && p6 >= 0 && e4 >= 0 && e6 >= 0);
+    }
+    void TearDown() override {
+        for (int fd : {config, p4, p6, e4, e6})
+            if (fd >= 0) close(fd);
+    }
+
+    std::unique_ptr<FlowFilter> filter_;
+    int prog = -1, config = -1, p4 = -1, p6 = -1, e4 = -1, e6 = -1;
+};
+
 } // namespace
 
-TEST(FlowFilterIncremental, LiveGenerationMatchesCompilingFromScratch) {
-    if (geteuid() != 0) GTEST_SKIP() << "BPF tests need root";
-    auto loaded = FlowFilter::load();
-    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-    FlowFilter &f = **loaded;
+TEST_F(FlowFilterIncremental, LiveGenerationMatchesCompilingFromScratch) {
+    FlowFilter &f = *filter_;
     constexpr std::uint32_t slots = 12;
     for (std::uint32_t s = 0; s < slots; ++s)
         ASSERT_TRUE(f.set_slot(s, SlotState::active, 0).ok());
-    int prog = f.program_fd();
-    int config = map_fd(prog, "config"), p4 = map_fd(prog, "prefixes4"),
-        p6 = map_fd(prog, "prefixes6"), e4 = map_fd(prog, "exact4"), e6 = map_fd(prog, "exact6");
-    ASSERT_TRUE(config >= 0 && p4 >= 0 && p6 >= 0 && e4 >= 0 && e6 >= 0);
 
     auto pool = knod::testing::flow_pool();
     auto packets = probes();
@@ -303,8 +321,6 @@ TEST(FlowFilterIncremental, LiveGenerationMatchesCompilingFromScratch) {
             (slot ? offloaded : passed) += 1;
         }
     }
-    for (int fd : {config, p4, p6, e4, e6})
-        close(fd);
     EXPECT_GT(accepted, 100);
     EXPECT_GT(refused, 10);
     EXPECT_GT(offloaded, 100);
@@ -314,14 +330,8 @@ TEST(FlowFilterIncremental, LiveGenerationMatchesCompilingFromScratch) {
 // A rule set the IPv6 exact table cannot hold is refused before the kernel sees anything: the
 // config (epoch, generation) and the live table as they were, and the next change publishes as
 // if the refusal never happened.
-TEST(FlowFilterIncremental, AnExactTableRefusalWritesNothing) {
-    if (geteuid() != 0) GTEST_SKIP() << "BPF tests need root";
-    auto loaded = FlowFilter::load();
-    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-    FlowFilter &f = **loaded;
-    int prog = f.program_fd();
-    int config = map_fd(prog, "config"), e6 = map_fd(prog, "exact6");
-    ASSERT_TRUE(config >= 0 && e6 >= 0);
+TEST_F(FlowFilterIncremental, AnExactTableRefusalWritesNothing) {
+    FlowFilter &f = *filter_;
     auto flow = [](std::uint32_t i) {
         char text[96];
         std::snprintf(text, sizeof text, "udp [fd10::%x:%x]:1 -> [fd11::1]:2", i >> 16, i & 0xffff);
@@ -356,23 +366,14 @@ TEST(FlowFilterIncremental, AnExactTableRefusalWritesNothing) {
     EXPECT_EQ(run(prog, packet(2)), XDP_PASS) << "and only it";
     EXPECT_EQ(f.counters(2).packets, 1u);
     EXPECT_EQ(f.counters(1).packets, 1u);
-    close(config);
-    close(e6);
 }
 
 // A kernel write that fails half way (the prefix trie, shared by both generations, runs out of
 // entries) fails the change: the rules in force stay, and the next change publishes a
 // generation with none of the failed change's half-written buckets left in it (the dirty sets
 // kept them) and exact tables rewritten whole (unsynced).
-TEST(FlowFilterIncremental, AFailedKernelWriteIsCleanedUpByTheNextPublish) {
-    if (geteuid() != 0) GTEST_SKIP() << "BPF tests need root";
-    auto loaded = FlowFilter::load();
-    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-    FlowFilter &f = **loaded;
-    int prog = f.program_fd();
-    int config = map_fd(prog, "config"), p4 = map_fd(prog, "prefixes4"),
-        e4 = map_fd(prog, "exact4");
-    ASSERT_TRUE(config >= 0 && p4 >= 0 && e4 >= 0);
+TEST_F(FlowFilterIncremental, AFailedKernelWriteIsCleanedUpByTheNextPublish) {
+    FlowFilter &f = *filter_;
     std::map<std::uint32_t, std::vector<policy::FlowSpec>> model;
     auto install = [&](std::uint32_t slot, std::vector<policy::FlowSpec> flows) {
         ASSERT_TRUE(f.set_slot(slot, SlotState::active, 0).ok());
@@ -408,6 +409,4 @@ TEST(FlowFilterIncremental, AFailedKernelWriteIsCleanedUpByTheNextPublish) {
     check("at the next publish");
     install(4, {*policy::parse_flow_spec("udp 10.5.0.4:1 -> 10.6.0.1:2")});
     check("and the one after");
-    for (int fd : {config, p4, e4})
-        close(fd);
 }
