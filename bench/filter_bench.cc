@@ -184,15 +184,28 @@ knod::policy::FlowSpec binding_flow(std::uint32_t i) {
            f.set_flows(slot, {flow}).ok() && f.remove(slot).ok();
 }
 
+// This process's resident set in MiB (VmRSS in /proc/self/status), or -1.
+double rss_mib() {
+    FILE *f = std::fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    double kib = -1;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) break;
+    std::fclose(f);
+    return kib < 0 ? -1 : kib / 1024;
+}
+
 double ms_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
 // For each N: the time to build N bindings (set_slot inactive + set_flows, as the daemon grants),
-// then the median of 21 grant_and_release of one more.
+// then the median of 21 grant_and_release of one more, and the process's RSS with that filter
+// loaded (the previous size's filter is gone by then).
 int control(const std::vector<std::uint32_t> &sizes) {
     std::printf("the loader's cost of a binding change (wall time; one exact IPv4 flow each)\n");
-    std::printf("%-10s %12s %16s\n", "bindings", "build ms", "grant+release ms");
+    std::printf("%-10s %12s %16s %14s\n", "bindings", "build ms", "grant+release ms", "RSS MiB");
     for (std::uint32_t n : sizes) {
         auto filter = knod::bpf::FlowFilter::load();
         if (!filter) {
@@ -219,7 +232,7 @@ int control(const std::vector<std::uint32_t> &sizes) {
             pair.push_back(ms_since(t));
         }
         std::sort(pair.begin(), pair.end());
-        std::printf("%-10u %12.1f %16.3f\n", n, build, pair[pair.size() / 2]);
+        std::printf("%-10u %12.1f %16.3f %14.1f\n", n, build, pair[pair.size() / 2], rss_mib());
         std::fflush(stdout);
     }
     return 0;

@@ -85,7 +85,10 @@ template <typename F> typename ExactTable<F>::Key ExactTable<F>::key_of(const En
 }
 
 template <typename F>
-ExactTable<F>::ExactTable(const std::array<Hash, 2> &hash) : hash_(hash), buckets_(F::buckets) {}
+ExactTable<F>::ExactTable(const std::array<Hash, 2> &hash)
+    : hash_(hash), buckets_(static_cast<Bucket *>(std::calloc(F::buckets, sizeof(Bucket)))) {
+    if (!buckets_) std::abort(); // as std::vector would on a failed allocation, without exceptions
+}
 
 template <typename F> std::array<std::uint32_t, 2> ExactTable<F>::buckets_of(const Entry &e) const {
     return {F::bucket_of(hash_[0], e), F::bucket_of(hash_[1], e)};

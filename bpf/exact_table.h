@@ -11,7 +11,9 @@
 #include <array>
 #include <concepts>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -117,7 +119,12 @@ template <typename Family> class ExactTable {
     std::vector<std::uint32_t> changed() const;
 
     std::array<Hash, 2> hash_;
-    std::vector<Bucket> buckets_;
+    // calloc'd: pages no rule was ever placed in stay the kernel's shared zero page, so a table
+    // without rules (often IPv6) costs no resident memory.
+    struct Free {
+        void operator()(Bucket *b) const { std::free(b); }
+    };
+    std::unique_ptr<Bucket[], Free> buckets_;
     std::unordered_map<Key, std::uint32_t, KeyHash> where_; // key -> bucket * WAYS + way
     // The change in progress: each changed bucket's contents before its first change, and
     // each moved or removed key's location before (none: it was not held).
