@@ -2,6 +2,7 @@
 // object, all measured in this one run with BPF_PROG_TEST_RUN's own `duration` (kernel time per
 // repetition, not wall time). Prints ratios. Needs root.
 //   knod_filter_bench [--quick] [--rules N]... [--sources N] [--repeat N] [--xdp-filter OBJECT]
+//   knod_filter_bench --control N...   the loader's cost of one binding change at N bindings
 // Exits 1 when a verdict or counter disagrees with the rules, 77 without root or BPF.
 #include "bpf/flow_filter.h"
 #include "bpf/packet_builder.h"
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -25,6 +27,24 @@ using knod::bpf::packets::PacketSpec;
 std::string source(std::uint32_t i) {
     return "10." + std::to_string(50 + (i >> 16)) + "." + std::to_string((i >> 8) & 255) + "." +
            std::to_string(i & 255);
+}
+
+std::string source6(std::uint32_t i) {
+    char text[64];
+    std::snprintf(text, sizeof text, "fd50::%x:%x", i >> 16, i & 0xffff);
+    return text;
+}
+
+std::vector<std::uint8_t> packet6_from(std::uint32_t i) {
+    PacketSpec p;
+    p.ipv6 = true;
+    p.protocol = 17;
+    p.src = source6(i);
+    p.sport = 1000;
+    p.dst = "fd60::1";
+    p.dport = 2000;
+    p.payload = 64;
+    return build_packet(p);
 }
 
 std::vector<std::uint8_t> packet_from(std::uint32_t i) {
@@ -147,6 +167,77 @@ bool load_xdp_filter(XdpFilter &x, const std::string &path, std::uint32_t rules)
     return true;
 }
 
+// The exact flow of control-plane binding `i` (what the daemon's bench grants with the data path
+// on): one binding, one exact IPv4 flow.
+knod::policy::FlowSpec binding_flow(std::uint32_t i) {
+    return *knod::policy::parse_flow_spec(
+        "udp 10.99." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 3) + ":" +
+        std::to_string(10000 + i % 50000) + " -> 10.99.0.2:" + std::to_string(20000 + i % 30000));
+}
+
+// What a grant and a release cost the loader: set_flows, then remove, of one more binding.
+// Not inlined, so that callgrind can count its instructions alone
+// (valgrind --tool=callgrind --toggle-collect='*grant_and_release*').
+[[gnu::noinline]] bool grant_and_release(knod::bpf::FlowFilter &f, std::uint32_t slot,
+                                         const knod::policy::FlowSpec &flow) {
+    return f.set_slot(slot, knod::bpf::SlotState::inactive, 0).ok() &&
+           f.set_flows(slot, {flow}).ok() && f.remove(slot).ok();
+}
+
+// This process's resident set in MiB (VmRSS in /proc/self/status), or -1.
+double rss_mib() {
+    FILE *f = std::fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    double kib = -1;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) break;
+    std::fclose(f);
+    return kib < 0 ? -1 : kib / 1024;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// For each N: the time to build N bindings (set_slot inactive + set_flows, as the daemon grants),
+// then the median of 21 grant_and_release of one more, and the process's RSS with that filter
+// loaded (the previous size's filter is gone by then).
+int control(const std::vector<std::uint32_t> &sizes) {
+    std::printf("the loader's cost of a binding change (wall time; one exact IPv4 flow each)\n");
+    std::printf("%-10s %12s %16s %14s\n", "bindings", "build ms", "grant+release ms", "RSS MiB");
+    for (std::uint32_t n : sizes) {
+        auto filter = knod::bpf::FlowFilter::load();
+        if (!filter) {
+            std::fprintf(stderr, "%s\n", filter.error().message.c_str());
+            return 77;
+        }
+        auto &f = **filter;
+        auto t = std::chrono::steady_clock::now();
+        for (std::uint32_t i = 0; i < n; ++i)
+            if (!f.set_slot(i, knod::bpf::SlotState::inactive, 0) ||
+                !f.set_flows(i, {binding_flow(i)})) {
+                std::fprintf(stderr, "binding %u refused\n", i);
+                return 1;
+            }
+        double build = ms_since(t);
+        std::vector<double> pair;
+        for (int k = 0; k < 21; ++k) {
+            auto flow = binding_flow(n + static_cast<std::uint32_t>(k));
+            t = std::chrono::steady_clock::now();
+            if (!grant_and_release(f, n, flow)) {
+                std::fprintf(stderr, "grant at %u bindings refused\n", n);
+                return 1;
+            }
+            pair.push_back(ms_since(t));
+        }
+        std::sort(pair.begin(), pair.end());
+        std::printf("%-10u %12.1f %16.3f %14.1f\n", n, build, pair[pair.size() / 2], rss_mib());
+        std::fflush(stdout);
+    }
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -154,9 +245,11 @@ int main(int argc, char **argv) {
     std::string xdpfilt = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_all.o";
     int repeat = 0;
     std::uint32_t varied_count = 0;
-    std::vector<std::uint32_t> sizes;
+    std::vector<std::uint32_t> sizes, control_sizes;
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--quick"))
+        if (!std::strcmp(argv[i], "--control") && i + 1 < argc)
+            control_sizes.push_back(static_cast<std::uint32_t>(std::stoul(argv[++i])));
+        else if (!std::strcmp(argv[i], "--quick"))
             quick = true;
         else if (!std::strcmp(argv[i], "--xdp-filter") && i + 1 < argc)
             xdpfilt = argv[++i];
@@ -169,19 +262,20 @@ int main(int argc, char **argv) {
         else {
             std::fprintf(stderr,
                          "usage: %s [--quick] [--rules N]... [--sources N] [--repeat N] "
-                         "[--xdp-filter OBJECT]\n",
+                         "[--xdp-filter OBJECT] | --control N...\n",
                          argv[0]);
             return 2;
         }
     }
     libbpf_set_print([](enum libbpf_print_level, const char *, va_list) { return 0; });
+    if (!control_sizes.empty()) return control(control_sizes);
     // Each test run has a fixed cost (tens of microseconds after the kernel switches its XDP
     // dispatcher) that lands inside the timed loop: long runs make it negligible.
     if (repeat <= 0) repeat = quick ? 20000 : 100000;
     if (varied_count == 0) varied_count = quick ? 256 : 4096;
     if (sizes.empty())
         sizes = quick ? std::vector<std::uint32_t>{1, 1000}
-                      : std::vector<std::uint32_t>{1, 1000, 100000};
+                      : std::vector<std::uint32_t>{1, 1000, 10000, 100000};
 
     xdp_pass_bpf *floor_skel = xdp_pass_bpf__open_and_load();
     if (!floor_skel) {
@@ -191,6 +285,7 @@ int main(int argc, char **argv) {
     int floor_prog = bpf_program__fd(floor_skel->progs.xdp_pass);
     int tc_floor_prog = bpf_program__fd(floor_skel->progs.tc_ok);
     std::vector<std::string> guard_rows;
+    std::vector<double> flat4, flat6; // hot knod - floor at each size
 
     std::printf(
         "ns/packet from BPF_PROG_TEST_RUN duration, repeat %d; ratios against the same run\n",
@@ -232,6 +327,7 @@ int main(int argc, char **argv) {
             double f = ns[0], k = ns[1], x = have_xf ? ns[2] : 0;
             std::printf("%-8u %-8s %8.1f %8.1f %10.1f %10.2f %10.1f\n", n, label, f, k, x,
                         have_xf ? k / x : 0.0, k - f);
+            if (set == &hot) flat4.push_back(k - f);
             std::fflush(stdout);
             if (have_xf && k / x > 0.7) all_ok = false;
         }
@@ -284,6 +380,57 @@ int main(int argc, char **argv) {
     std::printf("%-8s %-8s %8s %8s %10s\n", "rules", "packets", "tc-floor", "guard", "guard-floor");
     for (auto &r : guard_rows)
         std::printf("%s\n", r.c_str());
+
+    // IPv6: N exact 5-tuples udp [fd50::x:y]:1000 -> [fd60::1]:2000, the same packets' roles.
+    std::printf("\nIPv6 exact rules (the bucket table), same floor\n");
+    std::printf("%-8s %-8s %8s %8s %10s %10s\n", "rules", "packets", "floor", "knod", "knod/floor",
+                "knod-floor");
+    for (std::uint32_t n : sizes) {
+        auto filter = knod::bpf::FlowFilter::load();
+        if (!filter) {
+            std::fprintf(stderr, "%s\n", filter.error().message.c_str());
+            return 1;
+        }
+        std::vector<knod::policy::FlowSpec> flows;
+        for (std::uint32_t i = 0; i < n; ++i)
+            flows.push_back(
+                *knod::policy::parse_flow_spec("udp [" + source6(i) + "]:1000 -> [fd60::1]:2000"));
+        if (!(*filter)->set_slot(1, knod::bpf::SlotState::active, 0)) return 1;
+        if (auto r = (*filter)->set_flows(1, flows); !r) {
+            std::fprintf(stderr, "%s\n", r.error().message.c_str());
+            return 1;
+        }
+        std::vector<Packet> hot(15, Packet{packet6_from(0), true});
+        std::vector<Packet> varied;
+        for (std::uint32_t k = 0; k < varied_count; ++k) {
+            std::uint32_t i = n >= varied_count ? k * (n / varied_count) : k;
+            varied.push_back({packet6_from(i), i < n});
+        }
+        std::uint64_t hits = hot.size();
+        for (auto &p : varied)
+            hits += p.matches;
+        for (auto &[label, set] : {std::pair{"hot", &hot}, std::pair{"varied", &varied}}) {
+            auto ns = measure({floor_prog, (*filter)->program_fd()}, *set, repeat, set == &hot);
+            std::printf("%-8u %-8s %8.1f %8.1f %10.2f %10.1f\n", n, label, ns[0], ns[1],
+                        ns[1] / ns[0], ns[1] - ns[0]);
+            std::fflush(stdout);
+            if (set == &hot) flat6.push_back(ns[1] - ns[0]);
+        }
+        if ((*filter)->counters(1).packets != hits * static_cast<std::uint64_t>(repeat)) {
+            std::fprintf(stderr, "IPv6 binding counters disagree with the runs\n");
+            return 1;
+        }
+    }
+    auto span = [](const std::vector<double> &v) {
+        auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+        return std::pair{*lo, *hi};
+    };
+    auto [lo4, hi4] = span(flat4);
+    auto [lo6, hi6] = span(flat6);
+    std::printf(
+        "\nhot path over the floor from %u to %u rules: IPv4 %.1f-%.1f ns, IPv6 %.1f-%.1f ns "
+        "(IPv6 target: within +12)\n",
+        sizes.front(), sizes.back(), lo4, hi4, lo6, hi6);
     xdp_pass_bpf__destroy(floor_skel);
     return 0;
 }

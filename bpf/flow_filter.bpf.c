@@ -3,7 +3,7 @@
  * A packet that matches an active binding's flows is redirected to the AF_XDP socket of that
  * binding's queue; one that matches an inactive binding is dropped; everything else, and every
  * fragment or malformed packet, never reaches an offload queue (passed to the stack or dropped,
- * per the config). Per-packet cost: at most two bucket reads of the exact table, then at most one
+ * per the config). Per-packet cost: at most two bucket reads of an exact table, then at most one
  * LPM lookup and a bounded scan of one bucket, whatever the number of rules. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -66,12 +66,41 @@ static __always_inline long exact4_slot(__u32 ports, __u32 src, __u32 dst, __u8 
 }
 
 struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, KNOD_MAX_EXACT);
-    __uint(map_flags, BPF_F_NO_PREALLOC);
-    __type(key, struct knod_exact6_key);
-    __type(value, __u32);
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 2 * KNOD_EXACT6_BUCKETS);
+    __type(key, __u32);
+    __type(value, struct knod_exact6_bucket);
 } exact6 SEC(".maps");
+
+const volatile struct knod_exact6_hash exact6_hash[2];
+
+/* The same for IPv6: `src` and `dst` point at four words each, from the packet or a copy. */
+static __always_inline long exact6_in_bucket(__u32 bucket, __u8 gen, __u32 ports, const __u32 *src,
+                                             const __u32 *dst, __u32 tag) {
+    __u32 index = (__u32)gen << KNOD_EXACT6_BUCKET_BITS | bucket;
+    struct knod_exact6_bucket *b = bpf_map_lookup_elem(&exact6, &index);
+    if (!b) return -1;
+#pragma unroll
+    for (int i = 0; i < KNOD_EXACT6_WAYS; i++) {
+        const struct knod_exact6_entry *e = &b->way[i];
+        if (e->src[3] == src[3] && e->ports == ports && e->dst[3] == dst[3] &&
+            e->src[0] == src[0] && e->src[1] == src[1] && e->src[2] == src[2] &&
+            e->dst[0] == dst[0] && e->dst[1] == dst[1] && e->dst[2] == dst[2] &&
+            (e->meta >> 16) == tag)
+            return e->meta & 0xffff;
+    }
+    return -1;
+}
+
+static __always_inline long exact6_slot(__u32 ports, const __u32 *src, const __u32 *dst,
+                                        __u8 protocol, __u8 gen) {
+    __u32 tag = KNOD_EXACT_USED >> 16 | protocol;
+    long slot = exact6_in_bucket(knod_exact6_bucket_of(&exact6_hash[0], ports, src, dst, protocol),
+                                 gen, ports, src, dst, tag);
+    if (slot >= 0) return slot;
+    return exact6_in_bucket(knod_exact6_bucket_of(&exact6_hash[1], ports, src, dst, protocol), gen,
+                            ports, src, dst, tag);
+}
 
 struct {
     __uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -125,12 +154,12 @@ struct {
 } xsks SEC(".maps");
 
 struct packet {
-    __u8 family;
-    __u8 protocol;
+    __u8 src[16] __attribute__((aligned(4))); /* read as words by the exact lookups */
+    __u8 dst[16];
     __u16 src_port; /* host order */
     __u16 dst_port;
-    __u8 src[16];
-    __u8 dst[16];
+    __u8 family;
+    __u8 protocol;
 };
 
 static __always_inline void count(__u32 stat) {
@@ -267,15 +296,11 @@ static __always_inline long classify(const struct packet *p, const struct knod_c
         struct knod_bucket *b = bpf_map_lookup_elem(&prefixes4, &lk);
         return b ? scan_bucket(b, p) : -1;
     }
-    struct knod_exact6_key ek = {};
-    ek.generation = gen;
-    ek.protocol = p->protocol;
-    ek.src_port = bpf_htons(p->src_port);
-    ek.dst_port = bpf_htons(p->dst_port);
-    __builtin_memcpy(ek.src, p->src, 16);
-    __builtin_memcpy(ek.dst, p->dst, 16);
-    __u32 *slot = bpf_map_lookup_elem(&exact6, &ek);
-    if (slot) return *slot;
+    __be16 ports[2] = {bpf_htons(p->src_port), bpf_htons(p->dst_port)};
+    __u32 pw;
+    __builtin_memcpy(&pw, ports, 4);
+    long slot = exact6_slot(pw, (const __u32 *)p->src, (const __u32 *)p->dst, p->protocol, gen);
+    if (slot >= 0) return slot;
     if (!c->prefixes6) return -1;
     struct knod_lpm6_key lk = {};
     lk.prefixlen = 32 + 128;
@@ -285,28 +310,40 @@ static __always_inline long classify(const struct packet *p, const struct knod_c
     return b ? scan_bucket(b, p) : -1;
 }
 
-/* The IPv4 exact-match hot path, straight from the headers to the key: no intermediate
- * packet copy, ports stay in network order. Returns the slot, -1 when no exact rule matches a
- * well-formed TCP/UDP packet, or -2 when the generic path must decide (not a plain IPv4
- * TCP/UDP packet, malformed, or a fragment), so that the generic path alone keeps every rule
- * about malformed and fragmented packets. */
-static __always_inline long exact4_fast(void *data, void *end, __u8 gen) {
+/* The exact-match hot path of both families, straight from the headers to the lookup: no
+ * intermediate packet copy, ports stay in network order. Returns the slot, -1 when no exact rule
+ * matches a well-formed TCP/UDP packet and the family has no prefix rules, or -2 when the generic
+ * path must decide (prefix rules to try; not a plain IPv4 or IPv6 TCP/UDP packet, IPv4 options,
+ * IPv6 extension headers, malformed, or a fragment), so that the generic path alone keeps every
+ * rule about malformed and fragmented packets. */
+static __always_inline int plain_l4(void *l4, void *end, __u8 protocol) {
+    if (protocol == IPPROTO_UDP) return l4 + sizeof(struct udphdr) <= end;
+    if (protocol != IPPROTO_TCP) return 0;
+    struct tcphdr *tcp = l4;
+    return (void *)(tcp + 1) <= end && tcp->doff >= 5;
+}
+
+static __always_inline long exact_fast(void *data, void *end, const struct knod_config *c) {
     struct ethhdr *eth = data;
-    if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP)) return -2;
-    struct iphdr *ip = (void *)(eth + 1);
-    if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->version != 4 ||
-        (ip->frag_off & bpf_htons(0x3fff)))
-        return -2;
-    __be16 *ports = (void *)(ip + 1);
-    if (ip->protocol == IPPROTO_UDP) {
-        if ((void *)ports + sizeof(struct udphdr) > end) return -2;
-    } else if (ip->protocol == IPPROTO_TCP) {
-        struct tcphdr *tcp = (void *)ports;
-        if ((void *)(tcp + 1) > end || tcp->doff < 5) return -2;
-    } else {
-        return -2;
+    if ((void *)(eth + 1) > end) return -2;
+    __u8 gen = c->generation & 1;
+    if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+        struct iphdr *ip = (void *)(eth + 1);
+        if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->version != 4 ||
+            (ip->frag_off & bpf_htons(0x3fff)) || !plain_l4(ip + 1, end, ip->protocol))
+            return -2;
+        long slot = exact4_slot(*(__u32 *)(ip + 1), ip->saddr, ip->daddr, ip->protocol, gen);
+        return slot == -1 && c->prefixes4 ? -2 : slot;
     }
-    return exact4_slot(*(__u32 *)ports, ip->saddr, ip->daddr, ip->protocol, gen);
+    if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = (void *)(eth + 1);
+        if ((void *)(ip6 + 1) > end || ip6->version != 6 || !plain_l4(ip6 + 1, end, ip6->nexthdr))
+            return -2;
+        long slot = exact6_slot(*(__u32 *)(ip6 + 1), (const __u32 *)&ip6->saddr,
+                                (const __u32 *)&ip6->daddr, ip6->nexthdr, gen);
+        return slot == -1 && c->prefixes6 ? -2 : slot;
+    }
+    return -2;
 }
 
 /* A copy of the config, epoch first, every field read exactly once where it stands: the
@@ -332,8 +369,8 @@ static __always_inline void read_config(const struct knod_config *cfg, struct kn
  * made again if the rules changed meanwhile. Sets *slot_id for the binding decisions. */
 static __always_inline int decide(void *data, void *end, __u32 rx_queue,
                                   const struct knod_config *c, __u32 *slot_id) {
-    long found = exact4_fast(data, end, c->generation & 1);
-    if (found == -2 || (found == -1 && c->prefixes4)) {
+    long found = exact_fast(data, end, c);
+    if (found == -2) {
         struct packet p = {};
         int parsed = parse(data, end, &p);
         if (parsed == PARSE_MALFORMED) return DECIDED_MALFORMED;

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <type_traits>
 
 namespace fs = std::filesystem;
 
@@ -109,15 +110,24 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::load(const FilterOptions &option
     if (!f->skel_)
         return make_error(Errc::unavailable, "cannot open the flow filter object: " + err(errno));
     // Fresh hash keys for each loaded filter: nobody can choose rules that pile into one bucket.
-    std::array<knod_exact4_hash, 2> hash{};
-    if (getrandom(hash.data(), sizeof hash, 0) != static_cast<ssize_t>(sizeof hash))
+    std::array<knod_exact4_hash, 2> hash4{};
+    std::array<knod_exact6_hash, 2> hash6{};
+    if (getrandom(hash4.data(), sizeof hash4, 0) != static_cast<ssize_t>(sizeof hash4) ||
+        getrandom(hash6.data(), sizeof hash6, 0) != static_cast<ssize_t>(sizeof hash6))
         return make_error(Errc::unavailable, "cannot draw the filter's hash keys: " + err(errno));
-    for (auto &h : hash)
-        for (auto &m : h.mul)
-            m |= 1; // odd multipliers keep every input bit
-    std::copy(hash.begin(), hash.end(), f->skel_->rodata->exact4_hash);
+    auto odd = [](auto &hashes) {
+        for (auto &h : hashes)
+            for (auto &m : h.mul)
+                m |= 1; // odd multipliers keep every input bit
+    };
+    odd(hash4);
+    odd(hash6);
+    std::copy(hash4.begin(), hash4.end(), f->skel_->rodata->exact4_hash);
+    std::copy(hash6.begin(), hash6.end(), f->skel_->rodata->exact6_hash);
     for (auto &table : f->exact4_)
-        table = std::make_unique<Exact4Table>(hash);
+        table = std::make_unique<Exact4Table>(hash4);
+    for (auto &table : f->exact6_)
+        table = std::make_unique<Exact6Table>(hash6);
     int r = flow_filter_bpf__load(f->skel_);
     if (r != 0)
         return make_error(Errc::unavailable, "the kernel refused the flow filter: " + err(r) +
@@ -413,120 +423,150 @@ Result<void> FlowFilter::set_slot(std::uint32_t slot, SlotState state, std::uint
 }
 
 Result<void> FlowFilter::set_flows(std::uint32_t slot, const std::vector<policy::FlowSpec> &flows) {
-    auto previous = flows_;
-    if (flows.empty())
-        flows_.erase(slot);
-    else
-        flows_[slot] = flows;
+    auto change = rules_.set(slot, flows);
+    if (!change) return change.error(); // refused: nothing changed, nothing written
+    if (change->exact.empty() && change->buckets.empty()) return {}; // the live rules stand
+    for (auto &dirty : dirty_exact_)
+        dirty.insert(change->exact.begin(), change->exact.end());
+    for (auto &dirty : dirty_buckets_)
+        dirty.insert(change->buckets.begin(), change->buckets.end());
     auto r = publish();
-    if (!r) flows_ = std::move(previous);
+    // Not published: the rules go back; what was dirty stays dirty, so whatever the failed
+    // publish wrote into the idle generation is rewritten at the next one.
+    if (!r) rules_.undo();
     return r;
 }
 
-namespace {
-
-// Makes `map`'s entries of generation `gen` equal `entries`, given what that generation held:
-// writes new or changed entries, then deletes the ones no longer wanted.
-template <typename Entry, typename Value>
-Result<void> sync(bpf_map *map, std::map<std::string, Value> &held,
-                  const std::vector<Entry> &entries, std::uint8_t gen, Value Entry::*value) {
-    std::map<std::string, Value> wanted;
-    for (auto &e : entries) {
-        auto key = e.key;
-        key.generation = gen;
-        wanted[key_bytes(key)] = e.*value;
-    }
-    // `held` follows every write as it happens, so a failure half way leaves it true to the map.
-    for (auto &[key, v] : wanted) {
-        auto it = held.find(key);
-        if (it != held.end() && std::memcmp(&it->second, &v, sizeof v) == 0) continue;
-        if (bpf_map__update_elem(map, key.data(), key.size(), &v, sizeof v, 0) != 0)
-            return make_error(Errc::io, std::string("rule map ") + bpf_map__name(map) +
-                                            " is full or refused an entry: " + err(errno));
-        held[key] = v;
-    }
-    for (auto it = held.begin(); it != held.end();) {
-        if (wanted.count(it->first)) {
-            ++it;
-            continue;
+template <typename Family>
+Result<std::vector<std::uint32_t>> FlowFilter::update_exact(ExactTable<Family> &table,
+                                                            std::uint32_t gen) {
+    std::vector<typename Family::Entry> upserts, removals;
+    char family = std::is_same_v<Family, Exact4> ? 4 : 6;
+    for (auto &key : dirty_exact_[gen]) {
+        if (key.empty() || key[0] != family) continue;
+        std::optional<typename Family::Entry> e;
+        if constexpr (std::is_same_v<Family, Exact4>)
+            e = rules_.exact4(key);
+        else
+            e = rules_.exact6(key);
+        if (e) {
+            upserts.push_back(*e);
+        } else {
+            // Gone: the entry as it was (only its key matters for a removal).
+            if constexpr (std::is_same_v<Family, Exact4>)
+                removals.push_back(RuleSet::exact4_of(key));
+            else
+                removals.push_back(RuleSet::exact6_of(key));
         }
-        bpf_map__delete_elem(map, it->first.data(), it->first.size(), 0);
-        it = held.erase(it);
     }
-    return {};
+    return table.update(upserts, removals);
 }
 
-} // namespace
-
-// Makes generation `gen` of the IPv4 exact table hold `entries`, writing the buckets that
-// changed in one batch (bucket by bucket where the kernel has no batch update for arrays).
-Result<void> FlowFilter::sync_exact4(std::uint32_t gen,
-                                     const std::vector<knod_exact4_entry> &entries) {
-    Exact4Table &table = *exact4_[gen];
-    auto changed = table.assign(entries);
-    if (!changed) return changed.error();
-    std::vector<std::uint32_t> buckets;
-    if (exact4_unsynced_[gen]) {
-        buckets.resize(KNOD_EXACT4_BUCKETS);
-        for (std::uint32_t b = 0; b < KNOD_EXACT4_BUCKETS; ++b)
-            buckets[b] = b;
-    } else {
-        buckets = std::move(*changed);
+// Writes the given buckets of generation `gen` of an exact table in one batch (bucket by bucket
+// where the kernel has no batch update for arrays); all of them when the kernel's copy is unknown.
+template <typename Family>
+Result<void> FlowFilter::write_exact(bpf_map *map, const ExactTable<Family> &table,
+                                     std::uint32_t gen, const std::vector<std::uint32_t> &changed,
+                                     bool &unsynced) {
+    constexpr unsigned bits =
+        std::is_same_v<Family, Exact4> ? KNOD_EXACT4_BUCKET_BITS : KNOD_EXACT6_BUCKET_BITS;
+    std::vector<std::uint32_t> all;
+    if (unsynced) {
+        all.resize(Family::buckets);
+        for (std::uint32_t b = 0; b < Family::buckets; ++b)
+            all[b] = b;
     }
+    const std::vector<std::uint32_t> &buckets = unsynced ? all : changed;
     if (buckets.empty()) return {};
     std::vector<__u32> keys;
-    std::vector<knod_exact4_bucket> values;
+    std::vector<typename Family::Bucket> values;
     keys.reserve(buckets.size());
     values.reserve(buckets.size());
     for (std::uint32_t b : buckets) {
-        keys.push_back(gen << KNOD_EXACT4_BUCKET_BITS | b);
+        keys.push_back(gen << bits | b);
         values.push_back(table.bucket(b));
     }
-    int fd = bpf_map__fd(skel_->maps.exact4);
+    int fd = bpf_map__fd(map);
     __u32 count = static_cast<__u32>(keys.size());
     if (bpf_map_update_batch(fd, keys.data(), values.data(), &count, nullptr) == 0) {
-        exact4_unsynced_[gen] = false;
+        unsynced = false;
         return {};
     }
     for (std::size_t i = 0; i < keys.size(); ++i)
         if (bpf_map_update_elem(fd, &keys[i], &values[i], 0) != 0) {
-            exact4_unsynced_[gen] = true;
-            return make_error(Errc::io, "cannot write the exact IPv4 rule table: " + err(errno));
+            unsynced = true;
+            return make_error(Errc::io, std::string("cannot write the exact ") + Family::name +
+                                            " rule table: " + err(errno));
         }
-    exact4_unsynced_[gen] = false;
+    unsynced = false;
+    return {};
+}
+
+// Writes or deletes generation `gen`'s copy of every dirty prefix bucket.
+Result<void> FlowFilter::write_buckets(std::uint32_t gen) {
+    for (auto &d : dirty_buckets_[gen]) {
+        bool v4 = d.family == policy::Family::ipv4;
+        knod_lpm4_key k4{32u + d.length, static_cast<__u8>(gen), {}, {}};
+        knod_lpm6_key k6{32u + d.length, static_cast<__u8>(gen), {}, {}};
+        std::memcpy(k4.addr, d.addr.data(), sizeof k4.addr);
+        std::memcpy(k6.addr, d.addr.data(), sizeof k6.addr);
+        bpf_map *map = v4 ? skel_->maps.prefixes4 : skel_->maps.prefixes6;
+        void *key = v4 ? static_cast<void *>(&k4) : static_cast<void *>(&k6);
+        std::size_t key_size = v4 ? sizeof k4 : sizeof k6;
+        auto bucket = rules_.bucket(d);
+        if (!bucket) {
+            bpf_map__delete_elem(map, key, key_size, 0); // not there after a failed write: fine
+            continue;
+        }
+        if (bpf_map__update_elem(map, key, key_size, &*bucket, sizeof *bucket, 0) != 0)
+            return make_error(Errc::io, std::string("rule map ") + bpf_map__name(map) +
+                                            " is full or refused an entry: " + err(errno));
+    }
     return {};
 }
 
 // Brings the idle generation to the new rule set with only the writes that differ from what it
 // held, then flips the config: from that instant packets use the new set as a whole.
 Result<void> FlowFilter::publish() {
-    auto c = compile_rules(flows_);
-    if (!c) return c.error();
     std::uint32_t next = config_.generation ^ 1;
-    auto gen = static_cast<std::uint8_t>(next);
+    // The userspace tables first: a rule that finds no place is refused before the kernel sees
+    // anything.
+    auto changed4 = update_exact(*exact4_[next], next);
+    if (!changed4) return changed4.error();
+    auto changed6 = update_exact(*exact6_[next], next);
+    if (!changed6) {
+        exact4_[next]->undo();
+        return changed6.error();
+    }
     // Packets that read the config before the last flip may still be reading this generation:
     // the bump makes them decide again (see knod_config).
-    if (auto w = bump_epoch(); !w) return w;
-    using E6 = ExactEntry<knod_exact6_key>;
-    using B4 = BucketEntry<knod_lpm4_key>;
-    using B6 = BucketEntry<knod_lpm6_key>;
-    Result<void> r;
-    if (!(r = sync_exact4(next, c->exact4)) ||
-        !(r = sync(skel_->maps.exact6, exact6_.generation[next], c->exact6, gen, &E6::slot)) ||
-        !(r = sync(skel_->maps.prefixes4, buckets4_.generation[next], c->buckets4, gen,
-                   &B4::bucket)) ||
-        !(r = sync(skel_->maps.prefixes6, buckets6_.generation[next], c->buckets6, gen,
-                   &B6::bucket)))
-        return r; // the idle generation is half written, but packets never look at it
+    Result<void> r = bump_epoch();
+    if (r)
+        r = write_exact(skel_->maps.exact4, *exact4_[next], next, *changed4,
+                        exact4_unsynced_[next]);
+    if (r)
+        r = write_exact(skel_->maps.exact6, *exact6_[next], next, *changed6,
+                        exact6_unsynced_[next]);
+    if (r) r = write_buckets(next);
     knod_config flipped = config_;
     flipped.generation = next;
-    flipped.prefixes4 = static_cast<__u32>(c->buckets4.size());
-    flipped.prefixes6 = static_cast<__u32>(c->buckets6.size());
-    std::swap(config_, flipped);
-    if (auto w = write_config(); !w) {
-        config_ = flipped;
-        return w;
+    flipped.prefixes4 = static_cast<__u32>(rules_.bucket_count(policy::Family::ipv4));
+    flipped.prefixes6 = static_cast<__u32>(rules_.bucket_count(policy::Family::ipv6));
+    if (r) {
+        std::swap(config_, flipped);
+        if (r = write_config(); !r) config_ = flipped;
     }
+    if (!r) {
+        // The idle generation is half written, but packets never look at it. The tables go back
+        // to the rules that stay; what the kernel got of them is unknown, so the next publish
+        // rewrites them whole.
+        exact4_[next]->undo();
+        exact6_[next]->undo();
+        exact4_unsynced_[next] = exact6_unsynced_[next] = true;
+        return r;
+    }
+    dirty_exact_[next].clear();
+    dirty_buckets_[next].clear();
     return {};
 }
 

@@ -3,7 +3,7 @@
 // Rule changes are double-buffered, so a packet sees the old rule set or the new one.
 #pragma once
 
-#include "bpf/exact4_table.h"
+#include "bpf/exact_table.h"
 #include "bpf/rule_compiler.h"
 #include "knod/result.h"
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 struct flow_filter_bpf;
+struct bpf_map;
 
 namespace knod::bpf {
 
@@ -82,7 +83,9 @@ class FlowFilter {
     FlowFilter &operator=(const FlowFilter &) = delete;
 
     Result<void> set_slot(std::uint32_t slot, SlotState state, std::uint32_t queue);
-    // Replaces a binding's flows (empty removes them) and publishes the new rule set at once.
+    // Replaces a binding's flows (empty removes them) and publishes the new rule set at once, at
+    // the cost of this binding's flows (RuleSet). A refusal (an exact flow another binding holds,
+    // over KNOD_BUCKET_RULES on one prefix, an exact table full) changes nothing, kernel included.
     Result<void> set_flows(std::uint32_t slot, const std::vector<policy::FlowSpec> &flows);
     // Frees a slot: state first (its packets stop matching), then its rules and counters.
     Result<void> remove(std::uint32_t slot);
@@ -102,8 +105,17 @@ class FlowFilter {
 
   private:
     FlowFilter() = default;
+    // Writes what changed since the idle generation was last written (this change's keys and
+    // buckets and the one before), then flips the config to it.
     Result<void> publish();
-    Result<void> sync_exact4(std::uint32_t gen, const std::vector<knod_exact4_entry> &entries);
+    // Brings generation `gen` of an exact table's userspace copy to the rule set: its dirty keys
+    // only. Returns the buckets to write.
+    template <typename Family>
+    Result<std::vector<std::uint32_t>> update_exact(ExactTable<Family> &table, std::uint32_t gen);
+    template <typename Family>
+    Result<void> write_exact(bpf_map *map, const ExactTable<Family> &table, std::uint32_t gen,
+                             const std::vector<std::uint32_t> &buckets, bool &unsynced);
+    Result<void> write_buckets(std::uint32_t gen);
     Result<void> write_config();
     // Before any write a decision already under way might read: see knod_config.
     Result<void> bump_epoch();
@@ -117,16 +129,16 @@ class FlowFilter {
     std::string pin_dir_;
     std::string mode_ = "none";
     std::string mode_note_;
-    std::map<std::uint32_t, std::vector<policy::FlowSpec>> flows_;
-    // What each generation of one map holds, by key bytes, so publishing writes only what
-    // changed since that generation was last written.
-    template <typename Value> struct Held { std::map<std::string, Value> generation[2]; };
-    Held<std::uint32_t> exact6_;
-    // Each generation of the IPv4 exact table as the kernel holds it, and whether a failed write
+    // Every binding's flows, compiled and kept up to date one binding at a time.
+    RuleSet rules_;
+    // Per generation: the exact keys and prefix buckets changed since it was last written.
+    std::array<std::set<std::string>, 2> dirty_exact_;
+    std::array<std::set<Destination>, 2> dirty_buckets_;
+    // Each generation of the exact tables as the kernel holds it, and whether a failed write
     // left the kernel's copy unknown (the next publish then rewrites every bucket).
     std::array<std::unique_ptr<Exact4Table>, 2> exact4_;
-    std::array<bool, 2> exact4_unsynced_{};
-    Held<knod_bucket> buckets4_, buckets6_;
+    std::array<std::unique_ptr<Exact6Table>, 2> exact6_;
+    std::array<bool, 2> exact4_unsynced_{}, exact6_unsynced_{};
     knod_config config_{};
 };
 

@@ -342,3 +342,35 @@ TEST_F(FlowFilterTest, RuleChangesUnderTrafficAreNeverHalfSeen) {
         << "no decision met a rule change in " << rounds << " rounds";
     check({"mine after the storm", v4("10.20.0.1", 1000, "10.20.0.2", 2000), Want::offload, 5});
 }
+
+TEST_F(FlowFilterTest, ExactIPv6RulesOnTheFastAndTheGenericPath) {
+    install(9, SlotState::active,
+            {"udp [fd00::5]:1234 -> [fd00::1]:6000", "tcp [fd00::5]:1234 -> [fd00::1]:6000"});
+    install(10, SlotState::inactive, {"udp [fd00::6]:1 -> [fd00::1]:2"});
+    check({"v6 exact udp", v6("fd00::5", 1234, "fd00::1", 6000, 17), Want::offload, 9});
+    check({"v6 exact tcp", v6("fd00::5", 1234, "fd00::1", 6000, 6), Want::offload, 9});
+    check({"v6 exact, hop-by-hop first (generic path)",
+           with(v6("fd00::5", 1234, "fd00::1", 6000, 17), [](auto &p) { p.ipv6_ext = {0}; }),
+           Want::offload, 9});
+    check({"v6 exact, VLAN tagged (generic path)",
+           with(v6("fd00::5", 1234, "fd00::1", 6000, 17), [](auto &p) { p.vlans = {0x8100}; }),
+           Want::offload, 9});
+    check({"v6 other source port", v6("fd00::5", 1235, "fd00::1", 6000, 17), Want::pass});
+    check({"v6 source differs in its first word", v6("fd01::5", 1234, "fd00::1", 6000, 17),
+           Want::pass});
+    check({"v6 destination differs in its last word", v6("fd00::5", 1234, "fd00::2", 6000, 17),
+           Want::pass});
+    check({"v6 exact of an inactive binding", v6("fd00::6", 1, "fd00::1", 2, 17),
+           Want::binding_drop, 10});
+    check({"v6 fragment of the flow",
+           with(v6("fd00::5", 1234, "fd00::1", 6000, 17), [](auto &p) { p.ipv6_ext = {44}; }),
+           Want::pass, 0, Why::fragment});
+    // The prefix rules of slot 2 still decide their packets, around the exact table.
+    check({"v6 prefix rule beside", v6("fd00::99", 5555, "fd00::1", 443), Want::offload, 2});
+    // Released: the next generation no longer has it, nor the one after.
+    install(9, SlotState::active, {"tcp [fd00::5]:1234 -> [fd00::1]:6000"});
+    check({"v6 udp released", v6("fd00::5", 1234, "fd00::1", 6000, 17), Want::pass});
+    check({"v6 tcp kept", v6("fd00::5", 1234, "fd00::1", 6000, 6), Want::offload, 9});
+    install(10, SlotState::inactive, {});
+    check({"v6 udp still released", v6("fd00::5", 1234, "fd00::1", 6000, 17), Want::pass});
+}

@@ -1,6 +1,6 @@
 // The loader's IPv4 exact-rule table, without the kernel: placement, lookups as the BPF program
 // does them, the buckets it reports changed, and refusals that leave it as it was.
-#include "bpf/exact4_table.h"
+#include "bpf/exact_table.h"
 
 #include <gtest/gtest.h>
 
@@ -182,4 +182,92 @@ TEST(Exact4Table, RandomAssignmentsMatchAModelThroughMovesAndRefusals) {
     }
     EXPECT_GT(refused, 0) << "the crowded table never refused: the test lost its edge";
     EXPECT_LT(refused, 300);
+}
+
+// The IPv6 table is the same code over 40-byte entries and its own hash.
+namespace {
+
+std::array<knod_exact6_hash, 2> random_hash6(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::array<knod_exact6_hash, 2> h{};
+    for (auto &f : h) {
+        for (auto &m : f.mul)
+            m = rng() | 1;
+        f.seed = rng();
+    }
+    return h;
+}
+
+knod_exact6_entry entry6(std::uint32_t i, std::uint32_t slot, std::uint8_t protocol = IPPROTO_UDP) {
+    std::uint8_t src[16] = {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    src[12] = static_cast<std::uint8_t>(i >> 24);
+    src[13] = static_cast<std::uint8_t>(i >> 16);
+    src[14] = static_cast<std::uint8_t>(i >> 8);
+    src[15] = static_cast<std::uint8_t>(i);
+    std::uint8_t dst[16] = {0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    return knod::bpf::make_exact6_entry(protocol, htons(1000), htons(2000), src, dst, slot);
+}
+
+} // namespace
+
+TEST(Exact6Table, FindsWhatItHoldsAndNothingElse) {
+    knod::bpf::Exact6Table t(random_hash6(11));
+    std::vector<knod_exact6_entry> want;
+    for (std::uint32_t i = 0; i < 5000; ++i)
+        want.push_back(entry6(i, i % 300));
+    ASSERT_TRUE(t.assign(want).ok());
+    EXPECT_EQ(t.size(), 5000u);
+    for (std::uint32_t i = 0; i < 5000; ++i)
+        ASSERT_EQ(t.find(entry6(i, 0)), i % 300) << i;
+    EXPECT_EQ(t.find(entry6(5000, 0)), std::nullopt);
+    EXPECT_EQ(t.find(entry6(7, 0, IPPROTO_TCP)), std::nullopt) << "protocol is part of the match";
+    auto other = entry6(7, 0);
+    other.dst[3] ^= 1; // a destination differing in its last word only
+    EXPECT_EQ(t.find(other), std::nullopt);
+}
+
+TEST(Exact6Table, UpdatesChangeOnlyWhatTheyName) {
+    knod::bpf::Exact6Table t(random_hash6(12));
+    std::vector<knod_exact6_entry> first;
+    for (std::uint32_t i = 0; i < 1000; ++i)
+        first.push_back(entry6(i, 1));
+    ASSERT_TRUE(t.update(first, {}).ok());
+    // One removed, one moved to another slot, one added, one removal of what is not held.
+    auto changed = t.update({entry6(5, 2), entry6(2000, 3)}, {entry6(7, 0), entry6(3000, 0)});
+    ASSERT_TRUE(changed.ok());
+    EXPECT_LE(changed->size(), 3u + 8u) << "a few buckets, plus moves";
+    EXPECT_EQ(t.size(), 1000u);
+    EXPECT_EQ(t.find(entry6(5, 0)), 2u);
+    EXPECT_EQ(t.find(entry6(2000, 0)), 3u);
+    EXPECT_EQ(t.find(entry6(7, 0)), std::nullopt);
+    EXPECT_EQ(t.find(entry6(8, 0)), 1u);
+    // The same again changes nothing; undo() takes back the last update.
+    changed = t.update({entry6(5, 2)}, {entry6(7, 0)});
+    ASSERT_TRUE(changed.ok());
+    EXPECT_TRUE(changed->empty());
+    ASSERT_TRUE(t.update({entry6(9, 4)}, {entry6(10, 0)}).ok());
+    t.undo();
+    EXPECT_EQ(t.find(entry6(9, 0)), 1u);
+    EXPECT_EQ(t.find(entry6(10, 0)), 1u);
+}
+
+TEST(Exact6Table, FillsToNinetyPercentAndRefusesPastCapacityChangingNothing) {
+    knod::bpf::Exact6Table t(random_hash6(13));
+    std::uint32_t n = knod::bpf::Exact6Table::capacity * 9 / 10;
+    std::vector<knod_exact6_entry> want;
+    for (std::uint32_t i = 0; i < n; ++i)
+        want.push_back(entry6(i, 1));
+    ASSERT_TRUE(t.assign(want).ok());
+    EXPECT_EQ(t.size(), n);
+    for (std::uint32_t i = 0; i < n; i += 97)
+        ASSERT_EQ(t.find(entry6(i, 0)), 1u) << i;
+    std::vector<knod_exact6_entry> more;
+    for (std::uint32_t i = n; i < knod::bpf::Exact6Table::capacity + 1; ++i)
+        more.push_back(entry6(i, 2));
+    auto r = t.update(more, {});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, Errc::quota_exceeded);
+    EXPECT_EQ(t.size(), n);
+    EXPECT_EQ(t.find(entry6(n, 0)), std::nullopt);
+    EXPECT_EQ(t.find(entry6(n - 1, 0)), 1u);
 }
