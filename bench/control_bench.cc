@@ -16,6 +16,7 @@
 // bench policy (bench/control_bench_policy.toml) grants them.
 //   knod_control_bench [--seconds S] [--clients 1,4,16] [--live 10,1000,10000] [--probes N]
 //                      [--build-budget S] [--netdev NAME] [--label TEXT] [--json]
+//   knod_control_bench --pairs N   (one client, N pairs, nothing else: for callgrind)
 #include "client/client.h"
 #include "journal/journal.h"
 #include "journal/sqlite.h"
@@ -99,10 +100,11 @@ struct Options {
     std::vector<int> live; // levels, ascending
     int probes = 100;
     double build_budget_s = 0; // 0: build every level in full
-    int commits = 400;
+    int commits = 200;         // per client count, just before its pings and pairs
     std::string netdev = "knodsim0";
     std::string label;
     bool json = false;
+    int pairs_only = 0; // --pairs N: one client does N pairs and nothing else (for a profile)
 };
 
 std::vector<int> int_list(const char *text) {
@@ -206,11 +208,11 @@ Floor measure_commits(const Row &r, const std::string &path, int n) {
     };
     std::vector<double> grants, ends;
     for (int i = 0; i < n; ++i) {
-        // The same length as the daemon's id, with a distinct value.
-        std::string id = r.text[0];
-        std::string num = std::to_string(i);
-        id.replace(id.size() - std::min(id.size(), num.size()), num.size(), num);
-        id[0] = 'f';
+        // The same length as the daemon's id (at least 8), with a distinct value.
+        char num[16];
+        std::snprintf(num, sizeof num, "f%07d", i);
+        std::string id = r.text[0].size() > 8 ? r.text[0] : std::string(8, '0');
+        id.replace(id.size() - 8, 8, num);
         grants.push_back(commit([&] {
             ses->bind(1, id).bind(2, std::int64_t{0}).bind(3, std::int64_t{4242});
             ses->bind(4, r.text[1]).bind(5, r.text[2]).bind(6, r.text[3]).bind(7, r.text[4]);
@@ -339,6 +341,8 @@ int main(int argc, char **argv) {
             o.netdev = argv[++i];
         } else if (a == "--label" && has) {
             o.label = argv[++i];
+        } else if (a == "--pairs" && has) {
+            o.pairs_only = std::max(1, std::atoi(argv[++i]));
         } else if (a == "--json") {
             o.json = true;
         } else {
@@ -355,6 +359,23 @@ int main(int argc, char **argv) {
     const char *state = std::getenv("KNOD_STATE_DIR");
     const char *sandbox = std::getenv("KNOD_SANDBOX");
     if (!state || !sandbox) die("run me inside scripts/knod-sandbox.sh");
+    if (o.pairs_only) {
+        // For callgrind: the daemon's instructions over exactly N pairs, nothing else.
+        auto client = knod::client::Client::connect();
+        if (!client) die("cannot connect: " + client.error().message);
+        int fd = region(4096);
+        auto t = Clock::now();
+        for (int i = 0; i < o.pairs_only; ++i) {
+            auto g =
+                client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096, {pair_flow(0)});
+            if (!g) die("grant: " + g.error().message);
+            if (auto a = client->activate(g->id, g->key); !a) die("activate: " + a.error().message);
+            if (auto r = client->release(g->id); !r) die("release: " + r.error().message);
+        }
+        std::printf("%d pairs in %.3f s\n", o.pairs_only, us_since(t) / 1e6);
+        close(fd);
+        return 0;
+    }
     auto say = [&](const char *fmt, auto... args) {
         if (!o.json) std::printf(fmt, args...);
         std::fflush(stdout);
@@ -365,24 +386,23 @@ int main(int argc, char **argv) {
     warm_up(o);
     Row sample = sample_row(std::string(state) + "/journal.db");
     // Beside the state dir, in the sandbox's directory: the same filesystem.
-    Floor f = measure_commits(sample, std::string(sandbox) + "/floor.db", o.commits);
-    out["floor_commit"] = {{"grant_p50_us", f.grant_commit_p50},
-                           {"grant_p99_us", f.grant_commit_p99},
-                           {"end_p50_us", f.end_commit_p50},
-                           {"end_p99_us", f.end_commit_p99},
-                           {"commits", o.commits},
-                           {"session_row_bytes", f.session_bytes},
+    // Beside the state dir, in the sandbox's directory: the same filesystem. Measured again just
+    // before each client count, so a disk that others share is compared with itself.
+    const std::string floor_db = std::string(sandbox) + "/floor.db";
+    Floor f = measure_commits(sample, floor_db, o.commits);
+    out["floor_commit"] = {{"session_row_bytes", f.session_bytes},
                            {"grant_detail_bytes", f.grant_event_bytes},
-                           {"end_detail_bytes", f.end_event_bytes}};
+                           {"end_detail_bytes", f.end_event_bytes},
+                           {"commits", o.commits}};
     say("%s\ndaemon RSS idle: %ld KiB\n", o.label.c_str(), rss_kib(pid));
-    say("durable commit (WAL, synchronous=FULL, %d each, session row %zu B, grant detail %zu B, "
-        "end detail %zu B): grant p50 %.0f us p99 %.0f us; end p50 %.0f us p99 %.0f us\n",
-        o.commits, f.session_bytes, f.grant_event_bytes, f.end_event_bytes, f.grant_commit_p50,
-        f.grant_commit_p99, f.end_commit_p50, f.end_commit_p99);
-    say("%-8s %9s %9s %9s %9s %9s %9s %9s %7s\n", "clients", "ping p50", "floor", "pair p50",
-        "pair p99", "p50/floor", "pairs/s", "pings/s", "errors");
+    say("durable commits (WAL, synchronous=FULL; session row %zu B, grant detail %zu B, end "
+        "detail %zu B), %d of each before each client count\n",
+        f.session_bytes, f.grant_event_bytes, f.end_event_bytes, o.commits);
+    say("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %7s\n", "clients", "ping p50", "commit", "floor",
+        "pair p50", "pair p99", "p50/floor", "pairs/s", "pings/s", "errors");
     out["pairs"] = json::array();
     for (int n : o.clients) {
+        f = measure_commits(sample, floor_db, o.commits);
         Samples ping = run(o, n, std::max(0.5, o.seconds / 2), true);
         Samples pairs = run(o, n, o.seconds, false);
         double b50 = pct(ping.us, 0.5), p50 = pct(pairs.us, 0.5), p99 = pct(pairs.us, 0.99);
@@ -390,14 +410,19 @@ int main(int argc, char **argv) {
         double rate = static_cast<double>(pairs.us.size()) / o.seconds;
         double ping_rate = static_cast<double>(ping.us.size()) / std::max(0.5, o.seconds / 2);
         std::size_t errors = ping.errors + pairs.errors;
-        say("%-8d %7.0fus %7.0fus %7.0fus %7.0fus %9.2f %9.0f %9.0f %7zu\n", n, b50, floor, p50,
-            p99, floor > 0 ? p50 / floor : 0, rate, ping_rate, errors);
+        say("%-8d %7.0fus %7.0fus %7.0fus %7.0fus %7.0fus %9.2f %9.0f %9.0f %7zu\n", n, b50,
+            (f.grant_commit_p50 + f.end_commit_p50) / 2, floor, p50, p99,
+            floor > 0 ? p50 / floor : 0, rate, ping_rate, errors);
         if (errors)
             say("  first error: %s\n",
                 (ping.first_error.empty() ? pairs.first_error : ping.first_error).c_str());
         out["pairs"].push_back({{"clients", n},
                                 {"ping_p50_us", b50},
                                 {"ping_p99_us", pct(ping.us, 0.99)},
+                                {"grant_commit_p50_us", f.grant_commit_p50},
+                                {"end_commit_p50_us", f.end_commit_p50},
+                                {"grant_commit_p99_us", f.grant_commit_p99},
+                                {"end_commit_p99_us", f.end_commit_p99},
                                 {"floor_us", floor},
                                 {"pair_p50_us", p50},
                                 {"pair_p99_us", p99},
