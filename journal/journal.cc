@@ -136,11 +136,12 @@ class Journal::Writer {
             rollback();
             return r;
         }
-        if (head_seq_ != committed_seq_) write_anchor();
         return r;
     }
     std::int64_t head_seq() const { return head_seq_; }
     const Hash &head_hash() const { return head_hash_; }
+    // After a commit that moved the head (run() decides when: see there).
+    void update_anchor() { write_anchor(); }
     // The anchor is read by whoever may read the database (the auditors' group): it gets the
     // database's read bits, never more than 0640.
     void set_anchor(std::string path, mode_t mode) {
@@ -247,12 +248,12 @@ Journal::~Journal() {
     thread_.join();
 }
 
-void Journal::submit_async(Work work, Done done, bool lingers) {
+void Journal::submit_async(Work work, Done done, bool lingers, bool blocking) {
     {
         std::lock_guard lock(mu_);
         if (!stopping_) {
-            queue_.push_back(
-                {std::move(work), std::move(done), lingers, std::chrono::steady_clock::now()});
+            queue_.push_back({std::move(work), std::move(done), lingers, blocking,
+                              std::chrono::steady_clock::now()});
             wake_.notify_one();
             return;
         }
@@ -263,8 +264,9 @@ void Journal::submit_async(Work work, Done done, bool lingers) {
 Result<std::int64_t> Journal::submit(Work work) {
     auto promise = std::make_shared<std::promise<Result<std::int64_t>>>();
     auto result = promise->get_future();
-    submit_async(std::move(work),
-                 [promise](Result<std::int64_t> r) { promise->set_value(std::move(r)); });
+    submit_async(
+        std::move(work), [promise](Result<std::int64_t> r) { promise->set_value(std::move(r)); },
+        false, true);
     return result.get();
 }
 
@@ -332,10 +334,18 @@ void Journal::run() {
             std::lock_guard lock(mu_);
             listener = on_commit_;
         }
-        if (committed && listener && w.head_seq() != head_before)
-            listener(w.head_seq(), w.head_hash());
+        bool moved = committed && w.head_seq() != head_before;
+        // The anchor (a rename beside the database, not synced: verify accepts one that is
+        // behind) is no part of what a caller waits for: an asynchronous caller hears first and
+        // the anchor follows, before the next batch; a caller blocked in a synchronous call
+        // (tests, the CLI, shutdown) gets it written before it returns, as it may read it next.
+        bool anchor_first =
+            std::any_of(batch.begin(), batch.end(), [](const Pending &p) { return p.blocking; });
+        if (moved && anchor_first) w.update_anchor();
+        if (moved && listener) listener(w.head_seq(), w.head_hash());
         for (std::size_t i = 0; i < batch.size(); ++i)
             if (batch[i].done) batch[i].done(std::move(results[i]));
+        if (moved && !anchor_first) w.update_anchor();
     }
 }
 

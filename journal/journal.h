@@ -102,13 +102,14 @@ class Journal {
     struct Pending {
         Work work;
         Done done;
-        bool lingers = false; // append_soon: may wait up to `linger` for company
+        bool lingers = false;  // append_soon: may wait up to `linger` for company
+        bool blocking = false; // submit(): a thread waits for it
         std::chrono::steady_clock::time_point queued{};
     };
 
     Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer);
     Result<std::int64_t> submit(Work work);
-    void submit_async(Work work, Done done, bool lingers = false);
+    void submit_async(Work work, Done done, bool lingers = false, bool blocking = false);
     static Work policy_load_work(Event load, PolicyText policy);
     static Work open_session_work(Session s, Event grant);
     static Work close_session_work(const std::string &id, const std::string &reason,
