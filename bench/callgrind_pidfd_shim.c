@@ -13,7 +13,8 @@ long syscall(long n, ...) {
     va_list ap;
     va_start(ap, n);
     long a[6];
-    for (int i = 0; i < 6; ++i) a[i] = va_arg(ap, long);
+    for (int i = 0; i < 6; ++i)
+        a[i] = va_arg(ap, long);
     va_end(ap);
     if (n == SYS_pidfd_open) return eventfd(0, EFD_CLOEXEC);
     static long (*real)(long, ...);
