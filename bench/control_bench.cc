@@ -1,9 +1,27 @@
-// Control-plane benchmark: N clients loop RequestBinding + Activate + Release against the daemon
-// for a fixed time; in the same run the same clients time a bare method call (Peer.Ping) on the
-// daemon. Prints p50/p99 of both, their ratio, pairs per second; then holds many live bindings
-// and reads the daemon's RSS. Run inside scripts/knod-sandbox.sh (see docs/performance.md).
-//   knod_control_bench [--seconds S] [--clients 1,4,16] [--live 10000]
+// Control-plane benchmark, run inside scripts/knod-sandbox.sh (bench/control_bench.sh runs it
+// with the sim data path off and on; docs/performance.md has the commands and the figures).
+// In one run it measures:
+//   - the floor: a bare call on the daemon (org.freedesktop.DBus.Peer.Ping, answered by sd-bus on
+//     the daemon's loop) and a durable commit of the daemon's own size (a fresh journal with the
+//     journal's schema, WAL and synchronous=FULL, in the sandbox's directory beside the daemon's
+//     state dir, so on the same filesystem; each commit writes a copy of a session row and its
+//     grant event, or the row's end and its end event, taken from the daemon's journal). A pair
+//     waits for three calls and two commits: floor = 3 x Ping p50 + grant commit p50 + end
+//     commit p50;
+//   - N clients (one bus connection each) looping RequestBinding + Activate + Release: pair p50,
+//     p99, pairs/s, and p50 / floor;
+//   - with --live: RequestBinding p50 (each probe released again, untimed) once 10, 1,000, ...
+//     bindings are held by one client, the time to build them, and the daemon's VmRSS at each.
+// Every flow is exact and distinct per binding (udp 10.99.0.X:P -> 10.99.0.2:Q), as the
+// bench policy (bench/control_bench_policy.toml) grants them.
+//   knod_control_bench [--seconds S] [--clients 1,4,16] [--live 10,1000,10000] [--probes N]
+//                      [--build-budget S] [--netdev NAME] [--label TEXT] [--json]
+//   knod_control_bench --pairs N   (one client, N pairs, nothing else: for callgrind)
 #include "client/client.h"
+#include "journal/journal.h"
+#include "journal/sqlite.h"
+
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,22 +31,36 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 using Clock = std::chrono::steady_clock;
+using nlohmann::json;
 
 namespace {
+
+[[noreturn]] void die(const std::string &why) {
+    std::fprintf(stderr, "knod_control_bench: %s\n", why.c_str());
+    std::exit(1);
+}
+
+double us_since(Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+}
 
 int region(std::size_t size) {
     int fd = memfd_create("bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0 ||
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
-        std::exit(1);
+        die("memfd");
     return fd;
 }
 
@@ -39,6 +71,7 @@ double pct(std::vector<double> v, double p) {
 }
 
 long rss_kib(const char *pid) {
+    if (!pid) return -1;
     std::ifstream in(std::string("/proc/") + pid + "/status");
     std::string line;
     while (std::getline(in, line))
@@ -46,43 +79,235 @@ long rss_kib(const char *pid) {
     return -1;
 }
 
-// Flows are exclusive: binding k gets source host 1 + k % 250 and port 5000 + k / 250.
-std::string flow(int k) {
-    return "udp 10.99.0." + std::to_string(1 + k % 250) +
-           ":* -> 10.99.0.2:" + std::to_string(5000 + k / 250);
+// Exact flows, distinct per binding. Pair clients: 10.99.0.254:(1000 + c) -> :5001. Live binding
+// k: 10.99.0.(1 + k % 250):(20000 + k / 250) -> :5000. Probes: 10.99.0.253:(1000 + i) -> :5002.
+std::string exact_flow(int host, int sport, int dport) {
+    return "udp 10.99.0." + std::to_string(host) + ":" + std::to_string(sport) +
+           " -> 10.99.0.2:" + std::to_string(dport);
+}
+std::string pair_flow(int c) {
+    return exact_flow(254, 1000 + c, 5001);
+}
+std::string live_flow(int k) {
+    return exact_flow(1 + k % 250, 20000 + k / 250, 5000);
+}
+std::string probe_flow(int i) {
+    return exact_flow(253, 1000 + i, 5002);
 }
 
-struct Result {
-    std::vector<double> pair_us, ping_us;
-    std::size_t errors = 0;
+struct Options {
+    double seconds = 4;
+    std::vector<int> clients = {1, 4, 16};
+    std::vector<int> live; // levels, ascending
+    int probes = 100;
+    double build_budget_s = 0; // 0: build every level in full
+    int commits = 200;         // per client count, just before its pings and pairs
+    std::string netdev = "knodsim0";
+    std::string label;
+    bool json = false;
+    int pairs_only = 0; // --pairs N: one client does N pairs and nothing else (for a profile)
 };
 
-Result run(int clients, double seconds, bool ping) {
-    std::vector<Result> per(static_cast<std::size_t>(clients));
+std::vector<int> int_list(const char *text) {
+    std::vector<int> out;
+    std::stringstream ss(text);
+    std::string n;
+    while (std::getline(ss, n, ','))
+        out.push_back(std::atoi(n.c_str()));
+    return out;
+}
+
+// ---- the commit floor ----------------------------------------------------------------------
+
+struct Row {
+    std::vector<std::string> text; // the sessions columns, as stored
+    std::string grant_detail, end_detail, rule, decision, reason_granted, reason_end;
+};
+
+// The newest ended session in the daemon's journal and its grant and end events.
+Row sample_row(const std::string &journal_path) {
+    auto db = knod::journal::Database::open(journal_path, SQLITE_OPEN_READONLY);
+    if (!db) die(db.error().message);
+    auto st = db->prepare("SELECT id, exe, unit, netdev, gpu, mode, flows, key_id, rule FROM "
+                          "sessions WHERE ended_us IS NOT NULL ORDER BY started_us DESC LIMIT 1");
+    if (!st) die(st.error().message);
+    auto row = st->step();
+    if (!row || !*row) die("no ended session in " + journal_path + " to copy");
+    Row r;
+    for (int i = 0; i < 9; ++i)
+        r.text.push_back(st->text(i));
+    auto ev = db->prepare("SELECT kind, coalesce(detail, ''), coalesce(rule, ''), "
+                          "coalesce(decision, ''), coalesce(reason, '') FROM events WHERE "
+                          "session_id = ? ORDER BY seq");
+    if (!ev) die(ev.error().message);
+    ev->bind(1, r.text[0]);
+    while (true) {
+        auto more = ev->step();
+        if (!more || !*more) break;
+        std::string kind = ev->text(0);
+        if (kind == knod::journal::kind::granted) {
+            r.grant_detail = ev->text(1);
+            r.rule = ev->text(2);
+            r.decision = ev->text(3);
+            r.reason_granted = ev->text(4);
+        } else if (kind == knod::journal::kind::ended) {
+            r.end_detail = ev->text(1);
+            r.reason_end = ev->text(4);
+        }
+    }
+    if (r.grant_detail.empty() || r.end_detail.empty())
+        die("the sampled session has no grant or end event");
+    return r;
+}
+
+struct Floor {
+    double grant_commit_p50 = 0, end_commit_p50 = 0, grant_commit_p99 = 0, end_commit_p99 = 0;
+    std::size_t session_bytes = 0, grant_event_bytes = 0, end_event_bytes = 0;
+    std::vector<double> grants, ends; // each commit, us
+};
+
+// Commits copies of `r` into a journal of its own (the journal's schema, WAL,
+// synchronous=FULL), in the steady state the daemon's journal is in: a fresh WAL grows with each
+// commit, and a sync that must also write the file's new size costs far more (4 ms against
+// 0.3 ms on this project's VM) than one that overwrites frames in place after a checkpoint. So
+// the first call commits 4n times unmeasured, and every call checkpoints (RESTART) and then
+// measures n, which never grows the WAL past what the warm-up made.
+Floor measure_commits(const Row &r, const std::string &path, int n) {
+    static int next_id = 0;
+    bool fresh_db = next_id == 0;
+    if (fresh_db) {
+        std::filesystem::remove(path);
+        std::filesystem::remove(path + "-wal");
+        std::filesystem::remove(path + "-shm");
+    }
+    auto db = knod::journal::open_and_migrate(path);
+    if (!db) die(db.error().message);
+    auto ses = db->prepare("INSERT INTO sessions (id, uid, pid, exe, unit, netdev, gpu, mode, "
+                           "region_bytes, flows, key_id, rule, started_us) VALUES "
+                           "(?,?,?,?,?,?,?,?,?,?,?,?,?)");
+    auto end = db->prepare("UPDATE sessions SET ended_us = ?, end_reason = ?, rx_bytes = ?, "
+                           "rx_packets = ?, dropped_packets = ? WHERE id = ? AND ended_us IS NULL");
+    auto ev = db->prepare("INSERT INTO events (seq, at_us, kind, session_id, uid, pid, rule, "
+                          "decision, reason, detail, prev_hash, hash) VALUES "
+                          "(?,?,?,?,?,?,?,?,?,?,?,?)");
+    if (!ses || !end || !ev) die("floor journal: cannot prepare statements");
+    std::mt19937_64 rng(42);
+    std::uint8_t prev[32], hash[32];
+    auto fresh = [&](std::uint8_t *h) {
+        for (int i = 0; i < 32; ++i)
+            h[i] = static_cast<std::uint8_t>(rng());
+    };
+    fresh(prev);
+    std::int64_t seq = 0;
+    auto event = [&](const std::string &kind, const std::string &id, const std::string &reason,
+                     const std::string &detail) {
+        fresh(hash);
+        ++seq;
+        ev->bind(1, seq).bind(2, std::int64_t{1'800'000'000'000'000} + seq).bind(3, kind);
+        ev->bind(4, id).bind(5, std::int64_t{0}).bind(6, std::int64_t{4242}).bind(7, r.rule);
+        ev->bind(8, r.decision).bind(9, reason).bind(10, detail);
+        ev->bind_blob(11, prev, 32).bind_blob(12, hash, 32);
+        if (auto ok = ev->run(); !ok) die(ok.error().message);
+        std::memcpy(prev, hash, 32);
+    };
+    auto commit = [&](auto body) {
+        auto t = Clock::now();
+        if (auto b = db->exec("BEGIN IMMEDIATE"); !b) die(b.error().message);
+        body();
+        if (auto c = db->exec("COMMIT"); !c) die(c.error().message);
+        return us_since(t);
+    };
+    std::vector<double> grants, ends;
+    if (auto seq_now = db->scalar("SELECT coalesce(max(seq), 0) FROM events"); seq_now)
+        seq = *seq_now;
+    int warm = fresh_db ? 4 * n : 0;
+    for (int k = 0; k < warm + n; ++k) {
+        if (k == warm) (void)db->exec("PRAGMA wal_checkpoint(RESTART)");
+        int i = next_id++;
+        // The same length as the daemon's id (at least 8), with a distinct value.
+        char num[16];
+        std::snprintf(num, sizeof num, "f%07d", i);
+        std::string id = r.text[0].size() > 8 ? r.text[0] : std::string(8, '0');
+        id.replace(id.size() - 8, 8, num);
+        double g = commit([&] {
+            ses->bind(1, id).bind(2, std::int64_t{0}).bind(3, std::int64_t{4242});
+            ses->bind(4, r.text[1]).bind(5, r.text[2]).bind(6, r.text[3]).bind(7, r.text[4]);
+            ses->bind(8, r.text[5]).bind(9, std::int64_t{4096}).bind(10, r.text[6]);
+            ses->bind(11, r.text[7]).bind(12, r.text[8]).bind(13, std::int64_t{1} + i);
+            if (auto ok = ses->run(); !ok) die(ok.error().message);
+            event(knod::journal::kind::granted, id, r.reason_granted, r.grant_detail);
+        });
+        double e = commit([&] {
+            end->bind(1, std::int64_t{2} + i).bind(2, std::string("release"));
+            end->bind(3, std::int64_t{0}).bind(4, std::int64_t{0}).bind(5, std::int64_t{0});
+            end->bind(6, id);
+            if (auto ok = end->run(); !ok) die(ok.error().message);
+            event(knod::journal::kind::ended, id, r.reason_end, r.end_detail);
+        });
+        if (k >= warm) {
+            grants.push_back(g);
+            ends.push_back(e);
+        }
+    }
+    Floor f;
+    f.grants = grants;
+    f.ends = ends;
+    f.grant_commit_p50 = pct(grants, 0.5);
+    f.grant_commit_p99 = pct(grants, 0.99);
+    f.end_commit_p50 = pct(ends, 0.5);
+    f.end_commit_p99 = pct(ends, 0.99);
+    for (auto &t : r.text)
+        f.session_bytes += t.size();
+    f.grant_event_bytes = r.grant_detail.size();
+    f.end_event_bytes = r.end_detail.size();
+    return f;
+}
+
+// ---- pairs and pings -------------------------------------------------------------------------
+
+struct Samples {
+    std::vector<double> us;
+    std::size_t errors = 0;
+    std::string first_error;
+};
+
+Samples run(const Options &o, int clients, double seconds, bool ping) {
+    std::vector<Samples> per(static_cast<std::size_t>(clients));
     std::vector<std::thread> threads;
     std::atomic<bool> stop{false};
     for (int c = 0; c < clients; ++c)
         threads.emplace_back([&, c] {
-            auto client = knod::client::Client::connect();
-            if (!client) return;
-            int fd = region(4096);
             auto &r = per[static_cast<std::size_t>(c)];
+            auto client = knod::client::Client::connect();
+            if (!client) {
+                ++r.errors;
+                r.first_error = client.error().message;
+                return;
+            }
+            int fd = region(4096);
             while (!stop.load()) {
                 auto t = Clock::now();
                 if (ping) {
-                    if (!client->ping()) ++r.errors;
-                    r.ping_us.push_back(
-                        std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+                    if (auto p = client->ping(); !p) {
+                        if (!r.errors++) r.first_error = p.error().message;
+                    } else {
+                        r.us.push_back(us_since(t));
+                    }
                     continue;
                 }
-                auto g =
-                    client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow(c)});
-                if (!g || !client->activate(g->id, g->key) || !client->release(g->id)) {
-                    ++r.errors;
+                auto g = client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096,
+                                                 {pair_flow(c)});
+                if (!g) {
+                    if (!r.errors++) r.first_error = g.error().message;
                     continue;
                 }
-                r.pair_us.push_back(
-                    std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+                auto a = client->activate(g->id, g->key);
+                auto rel = client->release(g->id);
+                if (!a || !rel) {
+                    if (!r.errors++) r.first_error = (!a ? a.error() : rel.error()).message;
+                    continue;
+                }
+                r.us.push_back(us_since(t));
             }
             close(fd);
         });
@@ -90,64 +315,219 @@ Result run(int clients, double seconds, bool ping) {
     stop = true;
     for (auto &t : threads)
         t.join();
-    Result all;
+    Samples all;
     for (auto &r : per) {
-        all.pair_us.insert(all.pair_us.end(), r.pair_us.begin(), r.pair_us.end());
-        all.ping_us.insert(all.ping_us.end(), r.ping_us.begin(), r.ping_us.end());
+        all.us.insert(all.us.end(), r.us.begin(), r.us.end());
+        if (all.first_error.empty()) all.first_error = r.first_error;
         all.errors += r.errors;
     }
     return all;
 }
 
+void warm_up(const Options &o) {
+    auto client = knod::client::Client::connect();
+    if (!client) die("cannot connect: " + client.error().message);
+    int fd = region(4096);
+    auto g = client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096, {pair_flow(999)});
+    if (!g) die("the warm-up grant was refused: " + g.error().message);
+    if (auto a = client->activate(g->id, g->key); !a) die("activate: " + a.error().message);
+    if (auto r = client->release(g->id); !r) die("release: " + r.error().message);
+    close(fd);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
-    double seconds = 5;
-    std::vector<int> client_counts = {1, 4, 16};
-    int live = 10000;
+    Options o;
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) {
-            seconds = std::atof(argv[++i]);
-        } else if (!std::strcmp(argv[i], "--clients") && i + 1 < argc) {
-            client_counts.clear();
-            std::stringstream ss(argv[++i]);
-            std::string n;
-            while (std::getline(ss, n, ','))
-                client_counts.push_back(std::stoi(n));
-        } else if (!std::strcmp(argv[i], "--live") && i + 1 < argc) {
-            live = std::atoi(argv[++i]);
+        std::string a = argv[i];
+        bool has = i + 1 < argc;
+        if (a == "--seconds" && has) {
+            o.seconds = std::atof(argv[++i]);
+        } else if (a == "--clients" && has) {
+            o.clients = int_list(argv[++i]);
+        } else if (a == "--live" && has) {
+            o.live = int_list(argv[++i]);
+            std::sort(o.live.begin(), o.live.end());
+            std::erase_if(o.live, [](int n) { return n <= 0; });
+        } else if (a == "--probes" && has) {
+            o.probes = std::max(1, std::atoi(argv[++i]));
+        } else if (a == "--commits" && has) {
+            o.commits = std::max(10, std::atoi(argv[++i]));
+        } else if (a == "--build-budget" && has) {
+            o.build_budget_s = std::atof(argv[++i]);
+        } else if (a == "--netdev" && has) {
+            o.netdev = argv[++i];
+        } else if (a == "--label" && has) {
+            o.label = argv[++i];
+        } else if (a == "--pairs" && has) {
+            o.pairs_only = std::max(1, std::atoi(argv[++i]));
+        } else if (a == "--json") {
+            o.json = true;
         } else {
-            std::fprintf(stderr, "usage: %s [--seconds S] [--clients 1,4,16] [--live N]\n",
+            std::fprintf(stderr,
+                         "usage: %s [--seconds S] [--clients 1,4,16] [--live 10,1000,10000] "
+                         "[--probes N] [--commits N] [--build-budget S] [--netdev NAME] [--label "
+                         "TEXT] [--json]\n"
+                         "Run inside scripts/knod-sandbox.sh (see bench/control_bench.sh).\n",
                          argv[0]);
             return 2;
         }
     }
     const char *pid = std::getenv("KNOD_DAEMON_PID");
-    std::printf("daemon RSS idle: %ld KiB\n", pid ? rss_kib(pid) : -1L);
-    std::printf("%-8s %10s %10s %10s %10s %10s %12s %8s\n", "clients", "ping p50", "ping p99",
-                "pair p50", "pair p99", "p50 ratio", "pairs/s", "errors");
-    for (int n : client_counts) {
-        Result ping = run(n, seconds / 2, true);
-        Result pairs = run(n, seconds, false);
-        double p50 = pct(pairs.pair_us, 0.5), b50 = pct(ping.ping_us, 0.5);
-        std::printf("%-8d %8.0fus %8.0fus %8.0fus %8.0fus %10.2f %12.0f %8zu\n", n, b50,
-                    pct(ping.ping_us, 0.99), p50, pct(pairs.pair_us, 0.99), b50 > 0 ? p50 / b50 : 0,
-                    static_cast<double>(pairs.pair_us.size()) / seconds,
-                    pairs.errors + ping.errors);
-    }
-    if (live > 0) {
+    const char *state = std::getenv("KNOD_STATE_DIR");
+    const char *sandbox = std::getenv("KNOD_SANDBOX");
+    if (!state || !sandbox) die("run me inside scripts/knod-sandbox.sh");
+    if (o.pairs_only) {
+        // For callgrind: the daemon's instructions over exactly N pairs, nothing else.
         auto client = knod::client::Client::connect();
-        if (!client) return 1;
+        if (!client) die("cannot connect: " + client.error().message);
         int fd = region(4096);
         auto t = Clock::now();
-        int held = 0;
-        for (int i = 0; i < live; ++i)
-            if (client->request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow(i)}))
-                ++held;
-        double s = std::chrono::duration<double>(Clock::now() - t).count();
-        std::printf("%d live bindings held (%d asked) in %.1f s; daemon RSS: %ld KiB\n", held, live,
-                    s, pid ? rss_kib(pid) : -1L);
+        for (int i = 0; i < o.pairs_only; ++i) {
+            auto g =
+                client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096, {pair_flow(0)});
+            if (!g) die("grant: " + g.error().message);
+            if (auto a = client->activate(g->id, g->key); !a) die("activate: " + a.error().message);
+            if (auto r = client->release(g->id); !r) die("release: " + r.error().message);
+        }
+        std::printf("%d pairs in %.3f s\n", o.pairs_only, us_since(t) / 1e6);
+        close(fd);
+        return 0;
+    }
+    auto say = [&](const char *fmt, auto... args) {
+        if (!o.json) std::printf(fmt, args...);
+        std::fflush(stdout);
+    };
+
+    json out = {{"label", o.label}, {"netdev", o.netdev}, {"seconds", o.seconds}};
+    out["rss_idle_kib"] = rss_kib(pid);
+    warm_up(o);
+    Row sample = sample_row(std::string(state) + "/journal.db");
+    // Beside the state dir, in the sandbox's directory: the same filesystem.
+    // Beside the state dir, in the sandbox's directory: the same filesystem. Measured again with
+    // each client count, between its pings and pairs, so a disk that others share is compared
+    // with itself.
+    const std::string floor_db = std::string(sandbox) + "/floor.db";
+    Floor f = measure_commits(sample, floor_db, std::max(10, o.commits / 4)); // warms it up
+    out["floor_commit"] = {{"session_row_bytes", f.session_bytes},
+                           {"grant_detail_bytes", f.grant_event_bytes},
+                           {"end_detail_bytes", f.end_event_bytes},
+                           {"commits", o.commits}};
+    say("%s\ndaemon RSS idle: %ld KiB\n", o.label.c_str(), rss_kib(pid));
+    say("durable commits (WAL, synchronous=FULL; session row %zu B, grant detail %zu B, end "
+        "detail %zu B), %d of each per client count, between its pings and pairs\n",
+        f.session_bytes, f.grant_event_bytes, f.end_event_bytes, o.commits);
+    say("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %7s\n", "clients", "ping p50", "commit", "floor",
+        "pair p50", "pair p99", "p50/floor", "pairs/s", "pings/s", "errors");
+    out["pairs"] = json::array();
+    for (int n : o.clients) {
+        // In slices, commits then pings then pairs, so that a disk or CPU that others share
+        // (a VM's block device, a rate limit on its syncs) weighs on the floor and the pairs
+        // alike.
+        constexpr int slices = 4;
+        Samples ping, pairs;
+        std::vector<double> grants, ends;
+        for (int s = 0; s < slices; ++s) {
+            Floor part = measure_commits(sample, floor_db, std::max(5, o.commits / slices));
+            grants.insert(grants.end(), part.grants.begin(), part.grants.end());
+            ends.insert(ends.end(), part.ends.begin(), part.ends.end());
+            for (auto [into, is_ping, secs] :
+                 {std::tuple{&ping, true, std::max(0.5, o.seconds / 2) / slices},
+                  std::tuple{&pairs, false, o.seconds / slices}}) {
+                Samples got = run(o, n, secs, is_ping);
+                into->us.insert(into->us.end(), got.us.begin(), got.us.end());
+                into->errors += got.errors;
+                if (into->first_error.empty()) into->first_error = got.first_error;
+            }
+        }
+        f.grant_commit_p50 = pct(grants, 0.5);
+        f.grant_commit_p99 = pct(grants, 0.99);
+        f.end_commit_p50 = pct(ends, 0.5);
+        f.end_commit_p99 = pct(ends, 0.99);
+        double b50 = pct(ping.us, 0.5), p50 = pct(pairs.us, 0.5), p99 = pct(pairs.us, 0.99);
+        double floor = 3 * b50 + f.grant_commit_p50 + f.end_commit_p50;
+        double rate = static_cast<double>(pairs.us.size()) / o.seconds;
+        double ping_rate = static_cast<double>(ping.us.size()) / std::max(0.5, o.seconds / 2);
+        std::size_t errors = ping.errors + pairs.errors;
+        say("%-8d %7.0fus %7.0fus %7.0fus %7.0fus %7.0fus %9.2f %9.0f %9.0f %7zu\n", n, b50,
+            (f.grant_commit_p50 + f.end_commit_p50) / 2, floor, p50, p99,
+            floor > 0 ? p50 / floor : 0, rate, ping_rate, errors);
+        if (errors)
+            say("  first error: %s\n",
+                (ping.first_error.empty() ? pairs.first_error : ping.first_error).c_str());
+        out["pairs"].push_back({{"clients", n},
+                                {"ping_p50_us", b50},
+                                {"ping_p99_us", pct(ping.us, 0.99)},
+                                {"grant_commit_p50_us", f.grant_commit_p50},
+                                {"end_commit_p50_us", f.end_commit_p50},
+                                {"grant_commit_p99_us", f.grant_commit_p99},
+                                {"end_commit_p99_us", f.end_commit_p99},
+                                {"floor_us", floor},
+                                {"pair_p50_us", p50},
+                                {"pair_p99_us", p99},
+                                {"p50_over_floor", floor > 0 ? p50 / floor : 0},
+                                {"pairs_per_s", rate},
+                                {"pairs", pairs.us.size()},
+                                {"errors", errors}});
+    }
+
+    out["live"] = json::array();
+    if (!o.live.empty()) {
+        auto client = knod::client::Client::connect();
+        if (!client) die("cannot connect: " + client.error().message);
+        int fd = region(4096);
+        say("%-10s %12s %12s %12s %12s %8s\n", "live", "grant p50", "grant p99", "build s",
+            "RSS KiB", "refused");
+        int held = 0, refused = 0;
+        double build_s = 0;
+        for (int level : o.live) {
+            auto t = Clock::now();
+            bool out_of_time = false;
+            for (int k = held + refused; k < level; ++k) {
+                if (client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096,
+                                            {live_flow(k)}))
+                    ++held;
+                else
+                    ++refused;
+                if (o.build_budget_s > 0 && build_s + us_since(t) / 1e6 > o.build_budget_s) {
+                    out_of_time = true;
+                    break;
+                }
+            }
+            build_s += us_since(t) / 1e6;
+            std::vector<double> grant;
+            for (int i = 0; i < o.probes; ++i) {
+                auto tg = Clock::now();
+                auto g = client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096,
+                                                 {probe_flow(i)});
+                double us = us_since(tg);
+                if (!g) {
+                    ++refused;
+                    continue;
+                }
+                grant.push_back(us);
+                (void)client->release(g->id);
+            }
+            long rss = rss_kib(pid);
+            say("%-10d %10.0fus %10.0fus %12.2f %12ld %8d\n", held, pct(grant, 0.5),
+                pct(grant, 0.99), build_s, rss, refused);
+            out["live"].push_back({{"asked", level},
+                                   {"held", held},
+                                   {"grant_p50_us", pct(grant, 0.5)},
+                                   {"grant_p99_us", pct(grant, 0.99)},
+                                   {"build_s", build_s},
+                                   {"rss_kib", rss},
+                                   {"refused", refused},
+                                   {"out_of_budget", out_of_time}});
+            if (out_of_time) {
+                say("build budget (%.0f s) spent at %d bindings: stopped\n", o.build_budget_s,
+                    held);
+                break;
+            }
+        }
         close(fd);
     }
+    if (o.json) std::printf("%s\n", out.dump().c_str());
     return 0;
 }

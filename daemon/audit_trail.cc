@@ -98,8 +98,9 @@ void AuditTrail::record(journal::Event e) {
     // Stopping: everything is written in order, waited for, by the final flush_pending_now();
     // an asynchronous failure could no longer come back through the loop.
     if (writing_async()) {
-        // Not waited for; a failure comes back to be kept for the retry at the next tick.
-        journal_->append_async(e, [this, e](Result<std::int64_t> r) {
+        // Not waited for, so it joins the next commit (within Journal::linger) rather than
+        // costing one of its own; a failure comes back to be kept for the retry at the next tick.
+        journal_->append_soon(e, [this, e](Result<std::int64_t> r) {
             if (!r) post_([this, e] { keep_record(e); });
         });
         return;

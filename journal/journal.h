@@ -8,6 +8,7 @@
 #include "journal/sqlite.h"
 #include "knod/result.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -77,6 +78,11 @@ class Journal {
     // one commit.
     using Done = std::function<void(Result<std::int64_t>)>;
     void append_async(Event event, Done done);
+    // For a record nobody waits for (an activation, a refusal): it joins the next commit, made
+    // at the latest `linger` after it was queued, instead of taking a commit (a sync to disk) of
+    // its own; a record that trails a call then shares the commit of the call after it.
+    static constexpr std::chrono::milliseconds linger{2};
+    void append_soon(Event event, Done done);
     void append_policy_load_async(Event load, PolicyText policy, Done done);
     void open_session_async(Session session, Event grant, Done done);
     void close_session_async(const std::string &id, const std::string &reason,
@@ -96,11 +102,14 @@ class Journal {
     struct Pending {
         Work work;
         Done done;
+        bool lingers = false;  // append_soon: may wait up to `linger` for company
+        bool blocking = false; // submit(): a thread waits for it
+        std::chrono::steady_clock::time_point queued{};
     };
 
     Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer);
     Result<std::int64_t> submit(Work work);
-    void submit_async(Work work, Done done);
+    void submit_async(Work work, Done done, bool lingers = false, bool blocking = false);
     static Work policy_load_work(Event load, PolicyText policy);
     static Work open_session_work(Session s, Event grant);
     static Work close_session_work(const std::string &id, const std::string &reason,

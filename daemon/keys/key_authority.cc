@@ -3,9 +3,11 @@
 #include "knod/hex.h"
 
 #include <fcntl.h>
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -95,13 +97,39 @@ Result<KeyAuthority> KeyAuthority::with_secret(std::span<const std::uint8_t> sec
     return KeyAuthority(s);
 }
 
+KeyAuthority::KeyAuthority(std::array<std::uint8_t, 32> secret) : secret_(secret) {
+    EVP_MAC *hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+    EVP_MAC_CTX *ctx = hmac ? EVP_MAC_CTX_new(hmac) : nullptr;
+    EVP_MAC_free(hmac); // the context holds its own reference
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                           OSSL_PARAM_construct_end()};
+    if (ctx && EVP_MAC_init(ctx, secret_.data(), secret_.size(), params) == 1)
+        keyed_.reset(ctx, [](void *c) { EVP_MAC_CTX_free(static_cast<EVP_MAC_CTX *>(c)); });
+    else
+        EVP_MAC_CTX_free(ctx);
+}
+
 std::array<std::uint8_t, 32> KeyAuthority::mac(const std::string &key_id,
                                                std::span<const std::uint8_t> key) const {
-    // The id is inside the MAC so that a stored MAC cannot be moved to another key id.
+    // The id is inside the MAC so that a stored MAC cannot be moved to another key id:
+    // HMAC(secret, key_id || 0 || key).
+    std::array<std::uint8_t, 32> out{};
+    const unsigned char nul = 0;
+    if (EVP_MAC_CTX *ctx =
+            keyed_ ? EVP_MAC_CTX_dup(static_cast<EVP_MAC_CTX *>(keyed_.get())) : nullptr) {
+        std::size_t len = 0;
+        bool ok = EVP_MAC_update(ctx, reinterpret_cast<const unsigned char *>(key_id.data()),
+                                 key_id.size()) == 1 &&
+                  EVP_MAC_update(ctx, &nul, 1) == 1 &&
+                  EVP_MAC_update(ctx, key.data(), key.size()) == 1 &&
+                  EVP_MAC_final(ctx, out.data(), &len, out.size()) == 1 && len == out.size();
+        EVP_MAC_CTX_free(ctx); // cleanses its state
+        if (ok) return out;
+    }
     std::string message = key_id;
     message.push_back('\0');
     message.append(reinterpret_cast<const char *>(key.data()), key.size());
-    std::array<std::uint8_t, 32> out{};
     unsigned int len = 0;
     HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),
          reinterpret_cast<const unsigned char *>(message.data()), message.size(), out.data(), &len);

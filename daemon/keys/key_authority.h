@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -93,11 +94,15 @@ class KeyAuthority {
         std::array<std::uint8_t, 32> mac;
         Grant grant;
     };
-    explicit KeyAuthority(std::array<std::uint8_t, 32> secret) : secret_(secret) {}
+    explicit KeyAuthority(std::array<std::uint8_t, 32> secret);
     std::array<std::uint8_t, 32> mac(const std::string &key_id,
                                      std::span<const std::uint8_t> key) const;
 
     std::array<std::uint8_t, 32> secret_;
+    // An HMAC-SHA256 context keyed with the secret once (an EVP_MAC_CTX; null if OpenSSL could
+    // not make one, then each MAC is computed from scratch): each MAC starts from a copy of it,
+    // so no call fetches the algorithm or hashes the key again.
+    std::shared_ptr<void> keyed_;
     std::map<std::string, Entry> entries_;
 };
 

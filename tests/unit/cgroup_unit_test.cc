@@ -124,3 +124,57 @@ TEST(CgroupUnit, IdentifyPeerReadsOnlyTheUnifiedLine) {
     EXPECT_EQ(peer->unit, "user@1000.service");
     EXPECT_EQ(peer->user_unit, "");
 }
+
+// identify_peer's /proc parsers (read(2) and from_chars since the callgrind work): a command
+// name with spaces and parentheses, tabs in status, truncated or hostile files are errors or
+// empty, never a crash, and a status whose effective uid is not the bus's is refused.
+TEST(CgroupUnit, ProcParsersTakeHostileFiles) {
+    std::string root = ::testing::TempDir() + "knod-procp-" + std::to_string(getpid());
+    const pid_t pid = 4242;
+    std::string dir = root + "/" + std::to_string(pid);
+    std::filesystem::create_directories(dir);
+    auto write = [&](const std::string &text) { std::ofstream(dir + "/stat") << text; };
+    std::string fields = " S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654321 19 20\n";
+    write("4242 (a) (b c) ) d)" + fields);
+    auto start = knod::daemon::process_start_time(pid, root);
+    ASSERT_TRUE(start) << start.error().message;
+    EXPECT_EQ(*start, 987654321u);
+    write("4242 (x) S 1 2 3");
+    EXPECT_FALSE(knod::daemon::process_start_time(pid, root)); // truncated: no field 22
+    write("4242 (x)");
+    EXPECT_FALSE(knod::daemon::process_start_time(pid, root)); // nothing after the name
+    write("4242 (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 -5 19\n");
+    EXPECT_FALSE(knod::daemon::process_start_time(pid, root)); // not a number
+    write("");
+    EXPECT_FALSE(knod::daemon::process_start_time(pid, root));
+    std::filesystem::remove_all(root);
+
+    const char with_nul[] = "Gid:\t1\t2\0Groups: 8\n";
+    EXPECT_EQ(knod::daemon::groups_from_status("Name:\tx\nGid:\t10\t20\t20\t20\n"
+                                               "Groups:\t30 5 30\t7 \n"),
+              (std::vector<gid_t>{5, 7, 20, 30}));
+    EXPECT_EQ(knod::daemon::groups_from_status("Groups:\nGid:\t1\n"), std::vector<gid_t>{});
+    EXPECT_EQ(knod::daemon::groups_from_status("XGid:\t1\t2\n"), std::vector<gid_t>{});
+    EXPECT_EQ(knod::daemon::groups_from_status("Gid:\t1\t2x 3\nGroups:\t99999999999999999999 4\n"),
+              std::vector<gid_t>{2});
+    EXPECT_EQ(knod::daemon::groups_from_status(std::string(with_nul, sizeof with_nul - 1)),
+              std::vector<gid_t>{2});
+}
+
+// A status that names another effective uid than the bus vouched for: refused.
+TEST(CgroupUnit, IdentifyPeerRefusesAnotherEffectiveUid) {
+    std::string root = ::testing::TempDir() + "knod-procu-" + std::to_string(getpid());
+    std::string dir = root + "/" + std::to_string(getpid());
+    std::filesystem::create_directories(dir);
+    auto slurp = [](const std::string &path) {
+        std::ifstream in(path);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    std::ofstream(dir + "/stat") << slurp("/proc/self/stat");
+    std::ofstream(dir + "/status")
+        << "Name:\tx\nUid:\t0\t" << geteuid() + 1 << "\t0\t0\nGid:\t0\t0\n";
+    std::ofstream(dir + "/cgroup") << "0::/\n";
+    auto peer = knod::daemon::identify_peer(geteuid(), getpid(), std::nullopt, ":1.1", root);
+    std::filesystem::remove_all(root);
+    EXPECT_FALSE(peer);
+}

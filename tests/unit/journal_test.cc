@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -262,6 +263,50 @@ TEST_F(JournalTest, ConcurrentAppendsShareCommits) {
     VerifyReport r = verify();
     EXPECT_TRUE(r.ok) << r.problem;
     EXPECT_EQ(r.events_checked, threads * per_thread);
+}
+
+// append_soon (a record nobody waits for): it joins the commit of the call after it, in order,
+// and a lone one is still written (the writer does not wait for company forever).
+TEST_F(JournalTest, RecordsNobodyWaitsForJoinTheNextCommitInOrder) {
+    auto j = std::move(Journal::open(path_)).value();
+    constexpr int rounds = 50;
+    std::vector<std::future<Result<std::int64_t>>> soon;
+    std::vector<std::int64_t> waited;
+    for (int i = 0; i < rounds; ++i) {
+        auto done = std::make_shared<std::promise<Result<std::int64_t>>>();
+        soon.push_back(done->get_future());
+        Event a;
+        a.kind = "activated";
+        a.pid = i;
+        j->append_soon(a, [done](Result<std::int64_t> r) { done->set_value(std::move(r)); });
+        Event g;
+        g.kind = kind::granted;
+        g.pid = i;
+        auto seq = j->append(g);
+        ASSERT_TRUE(seq) << seq.error().message;
+        waited.push_back(*seq);
+    }
+    for (int i = 0; i < rounds; ++i) {
+        auto r = soon[static_cast<std::size_t>(i)].get();
+        ASSERT_TRUE(r) << r.error().message;
+        EXPECT_LT(*r, waited[static_cast<std::size_t>(i)]); // queued first, chained first
+    }
+    JournalStats s = j->stats();
+    EXPECT_EQ(s.operations, static_cast<std::uint64_t>(2 * rounds));
+    EXPECT_LT(s.transactions, s.operations); // they shared commits
+    // Alone, it is written all the same.
+    auto lone = std::make_shared<std::promise<Result<std::int64_t>>>();
+    auto lone_done = lone->get_future();
+    Event e;
+    e.kind = "activated";
+    j->append_soon(e, [lone](Result<std::int64_t> r) { lone->set_value(std::move(r)); });
+    auto r = lone_done.get();
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_EQ(*r, 2 * rounds + 1);
+    j.reset();
+    VerifyReport v = verify(); // the anchor, written after the lone record's callback, agrees
+    EXPECT_TRUE(v.ok) << v.problem;
+    EXPECT_EQ(v.events_checked, 2 * rounds + 1);
 }
 
 TEST_F(JournalTest, MigrationsSetTheSchemaVersion) {
