@@ -10,12 +10,14 @@
 //     commit p50;
 //   - N clients (one bus connection each) looping RequestBinding + Activate + Release: pair p50,
 //     p99, pairs/s, and p50 / floor;
-//   - with --live: RequestBinding p50 (each probe released again, untimed) once 10, 1,000, ...
-//     bindings are held by one client, the time to build them, and the daemon's VmRSS at each.
+//   - with --live: RequestBinding p50 (each probe released again, untimed, from one client) once
+//     10, 1,000, ... bindings are held, the time to build them (--build-clients connections
+//     asking at once, default 1: one grant at a time), and the daemon's VmRSS at each.
 // Every flow is exact and distinct per binding (udp 10.99.0.X:P -> 10.99.0.2:Q), as the
 // bench policy (bench/control_bench_policy.toml) grants them.
 //   knod_control_bench [--seconds S] [--clients 1,4,16] [--live 10,1000,10000] [--probes N]
-//                      [--build-budget S] [--netdev NAME] [--label TEXT] [--json]
+//                      [--build-budget S] [--build-clients N] [--netdev NAME] [--label TEXT]
+//                      [--json]
 //   knod_control_bench --pairs N   (one client, N pairs, nothing else: for callgrind)
 #include "client/client.h"
 #include "journal/journal.h"
@@ -101,6 +103,7 @@ struct Options {
     std::vector<int> live; // levels, ascending
     int probes = 100;
     double build_budget_s = 0; // 0: build every level in full
+    int build_clients = 1;     // connections building the live bindings at once
     int commits = 200;         // per client count, just before its pings and pairs
     std::string netdev = "knodsim0";
     std::string label;
@@ -356,6 +359,8 @@ int main(int argc, char **argv) {
             o.commits = std::max(10, std::atoi(argv[++i]));
         } else if (a == "--build-budget" && has) {
             o.build_budget_s = std::atof(argv[++i]);
+        } else if (a == "--build-clients" && has) {
+            o.build_clients = std::clamp(std::atoi(argv[++i]), 1, 64);
         } else if (a == "--netdev" && has) {
             o.netdev = argv[++i];
         } else if (a == "--label" && has) {
@@ -367,8 +372,8 @@ int main(int argc, char **argv) {
         } else {
             std::fprintf(stderr,
                          "usage: %s [--seconds S] [--clients 1,4,16] [--live 10,1000,10000] "
-                         "[--probes N] [--commits N] [--build-budget S] [--netdev NAME] [--label "
-                         "TEXT] [--json]\n"
+                         "[--probes N] [--commits N] [--build-budget S] [--build-clients N] "
+                         "[--netdev NAME] [--label TEXT] [--json]\n"
                          "Run inside scripts/knod-sandbox.sh (see bench/control_bench.sh).\n",
                          argv[0]);
             return 2;
@@ -476,6 +481,13 @@ int main(int argc, char **argv) {
     if (!o.live.empty()) {
         auto client = knod::client::Client::connect();
         if (!client) die("cannot connect: " + client.error().message);
+        // The builders hold what they build until the end (a binding ends with its connection).
+        std::vector<knod::client::Client> builders;
+        for (int i = 0; i < o.build_clients; ++i) {
+            auto b = knod::client::Client::connect();
+            if (!b) die("cannot connect: " + b.error().message);
+            builders.push_back(std::move(*b));
+        }
         int fd = region(4096);
         say("%-10s %12s %12s %12s %12s %8s\n", "live", "grant p50", "grant p99", "build s",
             "RSS KiB", "refused");
@@ -483,18 +495,25 @@ int main(int argc, char **argv) {
         double build_s = 0;
         for (int level : o.live) {
             auto t = Clock::now();
-            bool out_of_time = false;
-            for (int k = held + refused; k < level; ++k) {
-                if (client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096,
-                                            {live_flow(k)}))
-                    ++held;
-                else
-                    ++refused;
-                if (o.build_budget_s > 0 && build_s + us_since(t) / 1e6 > o.build_budget_s) {
-                    out_of_time = true;
-                    break;
-                }
-            }
+            std::atomic<bool> out_of_time = false;
+            std::atomic<int> next = held + refused, ok = 0, failed = 0;
+            std::vector<std::thread> threads;
+            for (auto &b : builders)
+                threads.emplace_back([&, c = &b] {
+                    for (int k = next++; k < level && !out_of_time; k = next++) {
+                        if (c->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096,
+                                               {live_flow(k)}))
+                            ++ok;
+                        else
+                            ++failed;
+                        if (o.build_budget_s > 0 && build_s + us_since(t) / 1e6 > o.build_budget_s)
+                            out_of_time = true;
+                    }
+                });
+            for (auto &th : threads)
+                th.join();
+            held += ok.load();
+            refused += failed.load();
             build_s += us_since(t) / 1e6;
             std::vector<double> grant;
             for (int i = 0; i < o.probes; ++i) {
@@ -519,7 +538,8 @@ int main(int argc, char **argv) {
                                    {"build_s", build_s},
                                    {"rss_kib", rss},
                                    {"refused", refused},
-                                   {"out_of_budget", out_of_time}});
+                                   {"out_of_budget", out_of_time.load()},
+                                   {"build_clients", o.build_clients}});
             if (out_of_time) {
                 say("build budget (%.0f s) spent at %d bindings: stopped\n", o.build_budget_s,
                     held);
