@@ -238,6 +238,26 @@ int control(const std::vector<std::uint32_t> &sizes) {
     return 0;
 }
 
+// A loaded (unattached) filter with `n` exact rules flow_of(0..n-1) in slot 1, active on queue
+// 0; nullptr (the reason printed) when it cannot be had.
+template <typename FlowOf>
+std::unique_ptr<knod::bpf::FlowFilter> filter_with(std::uint32_t n, FlowOf flow_of) {
+    auto filter = knod::bpf::FlowFilter::load();
+    if (!filter) {
+        std::fprintf(stderr, "%s\n", filter.error().message.c_str());
+        return nullptr;
+    }
+    std::vector<knod::policy::FlowSpec> flows;
+    for (std::uint32_t i = 0; i < n; ++i)
+        flows.push_back(*knod::policy::parse_flow_spec(flow_of(i)));
+    if (!(*filter)->set_slot(1, knod::bpf::SlotState::active, 0)) return nullptr;
+    if (auto r = (*filter)->set_flows(1, flows); !r) {
+        std::fprintf(stderr, "%s\n", r.error().message.c_str());
+        return nullptr;
+    }
+    return std::move(*filter);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -294,21 +314,10 @@ int main(int argc, char **argv) {
                 "xdp-filter", "knod/xf", "knod-floor");
     bool all_ok = true, measured_xf = true;
     for (std::uint32_t n : sizes) {
-        auto filter = knod::bpf::FlowFilter::load();
-        if (!filter) {
-            std::fprintf(stderr, "%s\n", filter.error().message.c_str());
-            return 1;
-        }
-        // N bindings' exact 5-tuples, in slots 1..N (one rule each), all active on queue 0.
-        std::vector<knod::policy::FlowSpec> flows;
-        for (std::uint32_t i = 0; i < n; ++i)
-            flows.push_back(
-                *knod::policy::parse_flow_spec("udp " + source(i) + ":1000 -> 10.60.0.1:2000"));
-        if (!(*filter)->set_slot(1, knod::bpf::SlotState::active, 0)) return 1;
-        if (auto r = (*filter)->set_flows(1, flows); !r) {
-            std::fprintf(stderr, "%s\n", r.error().message.c_str());
-            return 1;
-        }
+        // N exact 5-tuples in slot 1, active on queue 0.
+        auto filter = filter_with(
+            n, [](std::uint32_t i) { return "udp " + source(i) + ":1000 -> 10.60.0.1:2000"; });
+        if (!filter) return 1;
         XdpFilter xf;
         bool have_xf = load_xdp_filter(xf, xdpfilt, n);
         measured_xf = measured_xf && have_xf;
@@ -320,7 +329,7 @@ int main(int argc, char **argv) {
             std::uint32_t i = n >= varied_count ? k * (n / varied_count) : k;
             varied.push_back({packet_from(i), i < n});
         }
-        std::vector<int> progs = {floor_prog, (*filter)->program_fd()};
+        std::vector<int> progs = {floor_prog, filter->program_fd()};
         if (have_xf) progs.push_back(xf.prog);
         for (auto &[label, set] : {std::pair{"hot", &hot}, std::pair{"varied", &varied}}) {
             auto ns = measure(progs, *set, repeat, set == &hot);
@@ -335,19 +344,19 @@ int main(int argc, char **argv) {
         std::uint64_t hits = hot.size();
         for (auto &p : varied)
             hits += p.matches;
-        if ((*filter)->counters(1).packets != hits * static_cast<std::uint64_t>(repeat)) {
+        if (filter->counters(1).packets != hits * static_cast<std::uint64_t>(repeat)) {
             std::fprintf(stderr, "binding counters disagree with the runs\n");
             return 1;
         }
         // The devmem guard (tc) on the same rules, the binding holding queue 0: a match is
         // counted and let through, anything else is dropped as misrouted.
-        auto before = (*filter)->counters(1);
+        auto before = filter->counters(1);
         for (auto &[label, set] : {std::pair{"hot", &hot}, std::pair{"varied", &varied}}) {
             std::vector<double> floor_ns, guard_ns;
             for (auto &p : *set) {
                 floor_ns.push_back(run_tc_ns(tc_floor_prog, p.bytes, repeat, 0));
-                guard_ns.push_back(run_tc_ns((*filter)->guard_test_program_fd(), p.bytes, repeat,
-                                             p.matches ? 0 : 2));
+                guard_ns.push_back(
+                    run_tc_ns(filter->guard_test_program_fd(), p.bytes, repeat, p.matches ? 0 : 2));
             }
             auto avg = [&](std::vector<double> &v) {
                 if (set == &hot) {
@@ -364,7 +373,7 @@ int main(int argc, char **argv) {
             std::snprintf(row, sizeof row, "%-8u %-8s %8.1f %8.1f %10.1f", n, label, f, g, g - f);
             guard_rows.push_back(row);
         }
-        auto after = (*filter)->counters(1);
+        auto after = filter->counters(1);
         std::uint64_t missed = hot.size() + varied.size() - hits;
         if (after.packets - before.packets != hits * static_cast<std::uint64_t>(repeat) ||
             after.misrouted - before.misrouted != missed * static_cast<std::uint64_t>(repeat)) {
@@ -386,20 +395,9 @@ int main(int argc, char **argv) {
     std::printf("%-8s %-8s %8s %8s %10s %10s\n", "rules", "packets", "floor", "knod", "knod/floor",
                 "knod-floor");
     for (std::uint32_t n : sizes) {
-        auto filter = knod::bpf::FlowFilter::load();
-        if (!filter) {
-            std::fprintf(stderr, "%s\n", filter.error().message.c_str());
-            return 1;
-        }
-        std::vector<knod::policy::FlowSpec> flows;
-        for (std::uint32_t i = 0; i < n; ++i)
-            flows.push_back(
-                *knod::policy::parse_flow_spec("udp [" + source6(i) + "]:1000 -> [fd60::1]:2000"));
-        if (!(*filter)->set_slot(1, knod::bpf::SlotState::active, 0)) return 1;
-        if (auto r = (*filter)->set_flows(1, flows); !r) {
-            std::fprintf(stderr, "%s\n", r.error().message.c_str());
-            return 1;
-        }
+        auto filter = filter_with(
+            n, [](std::uint32_t i) { return "udp [" + source6(i) + "]:1000 -> [fd60::1]:2000"; });
+        if (!filter) return 1;
         std::vector<Packet> hot(15, Packet{packet6_from(0), true});
         std::vector<Packet> varied;
         for (std::uint32_t k = 0; k < varied_count; ++k) {
@@ -410,13 +408,13 @@ int main(int argc, char **argv) {
         for (auto &p : varied)
             hits += p.matches;
         for (auto &[label, set] : {std::pair{"hot", &hot}, std::pair{"varied", &varied}}) {
-            auto ns = measure({floor_prog, (*filter)->program_fd()}, *set, repeat, set == &hot);
+            auto ns = measure({floor_prog, filter->program_fd()}, *set, repeat, set == &hot);
             std::printf("%-8u %-8s %8.1f %8.1f %10.2f %10.1f\n", n, label, ns[0], ns[1],
                         ns[1] / ns[0], ns[1] - ns[0]);
             std::fflush(stdout);
             if (set == &hot) flat6.push_back(ns[1] - ns[0]);
         }
-        if ((*filter)->counters(1).packets != hits * static_cast<std::uint64_t>(repeat)) {
+        if (filter->counters(1).packets != hits * static_cast<std::uint64_t>(repeat)) {
             std::fprintf(stderr, "IPv6 binding counters disagree with the runs\n");
             return 1;
         }
