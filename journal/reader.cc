@@ -1,6 +1,7 @@
 #include "journal/reader.h"
 
 #include "knod/json.h"
+#include "knod/regular_file.h"
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -126,10 +127,9 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
         if (err == ENOENT) return make_error(Errc::not_found, "no journal at " + path);
         return make_error(Errc::io, "cannot read the journal " + path + ": " + std::strerror(err));
     }
-    struct stat st {};
-    bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    auto regular = require_regular(fd, path);
     ::close(fd);
-    if (!regular) return make_error(Errc::invalid_argument, path + " is not a regular file");
+    if (!regular) return regular.error();
 
     auto exists = [](const std::string &p) {
         struct stat s {};

@@ -105,10 +105,8 @@ def _region_unchecked(buffer, offset, length):
         off = buffer.offset if offset is None else offset
         return buffer.fd, off, buffer.length if length is None else length
     if isinstance(buffer, SimBuffer):
-        off = 0 if offset is None else offset
-        if isinstance(off, int) and not isinstance(off, bool) and length is None:
-            return buffer.fileno(), off, len(buffer) - off
-        return buffer.fileno(), off, length
+        off = 0 if offset is None else _integer("offset", offset, 0, _U64)
+        return buffer.fileno(), off, (len(buffer) - off) if length is None else length
     if isinstance(buffer, int) and not isinstance(buffer, bool):
         if length is None:
             raise ValueError("a bare fd needs length=")
