@@ -77,11 +77,17 @@ int main(int argc, char **argv) {
         auto c = b.counters();
         if (c && c->rx_packets >= packets) break;
     }
+    // Bytes and packets from one reading of the counters: a wake-up's RxBytes can be older than
+    // the packet count read after it (more may have landed between the two).
     auto c = b.counters();
-    std::uint64_t n = std::min(seen, bytes);
+    if (!c) {
+        std::cerr << "counters: " << c.error().message() << "\n";
+        return 1;
+    }
+    std::uint64_t n = std::min(c->rx_bytes, bytes);
     std::string data(n, '\0');
     if (n && pread(fd, data.data(), n, 0) != static_cast<ssize_t>(n)) return 1;
-    std::cout << "buffer holds " << seen << " byte(s) from " << (c ? c->rx_packets : 0)
+    std::cout << "buffer holds " << c->rx_bytes << " byte(s) from " << c->rx_packets
               << " packet(s): \"" << data << "\"" << std::endl;
     if (auto r = b.release(); !r) {
         std::cerr << "release: " << r.error().message() << "\n";

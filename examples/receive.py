@@ -45,14 +45,12 @@ def main():
           flush=True)
     print("activated with the key; waiting for data", flush=True)
     with handle:
-        seen = 0
         deadline = time.monotonic() + a.timeout_ms / 1000
         try:
             while time.monotonic() < deadline:
                 rx = knod.wait_for_data(handle, timeout_ms=100)
                 if rx is None:
                     continue
-                seen = rx
                 deadline = time.monotonic() + a.timeout_ms / 1000
                 if handle.counters().rx_packets >= a.packets:
                     break
@@ -61,9 +59,11 @@ def main():
         except knod.BindingEnded as e:
             print(f"binding {handle.id} ended: {e.reason}", flush=True)
             return 3
-        packets = handle.counters().rx_packets
-        data = bytes(tensor[: min(seen, a.bytes)]).decode(errors="backslashreplace")
-        print(f"buffer holds {seen} byte(s) from {packets} packet(s): \"{data}\"", flush=True)
+        # Bytes and packets from one reading: a wake-up's RxBytes can predate the packet count.
+        c = handle.counters()
+        data = bytes(tensor[: min(c.rx_bytes, a.bytes)]).decode(errors="backslashreplace")
+        print(f"buffer holds {c.rx_bytes} byte(s) from {c.rx_packets} packet(s): \"{data}\"",
+              flush=True)
     print(f"released {handle.id} ({handle.end_reason})", flush=True)
     return 0
 

@@ -12,6 +12,7 @@
 # netdev another daemon serves). Inside COMMAND: $KNOD_SANDBOX (the work dir), $KNOD_STATE_DIR,
 # $KNOD_DAEMON_PID, and the sim's names as the daemon has them: $KNOD_SIM_NETDEV, $KNOD_SIM_NETNS.
 set -euo pipefail
+. "$(dirname "$0")/wait-lib.sh"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
 policy=$repo/packaging/policy.example.toml
@@ -55,7 +56,7 @@ sed -e "s|@SOCKET@|$work/bus|" -e "s|@POLICY_CONF@|$policy_conf|" \
 dbus-daemon --config-file="$work/bus.conf" --nofork --print-address=3 3>"$work/address" \
     2>"$work/bus.log" &
 bus_pid=$!
-for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.05; done
+wait_until 60 "dbus-daemon to print its address" test -s "$work/address" || true
 [ -s "$work/address" ] || { cat "$work/bus.log" >&2; echo "knod-sandbox: dbus-daemon did not start" >&2; exit 1; }
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
 
@@ -80,16 +81,13 @@ daemon_pid=$!
 # Ready means the daemon itself answers: it owns its name before it builds the sim network and
 # the BPF filter (calls queue until then), so the bus knowing the name proves nothing yet.
 # A Peer.Ping is answered by the daemon's loop, after all of that.
-up=
-for _ in $(seq 120); do
-    if busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" --timeout=1 call org.knod.Policy1 \
-        /org/knod/Policy1 org.freedesktop.DBus.Peer Ping >/dev/null 2>&1; then
-        up=1
-        break
-    fi
+answers() {
     kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/daemon.log" >&2; exit 1; }
-    sleep 0.1
-done
+    busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" --timeout=1 call org.knod.Policy1 \
+        /org/knod/Policy1 org.freedesktop.DBus.Peer Ping >/dev/null 2>&1
+}
+up=
+wait_until 120 "knod-policyd to answer a Ping" answers && up=1
 [ -n "$up" ] || { cat "$work/daemon.log" >&2; echo "knod-sandbox: knod-policyd never answered a Ping" >&2; exit 1; }
 export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid
 set +e

@@ -34,13 +34,14 @@ printf "\n\033[1m== A client registers a 4 KiB buffer for udp -> 10.99.0.2:5000 
 coproc RX { exec build/examples/knod-example-receive --netdev knodsim0 --gpu sim0 --bytes 4096 \
     --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5000" --packets 3 --timeout-ms 5000 2>&1; }
 exec {rx}<&"${RX[0]}" # bash forgets RX when the client exits; keep our own copy of its output
-while read -r line <&$rx; do echo "  client: $line"; case $line in activated*) break;; esac; done
+while read -r line <&$rx; do echo "  client: $line"; echo "$line" >>"$KNOD_SANDBOX/rx.log"
+    case $line in activated*) break;; esac; done
 step "Its binding, as the daemon lists it" $cli bindings
 step "The wire side sends 3 datagrams on the allowed flow" \
     $cli sim-send --to 10.99.0.2:5000 --count 3 --data "tensor-chunk;"
 step "... and 4 on port 5001, which no binding holds" \
     $cli sim-send --to 10.99.0.2:5001 --count 4 --data "FORBIDDEN"
-while read -r line <&$rx; do echo "  client: $line"; done
+while read -r line <&$rx; do echo "  client: $line"; echo "$line" >>"$KNOD_SANDBOX/rx.log"; done
 step "The filter counted the forbidden flow (unmatched_passed): never delivered" $cli status
 
 printf "\n\033[1m== The same in Python: examples/receive.py (import knod; register_buffer; wait_for_data)\033[0m\n"
@@ -48,10 +49,11 @@ coproc PY { exec env PYTHONPATH=python KNOD_CLIENT_LIBRARY=build/client/libknod-
     /usr/bin/python3 examples/receive.py --netdev knodsim0 --gpu sim0 --bytes 4096 \
     --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5002" --packets 2 --timeout-ms 5000 2>&1; }
 exec {py}<&"${PY[0]}"
-while read -r line <&$py; do echo "  python: $line"; case $line in activated*) break;; esac; done
+while read -r line <&$py; do echo "  python: $line"; echo "$line" >>"$KNOD_SANDBOX/py.log"
+    case $line in activated*) break;; esac; done
 step "The wire side sends 2 datagrams to the Python client" \
     $cli sim-send --to 10.99.0.2:5002 --count 2 --data "py-chunk;"
-while read -r line <&$py; do echo "  python: $line"; done
+while read -r line <&$py; do echo "  python: $line"; echo "$line" >>"$KNOD_SANDBOX/py.log"; done
 step "uid 65534 asks too; the policy denies it by name" \
     setpriv --reuid=65534 --regid=65534 --clear-groups build/examples/knod-example-receive \
     --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5000"
@@ -73,6 +75,11 @@ step "The journal trail" sqlite3 -column -header "$KNOD_STATE_DIR/journal.db" \
 step "The session row, with its final counters" sqlite3 -column -header "$KNOD_STATE_DIR/journal.db" \
     "select id, uid, netdev, gpu, rule, end_reason, rx_bytes, rx_packets, dropped_packets from sessions"
 step "The chain verifies" $cli audit verify --db "$KNOD_STATE_DIR/journal.db"
+printf "\n\033[1m== What the clients printed, checked against the journal\033[0m\n"
+figures_rc=0 # a figure the main job printed that the journal contradicts fails the job
+scripts/check-client-figures.sh "$KNOD_SANDBOX/rx.log" "$KNOD_STATE_DIR/journal.db" "C++ client" || figures_rc=1
+scripts/check-client-figures.sh "$KNOD_SANDBOX/py.log" "$KNOD_STATE_DIR/journal.db" "Python client" || figures_rc=1
+exit $figures_rc
 ' </dev/null
 printf '\n\033[1m== Left behind\033[0m\n'
 # This session's own names exactly (other daemons on this host may have sims of their own).

@@ -3,6 +3,7 @@
 # Usage: knod-sandbox.sh --unique-sim -- daemon_cli_test.sh KNOD_POLICY KNOD_TEST_CLIENT
 set -u
 cli=$1 client=$2
+. "$(dirname "$0")/../../scripts/wait-lib.sh"
 passed=0 failed=0
 check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
 
@@ -11,8 +12,12 @@ check "status shows the sim driver" 'grep -q "driver sim" "$KNOD_SANDBOX/out"'
 "$cli" status --json >"$KNOD_SANDBOX/out"
 check "status --json parses" 'python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"journal_available\"] and d[\"rules\"]==3" "$KNOD_SANDBOX/out"'
 
+# bash unsets a coprocess's NAME and NAME_PID as soon as it exits: keep our own pid and fds of
+# each (under set -u a late "${HOLD[0]}" or "$HOLD_PID" would be a race with the client's exit).
 coproc HOLD { exec "$client" hold "$KNOD_SIM_NETDEV" sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5000"; }
-read -r line <&"${HOLD[0]}"
+hold_pid=$HOLD_PID
+exec {hold_out}<&"${HOLD[0]}" {HOLD[0]}<&-
+read -r line <&"$hold_out"
 id=$(echo "$line" | cut -d' ' -f2)
 check "a holder got a binding" '[ "${line%% *}" = ok ]'
 "$cli" bindings >"$KNOD_SANDBOX/out"
@@ -31,16 +36,23 @@ check "no bindings after the revoke" 'grep -q "no bindings" "$KNOD_SANDBOX/out"'
 "$cli" reload >"$KNOD_SANDBOX/out" 2>&1
 check "reload as root works" 'grep -q "policy reloaded: 3 rule(s)" "$KNOD_SANDBOX/out"'
 kill -HUP "$KNOD_DAEMON_PID"
-check "SIGHUP reloads too" 'for i in $(seq 50); do [ "$(sqlite3 "$KNOD_STATE_DIR/journal.db" "select count(*) from events where reason=\"reloaded by SIGHUP\"")" = 1 ] && break; sleep 0.05; done; [ $i -lt 50 ]'
+sighup_journaled() {
+    [ "$(sqlite3 "$KNOD_STATE_DIR/journal.db" "select count(*) from events where reason='reloaded by SIGHUP'")" = 1 ]
+}
+check "SIGHUP reloads too" 'wait_until 60 "the SIGHUP reload in the journal" sighup_journaled'
 "$cli" status --bus-address=unix:path=/nonexistent >"$KNOD_SANDBOX/out" 2>&1
 check "an unreachable bus is a clear error with exit 2" '[ $? -eq 2 ] && grep -q "cannot connect" "$KNOD_SANDBOX/out"'
-kill "$HOLD_PID" 2>/dev/null
+kill "$hold_pid" 2>/dev/null
+wait "$hold_pid" 2>/dev/null
+exec {hold_out}<&-
 "$cli" revoke b0000000000000000 --reason test >"$KNOD_SANDBOX/out" 2>&1
 check "revoking a binding that does not exist is refused with exit 1" '[ $? -eq 1 ]'
 
 # bindings as an admin follows them (issue 22): every column, and --watch with rates.
 coproc ACTIVE { exec "$client" hold-active "$KNOD_SIM_NETDEV" sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5000"; }
-read -r line <&"${ACTIVE[0]}"
+active_pid=$ACTIVE_PID
+exec {active_out}<&"${ACTIVE[0]}" {active_in}>&"${ACTIVE[1]}" {ACTIVE[0]}<&- {ACTIVE[1]}>&-
+read -r line <&"$active_out"
 id=$(echo "$line" | cut -d' ' -f2)
 check "an active holder got a binding" '[ "${line%% *}" = ok ]'
 "$cli" bindings >"$KNOD_SANDBOX/out"
@@ -53,7 +65,7 @@ check "the bindings table has state, rule, created, expires, RX bytes and packet
 # the first frame is out, so a later frame counts it and shows a rate above zero.
 "$cli" bindings --watch --json --interval 0.3 --count 8 >"$KNOD_SANDBOX/watch.jsonl" 2>&1 &
 watch_pid=$!
-for _ in $(seq 200); do [ -s "$KNOD_SANDBOX/watch.jsonl" ] && break; sleep 0.05; done
+wait_until 60 "the first --watch frame" test -s "$KNOD_SANDBOX/watch.jsonl"
 "$cli" sim-send --netns "$KNOD_SIM_NETNS" --to 10.99.0.2:5000 --count 5 --data abcd >/dev/null 2>&1
 wait "$watch_pid"; watch_rc=$?
 check "bindings --watch --json streams one JSON snapshot per line, with rates after the first" \
@@ -86,16 +98,21 @@ for f in frames[1:]:
 check "bindings --watch into a pipe prints plain snapshots, no terminal codes" \
     '[ "$(grep -c "^knod-policy bindings  " "$KNOD_SANDBOX/plain.out")" -eq 2 ] && ! grep -q $'"'"'\x1b'"'"' "$KNOD_SANDBOX/plain.out" &&
      [ "$(grep -c "^$id  *active" "$KNOD_SANDBOX/plain.out")" -eq 2 ]'
-echo >&"${ACTIVE[1]}"
-exec {ACTIVE[1]}>&-
-wait "$ACTIVE_PID" 2>/dev/null
+echo >&"$active_in" 2>/dev/null
+exec {active_in}>&- {active_out}<&-
+wait "$active_pid" 2>/dev/null
 
 check "the sandbox's dbus-daemon does not name an account this host lacks" \
     '! grep -q "Unknown username\|Unknown group" "$KNOD_SANDBOX/bus.log"'
 
 # The daemon gone, the bus still there: exit 2, saying so and naming the bus.
 kill -TERM "$KNOD_DAEMON_PID"
-for _ in $(seq 100); do kill -0 "$KNOD_DAEMON_PID" 2>/dev/null || break; sleep 0.05; done
+# Gone, or a zombie: the sandbox, its parent, is busy running this test and reaps it later.
+daemon_gone() {
+    ! kill -0 "$KNOD_DAEMON_PID" 2>/dev/null ||
+        [ "$(cut -d' ' -f3 "/proc/$KNOD_DAEMON_PID/stat" 2>/dev/null)" = Z ]
+}
+wait_until 60 "knod-policyd to exit after SIGTERM" daemon_gone
 "$cli" bindings --watch --count 2 >"$KNOD_SANDBOX/out" 2>&1
 check "bindings without the daemon: exit 2, names the bus and the missing daemon" \
     '[ $? -eq 2 ] && grep -q "knod-policyd is not running" "$KNOD_SANDBOX/out" && grep -qF "$DBUS_SYSTEM_BUS_ADDRESS" "$KNOD_SANDBOX/out"'

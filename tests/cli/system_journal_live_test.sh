@@ -36,7 +36,8 @@ mkdir -p /run/systemd/journal
 # Its output to a file: a pipe held open by it would keep the caller waiting.
 "$journald" >"$work/journald.log" 2>&1 &
 journald_pid=$!
-for _ in $(seq 100); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+. "$src/scripts/wait-lib.sh"
+wait_until 60 "journald's socket" test -S /run/systemd/journal/socket
 [ -S /run/systemd/journal/socket ] || { not_ok "journald did not start"; cat "$work/journald.log"; exit 1; }
 
 state=$work/state

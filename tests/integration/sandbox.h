@@ -99,8 +99,12 @@ class Holder {
     std::string line_, id_, key_hex_;
 };
 
-// Waits until `pred` holds, up to `ms`; returns whether it did.
-template <typename Pred> bool eventually(Pred pred, int ms = 3000);
+// Waits until `pred` holds; returns whether it did. The deadline is `ms` but never less than
+// min_wait_ms: a machine a neighbour loads runs 10x slower, and a condition that holds returns
+// at once, so a long deadline costs nothing (docs/testing.md). Nothing here waits for a
+// condition that must not hold: for those, send a positive fence after and wait for it.
+inline constexpr int min_wait_ms = 30000;
+template <typename Pred> bool eventually(Pred pred, int ms = min_wait_ms);
 
 // A policy that lets anyone bind any sim NIC (knodsim*) on UDP ports 5000-5999.
 inline const char *sim_policy = R"([[rule]]
@@ -140,11 +144,13 @@ class JournalLock {
 
 } // namespace knod::test
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
 template <typename Pred> bool knod::test::eventually(Pred pred, int ms) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    auto end = std::chrono::steady_clock::now() +
+               std::chrono::milliseconds(std::max(ms, knod::test::min_wait_ms));
     while (std::chrono::steady_clock::now() < end) {
         if (pred()) return true;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));

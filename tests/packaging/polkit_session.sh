@@ -7,6 +7,7 @@
 # TEST_CLIENT (tests/tools/knod_test_client, readable by other users): callers of other uids
 # bind, activate, release and revoke against the installed daemon.
 set -uo pipefail
+. "$(dirname "$0")/../../scripts/wait-lib.sh"
 work=$1
 client=${2:-}
 passed=0 failed=0
@@ -72,8 +73,8 @@ has_owner() {
     dbus-send --bus="$address" --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \
         org.freedesktop.DBus.NameHasOwner "string:$1" 2>/dev/null | grep -q 'boolean true'
 }
-wait_for() { for _ in $(seq 100); do has_owner "$1" && return 0; sleep 0.1; done; return 1; }
-for _ in $(seq 50); do [ -S "$work/bus/socket" ] && break; sleep 0.1; done
+wait_for() { wait_until 60 "$1 on the bus" has_owner "$1"; }
+wait_until 60 "the bus socket" test -S "$work/bus/socket"
 
 # polkitd starts as root and switches to its own user by itself.
 /usr/lib/polkit-1/polkitd --no-debug &
@@ -120,8 +121,11 @@ check "polkit: a caller outside the rule's group is denied the admin method" \
 as_user knodt-admin knod-policy reload >"$work/out" 2>&1
 check "polkit: a caller in the rule's group is allowed the admin method" \
     '[ $? -eq 0 ] && grep -q "policy reloaded" "$work/out"' || { cat "$work/out" "$work/daemon.log"; }
+reload_journaled() {
+    [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind='policy-reload' and reason='reloaded by uid 61002'")" -ge 1 ]
+}
 check "the journal records the allowed reload by uid 61002" \
-    'for _ in $(seq 50); do [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind=\"policy-reload\" and reason=\"reloaded by uid 61002\"")" -ge 1 ] && break; sleep 0.1; done; [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind=\"policy-reload\" and reason=\"reloaded by uid 61002\"")" -ge 1 ]'
+    'wait_until 60 "the reload by uid 61002 in the journal" reload_journaled'
 
 # Callers of other uids against the daemon as the unit runs it.
 if [ -z "$client" ]; then
@@ -134,7 +138,7 @@ else
         as_user knodt-user "$client" "$2" knodsim0 sim0 4096 "$flow" <"$work/$1.in" >"$work/$1.out" 2>&1 &
         pids+=($!)
     }
-    wait_line() { for _ in $(seq 100); do [ -s "$work/$1.out" ] && break; sleep 0.1; done; }
+    wait_line() { wait_until 60 "a line from $1" test -s "$work/$1.out"; }
     start_holder hold1 hold-active
     exec 7>"$work/hold1.in"
     wait_line hold1
@@ -158,9 +162,10 @@ else
     check "a process holding the policy's admin group revokes" 'grep -qx ok "$work/out"' ||
         { cat "$work/out" "$work/daemon.log"; }
     exec 8>&-
+    revoked_by_ops() { [ "$(revokes)" -ge 1 ]; }
     revokes() { sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind='revoke' and session_id='$id2' and uid=61003"; }
     check "the journal records the revocation by uid 61003" \
-        'for _ in $(seq 50); do [ "$(revokes)" -ge 1 ] && break; sleep 0.1; done; [ "$(revokes)" -ge 1 ]'
+        'wait_until 60 "the revocation by uid 61003 in the journal" revoked_by_ops'
 fi
 
 # Auditors (#16 item 5): knod-audit members read the live journal (WAL, the daemon writing it)

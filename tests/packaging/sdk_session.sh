@@ -8,6 +8,7 @@
 # Usage: sdk_session.sh SOURCE_DIR WORK_DIR
 set -uo pipefail
 src=$1 work=$2
+. "$src/scripts/wait-lib.sh"
 passed=0 failed=0
 check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
 pids=()
@@ -45,7 +46,7 @@ sed -e "s|@SOCKET@|$work/sdkbus/socket|" \
 dbus-daemon --config-file="$work/sdkbus/bus.conf" --nofork --nopidfile &
 pids+=($!)
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/sdkbus/socket
-for _ in $(seq 50); do [ -S "$work/sdkbus/socket" ] && break; sleep 0.1; done
+wait_until 60 "the bus socket" test -S "$work/sdkbus/socket"
 cat >"$work/sdkbus/policy.toml" <<'POLICY'
 [[rule]]
 name = "no-nobody"
@@ -68,7 +69,8 @@ mkdir -m 0700 "$work/sdkstate"
 daemon=$!
 pids+=($daemon)
 up=no
-for _ in $(seq 100); do knod-policy status >/dev/null 2>&1 && { up=yes; break; }; sleep 0.1; done
+daemon_answers() { knod-policy status >/dev/null 2>&1; }
+wait_until 120 "the installed daemon to answer status" daemon_answers && up=yes
 check "the installed daemon serves the sim on the private bus" '[ $up = yes ]' || cat "$work/sdkbus/daemon.log"
 
 # Starts PROGRAM..., waits for its "bound" line, sends DATA twice to PORT from the wire side,
@@ -78,7 +80,9 @@ receive() {
     shift 2
     "$@" >"$work/out" 2>&1 &
     local pid=$!
-    for _ in $(seq 100); do grep -qE '^(bound|activated)' "$work/out" && break; sleep 0.05; done
+    # A Python start on a loaded machine takes seconds: traffic sent before the binding is
+    # active is the stack's, and the client would wait for ever.
+    wait_until 120 "$1 to print bound or activated" grep -qE '^(bound|activated)' "$work/out"
     knod-policy sim-send --netns "$netns" --to "10.99.0.2:$port" --count 2 --data "$data" >/dev/null
     wait "$pid"
 }
