@@ -7,9 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh ci
+select=()
 if [ -n "${KNOD_SKIP_VM:-}" ]; then
     echo "run-tests: KNOD_SKIP_VM is set: skipping the vm label" >&2
-    ctest --preset ci -j "$(nproc)" -LE '^vm$'
-else
-    ctest --preset ci -j "$(nproc)"
+    select=(-LE '^vm$')
 fi
+# The log feeds the closing summary: what did not pass, the ten slowest tests, the total.
+log=build/ctest-last.log
+rc=0
+ctest --preset ci -j "$(nproc)" "${select[@]}" 2>&1 | tee "$log" || rc=$?
+bash scripts/ctest-summary.sh "$log"
+exit "$rc"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The README's test command, N times in a row, each from a clean clone of HEAD, each with a CPU
+# hog on every core beside it (stress-ng --cpu $(nproc), as a neighbour on a shared machine
+# would be). Prints per run its verdict, what did not pass and the ten slowest tests; exits 1
+# when any run failed. Needs root (the suite does). Minutes per run: a build and the suite.
+#
+#   tests/soak.sh [-n N] [--no-hog] [--skip-vm] [--keep]
+#     -n N       runs (default 5)
+#     --no-hog   no CPU hog (to compare)
+#     --skip-vm  KNOD_SKIP_VM=1 for each run (leaves out the QEMU tests)
+#     --keep     keep each run's clone too (the logs are always kept, in the work dir printed)
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+runs=5 hog=1 skip_vm= keep=
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -n) runs=$2; shift 2 ;;
+    --no-hog) hog=; shift ;;
+    --skip-vm) skip_vm=1; shift ;;
+    --keep) keep=1; shift ;;
+    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "soak: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+[ "$(id -u)" -eq 0 ] || { echo "soak: run it as root, as the README's test command" >&2; exit 2; }
+if [ -n "$hog" ] && ! command -v stress-ng >/dev/null; then
+    apt-get install -y -qq stress-ng >/dev/null || { echo "soak: cannot install stress-ng" >&2; exit 1; }
+fi
+work=$(mktemp -d /var/tmp/knod-soak.XXXXXX)
+hog_pid=
+stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null && wait "$hog_pid" 2>/dev/null; hog_pid=; }
+trap 'stop_hog' EXIT INT TERM
+head=$(git -C "$repo" rev-parse --short HEAD)
+echo "soak: $runs run(s) of scripts/run-tests.sh on $head, ${hog:+with}${hog:-without} a CPU hog on $(nproc) core(s); logs in $work"
+green=0
+for i in $(seq "$runs"); do
+    clone=$work/run$i
+    git clone -q "$repo" "$clone"
+    [ -n "$hog" ] && { stress-ng --cpu "$(nproc)" --quiet & hog_pid=$!; }
+    start=$SECONDS
+    (cd "$clone" && KNOD_SKIP_VM=$skip_vm bash scripts/run-tests.sh) >"$work/run$i.log" 2>&1
+    rc=$?
+    stop_hog
+    took=$((SECONDS - start))
+    [ "$rc" -eq 0 ] && green=$((green + 1))
+    echo
+    echo "== run $i of $runs: $([ "$rc" -eq 0 ] && echo green || echo "RED (exit $rc)"), $((took / 60)) min $((took % 60)) s"
+    if [ -f "$clone/build/ctest-last.log" ]; then
+        bash "$repo/scripts/ctest-summary.sh" "$clone/build/ctest-last.log"
+    else
+        echo "  no test ran; the log's end:"
+        tail -20 "$work/run$i.log" | sed 's/^/  /'
+    fi
+    [ -n "$keep" ] || rm -rf "$clone"
+done
+echo
+echo "soak: $green of $runs run(s) green"
+echo "soak: the runs' logs are in $work"
+[ "$green" -eq "$runs" ]
