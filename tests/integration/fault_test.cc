@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -104,7 +105,19 @@ TEST(Faults, SigkillDuringConcurrentRequestsLosesNoGrantedKey) {
         clients.push_back(std::make_unique<Child>(
             std::vector<std::string>{KNOD_TEST_CLIENT_BIN, "request-many", "50", netdev, "sim0",
                                      flow, std::to_string(i * 50)}));
-    usleep(400000); // requests in flight
+    // The kill comes once some grant has reached its client (a time would be a guess: on a
+    // loaded machine 400 ms saw none), with most of the 1000 requests still in flight.
+    ASSERT_TRUE(eventually([&] {
+        for (auto &c : clients) {
+            struct pollfd p = {c->out, POLLIN, 0};
+            char buf[4096];
+            ssize_t n = 0;
+            while (poll(&p, 1, 0) == 1 && (n = read(c->out, buf, sizeof buf)) > 0)
+                c->buffer.append(buf, static_cast<std::size_t>(n));
+            if (c->buffer.find("key ") != std::string::npos) return true;
+        }
+        return false;
+    })) << "no client was granted a key";
     sb.stop_daemon(SIGKILL);
     std::set<std::string> received;
     for (auto &c : clients) {
