@@ -21,9 +21,10 @@ for m in veth e1000e virtio_net netdevsim vgem virtio_gpu sch_ingress cls_bpf; d
     check "modprobe $m" modprobe "$m"
 done
 check "netdevsim device with 4 RX queues made" sh -c 'echo "1 1 4" >/sys/bus/netdevsim/new_device'
-# Devices appear asynchronously: wait (up to 10 s) for three NICs and two DRM cards.
+# Devices appear asynchronously: wait (up to 60 s: an emulated CPU beside a neighbour's load)
+# for three NICs and two DRM cards.
 i=0
-while [ $i -lt 100 ]; do
+while [ $i -lt 600 ]; do
     nics=$(ls /sys/class/net | grep -vc '^lo$')
     cards=$(ls /dev/dri 2>/dev/null | grep -c '^card')
     [ "$nics" -ge 3 ] && [ "$cards" -ge 2 ] && break

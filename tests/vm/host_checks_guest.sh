@@ -20,8 +20,13 @@ modprobe e1000e || fail "modprobe e1000e"
 modprobe virtio_net || fail "modprobe virtio_net"
 modprobe netdevsim || fail "modprobe netdevsim"
 echo "17 1 4" >/sys/bus/netdevsim/new_device || fail "netdevsim new_device"
-sleep 0.2
-nsim=$(ls /sys/bus/netdevsim/devices/netdevsim17/net/ 2>/dev/null | head -1)
+# Its netdev appears asynchronously: wait for it (60 s at most), not for a time.
+nsim=
+for _ in $(seq 600); do
+    nsim=$(ls /sys/bus/netdevsim/devices/netdevsim17/net/ 2>/dev/null | head -1)
+    [ -n "$nsim" ] && break
+    sleep 0.1
+done
 [ -n "$nsim" ] || fail "netdevsim made no netdev"
 ethtool -L "$nsim" combined 2 || fail "ethtool -L $nsim combined 2"
 

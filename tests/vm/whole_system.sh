@@ -120,7 +120,7 @@ cat >"$work/initrd/init" <<INIT
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
 for m in $(for m in $mods; do printf '%s ' "$(basename "$m")"; done); do insmod /lib/modules/\$m.ko; done
-for i in \$(seq 50); do [ -b /dev/vda ] && break; sleep 0.1; done
+for i in \$(seq 600); do [ -b /dev/vda ] && break; sleep 0.1; done
 mount -t ext4 -o rw /dev/vda /newroot || { echo "initramfs: cannot mount /dev/vda"; poweroff -f; }
 umount /proc /sys; mount --move /dev /newroot/dev
 exec switch_root /newroot /sbin/init

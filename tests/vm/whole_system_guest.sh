@@ -39,7 +39,7 @@ start_holder() { # NAME FD ARGS...
     as knodt-user "$client" "$@" <"$work/$name.in" >"$work/$name.out" 2>&1 &
     holders+=($!)
     eval "exec $fd>\"$work/$name.in\""
-    for _ in $(seq 150); do
+    for _ in $(seq 1200); do # 120 s at most: ends at the holder's first line
         [ -s "$work/$name.out" ] && break
         sleep 0.1
     done
@@ -47,10 +47,10 @@ start_holder() { # NAME FD ARGS...
 holder_id() { awk '$1 == "ok" {print $2}' "$work/$1.out"; }
 # Events of the daemon's journal (SQLite), through the CLI as root.
 events() { knod-policy audit events --json --db "$1" "${@:2}" 2>&1; }
-wait_grep() { # PATTERN COMMAND...: up to 5 s for the command's output to match
+wait_grep() { # PATTERN COMMAND...: up to 60 s for the command's output to match
     local pattern=$1
     shift
-    for _ in $(seq 50); do
+    for _ in $(seq 600); do
         "$@" 2>&1 | grep -q -- "$pattern" && return 0
         sleep 0.1
     done
@@ -162,7 +162,10 @@ check "an ordinary user in the policy's group requests and activates a binding" 
 # The sim's wire namespace is mounted in the daemon's mount namespace (the unit's sandbox).
 nsenter -m -t "$(prop MainPID)" knod-policy sim-send --to 10.99.0.2:5000 --count 3 \
     --data wholesys-data >"$work/out" 2>&1 || cat "$work/out"
-sleep 1
+# The holder reports what landed when its stdin closes: wait until the daemon counts all three
+# (RX PACKETS, the table's last column), not for a time.
+landed() { knod-policy bindings 2>/dev/null | awk -v id="$id1" '$1 == id && $NF >= 3 {f = 1} END {exit !f}'; }
+for _ in $(seq 1200); do landed && break; sleep 0.05; done
 exec 7>&-
 wait "${holders[-1]}"
 check "the holder receives the sim's data in its region" \
@@ -219,11 +222,11 @@ exec 7>&-
 
 # A user-controlled unit name never satisfies a units rule (system units only).
 loginctl enable-linger knodt-user
-for _ in $(seq 100); do
+for _ in $(seq 600); do
     [ -S /run/user/61001/systemd/private ] && break
     sleep 0.1
 done
-for _ in $(seq 100); do
+for _ in $(seq 600); do
     [ -S /run/user/61001/bus ] && break
     sleep 0.1
 done
