@@ -31,7 +31,7 @@ hog_pid=
 stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null && wait "$hog_pid" 2>/dev/null; hog_pid=; }
 trap 'stop_hog' EXIT INT TERM
 head=$(git -C "$repo" rev-parse --short HEAD)
-echo "soak: $runs run(s) of scripts/run-tests.sh on $head, ${hog:+with}${hog:-without} a CPU hog on $(nproc) core(s); logs in $work"
+echo "soak: $runs run(s) of scripts/run-tests.sh on $head, $([ -n "$hog" ] && echo with || echo without) a CPU hog on $(nproc) core(s); logs in $work"
 green=0
 for i in $(seq "$runs"); do
     clone=$work/run$i
