@@ -27,8 +27,10 @@ Runner add_check(CLI::App &app) {
     };
     auto opt = std::make_shared<Options>();
     cmd->add_option("FILE", opt->files,
-                    "policy files or directories (their *.toml files, in lexical order), read as "
-                    "one policy in the order given");
+                    "policy files or directories, read as one policy in the order given, the "
+                    "same files knod-policyd --policy reads: a directory with policy.toml or "
+                    "policy.d/ is a policy root (policy.toml, then policy.d/*.toml), any other "
+                    "its *.toml files; names starting with '.' are never read");
     cmd->add_flag("--json", opt->json, "print diagnostics as JSON");
     cmd->add_option("--driver", opt->driver,
                     "also warn about what this driver can never serve (devmem: flows that are "
@@ -48,8 +50,7 @@ Runner add_check(CLI::App &app) {
 
     return [cmd, opt]() -> int {
         if (!cmd->parsed()) return -1;
-        auto files = opt->files.empty() ? policy::default_policy_files()
-                                        : policy::expand_policy_paths(opt->files);
+        auto files = policy::expand_policy_paths(opt->files); // what the daemon reads
         if (files.empty()) {
             std::cerr << "knod-policy check: no policy files found (looked for "
                          "/etc/knod/policy.toml and /etc/knod/policy.d/*.toml)\n";

@@ -144,7 +144,8 @@ Runner add_explain(CLI::App &app) {
                    "did not match.");
     auto o = std::make_shared<Options>();
     cmd->add_option("--policy", o->policy_files,
-                    "policy files or directories (default: /etc/knod/policy.toml and policy.d/)");
+                    "policy files or directories, read as knod-policyd and check read them "
+                    "(default: /etc/knod/policy.toml and policy.d/)");
     cmd->add_option("--uid,--user", o->user,
                     "the caller, by uid or user name (default: you, the invoking user; under "
                     "sudo, SUDO_UID)");
@@ -184,8 +185,7 @@ Runner add_explain(CLI::App &app) {
 
     return [cmd, o]() -> int {
         if (!cmd->parsed()) return -1;
-        auto files = o->policy_files.empty() ? policy::default_policy_files()
-                                             : policy::expand_policy_paths(o->policy_files);
+        auto files = policy::expand_policy_paths(o->policy_files); // what the daemon reads
         auto load = policy::load_policy_files(files);
         if (!load.ok()) {
             std::cerr << load.errors_text() << "knod-policy explain: the policy is not valid\n";

@@ -116,14 +116,8 @@ class SdEventLoop : public knod::driver::EventLoop {
 };
 
 knod::Result<knod::policy::Policy> load_policy(const std::vector<std::string> &paths) {
-    std::vector<std::string> files;
-    for (auto &p : paths) {
-        struct stat st {};
-        bool dir = stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-        // A directory given as the policy root reads ROOT/policy.toml and ROOT/policy.d/.
-        auto more = dir ? knod::policy::default_policy_files(p) : std::vector<std::string>{p};
-        files.insert(files.end(), more.begin(), more.end());
-    }
+    // The same files `knod-policy check` and `explain` read for these paths.
+    auto files = knod::policy::expand_policy_paths(paths);
     auto load = knod::policy::load_policy_files(files);
     if (!load.ok()) return knod::make_error(knod::Errc::invalid_policy, load.errors_text());
     for (auto &d : load.diagnostics)
@@ -198,8 +192,8 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
         ->capture_default_str();
     app.add_option("--bus-address", o.bus_address, "connect to this D-Bus address instead (tests)");
     app.add_option("--policy", o.policy,
-                   "policy root directory (reads policy.toml and policy.d/) "
-                   "or files")
+                   "policy root directory (reads policy.toml and policy.d/*.toml, never names "
+                   "starting with '.') or files, as knod-policy check reads them")
         ->capture_default_str();
     app.add_option("--state-dir", o.state_dir, "journal and key secret live here (mode 0700)")
         ->capture_default_str();

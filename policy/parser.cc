@@ -584,7 +584,28 @@ PolicyLoad parse_policy_text(std::string_view text, const std::string &file) {
     return parser.finish();
 }
 
+bool is_policy_file_name(std::string_view name) {
+    constexpr std::string_view ext = ".toml";
+    return name.size() > ext.size() && name.front() != '.' &&
+           name.substr(name.size() - ext.size()) == ext;
+}
+
+namespace {
+
+std::vector<std::string> dropin_files(const std::string &dir) {
+    std::vector<std::string> found;
+    std::error_code ec;
+    for (auto &entry : knod::list_dir(dir, ec))
+        if (is_policy_file_name(entry.filename().string()) && fs::is_regular_file(entry, ec))
+            found.push_back(entry.string());
+    std::sort(found.begin(), found.end());
+    return found;
+}
+
+} // namespace
+
 std::vector<std::string> expand_policy_paths(const std::vector<std::string> &paths) {
+    if (paths.empty()) return default_policy_files();
     std::vector<std::string> out;
     for (auto &p : paths) {
         std::error_code ec;
@@ -592,12 +613,9 @@ std::vector<std::string> expand_policy_paths(const std::vector<std::string> &pat
             out.push_back(p);
             continue;
         }
-        std::vector<std::string> found;
-        for (auto &entry : knod::list_dir(p, ec))
-            if (entry.extension() == ".toml" && fs::is_regular_file(entry, ec))
-                found.push_back(entry.string());
-        std::sort(found.begin(), found.end());
-        out.insert(out.end(), found.begin(), found.end());
+        bool root = fs::exists(p + "/policy.toml", ec) || fs::is_directory(p + "/policy.d", ec);
+        auto more = root ? default_policy_files(p) : dropin_files(p);
+        out.insert(out.end(), more.begin(), more.end());
     }
     return out;
 }
@@ -608,7 +626,7 @@ std::vector<std::string> default_policy_files(const std::string &root) {
     std::string main = root + "/policy.toml";
     if (fs::exists(main, ec)) out.push_back(main);
     if (fs::is_directory(root + "/policy.d", ec)) {
-        auto dropins = expand_policy_paths({root + "/policy.d"});
+        auto dropins = dropin_files(root + "/policy.d");
         out.insert(out.end(), dropins.begin(), dropins.end());
     }
     return out;

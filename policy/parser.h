@@ -32,7 +32,18 @@ struct PolicyLoad {
 // ROOT/policy.d/*.toml in lexical order. Missing files are left out.
 std::vector<std::string> default_policy_files(const std::string &root = "/etc/knod");
 
-// Expands directories to their *.toml files in lexical order; keeps files as given.
+// Whether a directory entry named `name` is a policy file: it ends in ".toml" and does not
+// start with "." (editor interlocks such as ".#a.toml", config tools' temporaries such as
+// ".ansible_tmpXYZ-a.toml", hidden files nobody reviews). Swap files (".a.toml.swp") and
+// backups ("a.toml~", "a.toml.dpkg-old") do not end in ".toml". Symlinks are followed; the
+// entry must then be a regular file (the directory is root's: a link is root's choice).
+bool is_policy_file_name(std::string_view name);
+
+// The files the daemon, `check` and `explain` read for the paths given, in the order they are
+// read (one function for all three, so the policy the daemon runs is the one the admin
+// checked). No paths: default_policy_files(). A file is kept as given. A directory that holds
+// policy.toml or policy.d/ is a policy root (default_policy_files(DIR)); any other directory is
+// a drop-in directory: its policy files (is_policy_file_name) in lexical order.
 std::vector<std::string> expand_policy_paths(const std::vector<std::string> &paths);
 
 // Builds one policy from several sources, in order: rules are appended, later settings win.

@@ -127,6 +127,33 @@ TEST(PolicyParser, DropInsAppendRulesAndLaterSettingsWin) {
     EXPECT_FALSE(load.policy.settings.permissive);
 }
 
+// #33 item 1: files nobody reviewed (config tools' temporaries, editor interlocks, swap files,
+// backups) are never policy, and a directory names the same files for check and the daemon.
+TEST(PolicyParser, OnlyReviewedFileNamesArePolicy) {
+    fs::path dir = fs::temp_directory_path() / ("knod-policy-names-" + std::to_string(getpid()));
+    fs::create_directories(dir / "policy.d");
+    std::ofstream(dir / "policy.toml") << "[[rule]]\nname='main'\naction='deny'\nusers=[5]\n";
+    for (const char *name : {".ansible_tmpab12cd-lab.toml", ".#lab.toml", ".lab.toml.swp",
+                             "lab.toml~", "lab.toml.dpkg-old", "#lab.toml#", ".toml"})
+        std::ofstream(dir / "policy.d" / name)
+            << "[[rule]]\nname='sneaky'\naction='allow'\nusers=[0]\n";
+    std::ofstream(dir / "policy.d/50-lab.toml")
+        << "[[rule]]\nname='lab'\naction='deny'\nusers=[6]\n";
+    fs::create_directories(dir / "policy.d/dir.toml"); // a directory is not a file
+    // The daemon's --policy DIR and `check DIR` both go through expand_policy_paths.
+    auto files = expand_policy_paths({dir.string()});
+    auto dropins = expand_policy_paths({(dir / "policy.d").string()});
+    fs::remove_all(dir);
+    ASSERT_EQ(files.size(), 2u) << testing::PrintToString(files);
+    EXPECT_EQ(fs::path(files[0]).filename(), "policy.toml");
+    EXPECT_EQ(fs::path(files[1]).filename(), "50-lab.toml");
+    ASSERT_EQ(dropins.size(), 1u) << testing::PrintToString(dropins);
+    EXPECT_EQ(fs::path(dropins[0]).filename(), "50-lab.toml");
+    EXPECT_FALSE(is_policy_file_name(".ansible_tmpab12cd-lab.toml"));
+    EXPECT_FALSE(is_policy_file_name(".toml"));
+    EXPECT_TRUE(is_policy_file_name("a.toml"));
+}
+
 TEST(PolicyParser, MissingFileIsAnError) {
     PolicyLoad load = load_policy_files({"/nonexistent/knod.toml"});
     EXPECT_FALSE(load.ok());
