@@ -371,11 +371,12 @@ class FileReader {
                     d = std::chrono::seconds(n->get());
                 else if (auto s = node.value<std::string>())
                     d = parse_duration(*s);
-                if (d && d->count() > 0)
+                if (d && d->count() > 0 && *d <= max_key_lifetime)
                     rule.key_lifetime = *d;
                 else
                     error(node.source(), "'key_lifetime' must be seconds or a duration like "
-                                         "\"90s\", \"15m\", \"1h\"");
+                                         "\"90s\", \"15m\", \"1h\", from 1s to 365d (a holder "
+                                         "that needs longer renews its key)");
             } else {
                 error(key.source(), "unknown key '" + std::string(k) + "' in [[rule]]");
             }

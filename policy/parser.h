@@ -3,6 +3,7 @@
 
 #include "policy/policy.h"
 
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,11 @@ class PolicyParser {
 
 PolicyLoad load_policy_files(const std::vector<std::string> &files);
 PolicyLoad parse_policy_text(std::string_view text, const std::string &file = "<text>");
+
+// The longest key_lifetime a rule may give: a year. Beyond it the daemon's clocks (int64
+// nanoseconds from the epoch) would overflow long before the key expired; a holder that needs
+// longer renews its key (Binding.Renew).
+inline constexpr std::chrono::seconds max_key_lifetime{365 * 86400};
 
 // Parses "256MiB", "1GiB", "4096"; and "90s", "15m", "1h", "2d", or plain seconds.
 std::optional<std::uint64_t> parse_size(std::string_view text);

@@ -154,6 +154,26 @@ TEST(PolicyParser, OnlyReviewedFileNamesArePolicy) {
     EXPECT_TRUE(is_policy_file_name("a.toml"));
 }
 
+// #33 item 3: every key_lifetime check accepts is one the daemon can honour (past ~86,000 days
+// now + lifetime overflowed the clock and every key was born expired).
+TEST(PolicyParser, KeyLifetimeIsBoundedByWhatTheDaemonHonours) {
+    auto rule = [](const std::string &lifetime) {
+        return parse_policy_text(
+            "[[rule]]\nname='a'\naction='allow'\nusers=[1]\nmax_region='1MiB'\n"
+            "flows=['udp * -> *:5000']\n"
+            "key_lifetime = " +
+            lifetime + "\n");
+    };
+    EXPECT_TRUE(rule("\"365d\"").ok());
+    EXPECT_TRUE(rule("31536000").ok());
+    for (const char *bad : {"\"366d\"", "31536001", "\"90000d\"", "\"2562047h\"", "0", "-5"}) {
+        auto load = rule(bad);
+        EXPECT_FALSE(load.ok()) << bad;
+        EXPECT_NE(load.errors_text().find("from 1s to 365d"), std::string::npos)
+            << bad << ": " << load.errors_text();
+    }
+}
+
 TEST(PolicyParser, MissingFileIsAnError) {
     PolicyLoad load = load_policy_files({"/nonexistent/knod.toml"});
     EXPECT_FALSE(load.ok());
