@@ -376,11 +376,8 @@ std::optional<int> Daemon::build(Options &o) {
         setrlimit(RLIMIT_NOFILE, &files);
     }
 
-    sigset_t mask;
-    sigemptyset(&mask);
-    for (int sig : {SIGTERM, SIGINT, SIGHUP})
-        sigaddset(&mask, sig);
-    sigprocmask(SIG_BLOCK, &mask, nullptr);
+    // SIGTERM, SIGINT and SIGHUP were blocked first thing in main(); the loop's signal sources
+    // take them (and any that came during start-up) from here on.
     signal(SIGPIPE, SIG_IGN);
 
     sd_event *ev_raw = nullptr;
@@ -599,6 +596,14 @@ int Daemon::run() {
 
 // Options, then everything built in order, then the loop.
 int main(int argc, char **argv) {
+    // Before anything else: a SIGHUP (a config tool's reload) or SIGTERM while the policy loads
+    // would otherwise kill the daemon, and systemd counts death by SIGHUP as a clean exit. Once
+    // blocked they wait for the event loop's signal sources.
+    sigset_t mask;
+    sigemptyset(&mask);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP})
+        sigaddset(&mask, sig);
+    sigprocmask(SIG_BLOCK, &mask, nullptr);
     Options o;
     if (auto code = parse_options(argc, argv, o)) return *code;
     Daemon daemon;
