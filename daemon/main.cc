@@ -298,6 +298,7 @@ struct Loop {
     knod::bus::BusService *service = nullptr;
     sd_event *event = nullptr;
     bool keep_bindings = false;
+    bool confirmed = false; // confirm_remembered() has run (the first tick)
 };
 
 // Everything the daemon runs with, built in order by build() and torn down in reverse.
@@ -583,7 +584,14 @@ std::optional<int> Daemon::build(Options &o) {
     auto on_tick = [](sd_event_source *s, uint64_t usec, void *ud) -> int {
         sd_event_source_set_time(s, usec + 1'000'000);
         return knod::bus::guarded("tick", nullptr, [ud] {
-            static_cast<Loop *>(ud)->manager->tick(knod::journal::now_us());
+            auto *l = static_cast<Loop *>(ud);
+            if (!l->confirmed) {
+                // Calls queued before the bus applied the daemon's match have been served by
+                // now; their connections may have left unseen.
+                l->service->confirm_remembered();
+                l->confirmed = true;
+            }
+            l->manager->tick(knod::journal::now_us());
             return 0;
         });
     };

@@ -870,6 +870,17 @@ void BusService::check_connections() {
     std::set<std::string> names;
     for (auto *b : manager_->bindings())
         if (!b->owner.bus_name.empty()) names.insert(b->owner.bus_name);
+    confirm(names);
+}
+
+void BusService::confirm_remembered() {
+    std::set<std::string> names;
+    for (auto &[name, entry] : connections_)
+        names.insert(name);
+    confirm(names);
+}
+
+void BusService::confirm(const std::set<std::string> &names) {
     for (auto &name : names) {
         sd_bus_error err = SD_BUS_ERROR_NULL;
         sd_bus_message *reply = nullptr;

@@ -46,6 +46,10 @@ class BusService : public daemon::BindingEvents {
     // After a restart took bindings back: a holder whose bus connection closed meanwhile (the
     // bus's NameOwnerChanged went to nobody) loses its bindings as on a disconnect.
     void check_connections();
+    // Once, soon after the start: a connection whose call was queued before the daemon's
+    // NameOwnerChanged match reached the bus may have left unseen; the bus says which did, and
+    // they are forgotten (their bindings end) as if seen leaving.
+    void confirm_remembered();
 
     // sd-bus callbacks; public only so the vtables in bus_service.cc can name them.
     static int request_binding(sd_bus_message *m, void *self, sd_bus_error *err);
@@ -132,6 +136,9 @@ class BusService : public daemon::BindingEvents {
     Result<Connection *> remember(const std::string &name, uid_t uid, pid_t pid,
                                   sd_bus_message *m) const;
     void forget(const std::string &name);
+    // Asks the bus (NameHasOwner, waited for) whether each name is still connected; one that is
+    // not is forgotten, and its bindings end. No answer keeps it.
+    void confirm(const std::set<std::string> &names);
     // Refuses the call being handled for a bound (`why`: which), journaled; the handler's return.
     int refuse_limit(sd_bus_message *m, const Credentials &c, const Error &why,
                      sd_bus_error *err) const;
