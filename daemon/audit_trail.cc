@@ -132,13 +132,15 @@ void AuditTrail::close_session(const std::string &id, const std::string &reason,
     forward(closing, netdev, gpu);
     if (writing_async()) {
         PendingEnd end{id, reason, counters, closing};
-        journal_->close_session_async(id, reason, counters, std::move(closing),
-                                      [this, end, durable](Result<std::int64_t> r) {
-                                          post_([this, end, durable, ok = r.ok()] {
-                                              if (!ok) keep_record(end);
-                                              if (durable) durable({});
-                                          });
-                                      });
+        journal_->close_session_async(
+            id, reason, counters, std::move(closing),
+            // `durable` moves to the loop: see open_session's.
+            [this, end, durable](Result<std::int64_t> r) mutable {
+                post_([this, end, durable = std::move(durable), ok = r.ok()] {
+                    if (!ok) keep_record(end);
+                    if (durable) durable({});
+                });
+            });
     } else {
         keep_record(PendingEnd{id, reason, counters, std::move(closing)});
         if (durable) durable({});

@@ -330,6 +330,20 @@ Result<void> BindingManager::throttle(uid_t uid, pid_t pid, const char *method) 
                                                 " per user, over all its connections; retry later");
 }
 
+Error BindingManager::refuse_limit(uid_t uid, pid_t pid, const char *method,
+                                   const std::string &what) {
+    journal::Event e;
+    e.kind = journal::kind::rate_limited;
+    e.uid = uid;
+    e.pid = pid;
+    e.reason = std::string(method) + " refused: " + what;
+    e.detail = knod::dump_json(nlohmann::json{{"method", method}, {"limit", what}});
+    audit_.refuse(std::move(e));
+    // The bus adaptor sends it as LimitsExceeded (protocol/names.h, limits_exceeded_prefix).
+    return make_error(Errc::quota_exceeded,
+                      std::string("limits exceeded: uid ") + std::to_string(uid) + ": " + what);
+}
+
 policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) const {
     auto it = usage_.find(uid);
     policy::Usage u = it == usage_.end() ? policy::Usage{} : it->second;
@@ -617,8 +631,12 @@ void BindingManager::commit_grant(const RequestArgs &args, const Decided &decide
     inflight_.emplace(id, std::move(b));
     audit_.open_session(
         s, decided.event,
-        [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) {
-            post_([this, id, g, done, r = std::move(r)]() mutable {
+        // Runs on the journal's writer thread, which then drops this closure: `done` (it holds
+        // the caller's bus message) moves on to the loop, so no sd-bus reference is ever
+        // released on the writer thread (sd-bus counts its references without atomics; one such
+        // release once left the bus's count short, and bus_free() aborted on a live slot).
+        [this, id, g = std::move(g), done = std::move(done)](Result<std::int64_t> r) mutable {
+            post_([this, id, g = std::move(g), done = std::move(done), r = std::move(r)]() mutable {
                 finish_grant(id, g, std::move(r), done);
             });
         });

@@ -155,6 +155,10 @@ class BindingManager {
     // come in here): QuotaExceeded when `uid` has no token left; refusals are journaled,
     // coalesced. Root is not limited: it can stop the daemon or edit the journal anyway.
     Result<void> throttle(uid_t uid, pid_t pid, const char *method);
+    // A call refused because its caller reached a bound on what the daemon keeps for it (`what`:
+    // which bound, and its value): journaled and coalesced as the rate limit's refusals are
+    // (kind rate-limited, detail {"method", "limit"}); the error is LimitsExceeded.
+    Error refuse_limit(uid_t uid, pid_t pid, const char *method, const std::string &what);
     // The owner, or anyone `privileged` (an admin), may release. The data path stops at once;
     // `done` runs once the end is on disk (or kept to write when the disk is back).
     void release(const std::string &id, const Peer &by, bool privileged, Done done);

@@ -52,6 +52,7 @@ struct Options {
     std::int64_t retain_events = 0;
     std::string keep_bindings = "auto";
     knod::host::HostPaths host;
+    knod::bus::CallerLimits limits;
 };
 
 void log(const std::string &line) {
@@ -261,6 +262,15 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
                    "is set, i.e. under systemd)")
         ->check(CLI::IsMember({"auto", "true", "false"}))
         ->capture_default_str();
+    app.add_option("--max-connections-per-user", o.limits.connections_per_uid,
+                   "connections of one uid the daemon remembers (credentials, subscription, "
+                   "bindings); a call from one more is refused with LimitsExceeded")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    app.add_option("--max-connections", o.limits.connections,
+                   "connections remembered in all (root's not counted)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 20));
     app.set_version_flag("--version", "knod-policyd " KNOD_VERSION);
     app.footer("Exit codes: 0 stopped cleanly; 78 (EX_CONFIG) configuration refused (invalid "
                "policy, unsafe state dir or files, an unreadable --retain; systemd does not "
@@ -282,6 +292,7 @@ struct Loop {
     knod::bus::BusService *service = nullptr;
     sd_event *event = nullptr;
     bool keep_bindings = false;
+    bool confirmed = false; // confirm_remembered() has run (the first tick)
 };
 
 // Everything the daemon runs with, built in order by build() and torn down in reverse.
@@ -415,7 +426,7 @@ std::optional<int> Daemon::build(Options &o) {
     driver_ = std::move(*opened);
     knod::driver::Driver &driver = *driver_;
     auto paths = o.policy;
-    service_ = std::make_unique<knod::bus::BusService>(bus->get());
+    service_ = std::make_unique<knod::bus::BusService>(bus->get(), o.limits);
     auto &service = *service_;
     knod::daemon::ManagerConfig config;
     config.journal_path = o.state_dir + "/journal.db";
@@ -564,7 +575,14 @@ std::optional<int> Daemon::build(Options &o) {
     auto on_tick = [](sd_event_source *s, uint64_t usec, void *ud) -> int {
         sd_event_source_set_time(s, usec + 1'000'000);
         return knod::bus::guarded("tick", nullptr, [ud] {
-            static_cast<Loop *>(ud)->manager->tick(knod::journal::now_us());
+            auto *l = static_cast<Loop *>(ud);
+            if (!l->confirmed) {
+                // Calls queued before the bus applied the daemon's match have been served by
+                // now; their connections may have left unseen.
+                l->service->confirm_remembered();
+                l->confirmed = true;
+            }
+            l->manager->tick(knod::journal::now_us());
             return 0;
         });
     };

@@ -10,7 +10,12 @@
 #include <sys/types.h>
 #include <systemd/sd-bus.h>
 
+#include "knod/result.h"
+
+#include <cstddef>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,19 +34,39 @@ struct Credentials {
 
 class Authorizer {
   public:
-    explicit Authorizer(sd_bus *bus) : bus_(bus) {}
+    // At most `per_uid` polkit questions in flight for one uid, `total` in all.
+    Authorizer(sd_bus *bus, std::size_t per_uid, std::size_t total);
+    ~Authorizer();
+    Authorizer(const Authorizer &) = delete;
+    Authorizer &operator=(const Authorizer &) = delete;
 
     bool is_auditor(const Credentials &c, const policy::Settings &s) const;
     // Calls `done` with the answer: at once for root and the admin group, otherwise when
     // polkit answers (asynchronously: the daemon serves others meanwhile; no answer within
-    // 5 s, or no polkit on the bus, means no).
-    void check_admin(const Credentials &c, const policy::Settings &s,
-                     std::function<void(bool)> done) const;
+    // 5 s, or no polkit on the bus, means no). QuotaExceeded (for the bus adaptor to send as
+    // LimitsExceeded), and `done` never called, when polkit would be asked but the caller's uid (or
+    // everyone) has as many questions in flight as the bounds allow. Questions still open when the
+    // authorizer goes are answered by no one.
+    Result<void> check_admin(const Credentials &c, const policy::Settings &s,
+                             std::function<void(bool)> done) const;
+    // Polkit questions that could not be sent or came back as a bus error (logged).
+    std::uint64_t failed_questions() const;
+
+    // Shared with the questions in flight, which may outlive the authorizer (the bus frees
+    // them, and calls nobody once `alive` is false).
+    struct InFlight {
+        bool alive = true;
+        std::size_t total = 0;
+        std::map<uid_t, std::size_t> per_uid;
+        std::uint64_t failed = 0;
+    };
 
   private:
     bool in_group(const Credentials &c, const std::string &group) const;
-    void ask_polkit(const std::string &sender, std::function<void(bool)> done) const;
+    void ask_polkit(const Credentials &c, std::function<void(bool)> done) const;
     sd_bus *bus_;
+    std::size_t per_uid_, total_;
+    std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
 } // namespace knod::bus

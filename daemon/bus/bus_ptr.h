@@ -27,16 +27,12 @@ struct SourceUnref {
     void operator()(sd_event_source *s) const { sd_event_source_disable_unref(s); }
 };
 
-struct TrackUnref {
-    void operator()(sd_bus_track *t) const { sd_bus_track_unref(t); }
-};
 using BusPtr = std::unique_ptr<sd_bus, BusUnref>;
 using MessagePtr = std::unique_ptr<sd_bus_message, MessageUnref>;
 using SlotPtr = std::unique_ptr<sd_bus_slot, SlotUnref>;
 using CredsPtr = std::unique_ptr<sd_bus_creds, CredsUnref>;
 using EventPtr = std::unique_ptr<sd_event, EventUnref>;
 using SourcePtr = std::unique_ptr<sd_event_source, SourceUnref>;
-using TrackPtr = std::unique_ptr<sd_bus_track, TrackUnref>;
 
 // An sd_bus_error that frees itself.
 struct BusError {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <string_view>
+#include <thread>
 
 namespace knod::bus {
 namespace limits = daemon::limits;
@@ -25,8 +26,16 @@ std::string reply_text(const Error &e) {
     return escape_untrusted(e.message, Escape::message, limits::error_message);
 }
 
+// LimitsExceeded for a bound on the daemon's state (BindingManager::refuse_limit), otherwise
+// the code's name.
+const char *dbus_name(const Error &e) {
+    if (e.code == Errc::quota_exceeded && e.message.rfind(error::limits_exceeded_prefix, 0) == 0)
+        return error::limits_exceeded;
+    return error_name(e.code);
+}
+
 int fail(sd_bus_error *err, const Error &e) {
-    return sd_bus_error_set(err, error_name(e.code), reply_text(e).c_str());
+    return sd_bus_error_set(err, dbus_name(e), reply_text(e).c_str());
 }
 
 BusService *service(void *self) {
@@ -35,12 +44,30 @@ BusService *service(void *self) {
 
 // Replies to `call` with the error's D-Bus name and message, later than the handler returned.
 void reply_error(sd_bus_message *call, const Error &e) {
-    sd_bus_reply_method_errorf(call, error_name(e.code), "%s", reply_text(e).c_str());
+    sd_bus_reply_method_errorf(call, dbus_name(e), "%s", reply_text(e).c_str());
+}
+
+// The call being handled, kept for a reply sent later (a completion). sd-bus counts its
+// references without atomics, and each reference to a message is one to the bus: dropped on
+// another thread (the journal's writer), it can leave the bus's count short, and the bus is
+// freed under live slots (bus_free(): "Assertion 's->floating' failed"). The core hands every
+// completion back to the loop; should one still be dropped elsewhere, it is leaked and logged,
+// never unreferenced there.
+std::shared_ptr<sd_bus_message> hold_call(sd_bus_message *m) {
+    return {sd_bus_message_ref(m), [loop = std::this_thread::get_id()](sd_bus_message *p) {
+                if (std::this_thread::get_id() == loop) {
+                    sd_bus_message_unref(p);
+                    return;
+                }
+                std::cerr << "knod-policyd: internal error: a call was released off the event "
+                             "loop's thread; leaked instead"
+                          << std::endl;
+            }};
 }
 
 // A completion that answers `m` with an empty reply or the error, whenever it runs.
 daemon::Done reply_when_done(sd_bus_message *m) {
-    std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+    std::shared_ptr<sd_bus_message> call = hold_call(m);
     return [call](Result<void> r) {
         if (r)
             sd_bus_reply_method_return(call.get(), "");
@@ -282,7 +309,8 @@ std::string binding_path(const std::string &id) {
     return std::string(bindings_prefix) + "/" + id;
 }
 
-BusService::BusService(sd_bus *bus) : bus_(bus), authorizer_(bus) {}
+BusService::BusService(sd_bus *bus, CallerLimits limits)
+    : bus_(bus), authorizer_(bus, limits.polkit_per_uid, limits.polkit), limits_(limits) {}
 
 BusService::~BusService() = default;
 
@@ -310,6 +338,14 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
         return r;
     if (!(r = add(sd_bus_add_object_manager(bus_, &slot, manager_path), "object manager")))
         return r;
+    // One match rule for every connection that leaves, waited for here (a failure stops the
+    // start, and no call is served before the bus applies it). Nothing later adds a match:
+    // sd-bus closes the connection when an AddMatch it sent without an install callback fails.
+    if (!(r = add(sd_bus_match_signal(bus_, &slot, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                                      "org.freedesktop.DBus", "NameOwnerChanged",
+                                      name_owner_changed, this),
+                  "NameOwnerChanged match")))
+        return r;
     // main() takes the name before it touches the network; EALREADY means it did.
     int rc = sd_bus_request_name(bus_, service_name, 0);
     if (rc < 0 && rc != -EALREADY)
@@ -323,8 +359,8 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
 Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     const char *sender_name = sd_bus_message_get_sender(m);
     if (sender_name) {
-        auto hit = creds_cache_.find(sender_name);
-        if (hit != creds_cache_.end()) return hit->second;
+        auto hit = connections_.find(sender_name);
+        if (hit != connections_.end() && hit->second.creds) return *hit->second.creds;
     }
     sd_bus_creds *raw = nullptr;
     int r =
@@ -348,17 +384,64 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender);
     if (!process) return c;
     c.gids = std::move(process->gids);
-    if (!c.sender.empty()) {
-        creds_cache_[c.sender] = c;
-        track(c.sender);
-    }
+    if (c.sender.empty()) return c;
+    // Remembered only once there is room for it: a refused caller leaves nothing behind.
+    auto entry = remember(c.sender, c.uid, c.pid, m);
+    if (!entry) return entry.error();
+    (*entry)->creds = c;
     return c;
+}
+
+int BusService::refuse_limit(sd_bus_message *m, const Credentials &c, const Error &why,
+                             sd_bus_error *err) const {
+    const char *method = sd_bus_message_get_member(m);
+    return fail(err, manager_->refuse_limit(c.uid, c.pid, method ? method : "call", why.message));
+}
+
+Result<BusService::Connection *> BusService::remember(const std::string &name, uid_t uid, pid_t pid,
+                                                      sd_bus_message *m) const {
+    if (name.empty() || name[0] != ':')
+        return make_error(Errc::denied, "the bus did not name the caller's connection");
+    if (auto it = connections_.find(name); it != connections_.end()) return &it->second;
+    if (uid != 0 && m) {
+        const char *method = sd_bus_message_get_member(m);
+        method = method ? method : "call";
+        std::size_t &mine = connections_of_[uid];
+        std::string what;
+        if (mine >= limits_.connections_per_uid)
+            what = "at most " + std::to_string(limits_.connections_per_uid) +
+                   " connections per user are remembered (credentials, subscription, bindings); "
+                   "close connections you no longer use";
+        else if (unprivileged_connections_ >= limits_.connections)
+            what = "at most " + std::to_string(limits_.connections) +
+                   " connections are remembered in all; retry later";
+        if (mine == 0) connections_of_.erase(uid);
+        if (!what.empty()) return manager_->refuse_limit(uid, pid, method, what);
+    }
+    auto [it, added] = connections_.emplace(name, Connection{});
+    it->second.uid = uid;
+    connections_of_[uid] += 1;
+    if (uid != 0) unprivileged_connections_ += 1;
+    return &it->second;
+}
+
+void BusService::forget(const std::string &name) {
+    auto it = connections_.find(name);
+    if (it == connections_.end()) return;
+    uid_t uid = it->second.uid;
+    if (auto n = connections_of_.find(uid); n != connections_of_.end() && --n->second == 0)
+        connections_of_.erase(n);
+    if (uid != 0) unprivileged_connections_ -= 1;
+    subscribers_.erase(name);
+    connections_.erase(it);
 }
 
 void BusService::journal_refused_request(sd_bus_message *m, const daemon::RequestArgs &args,
                                          const Error &why) const {
     // The caller as far as it can be named: the process, or only what the bus said of it (its
     // process is gone), or nothing at all (uid unknown: (uid_t)-1, as the kernel's overflow uid).
+    if (std::string_view(dbus_name(why)) == error::limits_exceeded)
+        return; // journaled (coalesced) where it was refused
     daemon::Peer who;
     who.uid = static_cast<uid_t>(-1);
     if (auto c = credentials(m)) {
@@ -463,7 +546,7 @@ int BusService::request_binding(sd_bus_message *m, void *self, sd_bus_error *err
         auto caller = s->peer(m);
         if (!caller) return refuse(caller.error());
         // The reply goes once the grant is durable; meanwhile the loop serves other callers.
-        std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+        std::shared_ptr<sd_bus_message> call = hold_call(m);
         s->manager_->request(*caller, a, [s, call](Result<daemon::Granted> granted) {
             if (!granted) return reply_error(call.get(), granted.error());
             sd_bus_message *reply_raw = nullptr;
@@ -534,7 +617,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         if (!caller) return fail(err, caller.error());
         Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name, {}};
         auto done = reply_when_done(m);
-        s->authorizer_.check_admin(
+        auto asked = s->authorizer_.check_admin(
             c, s->manager_->policy().settings,
             [s, done, id = std::string(id), why = std::string(why), peer = *caller](bool admin) {
                 if (!admin) {
@@ -547,6 +630,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
                 }
                 s->manager_->revoke(id, why, peer, done);
             });
+        if (!asked) return s->refuse_limit(m, c, asked.error(), err);
         return 1; // replied, or will be
     });
 }
@@ -557,26 +641,29 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "ReloadPolicy"); !t) return fail(err, t.error());
-        std::shared_ptr<sd_bus_message> call(sd_bus_message_ref(m), sd_bus_message_unref);
+        std::shared_ptr<sd_bus_message> call = hold_call(m);
         daemon::Peer by;
         by.uid = c->uid;
         by.pid = c->pid;
         by.bus_name = c->sender;
-        s->authorizer_.check_admin(*c, s->manager_->policy().settings, [s, call, by](bool admin) {
-            if (!admin) {
-                auto denied = make_error(Errc::denied, "reloading policy needs root, the admin "
-                                                       "group, or polkit action "
-                                                       "org.knod.policy1.manage");
-                s->manager_->refuse_action(journal::kind::reload_refused, by, "not-authorized",
-                                           denied.message);
-                return reply_error(call.get(), denied);
-            }
-            auto revoked = s->manager_->reload(by, "uid " + std::to_string(by.uid));
-            if (!revoked) return reply_error(call.get(), revoked.error());
-            sd_bus_reply_method_return(
-                call.get(), "uu", static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
-                static_cast<std::uint32_t>(*revoked));
-        });
+        auto asked = s->authorizer_.check_admin(
+            *c, s->manager_->policy().settings, [s, call, by](bool admin) {
+                if (!admin) {
+                    auto denied = make_error(Errc::denied, "reloading policy needs root, the admin "
+                                                           "group, or polkit action "
+                                                           "org.knod.policy1.manage");
+                    s->manager_->refuse_action(journal::kind::reload_refused, by, "not-authorized",
+                                               denied.message);
+                    return reply_error(call.get(), denied);
+                }
+                auto revoked = s->manager_->reload(by, "uid " + std::to_string(by.uid));
+                if (!revoked) return reply_error(call.get(), revoked.error());
+                sd_bus_reply_method_return(
+                    call.get(), "uu",
+                    static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
+                    static_cast<std::uint32_t>(*revoked));
+            });
+        if (!asked) return s->refuse_limit(m, *c, asked.error(), err);
         return 1; // replied, or will be
     });
 }
@@ -667,75 +754,28 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
         }
         // Someone else's binding: only an admin may release it (polkit may take a while).
         auto done = reply_when_done(m);
-        s->authorizer_.check_admin(
+        auto asked = s->authorizer_.check_admin(
             *c, s->manager_->policy().settings,
             [s, id, by, done](bool admin) { s->manager_->release(id, by, admin, done); });
+        if (!asked) return s->refuse_limit(m, *c, asked.error(), err);
         return 1;
     });
 }
 
-void BusService::track(const std::string &name) const {
-    if (name.empty() || name[0] != ':' || tracks_.count(name)) return;
-    sd_bus_track *raw = nullptr;
-    if (sd_bus_track_new(bus_, &raw, connection_left, const_cast<BusService *>(this)) < 0) return;
-    TrackPtr t(raw);
-    // Untracked, the connection's bindings still end at the next restart check or with their
-    // holder's process; a failure here costs only that.
-    if (sd_bus_track_add_name(t.get(), name.c_str()) < 0) return;
-    tracks_.emplace(name, std::move(t));
-}
-
-namespace {
-
-struct LeftCheck {
-    BusService *service;
-    std::string name;
-};
-
-} // namespace
-
-int BusService::connection_left(sd_bus_track *t, void *self) {
-    return guarded("connection left", nullptr, [&]() -> int {
+int BusService::name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *) {
+    return guarded("NameOwnerChanged", nullptr, [&]() -> int {
         auto *s = service(self);
-        auto it = std::find_if(s->tracks_.begin(), s->tracks_.end(),
-                               [t](auto &entry) { return entry.second.get() == t; });
-        if (it == s->tracks_.end()) return 0;
-        auto check = std::make_unique<LeftCheck>(LeftCheck{s, it->first});
-        s->tracks_.erase(it); // sd-bus holds its own reference while this runs
-        // sd-bus does not check locally who sent the NameOwnerChanged that emptied the track:
-        // any client may address one to us. The bus itself says whether the name is gone, in
-        // a call the loop does not wait for. A lost bus answers nothing: the disconnect ends
-        // every binding as daemon-stop.
-        sd_bus_slot *slot = nullptr;
-        if (sd_bus_call_method_async(s->bus_, &slot, "org.freedesktop.DBus",
-                                     "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                                     "NameHasOwner", name_has_owner, check.get(), "s",
-                                     check->name.c_str()) < 0)
-            return 0;
-        sd_bus_slot_set_destroy_callback(slot,
-                                         [](void *ud) { delete static_cast<LeftCheck *>(ud); });
-        check.release();
-        sd_bus_slot_set_floating(slot, 1);
-        sd_bus_slot_unref(slot);
-        return 0;
-    });
-}
-
-int BusService::name_has_owner(sd_bus_message *reply, void *ud, sd_bus_error *) {
-    return guarded("NameHasOwner", nullptr, [&]() -> int {
-        auto *check = static_cast<LeftCheck *>(ud);
-        BusService *s = check->service;
-        int has = 1; // no answer: keep, as for any other call
-        if (sd_bus_message_is_method_error(reply, nullptr) ||
-            sd_bus_message_read(reply, "b", &has) < 0)
-            return 0;
-        if (has) {
-            s->track(check->name); // a spoofed signal: the connection is still there
-            return 0;
-        }
-        s->creds_cache_.erase(check->name);
-        s->subscribers_.erase(check->name);
-        s->manager_->connection_gone(check->name);
+        // Only the bus's own says that a connection left: any client may address a signal with
+        // this name to us, but none can send as org.freedesktop.DBus (the bus sets the sender).
+        const char *sender = sd_bus_message_get_sender(m);
+        if (!sender || std::strcmp(sender, "org.freedesktop.DBus") != 0) return 0;
+        const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
+        if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return 0;
+        if (!name || name[0] != ':' || !new_owner || new_owner[0] != '\0') return 0;
+        if (!s->connections_.count(name)) return 0; // never called us: nothing kept for it
+        std::string gone = name;
+        s->forget(gone);
+        s->manager_->connection_gone(gone);
         return 0;
     });
 }
@@ -746,10 +786,14 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "Subscribe"); !t) return fail(err, t.error());
-        if (c->sender.empty())
-            return fail(err,
-                        make_error(Errc::denied, "the bus did not name the caller's connection"));
-        s->subscribers_[c->sender] = Subscriber{*c, {}, false}; // decided at the next signal
+        // Only a remembered connection may subscribe: it is forgotten, subscription and all,
+        // when it leaves.
+        auto it = c->sender.empty() ? s->connections_.end() : s->connections_.find(c->sender);
+        if (it == s->connections_.end())
+            return fail(err, make_error(Errc::denied, "the caller's connection or process could "
+                                                      "not be identified"));
+        it->second.subscriber = Subscriber{*c, {}, false}; // decided at the next signal
+        s->subscribers_.insert(c->sender);
         return sd_bus_reply_method_return(m, "");
     });
 }
@@ -759,7 +803,10 @@ std::set<std::string> BusService::entitled(const daemon::Binding &b) {
     if (!b.owner.bus_name.empty()) to.insert(b.owner.bus_name);
     const auto &settings = manager_->policy().settings;
     std::string groups = settings.admin_group + "\n" + settings.auditor_group + "\n";
-    for (auto &[name, sub] : subscribers_) {
+    for (auto &name : subscribers_) {
+        auto conn = connections_.find(name);
+        if (conn == connections_.end() || !conn->second.subscriber) continue;
+        Subscriber &sub = *conn->second.subscriber;
         if (sub.groups != groups) {
             sub.sees_all = authorizer_.is_auditor(sub.creds, settings);
             sub.groups = groups;
@@ -823,6 +870,17 @@ void BusService::check_connections() {
     std::set<std::string> names;
     for (auto *b : manager_->bindings())
         if (!b->owner.bus_name.empty()) names.insert(b->owner.bus_name);
+    confirm(names);
+}
+
+void BusService::confirm_remembered() {
+    std::set<std::string> names;
+    for (auto &[name, entry] : connections_)
+        names.insert(name);
+    confirm(names);
+}
+
+void BusService::confirm(const std::set<std::string> &names) {
     for (auto &name : names) {
         sd_bus_error err = SD_BUS_ERROR_NULL;
         sd_bus_message *reply = nullptr;
@@ -833,12 +891,17 @@ void BusService::check_connections() {
             if (sd_bus_message_read(reply, "b", &has) < 0) has = 1;
         sd_bus_message_unref(reply);
         sd_bus_error_free(&err);
-        if (!has) manager_->connection_gone(name);
+        if (!has) {
+            forget(name);
+            manager_->connection_gone(name);
+        }
     }
 }
 
 void BusService::binding_adopted(const daemon::Binding &b) {
-    track(b.owner.bus_name); // its holder's connection, if it is still there
+    // Its holder's connection, if it is still there (check_connections() asks the bus): a
+    // binding's holder is remembered whatever the bounds (it was admitted before the restart).
+    if (!b.owner.bus_name.empty()) (void)remember(b.owner.bus_name, b.owner.uid, 0, nullptr);
 }
 
 void BusService::binding_created(const daemon::Binding &b) {

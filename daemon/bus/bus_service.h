@@ -7,15 +7,32 @@
 #include "daemon/bus/bus_ptr.h"
 #include "daemon/bus/unicast.h"
 
+#include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
+#include <unordered_map>
 
 namespace knod::bus {
 
+// Bounds on what callers can make the daemon keep (docs/threat-model.md, "State a caller can
+// make the daemon keep"). Root is not bounded (it can stop the daemon anyway).
+struct CallerLimits {
+    // Connections the daemon remembers (the bus's credentials, a subscription, bindings): the
+    // system bus lets one user open 256 connections, and the daemon keeps at most that many per
+    // uid, and this many in all (the bus completes at most 2048 connections by default).
+    std::size_t connections_per_uid = 256;
+    std::size_t connections = 4096;
+    // Polkit questions in flight (each one a pending reply on the daemon's own connection, of
+    // the 128 dbus-daemon allows per connection by default).
+    std::size_t polkit_per_uid = 4;
+    std::size_t polkit = 64;
+};
+
 class BusService : public daemon::BindingEvents {
   public:
-    explicit BusService(sd_bus *bus);
+    explicit BusService(sd_bus *bus, CallerLimits limits = {});
     ~BusService() override;
 
     // Registers the objects and takes the well-known name.
@@ -29,6 +46,10 @@ class BusService : public daemon::BindingEvents {
     // After a restart took bindings back: a holder whose bus connection closed meanwhile (the
     // bus's NameOwnerChanged went to nobody) loses its bindings as on a disconnect.
     void check_connections();
+    // Once, soon after the start: a connection whose call was queued before the daemon's
+    // NameOwnerChanged match reached the bus may have left unseen; the bus says which did, and
+    // they are forgotten (their bindings end) as if seen leaving.
+    void confirm_remembered();
 
     // sd-bus callbacks; public only so the vtables in bus_service.cc can name them.
     static int request_binding(sd_bus_message *m, void *self, sd_bus_error *err);
@@ -58,8 +79,11 @@ class BusService : public daemon::BindingEvents {
                             void **found, sd_bus_error *err);
     static int enumerate_bindings(sd_bus *bus, const char *prefix, void *self, char ***nodes,
                                   sd_bus_error *err);
-    static int connection_left(sd_bus_track *track, void *self);
-    static int name_has_owner(sd_bus_message *reply, void *check, sd_bus_error *err);
+    // The bus's NameOwnerChanged, for every name (one match rule, whatever the number of
+    // callers): a remembered connection that left is forgotten, and its bindings end.
+    static int name_owner_changed(sd_bus_message *m, void *self, sd_bus_error *err);
+    // Connections remembered now (tests and the threat model's figures).
+    std::size_t remembered_connections() const { return connections_.size(); }
 
   private:
     Result<Credentials> credentials(sd_bus_message *m) const;
@@ -90,23 +114,41 @@ class BusService : public daemon::BindingEvents {
     // (the signal goes only to those entitled to it).
     const daemon::Binding *emitting_ = nullptr;
     std::vector<SlotPtr> slots_;
-    // What the bus vouched for, per connection: a unique name is never reused and its uid and
-    // pid never change, so one GetConnectionCredentials round trip per connection is enough.
-    // Dropped when the connection goes.
-    mutable std::map<std::string, Credentials> creds_cache_;
-    // Every connection that called us, watched by sd-bus (sd_bus_track, as systemd's services
-    // do): when it leaves, its cached credentials, its subscription and its bindings go.
-    void track(const std::string &name) const;
-    mutable std::map<std::string, TrackPtr> tracks_;
-    // Connections that called Subscribe, by unique name; dropped when the connection goes.
-    // Whether one sees every binding is decided once per admin/auditor group setting, so that a
-    // signal costs no user-database lookups however many subscribers there are.
+    CallerLimits limits_;
+    // Every connection that called us (once the bus vouched for it and its process was read),
+    // and every holder's connection taken back after a restart: what the bus vouched for (a
+    // unique name is never reused and its uid and pid never change, so one
+    // GetConnectionCredentials round trip per connection is enough) and its subscription.
+    // Forgotten when the bus says the connection left (one NameOwnerChanged match for all
+    // names, filtered here: no match rule per caller, so no caller can use up the daemon's
+    // match rules on the bus and have it disconnected). Bounded per uid and in all.
     struct Subscriber {
         Credentials creds;
         std::string groups; // the admin and auditor groups `sees_all` was decided under
         bool sees_all = false;
     };
-    std::map<std::string, Subscriber> subscribers_;
+    struct Connection {
+        uid_t uid = 0;
+        std::optional<Credentials> creds; // none: only known as a taken-back binding's holder
+        std::optional<Subscriber> subscriber;
+    };
+    // Remembers `name` for `uid`, or refuses the call being handled (LimitsExceeded, journaled).
+    Result<Connection *> remember(const std::string &name, uid_t uid, pid_t pid,
+                                  sd_bus_message *m) const;
+    void forget(const std::string &name);
+    // Asks the bus (NameHasOwner, waited for) whether each name is still connected; one that is
+    // not is forgotten, and its bindings end. No answer keeps it.
+    void confirm(const std::set<std::string> &names);
+    // Refuses the call being handled for a bound (`why`: which), journaled; the handler's return.
+    int refuse_limit(sd_bus_message *m, const Credentials &c, const Error &why,
+                     sd_bus_error *err) const;
+    mutable std::unordered_map<std::string, Connection> connections_;
+    mutable std::map<uid_t, std::size_t> connections_of_; // remembered connections per uid
+    mutable std::size_t unprivileged_connections_ = 0;    // remembered, of uids other than 0
+    // Connections that called Subscribe (each also in connections_). Whether one sees every
+    // binding is decided once per admin/auditor group setting, so that a signal costs no
+    // user-database lookups however many subscribers there are.
+    std::set<std::string> subscribers_;
 };
 
 std::string binding_path(const std::string &id);

@@ -116,9 +116,14 @@ void Sandbox::write_policy(const std::string &text) const {
 }
 
 void Sandbox::start_daemon() {
-    std::vector<std::string> argv = {KNOD_DAEMON_BIN, "--bus-address=" + address(),
-                                     "--policy",      policy_file(),
-                                     "--state-dir",   state_dir_};
+    // KNOD_TEST_DAEMON: another build of the daemon (an older one, to see a test fail on it).
+    const char *bin = getenv("KNOD_TEST_DAEMON");
+    std::vector<std::string> argv = {bin && *bin ? bin : KNOD_DAEMON_BIN,
+                                     "--bus-address=" + address(),
+                                     "--policy",
+                                     policy_file(),
+                                     "--state-dir",
+                                     state_dir_};
     // The sim unless a test picks a driver: `auto` could find real hardware on a developer's box.
     if (std::none_of(daemon_args_.begin(), daemon_args_.end(),
                      [](const std::string &a) { return a.rfind("--driver", 0) == 0; }))

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <set>
+#include <thread>
 
 using namespace knod;
 using knod::testing::parse_or_fail;
@@ -144,6 +145,99 @@ class BindingManagerTest : public ::testing::Test {
 };
 
 } // namespace
+
+// A completion (in the daemon it holds the caller's bus message, and with it a reference to
+// the bus) is dropped on the loop thread, never on the journal's writer thread: sd-bus counts
+// its references without atomics, and one dropped on the writer once left the bus's count short
+// (bus_free() aborted: "Assertion 's->floating' failed"). Posting here waits until the test
+// thread has run the work, so whatever the writer thread still holds afterwards, it drops last.
+TEST_F(BindingManagerTest, CompletionsAreDroppedOnTheLoopThread) {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;
+    std::uint64_t posted = 0, ran = 0;
+    bool blocking = true;
+    auto post = [&](std::function<void()> f) {
+        std::unique_lock lock(mu);
+        std::uint64_t ticket = ++posted;
+        queue.push_back(std::move(f));
+        cv.notify_all();
+        cv.wait(lock, [&] { return !blocking || ran >= ticket; });
+    };
+    auto run_until = [&](const std::function<bool()> &done) {
+        auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (!done()) {
+            std::unique_lock lock(mu);
+            if (!cv.wait_until(lock, end, [&] { return !queue.empty(); })) return false;
+            {
+                auto f = std::move(queue.front());
+                queue.pop_front();
+                lock.unlock();
+                f();
+            } // the work, and what it holds, goes here, on the test thread
+            lock.lock();
+            ++ran;
+            cv.notify_all();
+        }
+        return true;
+    };
+    // Records the thread that drops the last reference to it.
+    struct Sentinel {
+        std::mutex *mu;
+        std::thread::id *where;
+        ~Sentinel() {
+            std::lock_guard lock(*mu);
+            *where = std::this_thread::get_id();
+        }
+    };
+    std::array<std::uint8_t, 32> secret{};
+    auto m = std::make_unique<daemon::BindingManager>(
+        rig.config, driver, std::move(keys::KeyAuthority::with_secret(secret)).value(),
+        parse_or_fail(two_per_user), events, post);
+    m->start();
+    std::thread::id granted_on, released_on;
+    std::optional<Result<daemon::Granted>> g;
+    {
+        int fd = sealed_region();
+        ASSERT_GE(fd, 0);
+        daemon::RequestArgs args{
+            "nic0", "gpu0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5000"}};
+        auto sentinel = std::make_shared<Sentinel>(Sentinel{&mu, &granted_on});
+        m->request(user(1000), args,
+                   [&g, sentinel](Result<daemon::Granted> r) { g = std::move(r); });
+        close(fd);
+    }
+    ASSERT_TRUE(run_until([&] { return g.has_value(); }));
+    ASSERT_TRUE(g->ok()) << g->error().message;
+    std::optional<Result<void>> released;
+    {
+        auto sentinel = std::make_shared<Sentinel>(Sentinel{&mu, &released_on});
+        m->release((*g)->id, user(1000), false,
+                   [&released, sentinel](Result<void> r) { released = r; });
+    }
+    ASSERT_TRUE(run_until([&] { return released.has_value(); }));
+    // The writer thread has finished with both batches once it posts again: one more write.
+    std::optional<Result<daemon::Granted>> more;
+    {
+        int fd = sealed_region();
+        ASSERT_GE(fd, 0);
+        daemon::RequestArgs args{
+            "nic0", "gpu0", "rx-only", fd, 0, 4096, {"udp 10.0.0.1:* -> 10.0.0.2:5001"}};
+        m->request(user(1000), args, [&more](Result<daemon::Granted> r) { more = std::move(r); });
+        close(fd);
+    }
+    ASSERT_TRUE(run_until([&] { return more.has_value(); }));
+    {
+        std::lock_guard lock(mu);
+        blocking = false;
+        cv.notify_all();
+    }
+    m->shutdown();
+    m.reset();
+    std::lock_guard lock(mu);
+    EXPECT_EQ(granted_on, std::this_thread::get_id()) << "a grant's completion";
+    EXPECT_EQ(released_on, std::this_thread::get_id()) << "a release's completion";
+}
 
 // Grants still waiting for the journal count against the quota: a third request made while two
 // are in flight is refused at once, before the first two are durable.
