@@ -226,7 +226,7 @@ TEST_F(DaemonTest, KilledHolderIsReleasedAndJournaled) {
     auto c = sb().client();
     ASSERT_EQ(c.list()->size(), 1u);
     h.kill_now(SIGKILL);
-    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 2000));
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }));
     // Ends the daemon notices by itself are journaled without anyone waiting on them.
     std::string why;
     EXPECT_TRUE(eventually([&] {

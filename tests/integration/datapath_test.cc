@@ -166,7 +166,7 @@ TEST_F(DatapathTest, RegionIsARingAndHolderExitStopsDelivery) {
     ASSERT_TRUE(eventually([&] { return c.counters(g->id)->rx_bytes == 20; }));
     EXPECT_EQ(read_region(fd, 16), "6789456789012345"); // bytes 16-19 wrapped onto 0-3
     h.kill_now(SIGKILL);
-    ASSERT_TRUE(eventually([&] { return c.list()->size() == 1; }, 2000));
+    ASSERT_TRUE(eventually([&] { return c.list()->size() == 1; }));
     send(5200, "after-exit", 1); // its flow is gone from the filter: unmatched, passed
     usleep(100000);
     EXPECT_EQ(c.counters(g->id)->rx_bytes, 20u);
@@ -181,7 +181,7 @@ TEST_F(DatapathTest, ALinkGoingDownRevokesItsBindings) {
     close(fd);
     ASSERT_TRUE(g.ok()) << g.error().message;
     ASSERT_EQ(std::system(("ip link set " + netdev_ + " down").c_str()), 0);
-    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 2000));
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }));
     EXPECT_TRUE(eventually([&] {
         return sandbox_->sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'") ==
                "link-down";
@@ -211,10 +211,10 @@ TEST_F(DatapathTest, AHostileHolderCannotBlockTheLoopThroughItsNotifier) {
     // whole even when the loop runs late on a loaded machine.
     for (int burst = 1; burst <= 8; ++burst) {
         send(5450, "abcd", 125);
-        ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 500u * burst; }, 10000))
+        ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 500u * burst; }))
             << "burst " << burst << ": " << c.counters(id)->rx_bytes << " bytes";
     }
-    ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 4000; }, 10000))
+    ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 4000; }))
         << "the loop stopped placing payloads: " << c.counters(id)->rx_bytes << " bytes, "
         << c.counters(id)->dropped_packets << " dropped";
     EXPECT_TRUE(c.status().ok()) << "the loop does not answer";
@@ -265,7 +265,7 @@ TEST_F(DatapathTest, ForeignTrafficOnABoundQueueRevokesForSteeringDrift) {
     // The same foreign flow on every offload queue: one of them is the binding's.
     for (int q = 1; q < 4; ++q)
         send(5999, "stray", 1, q);
-    ASSERT_TRUE(eventually([&] { return c.list()->empty(); }, 4000)) << "not revoked";
+    ASSERT_TRUE(eventually([&] { return c.list()->empty(); })) << "not revoked";
     Output holder = held.get();
     EXPECT_NE(holder.out.find("ended revoked steering-drift"), std::string::npos) << holder.out;
     // The holder is told at once; the session's end is committed by the journal's writer, which
@@ -355,7 +355,7 @@ TEST_F(DatapathTest, AFilterAheadOfTheGuardDoesNotHideSteeringDrift) {
               0);
     for (int q = 1; q < 4; ++q)
         send(5999, "stray", 1, q);
-    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }, 12000))
+    EXPECT_TRUE(eventually([&] { return c.list()->empty(); }))
         << "foreign traffic landed on the binding's queue, unseen by the guard";
     (void)std::system(("tc filter del dev " + netdev_ + " ingress prio 1 >/dev/null 2>&1").c_str());
 }

@@ -384,7 +384,7 @@ key_lifetime = "3s"
         "5");
     EXPECT_EQ(sb.sql("SELECT count(*) FROM events WHERE kind='renew-refused'"), "1");
     // Without renewal it ends as expired, and then nothing renews it.
-    ASSERT_TRUE(eventually([&] { return c.list()->empty(); }, 6000));
+    ASSERT_TRUE(eventually([&] { return c.list()->empty(); }));
     EXPECT_EQ(sb.sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'"), "expire");
     auto late = c.renew(g->id, g->key);
     ASSERT_FALSE(late.ok());
