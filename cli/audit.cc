@@ -151,10 +151,12 @@ Result<journal::Filter> make_filter(const Options &o, bool events) {
 // --json the reason is also a JSON object on stdout, so a script never parses nothing.
 int fail(const Options &o, const std::string &what, const Error &e) {
     std::cerr << "knod-policy audit " << what << ": " << e.message << "\n";
+    bool tampered = journal::is_tampering(e);
     if (o.json)
-        std::cout << knod::dump_json(nlohmann::json{{"error", e.message}, {"command", what}})
+        std::cout << knod::dump_json(nlohmann::json{
+                         {"error", e.message}, {"command", what}, {"tampered", tampered}})
                   << "\n";
-    return exit_usage;
+    return tampered ? exit_failed : exit_usage;
 }
 
 // A journal value in a table cell or a `show` line: every control character, newline and tab
