@@ -128,8 +128,8 @@ Result<Session> read_session(Statement &st) {
     return s;
 }
 
-// The columns of an events row (seq, at_us, kind, session_id, uid, pid, ...) the audit tools
-// compute with or show as times.
+} // namespace
+
 Result<void> check_event_row(const Statement &st) {
     std::string row = "event " + std::to_string(st.int64(0));
     if (st.type(0) != SQLITE_INTEGER) return impossible(row, "seq", "is not an integer");
@@ -137,6 +137,8 @@ Result<void> check_event_row(const Statement &st) {
     if (auto c = check_count(row, "uid", st, 4, true, max_uid); !c) return c;
     return check_count(row, "pid", st, 5, true);
 }
+
+namespace {
 
 // An event's detail for json_extract: NULL when it is not JSON (or nests too deep for SQLite),
 // so one malformed detail is no field rather than an error for the whole query.

@@ -80,6 +80,10 @@ struct Report {
 inline constexpr std::int64_t earliest_us = 946684800LL * 1000000;
 inline constexpr std::int64_t latest_us = 7258118400LL * 1000000;
 
+// The values of an events row (seq, at_us, kind, session_id, uid, pid, ...) the audit tools
+// compute with or show as times, checked as above: an error naming the event and the field.
+Result<void> check_event_row(const Statement &st);
+
 // The columns after seq of a row of "SELECT seq, at_us, kind, session_id, uid, pid, rule,
 // decision, reason, detail, ... FROM events": the event as stored.
 Event event_from_row(const Statement &st);

@@ -347,6 +347,9 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
             fail(seq, "event " + std::to_string(seq) + " does not match its hash (edited)");
             break;
         }
+        // A chain that holds, made by whoever rewrote it whole: its values are still checked
+        // before anything computes with them (exit 2, the event and field named).
+        if (auto c = check_event_row(*st); !c) return std::move(c).error().context(path);
         if (e.kind == kind::prune) {
             auto through = pruned_through_of(e.detail);
             if (!through) {
