@@ -384,8 +384,29 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
         } else if (anchor->seq >= report.first_seq && anchor_seen_hash != anchor->hash) {
             fail(anchor->seq, "event " + std::to_string(anchor->seq) +
                                   " differs from the anchor kept outside the database (rewritten)");
+        } else if (anchor->seq >= report.first_seq) {
+            report.anchor_checked = true;
+        } else if (auto cp = checkpoints->find(anchor->seq); cp != checkpoints->end()) {
+            // Pruned through exactly the anchor's event: the checkpoint must be that event.
+            if (to_hex(cp->second) != anchor->hash)
+                fail(anchor->seq, "the retention checkpoint at event " +
+                                      std::to_string(anchor->seq) + " differs from the anchor (" +
+                                      anchor_path_used +
+                                      ") kept outside the database: the history up to it was "
+                                      "rewritten and the checkpoint invented (forged)");
+            else
+                report.anchor_checked = true;
+        } else if (use != AnchorUse::allow_pruned) {
+            fail(anchor->seq,
+                 "the anchor (" + anchor_path_used + ") records event " +
+                     std::to_string(anchor->seq) +
+                     ", which is no longer in the journal (its first event is " +
+                     std::to_string(report.first_seq) +
+                     ") and which no retention checkpoint records: it cannot be compared, and a "
+                     "wipe and rewrite of all history looks the same (pass "
+                     "--allow-pruned-anchor if a prune since the anchor was copied is expected)");
         } else {
-            report.anchor_checked = anchor->seq >= report.first_seq;
+            report.anchor_pruned = true;
         }
     } else if (report.ok && use == AnchorUse::require) {
         // The daemon writes the anchor after every commit that adds events; without it a

@@ -136,5 +136,27 @@ expect 2 "time budget" "KNOD_AUDIT_TIME_BUDGET=0 stops the read with a clear err
 expect 0 "^ok:" "the same journal verifies within the default budget" -- \
     "$cli" audit verify --db "$work/big.db" --no-system-journal
 
+# 6. Pruning cannot hide a rewrite: an anchor kept off the host that names a pruned event is
+# compared with the retention checkpoint at its seq, or, with none there, fails unless the
+# auditor expects the prune (--allow-pruned-anchor).
+"$fill" "$work/p.db" 20 --prune 36 >/dev/null || not_ok "journal_fill --prune"
+cp_seq=$(sqlite3 "$work/p.db" "SELECT seq FROM checkpoints")
+cp_hash=$(sqlite3 "$work/p.db" "SELECT lower(hex(hash)) FROM checkpoints")
+other=$(sqlite3 "$work/p.db" "SELECT lower(hex(hash)) FROM events WHERE seq = 7")
+anchor() { printf '{"seq":%s,"hash":"%s"}' "$2" "$3" >"$work/$1.anchor"; }
+anchor at-cp "$cp_seq" "$cp_hash"
+expect 0 "anchor: event $cp_seq matches" "an anchor at the checkpoint's seq with its hash is compared (exit 0)" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --anchor "$work/at-cp.anchor"
+anchor forged-cp "$cp_seq" "$other"
+expect 1 "the retention checkpoint at event $cp_seq differs from the anchor" \
+    "a checkpoint contradicting the anchor at its seq is forged (exit 1)" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --anchor "$work/forged-cp.anchor"
+anchor below $((cp_seq - 1)) "$other"
+expect 1 "is no longer in the journal" "an anchor of a pruned event no checkpoint records fails (exit 1)" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --anchor "$work/below.anchor"
+expect 0 "was pruned (accepted: --allow-pruned-anchor)" "--allow-pruned-anchor accepts it, and says so" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --anchor "$work/below.anchor" \
+    --allow-pruned-anchor
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
