@@ -71,7 +71,7 @@ Result<void> check_time(const std::string &row, const char *field, const Stateme
     std::int64_t v = st.int64(col);
     if (v < earliest_us || v >= latest_us)
         return impossible(row, field,
-                          std::to_string(v) + " is outside 2000-01-01..2200-01-01 (microseconds)");
+                          std::to_string(v) + " is outside 1970-01-01..2200-01-01 (microseconds)");
     return {};
 }
 
