@@ -40,6 +40,7 @@ struct Options {
     std::string after;       // events after this event id (incremental export)
     std::string export_file; // verify --export
     bool allow_gaps = false;
+    bool allow_pruned_anchor = false;
     // The chain-head copies in the system journal: checked where readable unless
     // --no-system-journal; required (exit 2 when unreadable) when asked for by name.
     bool system_journal = false, no_system_journal = false;
@@ -151,10 +152,12 @@ Result<journal::Filter> make_filter(const Options &o, bool events) {
 // --json the reason is also a JSON object on stdout, so a script never parses nothing.
 int fail(const Options &o, const std::string &what, const Error &e) {
     std::cerr << "knod-policy audit " << what << ": " << e.message << "\n";
+    bool tampered = journal::is_tampering(e);
     if (o.json)
-        std::cout << knod::dump_json(nlohmann::json{{"error", e.message}, {"command", what}})
+        std::cout << knod::dump_json(nlohmann::json{
+                         {"error", e.message}, {"command", what}, {"tampered", tampered}})
                   << "\n";
-    return exit_usage;
+    return tampered ? exit_failed : exit_usage;
 }
 
 // A journal value in a table cell or a `show` line: every control character, newline and tab
@@ -442,12 +445,14 @@ int verify(const Options &o) {
     auto system = read_system_journal(o, opened->db());
     if (!system) return fail(o, "verify", system.error());
     auto report = journal::verify_chain(*opened, o.db, progress, o.anchor,
-                                        o.no_anchor ? journal::AnchorUse::ignore
-                                                    : journal::AnchorUse::require);
+                                        o.no_anchor             ? journal::AnchorUse::ignore
+                                        : o.allow_pruned_anchor ? journal::AnchorUse::allow_pruned
+                                                                : journal::AnchorUse::require);
     if (tty) std::cerr << "\n";
     if (!report) return fail(o, "verify", report.error());
     if (system->copies) {
-        auto check = journal::check_anchor_copies(opened->db(), o.db, *system->copies);
+        auto check = journal::check_anchor_copies(opened->db(), o.db, *system->copies,
+                                                  o.allow_pruned_anchor);
         if (!check) return fail(o, "verify", check.error());
         system->check = std::move(*check);
     }
@@ -478,6 +483,7 @@ int verify(const Options &o) {
                                         {"head_hash", report->head_hash},
                                         {"anchor_checked", report->anchor_checked},
                                         {"anchor_seq", report->anchor_seq},
+                                        {"anchor_pruned", report->anchor_pruned},
                                         {"sessions_checked", report->sessions_checked},
                                         {"sessions_not_covered", report->sessions_not_covered},
                                         {"policies_checked", report->policies_checked},
@@ -499,7 +505,8 @@ int verify(const Options &o) {
                       : o.no_anchor ? "anchor: not checked (--no-anchor): a truncated tail "
                                       "would not be found\n"
                                     : "anchor: event " + std::to_string(report->anchor_seq) +
-                                          " was pruned; the chain head is not compared\n");
+                                          " was pruned (accepted: --allow-pruned-anchor); the "
+                                          "chain head is not compared\n");
         print_tables(*report);
     } else if (report->chain_intact) { // a table beside the chain contradicts it
         std::cout << "FAILED: "
@@ -606,6 +613,11 @@ Runner add_audit(CLI::App &app) {
         "check the chain alone, for a copy taken without its anchor (a truncated tail then "
         "goes unnoticed)");
     no_anchor->excludes(verify_cmd->get_option("--anchor"));
+    verify_cmd->add_flag(
+        "--allow-pruned-anchor", o->allow_pruned_anchor,
+        "accept an anchor or system-journal record naming an event retention pruned since "
+        "(no checkpoint at its seq to compare it with); without it that is a failure, since "
+        "wiping all history and chaining a new one looks the same");
     auto *sys_on = verify_cmd->add_flag(
         "--system-journal", o->system_journal,
         "compare the chain-head records the daemon sent to the system journal (default: where "

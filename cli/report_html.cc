@@ -13,6 +13,9 @@
 namespace knod::cli {
 namespace {
 
+// Arithmetic on journal times, where no int64 sum or difference can overflow.
+__extension__ typedef __int128 wide;
+
 // Entities only; `clean` has been through escape_untrusted already.
 std::string entities(std::string_view clean) {
     std::string out;
@@ -144,7 +147,7 @@ std::string hbar_chart(const Chart &c, std::vector<Bar> bars) {
     return figure(c, svg);
 }
 
-std::string hour_label(std::int64_t us) {
+std::string hour_label(wide us) {
     std::time_t secs = static_cast<std::time_t>(us / 1000000);
     std::tm tm{};
     gmtime_r(&secs, &tm);
@@ -166,15 +169,21 @@ std::string vbar_chart(const Chart &c, const Slots &s,
                        const std::vector<std::pair<std::int64_t, std::int64_t>> &points) {
     constexpr int width = 580, left = 70, plot_w = 500, top = 18, plot_h = 120, height = 172;
     std::vector<std::int64_t> v(s.count, 0);
-    for (auto &[start, value] : points)
-        v[static_cast<std::size_t>((start - s.first_us) / s.slot_us)] += value;
+    // The points are the report's, read from a journal: a start outside the slots is not
+    // drawn, a negative value is none, and a slot's sum saturates (in 128 bits: no overflow).
+    for (auto &[start, value] : points) {
+        wide i = (static_cast<wide>(start) - s.first_us) / s.slot_us;
+        if (start < s.first_us || i >= static_cast<wide>(v.size()) || value <= 0) continue;
+        auto &slot = v[static_cast<std::size_t>(i)];
+        if (__builtin_add_overflow(slot, value, &slot)) slot = INT64_MAX;
+    }
     std::int64_t max = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
     if (max <= 0) return none(c);
     std::string desc;
     for (std::size_t i = 0; i < v.size(); ++i)
         if (v[i] > 0)
             desc += (desc.empty() ? "" : "; ") +
-                    hour_label(s.first_us + static_cast<std::int64_t>(i) * s.slot_us) + ": " +
+                    hour_label(s.first_us + static_cast<wide>(i) * s.slot_us) + ": " +
                     exact(v[i], c.bytes);
     std::string svg = open_svg(c, width, height, desc);
     double slot = static_cast<double>(plot_w) / static_cast<double>(s.count);
@@ -196,8 +205,8 @@ std::string vbar_chart(const Chart &c, const Slots &s,
         int h = std::max(1, static_cast<int>(std::lround(static_cast<double>(v[i]) /
                                                          static_cast<double>(max) * plot_h)));
         int x = x_of(i), y = top + plot_h - h;
-        svg += "<g><title>" + hour_label(s.first_us + static_cast<std::int64_t>(i) * s.slot_us) +
-               ": " + exact(v[i], c.bytes) + "</title><rect x=\"" + std::to_string(x) + "\" y=\"" +
+        svg += "<g><title>" + hour_label(s.first_us + static_cast<wide>(i) * s.slot_us) + ": " +
+               exact(v[i], c.bytes) + "</title><rect x=\"" + std::to_string(x) + "\" y=\"" +
                std::to_string(y) + "\" width=\"" + std::to_string(bw) + "\" height=\"" +
                std::to_string(h) + "\" fill=\"" + c.colour + "\"/>";
         if (labels)
@@ -217,7 +226,7 @@ std::string vbar_chart(const Chart &c, const Slots &s,
         if (edges && k == n - 1) x = left + plot_w;
         svg += "<text x=\"" + std::to_string(x) + "\" y=\"" + std::to_string(top + plot_h + 18) +
                "\" text-anchor=\"" + anchor + "\">" +
-               hour_label(s.first_us + static_cast<std::int64_t>(i) * s.slot_us) + "</text>\n";
+               hour_label(s.first_us + static_cast<wide>(i) * s.slot_us) + "</text>\n";
     }
     svg += "</svg>\n";
     return figure(c, svg);
@@ -368,13 +377,21 @@ std::string report_html(const nlohmann::json &report, const HtmlContext &ctx) {
     const nlohmann::json &timeline = list("timeline");
     Slots slots;
     if (!timeline.empty()) {
-        std::int64_t first = num(timeline.front(), "start_us"),
-                     last = num(timeline.back(), "start_us");
-        std::int64_t hours = (last - first) / (3600LL * 1000000) + 1;
-        std::int64_t per = (hours + 249) / 250; // at least 2 pixels a slot
+        // In 128 bits: the starts are journal values, and any two int64 differ by less than
+        // 2^64. The first and the last are the least and the greatest, whatever the order.
+        std::int64_t first = INT64_MAX, last = INT64_MIN;
+        for (auto &h : timeline) {
+            first = std::min(first, num(h, "start_us"));
+            last = std::max(last, num(h, "start_us"));
+        }
+        constexpr wide hour = 3600LL * 1000000;
+        wide span = static_cast<wide>(last) - first;
+        wide hours = span / hour + 1;
+        wide per = (hours + 249) / 250; // at least 2 pixels a slot; at most 251 slots
+        wide slot_us = per * hour;
         slots.first_us = first;
-        slots.slot_us = per * 3600LL * 1000000;
-        slots.count = static_cast<std::size_t>((last - first) / slots.slot_us + 1);
+        slots.slot_us = slot_us > INT64_MAX ? INT64_MAX : static_cast<std::int64_t>(slot_us);
+        slots.count = static_cast<std::size_t>(span / slots.slot_us + 1);
     }
     std::string per_slot =
         slots.slot_us == 3600LL * 1000000

@@ -1,7 +1,9 @@
 #include "journal/reader.h"
 
+#include "journal/migrations.h"
 #include "knod/json.h"
 #include "knod/regular_file.h"
+#include "knod/untrusted.h"
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -9,10 +11,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 
 namespace knod::journal {
 namespace {
@@ -51,7 +57,48 @@ class Where {
     std::vector<std::variant<std::string, std::int64_t>> params_;
 };
 
-Session read_session(Statement &st) {
+// A value the journal's writer could never have stored, named by its row and field.
+Error impossible(const std::string &row, const char *field, const std::string &why) {
+    return make_error(Errc::invalid_argument,
+                      row + ": " + field + " " + why + " (an impossible value: not read)");
+}
+
+Result<void> check_time(const std::string &row, const char *field, const Statement &st, int col,
+                        bool nullable) {
+    int t = st.type(col);
+    if (t == SQLITE_NULL && nullable) return {};
+    if (t != SQLITE_INTEGER) return impossible(row, field, "is not an integer");
+    std::int64_t v = st.int64(col);
+    if (v < earliest_us || v >= latest_us)
+        return impossible(row, field,
+                          std::to_string(v) + " is outside 1970-01-01..2200-01-01 (microseconds)");
+    return {};
+}
+
+Result<void> check_count(const std::string &row, const char *field, const Statement &st, int col,
+                         bool nullable, std::int64_t max = INT64_MAX) {
+    int t = st.type(col);
+    if (t == SQLITE_NULL && nullable) return {};
+    if (t != SQLITE_INTEGER) return impossible(row, field, "is not an integer");
+    std::int64_t v = st.int64(col);
+    if (v < 0) return impossible(row, field, std::to_string(v) + " is negative");
+    if (v > max)
+        return impossible(row, field, std::to_string(v) + " is above " + std::to_string(max));
+    return {};
+}
+
+constexpr std::int64_t max_uid = 0xffffffffLL;
+
+Result<Session> read_session(Statement &st) {
+    std::string row = "session " + quote_untrusted(st.text(0));
+    for (auto [col, field, nullable] :
+         {std::tuple{12, "started_us", false}, std::tuple{13, "ended_us", true}})
+        if (auto c = check_time(row, field, st, col, nullable); !c) return c.error();
+    for (auto [col, field, max] :
+         {std::tuple{1, "uid", max_uid}, std::tuple{2, "pid", INT64_MAX},
+          std::tuple{8, "region_bytes", INT64_MAX}, std::tuple{15, "rx_bytes", INT64_MAX},
+          std::tuple{16, "rx_packets", INT64_MAX}, std::tuple{17, "dropped_packets", INT64_MAX}})
+        if (auto c = check_count(row, field, st, col, false, max); !c) return c.error();
     Session s;
     s.id = st.text(0);
     s.uid = static_cast<std::uint32_t>(st.int64(1));
@@ -81,6 +128,18 @@ Session read_session(Statement &st) {
     return s;
 }
 
+} // namespace
+
+Result<void> check_event_row(const Statement &st) {
+    std::string row = "event " + std::to_string(st.int64(0));
+    if (st.type(0) != SQLITE_INTEGER) return impossible(row, "seq", "is not an integer");
+    if (auto c = check_time(row, "at_us", st, 1, false); !c) return c;
+    if (auto c = check_count(row, "uid", st, 4, true, max_uid); !c) return c;
+    return check_count(row, "pid", st, 5, true);
+}
+
+namespace {
+
 // An event's detail for json_extract: NULL when it is not JSON (or nests too deep for SQLite),
 // so one malformed detail is no field rather than an error for the whole query.
 const std::string detail_json = "CASE WHEN json_valid(e.detail) THEN e.detail END";
@@ -108,6 +167,165 @@ Event event_from_row(const Statement &st) {
     e.detail = st.opt_text(9);
     return e;
 }
+
+std::string normalized_sql(const std::string &sql) {
+    std::string out;
+    auto space = [&] {
+        if (!out.empty() && out.back() != ' ') out += ' ';
+    };
+    for (std::size_t i = 0; i < sql.size(); ++i) {
+        char c = sql[i];
+        if (c == '-' && i + 1 < sql.size() && sql[i + 1] == '-') {
+            i = sql.find('\n', i);
+            if (i == std::string::npos) break;
+            space();
+        } else if (c == '/' && i + 1 < sql.size() && sql[i + 1] == '*') {
+            i = sql.find("*/", i + 2);
+            if (i == std::string::npos) break;
+            ++i;
+            space();
+        } else if (c == '\'' || c == '"' || c == '`' || c == '[') {
+            char close = c == '[' ? ']' : c; // quoted: kept as is
+            std::size_t end = sql.find(close, i + 1);
+            if (end == std::string::npos) end = sql.size() - 1;
+            out.append(sql, i, end - i + 1);
+            i = end;
+        } else if (std::isspace(static_cast<unsigned char>(c))) {
+            space();
+        } else {
+            out += c;
+        }
+    }
+    while (!out.empty() && out.back() == ' ')
+        out.pop_back();
+    return out;
+}
+
+bool is_tampering(const Error &e) {
+    return e.code == Errc::corrupt && e.message.find(tampered_mark) != std::string::npos;
+}
+
+namespace {
+
+// Every object the migrations make, up to the newest version: (type, name) -> its SQL,
+// normalized. Made once per process in memory.
+Result<std::map<std::pair<std::string, std::string>, std::string>> own_objects() {
+    using Objects = std::map<std::pair<std::string, std::string>, std::string>;
+    static const Result<Objects> made = []() -> Result<Objects> {
+        auto db = Database::open(":memory:", SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+        if (!db) return db.error();
+        for (auto &m : migrations())
+            if (auto r = db->exec(std::string(m.sql)); !r)
+                return std::move(r).error().context("migration " + std::string(m.name));
+        auto st = db->prepare("SELECT type, name, sql FROM sqlite_master");
+        if (!st) return st.error();
+        Objects out;
+        for (;;) {
+            auto row = st->step();
+            if (!row) return row.error();
+            if (!*row) return out;
+            out[{st->text(0), st->text(1)}] = normalized_sql(st->text(2));
+        }
+    }();
+    return made;
+}
+
+// The schema as stored, compared before any query reads a table: an object that could run
+// code of the file's author inside the auditor's queries (a view, such as an `events` that is
+// a recursive query without end; a virtual table; a trigger the journal's schema does not
+// define) is tampering (exit 1), refused by every command. Plain tables and indexes the
+// schema does not make run nothing; verify's full comparison (changed_schema) names them. A
+// file with neither `sessions` nor `events` is no journal at all (exit 2).
+Result<void> check_objects(Database &db, const std::string &path) {
+    auto own = own_objects();
+    if (!own) return std::move(own).error().context("the project's schema");
+    auto version = db.scalar("PRAGMA user_version");
+    if (!version) return std::move(version).error().context(path + " is not a knod journal");
+    std::string v = std::to_string(*version);
+    auto st = db.prepare("SELECT type, name, sql FROM sqlite_master");
+    if (!st) return std::move(st).error().context(path + " is not a knod journal");
+    bool has_events = false, has_sessions = false;
+    std::optional<std::string> problem;
+    for (;;) {
+        auto row = st->step();
+        if (!row) return std::move(row).error().context(path + " is not a knod journal");
+        if (!*row) break;
+        std::string type = st->text(0), name = st->text(1), sql = normalized_sql(st->text(2));
+        has_events = has_events || name == "events";
+        has_sessions = has_sessions || name == "sessions";
+        if (problem) continue;
+        std::string what = "the " + escape_untrusted(name) + " " + escape_untrusted(type);
+        std::string upper = sql.substr(0, 20);
+        std::transform(upper.begin(), upper.end(), upper.begin(),
+                       [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+        if (type == "table" && upper.rfind("CREATE VIRTUAL TABLE", 0) == 0)
+            problem = what + " is a virtual table, not part of schema version " + v +
+                      " (added: " + std::string(tampered_mark) + ")";
+        else if (type == "trigger" && own->count({type, name}) && own->at({type, name}) != sql)
+            problem = what + " is not defined as schema version " + v +
+                      " defines it (rebuilt or altered: " + std::string(tampered_mark) + ")";
+        else if ((type == "view" || type == "trigger") && !own->count({type, name}))
+            problem = what + " is not part of schema version " + v +
+                      " (added: " + std::string(tampered_mark) + ")";
+        else if (type != "table" && type != "index" && type != "trigger")
+            problem = what +
+                      " is not an object a journal has (added: " + std::string(tampered_mark) + ")";
+    }
+    if (!has_events || !has_sessions)
+        return make_error(Errc::corrupt, path + " is not a knod journal (no " +
+                                             (has_events ? "sessions" : "events") + " table)");
+    if (problem) return make_error(Errc::corrupt, path + ": " + *problem);
+    return {};
+}
+
+} // namespace
+
+struct ReadOnlyJournal::Budget {
+    std::chrono::steady_clock::time_point deadline;
+    static int check(void *self) {
+        return std::chrono::steady_clock::now() > static_cast<Budget *>(self)->deadline ? 1 : 0;
+    }
+};
+
+std::int64_t audit_time_budget_s() {
+    const char *env = std::getenv("KNOD_AUDIT_TIME_BUDGET");
+    std::int64_t v = 3600;
+    if (env && *env) {
+        std::int64_t parsed = 0;
+        auto [end, ec] = std::from_chars(env, env + std::strlen(env), parsed);
+        if (ec == std::errc() && *end == '\0' && parsed >= 0 && parsed <= 366LL * 86400) v = parsed;
+    }
+    return v;
+}
+
+namespace {
+
+// SQLite's defensive settings for a file from a host the auditor need not trust: no writes
+// to the schema, the schema's functions untrusted, no extensions, no trigger or view ever
+// run, values at most 64 MiB, and a time budget after which any statement stops with an error.
+Result<void> harden(Database &db, ReadOnlyJournal::Budget *budget) {
+    sqlite3 *h = db.get();
+    struct Setting {
+        int op, value;
+        const char *name;
+    };
+    for (auto s : {Setting{SQLITE_DBCONFIG_DEFENSIVE, 1, "DEFENSIVE"},
+                   Setting{SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0, "TRUSTED_SCHEMA"},
+                   Setting{SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, "ENABLE_LOAD_EXTENSION"},
+                   Setting{SQLITE_DBCONFIG_ENABLE_TRIGGER, 0, "ENABLE_TRIGGER"},
+                   Setting{SQLITE_DBCONFIG_ENABLE_VIEW, 0, "ENABLE_VIEW"}}) {
+        int now = -1;
+        if (sqlite3_db_config(h, s.op, s.value, &now) != SQLITE_OK || now != s.value)
+            return make_error(Errc::unsupported,
+                              std::string("SQLite refused SQLITE_DBCONFIG_") + s.name);
+    }
+    if (auto r = db.exec("PRAGMA trusted_schema=OFF"); !r) return r;
+    sqlite3_limit(h, SQLITE_LIMIT_LENGTH, 64 << 20);
+    sqlite3_progress_handler(h, 1000, &ReadOnlyJournal::Budget::check, budget);
+    return {};
+}
+
+} // namespace
 
 struct ReadOnlyJournal::PrivateCopy {
     std::string dir;
@@ -165,15 +383,20 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
     if (!db)
         return make_error(db.error().code,
                           "cannot open the journal " + path + ": " + db.error().message);
-    auto ok = db->scalar("SELECT count(*) FROM sqlite_master WHERE name IN ('sessions','events')");
-    if (!ok)
-        return make_error(Errc::corrupt, path + " is not a knod journal: " + ok.error().message);
-    if (*ok != 2) return make_error(Errc::corrupt, path + " is not a knod journal");
-    return ReadOnlyJournal(std::move(copy), std::move(uri), std::move(*db));
+    auto budget = std::make_shared<Budget>();
+    budget->deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(audit_time_budget_s());
+    if (auto h = harden(*db, budget.get()); !h)
+        return std::move(h).error().context("cannot open the journal " + path);
+    if (auto c = check_objects(*db, path); !c) return c.error();
+    return ReadOnlyJournal(std::move(copy), std::move(budget), std::move(uri), std::move(*db));
 }
 
 Result<Database> ReadOnlyJournal::another_connection() const {
-    return Database::open(uri_, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+    auto db = Database::open(uri_, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+    if (!db) return db;
+    if (auto h = harden(*db, budget_.get()); !h) return h.error();
+    return db;
 }
 
 Result<JournalReader> JournalReader::open(const std::string &path) {
@@ -199,7 +422,10 @@ Result<void> JournalReader::sessions(const Filter &f,
     for (;;) {
         auto row = st->step();
         if (!row) return row.error();
-        if (!*row || !each(read_session(*st))) return {};
+        if (!*row) return {};
+        auto s = read_session(*st);
+        if (!s) return s.error();
+        if (!each(*s)) return {};
     }
 }
 
@@ -228,6 +454,7 @@ Result<void> JournalReader::events(const Filter &f,
         auto row = st->step();
         if (!row) return row.error();
         if (!*row) return {};
+        if (auto c = check_event_row(*st); !c) return c.error();
         EventRecord e;
         e.seq = st->int64(0);
         e.event = event_from_row(*st);
@@ -250,13 +477,16 @@ Result<std::optional<Session>> JournalReader::session(const std::string &id) {
     auto row = st->step();
     if (!row) return row.error();
     if (!*row) return std::optional<Session>();
-    return std::optional<Session>(read_session(*st));
+    auto s = read_session(*st);
+    if (!s) return s.error();
+    return std::optional<Session>(std::move(*s));
 }
 
 std::int64_t Tally::other_refusals_total() const {
+    // Each count is a checked sum of non-negative values; their total saturates.
     std::int64_t n = 0;
     for (auto &[decision, count] : other_refusals)
-        n += count;
+        if (__builtin_add_overflow(n, count, &n)) return INT64_MAX;
     return n;
 }
 
@@ -275,24 +505,24 @@ struct ReportRow {
     std::int64_t events = 0, coalesced = 0, rx_bytes = 0;
 };
 
-void count(Tally &t, const ReportRow &r) {
-    if (r.kind == kind::granted) {
-        t.sessions += r.events;
-        if (r.decision == "would-deny") t.would_deny_grants += r.events;
-    } else if (r.kind == kind::denied) {
-        if (r.decision == "deny")
-            t.denials += r.events;
-        else if (r.decision == "quota-exceeded")
-            t.quota_refusals += r.events;
-        else
-            t.other_refusals[r.decision.value_or("unknown")] += r.events;
-    } else if (r.kind == kind::coalesced) {
-        t.other_refusals["coalesced"] += r.coalesced;
-    } else if (r.kind == kind::ended) {
-        t.rx_bytes += r.rx_bytes;
-    } else if (r.kind == kind::revoked) {
-        t.revocations += r.events;
+// Adds n to a count; false where the sum would not fit (journal values are attacker data).
+[[nodiscard]] bool add(std::int64_t &to, std::int64_t n) {
+    return n >= 0 && !__builtin_add_overflow(to, n, &to);
+}
+
+[[nodiscard]] bool count(Tally &t, const ReportRow &r) {
+    if (r.kind == kind::granted)
+        return add(t.sessions, r.events) &&
+               (r.decision != "would-deny" || add(t.would_deny_grants, r.events));
+    if (r.kind == kind::denied) {
+        if (r.decision == "deny") return add(t.denials, r.events);
+        if (r.decision == "quota-exceeded") return add(t.quota_refusals, r.events);
+        return add(t.other_refusals[r.decision.value_or("unknown")], r.events);
     }
+    if (r.kind == kind::coalesced) return add(t.other_refusals["coalesced"], r.coalesced);
+    if (r.kind == kind::ended) return add(t.rx_bytes, r.rx_bytes);
+    if (r.kind == kind::revoked) return add(t.revocations, r.events);
+    return true;
 }
 
 std::vector<RuleCount> most_first(const std::map<std::optional<std::string>, std::int64_t> &m) {
@@ -328,6 +558,41 @@ Result<Report> JournalReader::report(const Filter &f) {
     where += (where.empty() ? " WHERE " : " AND ");
     where += "(e.kind IN ('request-granted', 'request-denied', 'session-ended', 'revoke') OR "
              "(e.kind = 'refusals-coalesced' AND e.decision = 'request-denied'))";
+    // Every value the sums and the hours are made of, checked first: the first row with one no
+    // daemon writes (a time outside the sane range, a negative or non-integer count) is
+    // refused by name, rather than summed into an overflow or drawn at an impossible hour.
+    {
+        auto d = [](const char *path) { return "json_type(" + detail_json + ", '" + path + "')"; };
+        auto negative_or_not_int = [&](const char *path) {
+            return "(" + d(path) + " IS NOT NULL AND (" + d(path) +
+                   " != 'integer' OR json_extract(" + detail_json + ", '" + path + "') < 0))";
+        };
+        std::string bad =
+            "CASE WHEN typeof(e.at_us) != 'integer' OR e.at_us < " + std::to_string(earliest_us) +
+            " OR e.at_us >= " + std::to_string(latest_us) +
+            " THEN 'at_us' WHEN e.uid IS NOT NULL AND (typeof(e.uid) != 'integer' OR e.uid < 0 "
+            "OR e.uid > 4294967295) THEN 'uid' WHEN s.id IS NOT NULL AND (typeof(s.uid) != "
+            "'integer' OR s.uid < 0 OR s.uid > 4294967295) THEN 'uid of its session' WHEN e.kind "
+            "= 'session-ended' AND " +
+            negative_or_not_int("$.rx_bytes") +
+            " THEN 'detail.rx_bytes' WHEN e.kind = 'session-ended' AND " +
+            negative_or_not_int("$.end.rx_bytes") +
+            " THEN 'detail.end.rx_bytes' WHEN e.kind = 'session-ended' AND s.id IS NOT NULL AND "
+            "(typeof(s.rx_bytes) != 'integer' OR s.rx_bytes < 0) THEN 'rx_bytes of its session' "
+            "WHEN e.kind = 'refusals-coalesced' AND " +
+            negative_or_not_int("$.count") + " THEN 'detail.count' END";
+        auto check = j_.db().prepare("SELECT seq, bad FROM (SELECT e.seq AS seq, " + bad +
+                                     " AS bad FROM events e LEFT JOIN sessions s ON s.id = "
+                                     "e.session_id" +
+                                     where + ") WHERE bad IS NOT NULL ORDER BY seq LIMIT 1");
+        if (!check) return check.error();
+        w.bind(*check);
+        auto found = check->step();
+        if (!found) return std::move(found).error().context("checking the report's values");
+        if (*found)
+            return impossible("event " + std::to_string(check->int64(0)), check->text(1).c_str(),
+                              "is out of range or not a non-negative integer");
+    }
     auto st = j_.db().prepare(
         "SELECT coalesce(s.uid, e.uid), coalesce(s.netdev, json_extract(" + detail_json +
         ", '$.netdev')), coalesce(s.gpu, json_extract(" + detail_json +
@@ -349,7 +614,7 @@ Result<Report> JournalReader::report(const Filter &f) {
     std::map<std::string, std::int64_t> decisions;
     for (;;) { // a read error is the caller's error, never a silently shorter report
         auto step = st->step();
-        if (!step) return step.error();
+        if (!step) return std::move(step).error().context("summing the report");
         if (!*step) break;
         ReportRow row;
         row.uid = st->opt_int64(0);
@@ -362,18 +627,21 @@ Result<Report> JournalReader::report(const Filter &f) {
         row.events = st->int64(7);
         row.coalesced = st->int64(8);
         row.rx_bytes = st->int64(9);
-        count(r.totals, row);
-        if (row.uid) count(users[*row.uid], row);
-        if (row.netdev) count(netdevs[*row.netdev], row);
-        if (row.gpu) count(gpus[*row.gpu], row);
-        count(hours[row.hour], row);
+        bool fits = count(r.totals, row) && (!row.uid || count(users[*row.uid], row)) &&
+                    (!row.netdev || count(netdevs[*row.netdev], row)) &&
+                    (!row.gpu || count(gpus[*row.gpu], row)) && count(hours[row.hour], row);
         if (row.kind == kind::denied) {
-            if (row.decision == "deny") denied[row.rule] += row.events;
-            if (row.decision == "quota-exceeded") quota[row.rule] += row.events;
-            decisions[row.decision.value_or("unknown")] += row.events;
+            if (row.decision == "deny") fits = fits && add(denied[row.rule], row.events);
+            if (row.decision == "quota-exceeded") fits = fits && add(quota[row.rule], row.events);
+            fits = fits && add(decisions[row.decision.value_or("unknown")], row.events);
         } else if (row.kind == kind::coalesced) {
-            decisions["coalesced"] += row.coalesced;
+            fits = fits && add(decisions["coalesced"], row.coalesced);
         }
+        if (!fits)
+            return make_error(Errc::invalid_argument,
+                              "the report's counts for the hour starting at " +
+                                  std::to_string(row.hour * hour_us) + " us (" + row.kind +
+                                  ") do not fit in 64 bits: impossible values (not summed)");
     }
     for (auto &[uid, t] : users) {
         t.key = std::to_string(uid);

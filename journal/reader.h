@@ -74,13 +74,41 @@ struct Report {
     std::vector<std::pair<std::int64_t, Tally>> timeline; // hour start (us), only hours with counts
 };
 
+// The times a journal can hold: a value outside [1970-01-01, 2200-01-01) in microseconds is
+// one no daemon wrote (a hostile file's int64 extremes), refused by every reader with the row
+// and field named (Errc::invalid_argument: exit 2), as are negative counts and uids.
+inline constexpr std::int64_t earliest_us = 0; // the epoch: tests write hours after it
+inline constexpr std::int64_t latest_us = 7258118400LL * 1000000;
+
+// The values of an events row (seq, at_us, kind, session_id, uid, pid, ...) the audit tools
+// compute with or show as times, checked as above: an error naming the event and the field.
+Result<void> check_event_row(const Statement &st);
+
 // The columns after seq of a row of "SELECT seq, at_us, kind, session_id, uid, pid, rule,
 // decision, reason, detail, ... FROM events": the event as stored.
 Event event_from_row(const Statement &st);
 
+// SQL as compared: comments dropped (SQLite stores those inside a CREATE TABLE, and editing one
+// in schema/ must not fail older journals), runs of white space one space.
+std::string normalized_sql(const std::string &sql);
+
+// Errors that say the journal was tampered with (the CLI's exit 1, where other errors are exit
+// 2) are Errc::corrupt with this mark in their message.
+inline constexpr std::string_view tampered_mark = "tampered";
+bool is_tampering(const Error &e);
+
+// Seconds any one read-only connection may spend in SQLite before its statements stop with an
+// error (a runaway query on a hostile file): KNOD_AUDIT_TIME_BUDGET, default 3600.
+std::int64_t audit_time_budget_s();
+
 // A journal opened read-only as described above; removes its private copy, if any, on close.
+// The file is hostile input: opening compares the schema's objects first (only the journal's
+// own tables, indexes and triggers; a view, virtual table or unknown object is tampering), and
+// every connection runs with SQLite's defensive settings (SQLITE_DBCONFIG_DEFENSIVE,
+// trusted_schema off, no extensions, triggers and views off) and a time budget.
 class ReadOnlyJournal {
   public:
+    struct Budget; // the deadline the progress handler compares
     static Result<ReadOnlyJournal> open(const std::string &path);
     Database &db() { return db_; }
     // A second read-only connection to the same file (or private copy), for work on another
@@ -89,9 +117,12 @@ class ReadOnlyJournal {
 
   private:
     struct PrivateCopy; // a temporary directory, removed with everything in it
-    ReadOnlyJournal(std::shared_ptr<PrivateCopy> copy, std::string uri, Database db)
-        : copy_(std::move(copy)), uri_(std::move(uri)), db_(std::move(db)) {}
+    ReadOnlyJournal(std::shared_ptr<PrivateCopy> copy, std::shared_ptr<Budget> budget,
+                    std::string uri, Database db)
+        : copy_(std::move(copy)), budget_(std::move(budget)), uri_(std::move(uri)),
+          db_(std::move(db)) {}
     std::shared_ptr<PrivateCopy> copy_; // declared first: outlives the connection
+    std::shared_ptr<Budget> budget_;    // outlives the connections whose handler reads it
     std::string uri_;
     Database db_;
 };

@@ -174,6 +174,11 @@ Result<bool> Statement::step() {
     int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
+    if ((rc & 0xff) == SQLITE_INTERRUPT) // only the audit's progress handler interrupts
+        return make_error(Errc::unavailable,
+                          "the query was stopped: it ran past the time budget of the audit's "
+                          "connection (KNOD_AUDIT_TIME_BUDGET; a runaway query on a hostile "
+                          "journal?)");
     return make_error(code_for(rc), sqlite3_errmsg(db_));
 }
 

@@ -129,7 +129,8 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
 }
 
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &db_path,
-                                               const std::vector<AnchorCopy> &copies) {
+                                               const std::vector<AnchorCopy> &copies,
+                                               bool allow_pruned) {
     if (sqlite3_get_autocommit(db.get()))
         if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
     auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
@@ -138,8 +139,18 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
     if (!last) return last.error();
     auto st = db.prepare("SELECT hash FROM events WHERE seq = ?");
     if (!st) return st.error();
+    auto has_checkpoints = db.scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'");
+    if (!has_checkpoints) return has_checkpoints.error();
+    std::optional<Statement> cp_st;
+    if (*has_checkpoints) {
+        auto p = db.prepare("SELECT hash FROM checkpoints WHERE seq = ? AND typeof(hash) = 'blob'");
+        if (!p) return p.error();
+        cp_st.emplace(std::move(*p));
+    }
 
     SystemJournalCheck check;
+    const AnchorCopy *uncompared = nullptr; // the lowest copy of a pruned event, no checkpoint
     check.records = static_cast<std::int64_t>(copies.size());
     const AnchorCopy *beyond = nullptr; // the highest copy past the end
     const AnchorCopy *rewritten = nullptr;
@@ -151,20 +162,35 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
             if (!beyond || c.seq > beyond->seq) beyond = &c;
             continue;
         }
+        Statement *q = &*st;
         if (c.seq < *first) {
             ++check.pruned;
-            continue;
+            if (!cp_st) {
+                if (!uncompared || c.seq < uncompared->seq) uncompared = &c;
+                continue;
+            }
+            q = &*cp_st; // the checkpoint at its seq, if retention stopped exactly there
+            q->reset();
+            q->bind(1, c.seq);
+            auto row = q->step();
+            if (!row) return row.error();
+            if (!*row) {
+                if (!uncompared || c.seq < uncompared->seq) uncompared = &c;
+                continue;
+            }
+            --check.pruned;
+        } else {
+            st->reset();
+            st->bind(1, c.seq);
         }
-        st->reset();
-        st->bind(1, c.seq);
-        auto row = st->step();
+        auto row = c.seq < *first ? Result<bool>(true) : st->step();
         if (!row) return row.error();
         if (!*row) { // a hole in the middle: the chain check names it; here it cannot match
             if (!rewritten) rewritten = &c;
             continue;
         }
         Hash h{};
-        std::string blob = st->blob(0);
+        std::string blob = q->blob(0);
         if (blob.size() == h.size()) std::copy(blob.begin(), blob.end(), h.begin());
         if (blob.size() != h.size() || to_hex(h) != c.hash) {
             if (!rewritten) rewritten = &c;
@@ -183,7 +209,19 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
         check.ok = false;
         check.bad_seq = rewritten->seq;
         check.problem = "event " + std::to_string(rewritten->seq) +
+                        (rewritten->seq < *first ? " (its retention checkpoint)" : "") +
                         " differs from the head the system journal recorded for it (rewritten)";
+    } else if (uncompared && !allow_pruned) {
+        check.ok = false;
+        check.bad_seq = uncompared->seq;
+        check.problem =
+            "the system journal recorded event " + std::to_string(uncompared->seq) +
+            " of this journal as its head, but it is no longer in the journal (its first event "
+            "is " +
+            std::to_string(*first) +
+            ") and no retention checkpoint records it: it cannot be compared, and a wipe and "
+            "rewrite of all history looks the same (pass --allow-pruned-anchor if that prune is "
+            "expected)";
     }
     return check;
 }

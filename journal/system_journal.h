@@ -52,7 +52,11 @@ struct SystemJournalCheck {
 // back), a copy whose hash differs means the event was rewritten, a copy below the first
 // remaining event was pruned. Read the copies before the snapshot begins: the daemon sends a
 // head only after committing it.
+// A copy of an event retention pruned is compared with the checkpoint at its seq where there is
+// one (a different hash: rewritten); where there is none it cannot be compared, and makes the
+// check fail unless `allow_pruned` (the auditor expects that prune: --allow-pruned-anchor).
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &name,
-                                               const std::vector<AnchorCopy> &copies);
+                                               const std::vector<AnchorCopy> &copies,
+                                               bool allow_pruned = false);
 
 } // namespace knod::journal

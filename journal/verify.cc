@@ -131,41 +131,6 @@ std::string mistyped_column(const Statement &st) {
     return {};
 }
 
-// SQL as compared: comments dropped (SQLite stores those inside a CREATE TABLE, and editing one
-// in schema/ must not fail older journals), runs of white space one space.
-std::string normalized(const std::string &sql) {
-    std::string out;
-    auto space = [&] {
-        if (!out.empty() && out.back() != ' ') out += ' ';
-    };
-    for (std::size_t i = 0; i < sql.size(); ++i) {
-        char c = sql[i];
-        if (c == '-' && i + 1 < sql.size() && sql[i + 1] == '-') {
-            i = sql.find('\n', i);
-            if (i == std::string::npos) break;
-            space();
-        } else if (c == '/' && i + 1 < sql.size() && sql[i + 1] == '*') {
-            i = sql.find("*/", i + 2);
-            if (i == std::string::npos) break;
-            ++i;
-            space();
-        } else if (c == '\'' || c == '"' || c == '`' || c == '[') {
-            char close = c == '[' ? ']' : c; // quoted: kept as is
-            std::size_t end = sql.find(close, i + 1);
-            if (end == std::string::npos) end = sql.size() - 1;
-            out.append(sql, i, end - i + 1);
-            i = end;
-        } else if (std::isspace(static_cast<unsigned char>(c))) {
-            space();
-        } else {
-            out += c;
-        }
-    }
-    while (!out.empty() && out.back() == ' ')
-        out.pop_back();
-    return out;
-}
-
 // The journal's schema (every table, index, trigger and view in sqlite_master) as the
 // migrations up to its version make it. A table rebuilt another way (no primary key, so a
 // second row with a session's id; a column type changed) reads differently from what the
@@ -193,7 +158,7 @@ Result<std::optional<std::string>> changed_schema(Database &db) {
             auto row = st->step();
             if (!row) return row.error();
             if (!*row) return out;
-            out[{st->text(0), st->text(1)}] = st->text(2) + " " + normalized(st->text(3));
+            out[{st->text(0), st->text(1)}] = st->text(2) + " " + normalized_sql(st->text(3));
         }
     };
     auto want = objects(*made);
@@ -276,10 +241,12 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
     // One read transaction, so a live daemon appending meanwhile does not move the ground.
     if (sqlite3_get_autocommit(db->get()))
         if (auto r = db->exec("BEGIN"); !r) return std::move(r).error().context(path);
-    auto total = db->scalar("SELECT count(*) FROM events");
-    if (!total) return std::move(total).error().context(path + ": not a knod journal");
+    // The schema first: no query reads a table before its definition is known to be the
+    // journal's own (a view named events may not end).
     auto changed = changed_schema(*db);
     if (!changed) return std::move(changed).error().context(path);
+    auto total = db->scalar("SELECT count(*) FROM events");
+    if (!total) return std::move(total).error().context(path + ": not a knod journal");
     auto second = journal->another_connection();
     if (!second) return std::move(second).error().context(path);
     // Beside the walk, on the second core: about half the walk's time on its own. Declared after
@@ -380,6 +347,9 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
             fail(seq, "event " + std::to_string(seq) + " does not match its hash (edited)");
             break;
         }
+        // A chain that holds, made by whoever rewrote it whole: its values are still checked
+        // before anything computes with them (exit 2, the event and field named).
+        if (auto c = check_event_row(*st); !c) return std::move(c).error().context(path);
         if (e.kind == kind::prune) {
             auto through = pruned_through_of(e.detail);
             if (!through) {
@@ -414,8 +384,29 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
         } else if (anchor->seq >= report.first_seq && anchor_seen_hash != anchor->hash) {
             fail(anchor->seq, "event " + std::to_string(anchor->seq) +
                                   " differs from the anchor kept outside the database (rewritten)");
+        } else if (anchor->seq >= report.first_seq) {
+            report.anchor_checked = true;
+        } else if (auto cp = checkpoints->find(anchor->seq); cp != checkpoints->end()) {
+            // Pruned through exactly the anchor's event: the checkpoint must be that event.
+            if (to_hex(cp->second) != anchor->hash)
+                fail(anchor->seq, "the retention checkpoint at event " +
+                                      std::to_string(anchor->seq) + " differs from the anchor (" +
+                                      anchor_path_used +
+                                      ") kept outside the database: the history up to it was "
+                                      "rewritten and the checkpoint invented (forged)");
+            else
+                report.anchor_checked = true;
+        } else if (use != AnchorUse::allow_pruned) {
+            fail(anchor->seq,
+                 "the anchor (" + anchor_path_used + ") records event " +
+                     std::to_string(anchor->seq) +
+                     ", which is no longer in the journal (its first event is " +
+                     std::to_string(report.first_seq) +
+                     ") and which no retention checkpoint records: it cannot be compared, and a "
+                     "wipe and rewrite of all history looks the same (pass "
+                     "--allow-pruned-anchor if a prune since the anchor was copied is expected)");
         } else {
-            report.anchor_checked = anchor->seq >= report.first_seq;
+            report.anchor_pruned = true;
         }
     } else if (report.ok && use == AnchorUse::require) {
         // The daemon writes the anchor after every commit that adds events; without it a

@@ -22,6 +22,7 @@ struct VerifyReport {
     std::string head_hash;          // hex of the last good event's hash
     std::int64_t first_seq = 0;     // above 1 after retention pruned the oldest events
     bool anchor_checked = false;    // the head recorded outside the database was compared
+    bool anchor_pruned = false;     // it names a pruned event, accepted (AnchorUse::allow_pruned)
     std::int64_t anchor_seq = 0;
     // The tables beside the chain (table_check.h), checked once the chain is intact: when they
     // fail, chain_intact stays true and first_bad_seq is the event the bad row contradicts (0
@@ -36,6 +37,11 @@ struct VerifyReport {
 enum class AnchorUse {
     require, // a missing anchor is a failure: it is what finds a truncated tail
     ignore,  // the chain alone (--no-anchor): a truncated tail goes unnoticed
+    // As require, but an anchor naming an event retention has pruned since, with no checkpoint
+    // at its seq to compare it with, is accepted (--allow-pruned-anchor): the auditor expects
+    // that prune. Without it such an anchor makes the verdict not-ok: wiping history up to
+    // and past the anchor, then chaining a new one on an invented checkpoint, looks the same.
+    allow_pruned,
 };
 
 // `progress(done, total)` is called now and then for long journals.

@@ -111,9 +111,19 @@ else
     cp "$work/j.db" "$work/pr.db"; cp "$work/j.db.anchor" "$work/pr.db.anchor"
     anchors "$work/pruned.journal" "$id 2 $(hash_of "$work/j.db" 2) 0" "$id 40 $(hash_of "$work/j.db" 40) 0"
     sqlite3 "$work/pr.db" "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq <= 4"
-    run "$cli" audit verify --db "$work/pr.db" --no-anchor --system-journal-file "$work/pruned.journal" --json
+    run "$cli" audit verify --db "$work/pr.db" --no-anchor --system-journal-file "$work/pruned.journal" --json --allow-pruned-anchor
     py 'import json,sys; s=json.load(open(sys.argv[1]))["system_journal"]; assert s["ok"] and s["pruned"]==1 and s["compared"]==1, s' "$work/out" &&
-        ok "a record of an event no longer in the database counts as pruned, not as a failure" || { not_ok "pruned"; cat "$work/out"; }
+        ok "with --allow-pruned-anchor a record of an event no longer in the database counts as pruned, not as a failure" || { not_ok "pruned"; cat "$work/out"; }
+    # Without it (#31): no checkpoint records event 2, so nothing shows it was not rewritten.
+    run "$cli" audit verify --db "$work/pr.db" --no-anchor --system-journal-file "$work/pruned.journal" --json
+    py 'import json,sys; s=json.load(open(sys.argv[1]))["system_journal"]; assert not s["ok"] and s["first_bad_event"]==2 and "no longer in the journal" in s["problem"], s' "$work/out" &&
+        [ "$rc" -eq 1 ] && ok "a record of a pruned event no checkpoint records fails without --allow-pruned-anchor" || { not_ok "pruned, not allowed (exit $rc)"; cat "$work/out"; }
+    # A checkpoint at the record's seq is compared with it: a different hash is a rewrite.
+    cp "$work/pr.db" "$work/pc.db"
+    sqlite3 "$work/pc.db" "INSERT INTO checkpoints (seq, hash, pruned_at_us, events) VALUES (2, randomblob(32), 1, 2)"
+    run "$cli" audit verify --db "$work/pc.db" --no-anchor --system-journal-file "$work/pruned.journal"
+    [ "$rc" -eq 1 ] && grep -q "event 2 (its retention checkpoint) differs from the head the system journal recorded" "$work/out" &&
+        ok "a checkpoint contradicting a system-journal record at its seq: rewritten" || { not_ok "checkpoint vs record (exit $rc)"; cat "$work/out"; }
 fi
 
 # --- a journal on read-only media (#16 item 4) ------------------------------------------

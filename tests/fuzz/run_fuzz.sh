@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs one for a bounded time.
-#   run_fuzz.sh build SRC OUT            build both targets into OUT
-#   run_fuzz.sh run OUT TARGET SECONDS SRC   fuzz TARGET (policy or flow_spec) from its seeds
-# The test suite runs each for a few seconds; for a longer run see README "Fuzzing".
+#   run_fuzz.sh build SRC OUT [MIGRATIONS_CC]   build the targets into OUT (the journal's two
+#                                        need the migrations.cc the build generates)
+#   run_fuzz.sh run OUT TARGET SECONDS SRC   fuzz TARGET (policy, flow_spec, journal or export)
+# The test suite runs each for a few seconds; for a longer run see docs/testing.md, "Fuzzing".
 set -euo pipefail
 case "$1" in
 build)
@@ -20,18 +21,36 @@ build)
     clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/policy_fuzz.cc" -lcrypto -o "$out/policy_fuzz" &
     clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/flow_spec_fuzz.cc" -lcrypto -o "$out/flow_spec_fuzz" &
     wait -n && wait -n
+    if [ -n "${4:-}" ]; then
+        # The auditor's readers (#31): a journal file through open, verify, report (and its
+        # page), events, sessions and export; export lines through verify --export.
+        journal_srcs=("$src"/journal/*.cc "$4")
+        clang++ "${flags[@]}" "${journal_srcs[@]}" "${policy_srcs[@]}" "$src/cli/audit_report.cc" \
+            "$src/cli/report_html.cc" "$src/cli/audit_format.cc" "$src/tests/fuzz/journal_fuzz.cc" \
+            -lsqlite3 -lcrypto -lsystemd -o "$out/journal_fuzz" &
+        clang++ "${flags[@]}" "${journal_srcs[@]}" "$src/tests/fuzz/export_fuzz.cc" \
+            -lsqlite3 -lcrypto -lsystemd -o "$out/export_fuzz" &
+        wait -n && wait -n
+    fi
     ;;
 run)
     out=$2 target=$3 seconds=$4 src=$5
     corpus=$(mktemp -d)
     trap 'rm -rf "$corpus"' EXIT
+    max_len=4096
     if [ "$target" = policy ]; then
         seeds=("$src/tests/data/policies/good" "$src/tests/data/policies/bad" "$src/packaging"
                "$src/tests/fuzz/corpus/policy")
+    elif [ "$target" = journal ]; then
+        # Journals journal_fill made (report, hostile texts, pruned, small), VACUUMed to 512-byte
+        # pages so a mutation lands in few pages.
+        seeds=("$src/tests/fuzz/corpus/journal") max_len=32768
+    elif [ "$target" = export ]; then
+        seeds=("$src/tests/fuzz/corpus/export") max_len=16384
     else
         seeds=("$src/tests/fuzz/corpus/flow_spec")
     fi
-    "$out/${target}_fuzz" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+    "$out/${target}_fuzz" -max_total_time="$seconds" -max_len=$max_len -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 "$corpus" "${seeds[@]}" 2>&1 | tail -n 12
     ;;
 *) echo "usage: $0 build SRC OUT | run OUT TARGET SECONDS SRC" >&2; exit 2 ;;
