@@ -27,6 +27,7 @@ if [ -n "$hog" ] && ! command -v stress-ng >/dev/null; then
     apt-get install -y -qq stress-ng >/dev/null || { echo "soak: cannot install stress-ng" >&2; exit 1; }
 fi
 work=$(mktemp -d /var/tmp/knod-soak.XXXXXX)
+chmod 0755 "$work" # the suite's callers of other uids run the clone's programs and modules
 hog_pid=
 stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null && wait "$hog_pid" 2>/dev/null; hog_pid=; }
 trap 'stop_hog' EXIT INT TERM
