@@ -136,6 +136,14 @@ bool daemon_alive(const Sandbox &s) {
 
 const std::string flow = "udp 10.99.0.1:* -> 10.99.0.2:5000";
 
+// One Attacker per attacking uid, each with `connections` connections of its own.
+std::vector<std::unique_ptr<Attacker>> attack_from_every_uid(const Sandbox &sb, int connections) {
+    std::vector<std::unique_ptr<Attacker>> attack;
+    for (uid_t uid : attackers)
+        attack.push_back(std::make_unique<Attacker>(sb, uid, connections));
+    return attack;
+}
+
 } // namespace
 
 // The attack, with the daemon's default bounds (256 connections per uid: the bus's own
@@ -146,9 +154,7 @@ TEST(Availability, ThreeUsersWithManyConnectionsDoNotTakeTheDaemonOffTheBus) {
     Sandbox sb(sim_policy, {"--rate-limit=1000000"});
     Holder h(sb, {"knodsim0", "sim0", "4096", flow}, bystander);
     ASSERT_TRUE(h.ok()) << h.line();
-    std::vector<std::unique_ptr<Attacker>> attack;
-    for (uid_t uid : attackers)
-        attack.push_back(std::make_unique<Attacker>(sb, uid, 255));
+    auto attack = attack_from_every_uid(sb, 255);
     for (std::size_t i = 0; i < attack.size(); ++i) {
         auto t = attack[i]->tally();
         ASSERT_TRUE(t) << "attacker " << attackers[i] << " reported nothing";
@@ -178,9 +184,7 @@ TEST(Availability, PastTheBoundPerUserTheCallerIsRefusedByName) {
     Sandbox sb(sim_policy, {"--rate-limit=1000000", "--max-connections-per-user=200"});
     Holder h(sb, {"knodsim0", "sim0", "4096", flow}, bystander);
     ASSERT_TRUE(h.ok()) << h.line();
-    std::vector<std::unique_ptr<Attacker>> attack;
-    for (uid_t uid : attackers)
-        attack.push_back(std::make_unique<Attacker>(sb, uid, 255));
+    auto attack = attack_from_every_uid(sb, 255);
     for (std::size_t i = 0; i < attack.size(); ++i) {
         auto t = attack[i]->tally();
         ASSERT_TRUE(t) << "attacker " << attackers[i] << " reported nothing";
