@@ -4,21 +4,28 @@
 # would be). Prints per run its verdict, what did not pass and the ten slowest tests; exits 1
 # when any run failed. Needs root (the suite does). Minutes per run: a build and the suite.
 #
-#   tests/soak.sh [-n N] [--no-hog] [--skip-vm] [--keep]
+# The runs share a compiler cache (ccache, in the work dir) for the top-level build only, so
+# each run after the first spends its minutes on the suite, not on recompiling what the last
+# one compiled; the suite's own builds (packaging.build_deb, fuzz.build) compile in full every
+# run, as on CI. --no-ccache turns that off.
+#
+#   tests/soak.sh [-n N] [--no-hog] [--skip-vm] [--no-ccache] [--keep]
 #     -n N       runs (default 5)
 #     --no-hog   no CPU hog (to compare)
 #     --skip-vm  KNOD_SKIP_VM=1 for each run (leaves out the QEMU tests)
+#     --no-ccache  every run compiles in full
 #     --keep     keep each run's clone too (the logs are always kept, in the work dir printed)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-runs=5 hog=1 skip_vm= keep=
+runs=5 hog=1 skip_vm= keep= ccache=1
 while [ $# -gt 0 ]; do
     case "$1" in
     -n) runs=$2; shift 2 ;;
     --no-hog) hog=; shift ;;
     --skip-vm) skip_vm=1; shift ;;
+    --no-ccache) ccache=; shift ;;
     --keep) keep=1; shift ;;
-    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "soak: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -26,20 +33,23 @@ done
 if [ -n "$hog" ] && ! command -v stress-ng >/dev/null; then
     apt-get install -y -qq stress-ng >/dev/null || { echo "soak: cannot install stress-ng" >&2; exit 1; }
 fi
+if [ -n "$ccache" ] && ! command -v ccache >/dev/null; then
+    apt-get install -y -qq ccache >/dev/null || { echo "soak: cannot install ccache (try --no-ccache)" >&2; exit 1; }
+fi
 work=$(mktemp -d /var/tmp/knod-soak.XXXXXX)
 chmod 0755 "$work" # the suite's callers of other uids run the clone's programs and modules
 hog_pid=
 stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null && wait "$hog_pid" 2>/dev/null; hog_pid=; }
 trap 'stop_hog' EXIT INT TERM
-head=$(git -C "$repo" rev-parse --short HEAD)
-echo "soak: $runs run(s) of scripts/run-tests.sh on $head, $([ -n "$hog" ] && echo with || echo without) a CPU hog on $(nproc) core(s); logs in $work"
+head=$(git -C "$repo" rev-parse HEAD) # every run tests this commit, whatever lands meanwhile
+echo "soak: $runs run(s) of scripts/run-tests.sh on ${head:0:12}, $([ -n "$hog" ] && echo with || echo without) a CPU hog on $(nproc) core(s); logs in $work"
 green=0
 for i in $(seq "$runs"); do
     clone=$work/run$i
-    git clone -q "$repo" "$clone"
+    git clone -q "$repo" "$clone" && git -C "$clone" checkout -q "$head"
     [ -n "$hog" ] && { stress-ng --cpu "$(nproc)" --quiet & hog_pid=$!; }
     start=$SECONDS
-    (cd "$clone" && KNOD_SKIP_VM=$skip_vm bash scripts/run-tests.sh) >"$work/run$i.log" 2>&1
+    (cd "$clone" && KNOD_SKIP_VM=$skip_vm KNOD_CCACHE_DIR=${ccache:+$work/ccache} bash scripts/run-tests.sh) >"$work/run$i.log" 2>&1
     rc=$?
     stop_hog
     took=$((SECONDS - start))
