@@ -2,6 +2,7 @@
 
 #include "daemon/request_limits.h"
 #include "journal/journal.h"
+#include "journal/retention.h"
 #include "knod/hex.h"
 #include "knod/untrusted.h"
 
@@ -117,6 +118,12 @@ void BindingManager::start() {
                           {"rules", policy_.rules.size()},
                           {"handed_over", handoffs.size()},
                           {"policy", policy_.digest}};
+    // The retention in force, inside the chain: verify then knows a prune event that records
+    // none (written to look like an older build's) is not this daemon's.
+    std::optional<std::int64_t> age;
+    if (config_.retain_age)
+        age = std::chrono::duration_cast<std::chrono::microseconds>(*config_.retain_age).count();
+    detail["retention"] = journal::retention_json(age, config_.retain_events);
     if (journal) { // where this journal lives, inside the chain (meta may be edited)
         auto &id = journal->identity();
         detail["journal_id"] = id.journal_id;
