@@ -1,5 +1,6 @@
 #include "journal/journal.h"
 #include "journal/reader.h"
+#include "journal/system_journal.h"
 #include "journal/verify.h"
 #include "policy/policy.h"
 
@@ -1320,4 +1321,41 @@ TEST_F(JournalTest, APruneWithoutItsRetentionAfterAStartThatRecordsItIsMalformed
     EXPECT_FALSE(r.ok);
     EXPECT_EQ(r.first_bad_seq, 3);
     EXPECT_NE(r.problem.find("records no retention setting"), std::string::npos) << r.problem;
+}
+
+// A system-journal record of an event pruned since, with no checkpoint at its seq: under
+// --retention AGE it is accepted only when the prune that removed it came at least AGE after
+// journald received the record (the event was written no later than that), so a wipe within
+// AGE of a record is found.
+TEST_F(JournalTest, ASystemJournalRecordOfAPrunedEventIsHeldToTheRetention) {
+    constexpr std::int64_t day = 86400LL * 1000000;
+    std::int64_t written = now_us() - 10 * day;
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        for (int i = 0; i < 15; ++i) {
+            Event e;
+            e.kind = kind::denied;
+            if (i < 10) e.at_us = written;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        ASSERT_EQ(j->prune(std::nullopt, std::nullopt, day).value(), 10);
+    }
+    auto check = [&](std::int64_t recorded_at, std::optional<std::int64_t> retention) {
+        auto db = Database::open(path_, SQLITE_OPEN_READONLY);
+        EXPECT_TRUE(db.ok());
+        std::vector<AnchorCopy> copies{{3, std::string(64, 'a'), recorded_at, path_}};
+        auto c = check_anchor_copies(*db, path_, copies, false, retention);
+        EXPECT_TRUE(c.ok()) << c.error().message;
+        return c ? *c : SystemJournalCheck{};
+    };
+    EXPECT_FALSE(check(written, std::nullopt).ok) << "no checkpoint at 3: not compared";
+    auto old_enough = check(written, 7 * day);
+    EXPECT_TRUE(old_enough.ok) << old_enough.problem;
+    EXPECT_EQ(old_enough.pruned_by_retention, 1);
+    // Recorded an hour ago, pruned since: younger than a day at its prune.
+    auto wiped = check(now_us() - 3600LL * 1000000, day);
+    EXPECT_FALSE(wiped.ok);
+    EXPECT_EQ(wiped.bad_seq, 3);
+    EXPECT_NE(wiped.problem.find("younger than --retention 1d"), std::string::npos)
+        << wiped.problem;
 }
