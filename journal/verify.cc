@@ -275,8 +275,8 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
     report.total_events = *total;
     Hash prev{};
     std::int64_t expected = 1;
-    std::map<std::int64_t, PruneRecord> prunes;       // by checkpoint: those the chain vouches for
-    std::optional<std::int64_t> start_with_retention; // the last daemon-start, if it records it
+    std::map<std::int64_t, PruneRecord> prunes; // by checkpoint: those the chain vouches for
+    std::int64_t start_with_retention = 0;      // the last daemon-start, if it records it (0: not)
     std::optional<std::int64_t> checkpoint_used;
     std::string anchor_seen_hash;
     auto fail = [&](std::int64_t seq, std::string why) {
@@ -344,10 +344,7 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
         if (auto c = check_event_row(*st); !c) return std::move(c).error().context(path);
         if (e.kind == kind::daemon_start) {
             auto d = e.detail ? knod::parse_json(*e.detail) : nlohmann::json();
-            if (d.is_object() && d.contains("retention"))
-                start_with_retention = seq;
-            else
-                start_with_retention.reset();
+            start_with_retention = d.is_object() && d.contains("retention") ? seq : 0;
         }
         if (e.kind == kind::prune) {
             auto p = read_prune(seq, e.detail ? knod::parse_json(*e.detail) : nlohmann::json());
@@ -361,7 +358,7 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                 fail(seq, "event " + std::to_string(seq) +
                               " (retention-prune) records no retention setting, though the "
                               "daemon started at event " +
-                              std::to_string(*start_with_retention) +
+                              std::to_string(start_with_retention) +
                               " records its settings (malformed)");
                 break;
             }
