@@ -645,15 +645,13 @@ Runner add_audit(CLI::App &app) {
         "accept an anchor or system-journal record naming an event retention pruned since "
         "(no checkpoint at its seq to compare it with); without it that is a failure, since "
         "wiping all history and chaining a new one looks the same");
-    verify_cmd
-        ->add_option(
-            "--retention", o->retention,
-            "the node's retention (e.g. 180d): every retention-prune must have removed only "
-            "events at least this old (a prune that records no times fails), and an anchor or "
-            "system-journal record of a pruned event is accepted when the prune that removed it "
-            "shows it was (the prune in the chain; a record's journald time)")
-        ->type_name("AGE")
-        ->excludes(verify_cmd->get_option("--allow-pruned-anchor"));
+    auto *retention = verify_cmd->add_option(
+        "--retention", o->retention,
+        "the node's retention (e.g. 180d): every retention-prune must have removed only "
+        "events at least this old (a prune that records no times fails), and an anchor or "
+        "system-journal record of a pruned event is accepted when the prune that removed it "
+        "shows it was (the prune in the chain; a record's journald time)");
+    retention->type_name("AGE")->excludes(verify_cmd->get_option("--allow-pruned-anchor"));
     auto *sys_on = verify_cmd->add_flag(
         "--system-journal", o->system_journal,
         "compare the chain-head records the daemon sent to the system journal (default: where "
@@ -677,6 +675,7 @@ Runner add_audit(CLI::App &app) {
         "before; '-' reads stdin. A CSV export cannot be verified");
     export_file->excludes(verify_cmd->get_option("--anchor"))
         ->excludes(no_anchor)
+        ->excludes(retention)
         ->excludes(verify_cmd->get_option("--db"));
     verify_cmd
         ->add_flag("--allow-gaps", o->allow_gaps,
@@ -686,7 +685,8 @@ Runner add_audit(CLI::App &app) {
     verify_cmd->footer(
         "Exit codes: 0 when the chain is intact, 1 naming the first bad event (or a missing "
         "anchor, or "
-        "a chain-head record in the system journal that the database no longer matches), 2 "
+        "a chain-head record in the system journal that the database no longer matches, or a "
+        "retention-prune younger than the retention it records or than --retention), 2 "
         "when the journal, the anchor or a system journal asked for cannot be read (with the "
         "reason; --json prints {\"error\": ...}). With --export: 1 names the first edited, "
         "reordered or replaced "
