@@ -11,6 +11,7 @@
 #include "journal/vocabulary.h"
 #include "knod/json.h"
 #include "knod/untrusted.h"
+#include "policy/parser.h"
 
 #include <pwd.h>
 #include <unistd.h>
@@ -41,6 +42,7 @@ struct Options {
     std::string export_file; // verify --export
     bool allow_gaps = false;
     bool allow_pruned_anchor = false;
+    std::string retention; // verify --retention AGE: the node prunes only events this old
     // The chain-head copies in the system journal: checked where readable unless
     // --no-system-journal; required (exit 2 when unreadable) when asked for by name.
     bool system_journal = false, no_system_journal = false;
@@ -438,6 +440,18 @@ int verify(const Options &o) {
                      static_cast<long long>(total), static_cast<long long>(done * 100 / total));
         std::fflush(stderr);
     };
+    // --retention: the auditor's word on the node's retention, in microseconds (at most two
+    // centuries: the sane time range the journal's values are held to).
+    std::optional<std::int64_t> retention_us;
+    if (!o.retention.empty()) {
+        auto age = policy::parse_duration(o.retention);
+        if (!age || age->count() <= 0 || age->count() > 200LL * 365 * 86400)
+            return fail(o, "verify",
+                        make_error(Errc::invalid_argument, "--retention: cannot read the age " +
+                                                               quote_untrusted(o.retention) +
+                                                               " (e.g. 180d, 36h, 3600)"));
+        retention_us = std::chrono::duration_cast<std::chrono::microseconds>(*age).count();
+    }
     // One connection for all of it (a copy with a -wal but no -shm is copied once, not per
     // check), and the copies compared with the very snapshot the chain walk verified.
     auto opened = journal::ReadOnlyJournal::open(o.db);
@@ -447,12 +461,13 @@ int verify(const Options &o) {
     auto report = journal::verify_chain(*opened, o.db, progress, o.anchor,
                                         o.no_anchor             ? journal::AnchorUse::ignore
                                         : o.allow_pruned_anchor ? journal::AnchorUse::allow_pruned
-                                                                : journal::AnchorUse::require);
+                                                                : journal::AnchorUse::require,
+                                        retention_us);
     if (tty) std::cerr << "\n";
     if (!report) return fail(o, "verify", report.error());
     if (system->copies) {
         auto check = journal::check_anchor_copies(opened->db(), o.db, *system->copies,
-                                                  o.allow_pruned_anchor);
+                                                  o.allow_pruned_anchor, retention_us);
         if (!check) return fail(o, "verify", check.error());
         system->check = std::move(*check);
     }
@@ -464,6 +479,7 @@ int verify(const Options &o) {
         sys_json["records"] = sys->records;
         sys_json["compared"] = sys->compared;
         sys_json["pruned"] = sys->pruned;
+        sys_json["pruned_by_retention"] = sys->pruned_by_retention;
         sys_json["newest_seq"] = sys->newest ? nlohmann::json(sys->newest->seq) : nlohmann::json();
         sys_json["newest_at"] =
             sys->newest ? nlohmann::json(format_time(sys->newest->at_us)) : nlohmann::json();
@@ -474,21 +490,25 @@ int verify(const Options &o) {
     }
     if (o.json) {
         std::cout << knod::dump_json(
-                         nlohmann::json{{"ok", ok},
-                                        {"events_checked", report->events_checked},
-                                        {"total_events", report->total_events},
-                                        {"first_seq", report->first_seq},
-                                        {"first_bad_event", report->first_bad_seq},
-                                        {"problem", report->problem},
-                                        {"head_hash", report->head_hash},
-                                        {"anchor_checked", report->anchor_checked},
-                                        {"anchor_seq", report->anchor_seq},
-                                        {"anchor_pruned", report->anchor_pruned},
-                                        {"sessions_checked", report->sessions_checked},
-                                        {"sessions_not_covered", report->sessions_not_covered},
-                                        {"policies_checked", report->policies_checked},
-                                        {"chain_intact", report->chain_intact},
-                                        {"system_journal", sys_json}},
+                         nlohmann::json{
+                             {"ok", ok},
+                             {"events_checked", report->events_checked},
+                             {"total_events", report->total_events},
+                             {"first_seq", report->first_seq},
+                             {"first_bad_event", report->first_bad_seq},
+                             {"problem", report->problem},
+                             {"head_hash", report->head_hash},
+                             {"anchor_checked", report->anchor_checked},
+                             {"anchor_seq", report->anchor_seq},
+                             {"anchor_pruned", report->anchor_pruned},
+                             {"anchor_pruned_by_retention", report->anchor_pruned_by_retention},
+                             {"retention_us",
+                              retention_us ? nlohmann::json(*retention_us) : nlohmann::json()},
+                             {"sessions_checked", report->sessions_checked},
+                             {"sessions_not_covered", report->sessions_not_covered},
+                             {"policies_checked", report->policies_checked},
+                             {"chain_intact", report->chain_intact},
+                             {"system_journal", sys_json}},
                          2)
                   << "\n";
         return ok ? exit_ok : exit_failed;
@@ -504,9 +524,13 @@ int verify(const Options &o) {
                                 " matches the head kept outside the database\n"
                       : o.no_anchor ? "anchor: not checked (--no-anchor): a truncated tail "
                                       "would not be found\n"
-                                    : "anchor: event " + std::to_string(report->anchor_seq) +
-                                          " was pruned (accepted: --allow-pruned-anchor); the "
-                                          "chain head is not compared\n");
+                      : report->anchor_pruned_by_retention
+                          ? "anchor: event " + std::to_string(report->anchor_seq) +
+                                " was pruned by a prune that keeps --retention " + o.retention +
+                                " (accepted); the chain head is not compared\n"
+                          : "anchor: event " + std::to_string(report->anchor_seq) +
+                                " was pruned (accepted: --allow-pruned-anchor); the "
+                                "chain head is not compared\n");
         print_tables(*report);
     } else if (report->chain_intact) { // a table beside the chain contradicts it
         std::cout << "FAILED: "
@@ -532,6 +556,9 @@ int verify(const Options &o) {
         std::cout << "system journal: " << sys->compared << " chain-head record(s) in "
                   << system->source << " match";
         if (sys->pruned) std::cout << ", " << sys->pruned << " name pruned events";
+        if (sys->pruned_by_retention)
+            std::cout << " (" << sys->pruned_by_retention << " pruned at least --retention "
+                      << o.retention << " after they were recorded)";
         if (sys->newest)
             std::cout << "; newest: event " << sys->newest->seq << " at "
                       << format_time(sys->newest->at_us);
@@ -618,6 +645,13 @@ Runner add_audit(CLI::App &app) {
         "accept an anchor or system-journal record naming an event retention pruned since "
         "(no checkpoint at its seq to compare it with); without it that is a failure, since "
         "wiping all history and chaining a new one looks the same");
+    auto *retention = verify_cmd->add_option(
+        "--retention", o->retention,
+        "the node's retention (e.g. 180d): every retention-prune must have removed only "
+        "events at least this old (a prune that records no times fails), and an anchor or "
+        "system-journal record of a pruned event is accepted when the prune that removed it "
+        "shows it was (the prune in the chain; a record's journald time)");
+    retention->type_name("AGE")->excludes(verify_cmd->get_option("--allow-pruned-anchor"));
     auto *sys_on = verify_cmd->add_flag(
         "--system-journal", o->system_journal,
         "compare the chain-head records the daemon sent to the system journal (default: where "
@@ -641,6 +675,7 @@ Runner add_audit(CLI::App &app) {
         "before; '-' reads stdin. A CSV export cannot be verified");
     export_file->excludes(verify_cmd->get_option("--anchor"))
         ->excludes(no_anchor)
+        ->excludes(retention)
         ->excludes(verify_cmd->get_option("--db"));
     verify_cmd
         ->add_flag("--allow-gaps", o->allow_gaps,
@@ -650,7 +685,8 @@ Runner add_audit(CLI::App &app) {
     verify_cmd->footer(
         "Exit codes: 0 when the chain is intact, 1 naming the first bad event (or a missing "
         "anchor, or "
-        "a chain-head record in the system journal that the database no longer matches), 2 "
+        "a chain-head record in the system journal that the database no longer matches, or a "
+        "retention-prune younger than the retention it records or than --retention), 2 "
         "when the journal, the anchor or a system journal asked for cannot be read (with the "
         "reason; --json prints {\"error\": ...}). With --export: 1 names the first edited, "
         "reordered or replaced "

@@ -86,11 +86,11 @@ Result<std::int64_t> AuditTrail::apply_retention() {
     last_retention_us_ = journal::now_us();
     if (!config_.retain_age && !config_.retain_events) return std::int64_t{0};
     if (!journal()) return make_error(Errc::journal_unavailable, "journal not open");
-    std::optional<std::int64_t> before;
+    // The journal takes the cut from the age at its own clock reading and records the setting.
+    std::optional<std::int64_t> age;
     if (config_.retain_age)
-        before = last_retention_us_ -
-                 std::chrono::duration_cast<std::chrono::microseconds>(*config_.retain_age).count();
-    return journal_->prune(before, config_.retain_events);
+        age = std::chrono::duration_cast<std::chrono::microseconds>(*config_.retain_age).count();
+    return journal_->prune(std::nullopt, config_.retain_events, age);
 }
 
 void AuditTrail::record(journal::Event e) {

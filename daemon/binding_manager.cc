@@ -2,6 +2,7 @@
 
 #include "daemon/request_limits.h"
 #include "journal/journal.h"
+#include "journal/retention.h"
 #include "knod/hex.h"
 #include "knod/untrusted.h"
 
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iostream>
 #include <set>
 
 namespace knod::daemon {
@@ -47,6 +49,21 @@ nlohmann::json flows_json(const std::vector<policy::FlowSpec> &flows) {
     for (auto &f : flows)
         j.push_back(f.to_string());
     return j;
+}
+
+// The restart handoff (#31): format 2 carries a MAC under the state dir's secret over the whole
+// record. Format 1 (MAC over the key only, every other field taken as written) is refused.
+constexpr int handoff_version = 2;
+constexpr std::string_view handoff_purpose = "knod-policyd restart handoff 2";
+
+// The text the MAC covers: the record without its "mac" member as knod::dump_json writes it
+// (compact, members in key order: nlohmann's objects are sorted maps, so one value has exactly
+// one text). Computed over what was parsed, so what the MAC vouches for is exactly what
+// adoption reads: an edit of any member, a number turned into a float, a member added or
+// removed changes this text.
+std::string handoff_canonical(nlohmann::json record) {
+    record.erase("mac");
+    return knod::dump_json(record);
 }
 
 } // namespace
@@ -101,6 +118,12 @@ void BindingManager::start() {
                           {"rules", policy_.rules.size()},
                           {"handed_over", handoffs.size()},
                           {"policy", policy_.digest}};
+    // The retention in force, inside the chain: verify then knows a prune event that records
+    // none (written to look like an older build's) is not this daemon's.
+    std::optional<std::int64_t> age;
+    if (config_.retain_age)
+        age = std::chrono::duration_cast<std::chrono::microseconds>(*config_.retain_age).count();
+    detail["retention"] = journal::retention_json(age, config_.retain_events);
     if (journal) { // where this journal lives, inside the chain (meta may be edited)
         auto &id = journal->identity();
         detail["journal_id"] = id.journal_id;
@@ -115,15 +138,23 @@ void BindingManager::start() {
     // holder gone meanwhile) ends now: its binding did not survive.
     std::set<std::string> kept;
     for (auto &[id, text] : handoffs) {
-        auto adopted = adopt(id, text);
+        auto record = open_handoff(id, text);
+        auto adopted = record ? adopt(id, *record) : Result<void>(record.error());
         if (adopted) {
             kept.insert(id);
             continue;
         }
-        try { // what the driver left behind besides the handles (devmem: ntuple rules)
-            auto j = nlohmann::json::parse(text);
-            driver_.abandon(j.at("netdev").get<std::string>(), j.at("driver").get<std::string>());
-        } catch (const std::exception &) {
+        if (record) {
+            try { // what the driver left behind besides the handles (devmem: ntuple rules)
+                driver_.abandon(record->at("netdev").get<std::string>(),
+                                record->at("driver").get<std::string>());
+            } catch (const std::exception &) {
+            }
+        } else {
+            // Not the record this daemon's secret vouches for: nothing in it is acted on (its
+            // netdev and driver state could name another binding's rules).
+            std::cerr << "knod-policyd: binding " << escape_untrusted(id, Escape::value, 128)
+                      << " not taken back: " << adopted.error().message << "\n";
         }
         journal::Event no = event_for(journal::kind::not_adopted, {});
         no.uid.reset();
@@ -151,9 +182,11 @@ void BindingManager::store_handles(Binding &b) {
         keep(b.id + "." + role, fd);
 }
 
-std::string BindingManager::handoff_of(const Binding &b, const std::string &driver_state) const {
+std::string BindingManager::handoff_of(const Binding &b, const std::string &driver_state) {
     auto carried = keys_.carry(b.key_id);
-    if (!carried) return {};
+    journal::Journal *journal = audit_.journal();
+    if (!carried || !journal) return {};
+    const std::string &journal_id = journal->identity().journal_id;
     auto hex = [](const std::string &s) {
         return to_hex({reinterpret_cast<const std::uint8_t *>(s.data()), s.size()});
     };
@@ -178,26 +211,70 @@ std::string BindingManager::handoff_of(const Binding &b, const std::string &driv
                           {"inode", b.region_id.inode},
                           {"offset", b.region_id.offset},
                           {"length", b.region_id.length}};
-    return knod::dump_json(nlohmann::json{{"version", 1},
-                                          {"netdev", b.netdev},
-                                          {"gpu", b.gpu},
-                                          {"gpu_names", b.gpu_names},
-                                          {"mode", policy::to_string(b.mode)},
-                                          {"flows", flows},
-                                          {"queues", b.queues},
-                                          {"owner", owner},
-                                          {"region", region},
-                                          {"key_id", b.key_id},
-                                          {"key_mac", to_hex(carried->mac)},
-                                          {"rule", b.rule},
-                                          {"created_us", b.created_us},
-                                          {"expires_us", b.expires_us},
-                                          {"state", to_string(b.state)},
-                                          {"handles", roles},
-                                          {"driver", driver_state}});
+    nlohmann::json record{{"version", handoff_version},
+                          {"binding", b.id},
+                          {"journal_id", journal_id},
+                          {"netdev", b.netdev},
+                          {"gpu", b.gpu},
+                          {"gpu_names", b.gpu_names},
+                          {"mode", policy::to_string(b.mode)},
+                          {"flows", flows},
+                          {"queues", b.queues},
+                          {"owner", owner},
+                          {"region", region},
+                          {"key_id", b.key_id},
+                          {"key_mac", to_hex(carried->mac)},
+                          {"rule", b.rule},
+                          {"created_us", b.created_us},
+                          {"expires_us", b.expires_us},
+                          {"state", to_string(b.state)},
+                          {"handles", roles},
+                          {"driver", driver_state}};
+    // Through text and back, so the MAC is over what the next start will parse (dump_json
+    // replaces invalid UTF-8).
+    record = knod::parse_json(knod::dump_json(record));
+    if (!record.is_object()) return {};
+    record["mac"] = to_hex(keys_.seal(handoff_purpose, handoff_canonical(record)));
+    return knod::dump_json(record);
 }
 
-Result<void> BindingManager::adopt(const std::string &id, const std::string &text) {
+Result<nlohmann::json> BindingManager::open_handoff(const std::string &id,
+                                                    const std::string &text) {
+    auto j = knod::parse_json(text);
+    if (!j.is_object())
+        return make_error(Errc::corrupt, "its handoff record is unreadable: not a JSON object");
+    auto version = j.find("version");
+    if (version == j.end() || !version->is_number_integer())
+        return make_error(Errc::corrupt, "its handoff record is unreadable: no integer version");
+    if (*version == 1)
+        return make_error(Errc::corrupt,
+                          "its handoff record is format 1, written by an older build, whose MAC "
+                          "covers only the key: not trusted");
+    if (*version != handoff_version)
+        return make_error(Errc::corrupt,
+                          "its handoff record is of unknown format " + knod::dump_json(*version));
+    auto mac = j.find("mac");
+    auto mac_bytes = mac != j.end() && mac->is_string()
+                         ? from_hex(mac->get<std::string>())
+                         : std::optional<std::vector<std::uint8_t>>();
+    if (!mac_bytes || !keys_.sealed(handoff_purpose, handoff_canonical(j), *mac_bytes))
+        return make_error(Errc::corrupt,
+                          "its handoff record does not match its MAC (edited, or written under "
+                          "another key secret)");
+    // Authentic, but written for another row or another journal: moved, not taken back.
+    journal::Journal *journal = audit_.journal();
+    auto binding = j.find("binding");
+    if (binding == j.end() || *binding != id)
+        return make_error(Errc::corrupt,
+                          "its handoff record was written for another binding (moved)");
+    auto journal_id = j.find("journal_id");
+    if (!journal || journal_id == j.end() || *journal_id != journal->identity().journal_id)
+        return make_error(Errc::corrupt,
+                          "its handoff record was written for another journal (moved)");
+    return j;
+}
+
+Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &j) {
     Binding b;
     b.id = id;
     keys::KeyAuthority::Carried carried{};
@@ -210,8 +287,6 @@ Result<void> BindingManager::adopt(const std::string &id, const std::string &tex
             if (!bytes) throw std::runtime_error("bad hex text");
             return std::string(bytes->begin(), bytes->end());
         };
-        auto j = nlohmann::json::parse(text);
-        if (j.at("version").get<int>() != 1) throw std::runtime_error("unknown handoff version");
         b.netdev = j.at("netdev").get<std::string>();
         b.gpu = j.at("gpu").get<std::string>();
         b.gpu_names = j.at("gpu_names").get<std::vector<std::string>>();
@@ -244,7 +319,9 @@ Result<void> BindingManager::adopt(const std::string &id, const std::string &tex
         b.rule = j.at("rule").get<std::string>();
         b.created_us = j.at("created_us").get<std::int64_t>();
         b.expires_us = j.at("expires_us").get<std::int64_t>();
-        active = j.at("state").get<std::string>() == "active";
+        auto state = j.at("state").get<std::string>();
+        if (state != "active" && state != "granted") throw std::runtime_error("bad state");
+        active = state == "active";
         roles = j.at("handles").get<std::vector<std::string>>();
         driver_state = j.at("driver").get<std::string>();
     } catch (const std::exception &e) {

@@ -16,6 +16,8 @@
 #include "host/paths.h"
 #include "policy/engine.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -217,9 +219,15 @@ class BindingManager {
 
   private:
     Result<void> apply_settings(const policy::Settings &settings);
-    // Takes back one handed-over binding; the error says why not (its session is then closed).
-    Result<void> adopt(const std::string &id, const std::string &handoff);
-    std::string handoff_of(const Binding &b, const std::string &driver_state) const;
+    // Reads one handoff record and checks its MAC (the whole record, under the key secret),
+    // its format, and that it was written for this binding of this journal. Nothing in a
+    // record that fails is acted on.
+    Result<nlohmann::json> open_handoff(const std::string &id, const std::string &text);
+    // Takes back one handed-over binding from its opened record; the error says why not (its
+    // session is then closed).
+    Result<void> adopt(const std::string &id, const nlohmann::json &record);
+    // Non-const: the journal (whose id the record names) opens on first use.
+    std::string handoff_of(const Binding &b, const std::string &driver_state);
     // Keeps the binding's region fd and the driver's handles in the store, by binding id.
     void store_handles(Binding &b);
     void end_binding(const std::string &id, EndReason why, Done durable = {},

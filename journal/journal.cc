@@ -1,6 +1,7 @@
 #include "journal/journal.h"
 
 #include "journal/migrations.h"
+#include "journal/retention.h"
 
 #include "knod/json.h"
 #include <fcntl.h>
@@ -556,18 +557,24 @@ Result<std::vector<std::string>> Journal::close_open_sessions(const std::string 
 }
 
 Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
-                                    std::optional<std::int64_t> keep_events) {
+                                    std::optional<std::int64_t> keep_events,
+                                    std::optional<std::int64_t> retain_age_us) {
     // The journal's id inside the chain: a pruned journal may keep no daemon-start, and verify
     // checks meta's id (which the system journal's copies are matched by) against it.
     return submit([=, journal_id = identity_.journal_id](Writer &w) -> Result<std::int64_t> {
         Database &db = w.db();
+        // One clock reading for the cut and the record: the event then says exactly what the
+        // age setting allowed at the prune's own time.
+        std::int64_t pruned_at = now_us();
+        std::optional<std::int64_t> before = before_us;
+        if (retain_age_us) before = pruned_at - *retain_age_us;
         // The last event that may go: old enough (or beyond the count), and older than the
         // oldest open session's first event, so a live session keeps its whole trail.
         std::int64_t cut = 0;
-        if (before_us) {
+        if (before) {
             auto st = db.prepare("SELECT coalesce(max(seq), 0) FROM events WHERE at_us < ?");
             if (!st) return st.error();
-            st->bind(1, *before_us);
+            st->bind(1, *before);
             if (auto row = st->step(); !row) return row.error();
             cut = std::max(cut, st->int64(0));
         }
@@ -580,14 +587,14 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
         auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
         if (!first) return first.error();
         if (cut < *first) return std::int64_t{0};
-        auto st = db.prepare("SELECT hash FROM events WHERE seq = ?");
+        auto st = db.prepare("SELECT hash, at_us FROM events WHERE seq = ?");
         if (!st) return st.error();
         st->bind(1, cut);
         if (auto row = st->step(); !row || !*row)
             return make_error(Errc::corrupt, "no event " + std::to_string(cut));
         std::string hash = st->blob(0);
+        std::int64_t through_at = st->int64(1);
         std::int64_t removed = cut - *first + 1;
-        std::int64_t pruned_at = now_us();
         auto ins = db.prepare(
             "INSERT INTO checkpoints (seq, hash, pruned_at_us, events) VALUES (?,?,?,?)");
         if (!ins) return ins.error();
@@ -618,7 +625,9 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
         nlohmann::json detail{{"pruned_through", cut},
                               {"hash", to_hex(*reinterpret_cast<const Hash *>(hash.data()))},
                               {"events", removed},
-                              {"pruned_at_us", pruned_at}};
+                              {"pruned_at_us", pruned_at},
+                              {"through_at_us", through_at},
+                              {"retention", retention_json(retain_age_us, keep_events)}};
         if (!journal_id.empty()) detail["journal_id"] = journal_id;
         e.detail = knod::dump_json(detail);
         auto seq = w.append(std::move(e));

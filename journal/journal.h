@@ -69,9 +69,12 @@ class Journal {
     // `keep_events`) and exactly the sessions whose grant event goes with them (and rows an
     // older build left behind whose closing event goes), leaving a checkpoint and a
     // retention-prune event so the rest still verifies. Open sessions and their events are
-    // kept. Returns how many events went.
+    // kept. Returns how many events went. `retain_age_us`: the age setting `before_us` comes
+    // from; the prune event records it with `keep_events` and the newest pruned event's time,
+    // so verify can tell a prune younger than the retention in force (#31).
     Result<std::int64_t> prune(std::optional<std::int64_t> before_us,
-                               std::optional<std::int64_t> keep_events);
+                               std::optional<std::int64_t> keep_events,
+                               std::optional<std::int64_t> retain_age_us = std::nullopt);
 
     // The same, without waiting: `done` runs on the writer thread once the change is durable
     // (or failed). Lets a single-threaded caller keep serving while concurrent calls share

@@ -2,6 +2,7 @@
 
 #include "journal/reader.h"
 #include "journal/records.h"
+#include "journal/retention.h"
 
 #include <pwd.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -130,7 +132,8 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
 
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &db_path,
                                                const std::vector<AnchorCopy> &copies,
-                                               bool allow_pruned) {
+                                               bool allow_pruned,
+                                               std::optional<std::int64_t> retention_us) {
     if (sqlite3_get_autocommit(db.get()))
         if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
     auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
@@ -151,6 +154,7 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
 
     SystemJournalCheck check;
     const AnchorCopy *uncompared = nullptr; // the lowest copy of a pruned event, no checkpoint
+    std::map<std::int64_t, std::int64_t> uncompared_at; // each such seq: its earliest copy's time
     check.records = static_cast<std::int64_t>(copies.size());
     const AnchorCopy *beyond = nullptr; // the highest copy past the end
     const AnchorCopy *rewritten = nullptr;
@@ -167,6 +171,7 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
             ++check.pruned;
             if (!cp_st) {
                 if (!uncompared || c.seq < uncompared->seq) uncompared = &c;
+                uncompared_at.emplace(c.seq, c.at_us);
                 continue;
             }
             q = &*cp_st; // the checkpoint at its seq, if retention stopped exactly there
@@ -176,6 +181,8 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
             if (!row) return row.error();
             if (!*row) {
                 if (!uncompared || c.seq < uncompared->seq) uncompared = &c;
+                auto [at, fresh] = uncompared_at.emplace(c.seq, c.at_us);
+                if (!fresh) at->second = std::min(at->second, c.at_us);
                 continue;
             }
             --check.pruned;
@@ -211,6 +218,46 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
         check.problem = "event " + std::to_string(rewritten->seq) +
                         (rewritten->seq < *first ? " (its retention checkpoint)" : "") +
                         " differs from the head the system journal recorded for it (rewritten)";
+    } else if (uncompared && !allow_pruned && retention_us) {
+        // Each pruned copy against the prune that removed it: the first checkpoint at or above.
+        std::optional<Statement> by;
+        if (cp_st) {
+            auto p = db.prepare("SELECT seq, pruned_at_us FROM checkpoints WHERE seq >= ? AND "
+                                "typeof(pruned_at_us) = 'integer' ORDER BY seq LIMIT 1");
+            if (!p) return p.error();
+            by.emplace(std::move(*p));
+        }
+        for (auto &[seq, at] : uncompared_at) {
+            std::optional<std::int64_t> cp_seq, pruned_at;
+            if (by) {
+                by->reset();
+                by->bind(1, seq);
+                auto row = by->step();
+                if (!row) return row.error();
+                if (*row) cp_seq = by->int64(0), pruned_at = by->int64(1);
+            }
+            if (pruned_at &&
+                static_cast<wide_int>(at) + *retention_us <= static_cast<wide_int>(*pruned_at)) {
+                ++check.pruned_by_retention;
+                continue;
+            }
+            check.ok = false;
+            check.bad_seq = seq;
+            check.problem =
+                "the system journal recorded event " + std::to_string(seq) +
+                " of this journal as its head (journald's time: at_us " + std::to_string(at) +
+                "), but it is no longer in the journal and no retention checkpoint records it; " +
+                (pruned_at ? "the prune that removed it (checkpoint at event " +
+                                 std::to_string(*cp_seq) + ") came " +
+                                 age_text(static_cast<std::int64_t>(
+                                     static_cast<wide_int>(*pruned_at) - at)) +
+                                 " later, younger than --retention " + age_text(*retention_us) +
+                                 ": a prune the auditor does not expect, or a wipe and rewrite"
+                           : std::string("no checkpoint tells when it was pruned: it cannot be "
+                                         "checked against --retention ") +
+                                 age_text(*retention_us));
+            break;
+        }
     } else if (uncompared && !allow_pruned) {
         check.ok = false;
         check.bad_seq = uncompared->seq;
@@ -220,8 +267,8 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
             "is " +
             std::to_string(*first) +
             ") and no retention checkpoint records it: it cannot be compared, and a wipe and "
-            "rewrite of all history looks the same (pass --allow-pruned-anchor if that prune is "
-            "expected)";
+            "rewrite of all history looks the same (pass --allow-pruned-anchor or --retention AGE "
+            "if that prune is expected)";
     }
     return check;
 }

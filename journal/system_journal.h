@@ -38,11 +38,12 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
 
 struct SystemJournalCheck {
     bool ok = true;
-    std::int64_t compared = 0;        // copies checked against an event still in the database
-    std::int64_t pruned = 0;          // copies of events retention has removed since (not checked)
-    std::int64_t records = 0;         // copies found for this journal
-    std::optional<AnchorCopy> newest; // the copy with the highest seq
-    std::int64_t bad_seq = 0;         // the event a failing copy names
+    std::int64_t compared = 0; // copies checked against an event still in the database
+    std::int64_t pruned = 0;   // copies of events retention has removed since (not checked)
+    std::int64_t pruned_by_retention = 0; // of those, shown old enough for --retention
+    std::int64_t records = 0;             // copies found for this journal
+    std::optional<AnchorCopy> newest;     // the copy with the highest seq
+    std::int64_t bad_seq = 0;             // the event a failing copy names
     std::string problem;
 };
 
@@ -54,9 +55,13 @@ struct SystemJournalCheck {
 // head only after committing it.
 // A copy of an event retention pruned is compared with the checkpoint at its seq where there is
 // one (a different hash: rewritten); where there is none it cannot be compared, and makes the
-// check fail unless `allow_pruned` (the auditor expects that prune: --allow-pruned-anchor).
+// check fail unless `allow_pruned` (the auditor expects that prune: --allow-pruned-anchor), or
+// unless `retention_us` (--retention AGE) and the prune that removed it (the first checkpoint at
+// or above its seq) came at least that long after journald received the copy (its earliest, if
+// several): the event was written no later than the copy, so it was at least that old.
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &name,
                                                const std::vector<AnchorCopy> &copies,
-                                               bool allow_pruned = false);
+                                               bool allow_pruned = false,
+                                               std::optional<std::int64_t> retention_us = {});
 
 } // namespace knod::journal

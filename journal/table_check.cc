@@ -82,8 +82,9 @@ std::string session_name(const std::string &id) {
 // The columns an event vouches for, in the order they are selected. The `handoff` column is
 // not among them: it is the daemon's private restart state (holder, region identity, key MAC),
 // written at a stop that keeps bindings and cleared at the next start, never shown by `audit`.
-// Its MAC covers only the key; the other fields are taken as written (docs/threat-model.md,
-// "Known gap", #31 item 5).
+// The daemon checks it itself: a MAC under the key secret over the whole record (every field
+// adoption reads, the binding id and the journal id), refused by name when it does not match
+// (docs/threat-model.md, "A restart hands over only what the kernel still vouches for").
 constexpr std::array<const char *, 13> opening_columns = {
     "id",   "uid",          "pid",   "exe",    "unit", "netdev",    "gpu",
     "mode", "region_bytes", "flows", "key_id", "rule", "started_us"};

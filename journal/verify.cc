@@ -3,6 +3,7 @@
 #include "journal/migrations.h"
 #include "journal/reader.h"
 #include "journal/records.h"
+#include "journal/retention.h"
 #include "journal/sqlite.h"
 #include "journal/table_check.h"
 
@@ -213,29 +214,19 @@ Result<std::optional<std::string>> index_problem(Database db) {
                                       problems);
 }
 
-// pruned_through of a retention-prune event's detail; nullopt when the detail is not the
-// object the journal writes.
-std::optional<std::int64_t> pruned_through_of(const std::optional<std::string> &detail) {
-    if (!detail) return std::nullopt;
-    auto d = knod::parse_json(*detail);
-    if (!d.is_object()) return std::nullopt;
-    auto it = d.find("pruned_through");
-    if (it == d.end() || !it->is_number_integer()) return std::nullopt;
-    return it->get<std::int64_t>();
-}
-
 } // namespace
 
 Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress,
-                                  const std::string &anchor_file, AnchorUse use) {
+                                  const std::string &anchor_file, AnchorUse use,
+                                  std::optional<std::int64_t> retention_us) {
     auto journal = ReadOnlyJournal::open(path);
     if (!journal) return journal.error();
-    return verify_chain(*journal, path, progress, anchor_file, use);
+    return verify_chain(*journal, path, progress, anchor_file, use, retention_us);
 }
 
 Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &path,
                                   const VerifyProgress &progress, const std::string &anchor_file,
-                                  AnchorUse use) {
+                                  AnchorUse use, std::optional<std::int64_t> retention_us) {
     ReadOnlyJournal *journal = &opened;
     Database *db = &journal->db();
     // One read transaction, so a live daemon appending meanwhile does not move the ground.
@@ -284,7 +275,8 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
     report.total_events = *total;
     Hash prev{};
     std::int64_t expected = 1;
-    std::set<std::int64_t> pruned_through; // checkpoints the chain itself vouches for
+    std::map<std::int64_t, PruneRecord> prunes; // by checkpoint: those the chain vouches for
+    std::int64_t start_with_retention = 0;      // the last daemon-start, if it records it (0: not)
     std::optional<std::int64_t> checkpoint_used;
     std::string anchor_seen_hash;
     auto fail = [&](std::int64_t seq, std::string why) {
@@ -350,15 +342,27 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
         // A chain that holds, made by whoever rewrote it whole: its values are still checked
         // before anything computes with them (exit 2, the event and field named).
         if (auto c = check_event_row(*st); !c) return std::move(c).error().context(path);
+        if (e.kind == kind::daemon_start) {
+            auto d = e.detail ? knod::parse_json(*e.detail) : nlohmann::json();
+            start_with_retention = d.is_object() && d.contains("retention") ? seq : 0;
+        }
         if (e.kind == kind::prune) {
-            auto through = pruned_through_of(e.detail);
-            if (!through) {
-                fail(seq, "event " + std::to_string(seq) +
-                              " (retention-prune) has no integer pruned_through in its detail "
-                              "(malformed)");
+            auto p = read_prune(seq, e.detail ? knod::parse_json(*e.detail) : nlohmann::json());
+            if (!p) {
+                fail(seq, p.error().message);
                 break;
             }
-            pruned_through.insert(*through);
+            // A daemon that records its retention at start records it in every prune: one
+            // without it after such a start poses as an older build's, to escape the check.
+            if (!p->records_retention && start_with_retention) {
+                fail(seq, "event " + std::to_string(seq) +
+                              " (retention-prune) records no retention setting, though the "
+                              "daemon started at event " +
+                              std::to_string(start_with_retention) +
+                              " records its settings (malformed)");
+                break;
+            }
+            prunes.emplace(p->pruned_through, *p);
         }
         if (anchor && seq == anchor->seq) anchor_seen_hash = to_hex(stored);
         if (auto t = (*tables)->event(seq, e); !t) return std::move(t).error().context(path);
@@ -370,10 +374,15 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
     }
     if (progress) progress(report.events_checked, report.total_events);
     report.head_hash = to_hex(prev);
-    if (report.ok && checkpoint_used && !pruned_through.count(*checkpoint_used))
+    if (report.ok && checkpoint_used && !prunes.count(*checkpoint_used))
         fail(report.first_seq,
              "the checkpoint at event " + std::to_string(*checkpoint_used) +
                  " was not made by a retention-prune event in the chain (forged)");
+    // Each prune against the retention it records, and the auditor's --retention.
+    for (auto &[through, p] : prunes) {
+        if (!report.ok) break;
+        if (auto problem = prune_problem(p, retention_us)) fail(p.seq, *problem);
+    }
     if (report.ok && anchor) {
         std::int64_t last = expected - 1;
         report.anchor_seq = anchor->seq;
@@ -396,6 +405,19 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                                       "rewritten and the checkpoint invented (forged)");
             else
                 report.anchor_checked = true;
+        } else if (use != AnchorUse::allow_pruned && retention_us) {
+            // The prune that removed it is the first checkpoint at or above it; it passed the
+            // --retention check above if its event is in the chain, and cannot be told if not.
+            auto by = checkpoints->lower_bound(anchor->seq);
+            if (by == checkpoints->end() || !prunes.count(by->first))
+                fail(anchor->seq, "the anchor (" + anchor_path_used + ") records event " +
+                                      std::to_string(anchor->seq) +
+                                      ", which is no longer in the journal, and the prune that "
+                                      "removed it is not in the chain: it cannot be checked "
+                                      "against --retention " +
+                                      age_text(*retention_us));
+            else
+                report.anchor_pruned = report.anchor_pruned_by_retention = true;
         } else if (use != AnchorUse::allow_pruned) {
             fail(anchor->seq,
                  "the anchor (" + anchor_path_used + ") records event " +
@@ -404,7 +426,8 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                      std::to_string(report.first_seq) +
                      ") and which no retention checkpoint records: it cannot be compared, and a "
                      "wipe and rewrite of all history looks the same (pass "
-                     "--allow-pruned-anchor if a prune since the anchor was copied is expected)");
+                     "--allow-pruned-anchor or --retention AGE if a prune since the anchor was "
+                     "copied is expected)");
         } else {
             report.anchor_pruned = true;
         }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace knod::journal {
@@ -23,6 +24,7 @@ struct VerifyReport {
     std::int64_t first_seq = 0;     // above 1 after retention pruned the oldest events
     bool anchor_checked = false;    // the head recorded outside the database was compared
     bool anchor_pruned = false;     // it names a pruned event, accepted (AnchorUse::allow_pruned)
+    bool anchor_pruned_by_retention = false; // accepted because its prune passed --retention
     std::int64_t anchor_seq = 0;
     // The tables beside the chain (table_check.h), checked once the chain is intact: when they
     // fail, chain_intact stays true and first_bad_seq is the event the bad row contradicts (0
@@ -51,9 +53,15 @@ using VerifyProgress = std::function<void(std::int64_t done, std::int64_t total)
 // empty means the default beside the database. A journal that ends before the anchor's event
 // was truncated; one whose event differs from the anchor was rewritten; with AnchorUse::require
 // a missing anchor is a failure. A malformed or unreadable anchor file is an error.
+// `retention_us` (--retention AGE): the auditor's word that the node prunes only events older
+// than that. Every retention-prune in the chain must show its newest pruned event that old (a
+// prune that records no times cannot, and fails), and an anchor naming a pruned event with no
+// checkpoint at its seq is accepted when the prune that removed it is in the chain and passed.
+// Whatever it is given, each prune is checked against the retention it records itself.
 Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {},
                                   const std::string &anchor = {},
-                                  AnchorUse use = AnchorUse::require);
+                                  AnchorUse use = AnchorUse::require,
+                                  std::optional<std::int64_t> retention_us = std::nullopt);
 
 // The same on a journal the caller opened (`path` names it in messages and places the default
 // anchor). The reads share one transaction, begun here unless the caller began one, and left
@@ -61,6 +69,7 @@ Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress 
 Result<VerifyReport> verify_chain(ReadOnlyJournal &journal, const std::string &path,
                                   const VerifyProgress &progress = {},
                                   const std::string &anchor = {},
-                                  AnchorUse use = AnchorUse::require);
+                                  AnchorUse use = AnchorUse::require,
+                                  std::optional<std::int64_t> retention_us = std::nullopt);
 
 } // namespace knod::journal

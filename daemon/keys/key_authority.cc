@@ -110,31 +110,50 @@ KeyAuthority::KeyAuthority(std::array<std::uint8_t, 32> secret) : secret_(secret
         EVP_MAC_CTX_free(ctx);
 }
 
-std::array<std::uint8_t, 32> KeyAuthority::mac(const std::string &key_id,
-                                               std::span<const std::uint8_t> key) const {
-    // The id is inside the MAC so that a stored MAC cannot be moved to another key id:
-    // HMAC(secret, key_id || 0 || key).
+std::array<std::uint8_t, 32>
+KeyAuthority::hmac(std::initializer_list<std::string_view> parts) const {
     std::array<std::uint8_t, 32> out{};
-    const unsigned char nul = 0;
     if (EVP_MAC_CTX *ctx =
             keyed_ ? EVP_MAC_CTX_dup(static_cast<EVP_MAC_CTX *>(keyed_.get())) : nullptr) {
         std::size_t len = 0;
-        bool ok = EVP_MAC_update(ctx, reinterpret_cast<const unsigned char *>(key_id.data()),
-                                 key_id.size()) == 1 &&
-                  EVP_MAC_update(ctx, &nul, 1) == 1 &&
-                  EVP_MAC_update(ctx, key.data(), key.size()) == 1 &&
-                  EVP_MAC_final(ctx, out.data(), &len, out.size()) == 1 && len == out.size();
+        bool ok = true;
+        for (auto part : parts)
+            ok = ok && EVP_MAC_update(ctx, reinterpret_cast<const unsigned char *>(part.data()),
+                                      part.size()) == 1;
+        ok = ok && EVP_MAC_final(ctx, out.data(), &len, out.size()) == 1 && len == out.size();
         EVP_MAC_CTX_free(ctx); // cleanses its state
         if (ok) return out;
     }
-    std::string message = key_id;
-    message.push_back('\0');
-    message.append(reinterpret_cast<const char *>(key.data()), key.size());
+    std::string message;
+    for (auto part : parts)
+        message.append(part);
     unsigned int len = 0;
     HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),
          reinterpret_cast<const unsigned char *>(message.data()), message.size(), out.data(), &len);
     OPENSSL_cleanse(message.data(), message.size());
     return out;
+}
+
+std::array<std::uint8_t, 32> KeyAuthority::mac(const std::string &key_id,
+                                               std::span<const std::uint8_t> key) const {
+    // The id is inside the MAC so that a stored MAC cannot be moved to another key id:
+    // HMAC(secret, key_id || 0 || key).
+    return hmac({key_id,
+                 std::string_view("\0", 1),
+                 {reinterpret_cast<const char *>(key.data()), key.size()}});
+}
+
+std::array<std::uint8_t, 32> KeyAuthority::seal(std::string_view purpose,
+                                                std::string_view message) const {
+    const std::string_view nul("\0", 1);
+    return hmac({nul, purpose, nul, message});
+}
+
+bool KeyAuthority::sealed(std::string_view purpose, std::string_view message,
+                          std::span<const std::uint8_t> mac_bytes) const {
+    auto want = seal(purpose, message);
+    return mac_bytes.size() == want.size() &&
+           CRYPTO_memcmp(want.data(), mac_bytes.data(), want.size()) == 0;
 }
 
 Result<IssuedKey> KeyAuthority::issue(const Grant &grant) {
@@ -193,6 +212,8 @@ Result<KeyAuthority::Carried> KeyAuthority::carry(const std::string &key_id) con
 }
 
 Result<void> KeyAuthority::restore(const std::string &key_id, const Carried &carried) {
+    if (key_id.empty() || key_id.find('\0') != std::string::npos)
+        return make_error(Errc::invalid_argument, "a key id is never empty nor holds a NUL");
     if (entries_.count(key_id))
         return make_error(Errc::invalid_argument, "key " + key_id + " is already held");
     entries_.emplace(key_id, Entry{carried.mac, carried.grant});

@@ -11,10 +11,12 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace knod::keys {
@@ -83,8 +85,18 @@ class KeyAuthority {
         Grant grant;
     };
     Result<Carried> carry(const std::string &key_id) const;
-    // Takes a carried key back; refuses an id already held.
+    // Takes a carried key back; refuses an id already held, and an empty id or one with a NUL
+    // (issued ids are "k-" and hex; seal()'s inputs start with a NUL, so the two never meet).
     Result<void> restore(const std::string &key_id, const Carried &carried);
+
+    // A MAC under the secret for state the daemon writes and reads back (the restart handoff):
+    // HMAC(secret, 0 || purpose || 0 || message). The leading NUL keeps it apart from key MACs
+    // (HMAC(secret, key_id || 0 || key), key ids never empty nor starting with NUL); `purpose`
+    // (no NUL) keeps one use's MAC from passing for another's.
+    std::array<std::uint8_t, 32> seal(std::string_view purpose, std::string_view message) const;
+    // True when `mac` is seal(purpose, message), compared in constant time.
+    bool sealed(std::string_view purpose, std::string_view message,
+                std::span<const std::uint8_t> mac) const;
 
     // How many keys are held (issued, neither revoked nor expired).
     std::size_t size() const { return entries_.size(); }
@@ -97,6 +109,8 @@ class KeyAuthority {
     explicit KeyAuthority(std::array<std::uint8_t, 32> secret);
     std::array<std::uint8_t, 32> mac(const std::string &key_id,
                                      std::span<const std::uint8_t> key) const;
+    // HMAC(secret, the parts one after another).
+    std::array<std::uint8_t, 32> hmac(std::initializer_list<std::string_view> parts) const;
 
     std::array<std::uint8_t, 32> secret_;
     // An HMAC-SHA256 context keyed with the secret once (an EVP_MAC_CTX; null if OpenSSL could

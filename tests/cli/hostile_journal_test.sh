@@ -158,5 +158,36 @@ expect 0 "was pruned (accepted: --allow-pruned-anchor)" "--allow-pruned-anchor a
     "$cli" audit verify --db "$work/p.db" --no-system-journal --anchor "$work/below.anchor" \
     --allow-pruned-anchor
 
+# 7. Retention: each prune records the retention in force and when its newest pruned event was
+# written; --retention AGE checks every prune against the auditor's word and accepts a pruned
+# anchor when the prune that removed it passed. journal_fill's prune keeps the newest 36 events
+# (recorded as such): honest under its own setting.
+expect 0 "^ok:" "an honest prune by count verifies (its recorded retention holds)" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal
+detail=$(sqlite3 "$work/p.db" "SELECT detail FROM events WHERE kind = 'retention-prune'")
+case $detail in
+*'"retention":{"age_us":null,"events":36}'*'"through_at_us":'* | *'"through_at_us":'*'"retention":{"age_us":null,"events":36}'*)
+    ok "the prune event records its retention and the newest pruned event's time" ;;
+*) not_ok "the prune event records its retention and the newest pruned event's time: $detail" ;;
+esac
+expect 1 "younger than --retention 1d" \
+    "--retention 1d on a prune of events written moments before it is not ok, naming it (exit 1)" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --retention 1d
+# The same journal written 200 days ago: its prune removed events older than 180 days.
+"$fill" "$work/old.db" 20 --prune 36 --days-ago 200 >/dev/null || not_ok "journal_fill --days-ago"
+old_cp=$(sqlite3 "$work/old.db" "SELECT seq FROM checkpoints")
+anchor old-below $((old_cp - 1)) "$other"
+expect 0 "was pruned by a prune that keeps --retention 180d (accepted)" \
+    "--retention 180d accepts an anchor of a pruned event whose prune removed only old events" -- \
+    "$cli" audit verify --db "$work/old.db" --no-system-journal --anchor "$work/old-below.anchor" \
+    --retention 180d
+expect 1 "younger than --retention 365d" \
+    "--retention longer than the pruned events' age is not ok, naming the prune (exit 1)" -- \
+    "$cli" audit verify --db "$work/old.db" --no-system-journal --retention 365d
+expect 2 "cannot read the age" "an unreadable --retention is exit 2" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --retention soon
+expect 2 "excludes" "--retention and --allow-pruned-anchor exclude each other (exit 2)" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --retention 1d --allow-pruned-anchor
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -377,6 +377,34 @@ TEST_F(RestartTest, CorruptHandoffRowsDoNotStopTheStart) {
     EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE handoff IS NOT NULL"), "0");
 }
 
+// The handoff is authenticated whole (#31): a live holder's row with its flows widened (its
+// fds back, its holder alive, the policy granting the wider flow) is refused by its MAC and
+// named; the intact row beside it is taken back.
+TEST_F(RestartTest, AnEditedHandoffOfALiveHolderIsRefusedByItsMac) {
+    Holder edited(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5710"}, 0,
+                  true);
+    Holder intact(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5720"}, 0,
+                  true);
+    ASSERT_TRUE(edited.ok() && intact.ok()) << edited.line() << intact.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    sql("UPDATE sessions SET handoff = json_set(handoff, '$.flows', json('[\"udp 10.99.0.1:* -> "
+        "10.99.0.2:5000-5999\"]')) WHERE id = '" +
+        edited.id() + "'");
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    auto list = sandbox_->client().list();
+    ASSERT_TRUE(list.ok()) << list.error().message;
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ(list->front().id, intact.id());
+    EXPECT_TRUE(eventually([&] {
+        return sql("SELECT count(*) FROM events WHERE kind='not-adopted' AND session_id='" +
+                   edited.id() + "' AND reason LIKE '%does not match its MAC%'") == "1";
+    }));
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + edited.id() + "'"),
+              "daemon-restart");
+}
+
 // The journal's hash chain stays whole across hand-off, adoption and the end of the adopted
 // binding: the handoff column is outside the chain, every event is appended in order.
 TEST_F(RestartTest, TheJournalChainVerifiesAfterARestartWithAdoption) {

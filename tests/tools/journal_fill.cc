@@ -1,9 +1,11 @@
 // Test helper: writes sessions and events into a journal through the real writer, so that
 // shell tests can tamper with a genuine file.
-// Usage: journal_fill DB SESSIONS [--policy FILE] [--prune KEEP_EVENTS]
+// Usage: journal_fill DB SESSIONS [--policy FILE] [--prune KEEP_EVENTS] [--days-ago DAYS]
 //   --policy: first a daemon-start event that loads FILE (its text stored under its digest, the
 //             journal's id inside the chain), as the daemon writes it; grants name the digest.
 //   --prune:  then retention keeps only the newest KEEP_EVENTS events (a checkpoint).
+//   --days-ago: the start and the sessions are written DAYS ago (two seconds apart), for
+//             retention checks that need old events; default now.
 #include "journal/journal.h"
 #include "knod/json.h"
 #include "policy/parser.h"
@@ -153,18 +155,22 @@ int report_main(int argc, char **argv) {
 int main(int argc, char **argv) {
     if (argc >= 3 && std::string(argv[1]) == "--report") return report_main(argc, argv);
     if (argc < 3 || (argc - 3) % 2 != 0) {
-        std::cerr << "usage: journal_fill DB SESSIONS [--policy FILE] [--prune KEEP_EVENTS] | "
+        std::cerr << "usage: journal_fill DB SESSIONS [--policy FILE] [--prune KEEP_EVENTS] "
+                     "[--days-ago DAYS] | "
                      "--report DB [--hostile]\n";
         return 2;
     }
     std::optional<std::string> policy_file;
     std::optional<std::int64_t> prune;
+    std::int64_t base = 0; // 0: now, as the journal stamps it
     for (int i = 3; i + 1 < argc; i += 2) {
         std::string flag = argv[i];
         if (flag == "--policy")
             policy_file = argv[i + 1];
         else if (flag == "--prune")
             prune = std::stoll(argv[i + 1]);
+        else if (flag == "--days-ago")
+            base = knod::journal::now_us() - std::stoll(argv[i + 1]) * 86400LL * 1000000;
         else {
             std::cerr << "journal_fill: unknown option " << flag << "\n";
             return 2;
@@ -187,6 +193,7 @@ int main(int argc, char **argv) {
         start.kind = knod::journal::kind::daemon_start;
         start.uid = 0;
         start.pid = 1;
+        start.at_us = base;
         auto &id = (*j)->identity();
         start.detail = nlohmann::json{
             {"driver", "sim"},
@@ -212,6 +219,7 @@ int main(int argc, char **argv) {
         s.flows = {"udp * -> *:5000"};
         s.key_id = "k-" + std::to_string(i);
         s.rule = "sim-local";
+        if (base) s.started_us = base + (2 * i + 1) * 1000000LL;
         knod::journal::Event grant;
         grant.kind = knod::journal::kind::granted;
         grant.uid = s.uid;
@@ -233,6 +241,7 @@ int main(int argc, char **argv) {
         }
         knod::journal::Event end;
         end.kind = knod::journal::kind::ended;
+        if (base) end.at_us = s.started_us + 1000000;
         if (!(*j)->open_session(s, grant) || !(*j)->close_session(s.id, "release", {}, end)) {
             std::cerr << "journal_fill: write failed\n";
             return 1;

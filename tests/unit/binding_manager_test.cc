@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <set>
 #include <thread>
 
@@ -52,9 +54,39 @@ class FakeDriver : public driver::Driver {
         ++detaches;
     }
     driver::Counters counters(const std::string &) const override { return {}; }
+    // A restart that keeps bindings: nothing of its own to hand over but a marker.
+    std::optional<std::string> handoff(const std::string &) const override { return "fake"; }
+    Result<std::vector<std::uint32_t>> readopt(const driver::BindingPlan &plan, bool now_active,
+                                               const std::string &,
+                                               std::map<std::string, UniqueFd>) override {
+        attached.insert(plan.id);
+        if (now_active) active.insert(plan.id);
+        return std::vector<std::uint32_t>{1};
+    }
+    void abandon(const std::string &, const std::string &state) override {
+        abandoned.push_back(state);
+    }
 
     std::set<std::string> attached, active;
+    std::vector<std::string> abandoned;
     int detaches = 0;
+};
+
+// systemd's file-descriptor store, in memory: a copy of each fd by name.
+struct MemoryStore : daemon::HandleStore {
+    bool store(const std::string &name, int fd) override {
+        kept[name] = UniqueFd(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+        return kept[name].get() >= 0;
+    }
+    void remove(const std::string &name) override { kept.erase(name); }
+    std::optional<UniqueFd> take(const std::string &name) override {
+        auto it = kept.find(name);
+        if (it == kept.end()) return std::nullopt;
+        UniqueFd fd = std::move(it->second);
+        kept.erase(it);
+        return fd;
+    }
+    std::map<std::string, UniqueFd> kept;
 };
 
 // What the manager told the outside world.
@@ -93,6 +125,24 @@ daemon::Peer user(uid_t uid) {
     daemon::Peer p;
     p.uid = uid;
     p.pid = getpid();
+    return p;
+}
+
+const char *many_per_user = R"([[rule]]
+name = "fake"
+netdevs = ["nic0"]
+max_region = "1MiB"
+flows = ["udp * -> *:*"]
+iommu = "any"
+max_bindings_per_uid = 16
+)";
+
+// This test process as a holder: pid, start time and a pidfd, as the bus side identifies one.
+daemon::Peer this_process(uid_t uid) {
+    daemon::Peer p = user(uid);
+    p.start_time = daemon::process_start_time(p.pid).value();
+    p.pidfd = daemon::pin_process(p.pid, p.start_time).value();
+    p.gids = {static_cast<gid_t>(uid)};
     return p;
 }
 
@@ -396,4 +446,99 @@ TEST_F(BindingManagerTest, ShutdownEndsEveryBindingAndLeavesNothingUnwritten) {
     EXPECT_EQ(
         count(rig.config.journal_path, "SELECT count(*) FROM events WHERE kind = 'daemon-stop'"),
         1);
+}
+
+// The restart handoff is authenticated whole (#31): a record edited in any field adoption reads
+// (holder pid, uid, groups, region, expiry, flows, state), written in an old format, or moved
+// to another binding's row is refused by its MAC, named in a not-adopted event, and nothing in
+// it is acted on; the intact records beside them are still taken back.
+TEST_F(BindingManagerTest, AHandoffEditedInAnyFieldIsRefusedAndTheIntactOnesAreTakenBack) {
+    MemoryStore store;
+    auto first = rig.manager(driver, parse_or_fail(many_per_user), &events);
+    first->set_handle_store(&store);
+    first->start();
+    daemon::Peer me = this_process(1000);
+    std::vector<std::string> ids;
+    for (int port = 5000; port < 5011; ++port) {
+        auto g = grant(*first, me, port);
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        ids.push_back(g->id);
+    }
+    ASSERT_EQ(first->hand_off(), ids.size());
+    first.reset();
+    const std::string &db = rig.config.journal_path;
+    auto edit = [&](const std::string &id, const std::string &to) {
+        auto w = journal::Database::open(db, SQLITE_OPEN_READWRITE);
+        ASSERT_TRUE(w.ok()) << w.error().message;
+        ASSERT_TRUE(w->exec("UPDATE sessions SET handoff = " + to + " WHERE id = '" + id + "'"));
+    };
+    // Each edit is one a journal writer might make to keep, move or widen a binding; without
+    // the MAC over the record, those after the first would be taken back as edited.
+    std::map<std::string, std::string> edited = {
+        {ids[0], "json_set(handoff, '$.owner.pid', 1)"},
+        {ids[1], "json_set(handoff, '$.owner.uid', 0)"},
+        {ids[2], "json_set(handoff, '$.owner.gids', json('[0, 27]'))"},
+        {ids[3], "json_set(handoff, '$.region.length', 2048)"},
+        {ids[4], "json_set(handoff, '$.expires_us', 4102444800000000)"},
+        {ids[5], "json_set(handoff, '$.flows', json('[\"udp * -> *:*\"]'))"},
+        {ids[6], "json_set(handoff, '$.state', 'active')"},
+        {ids[7], "json_set(handoff, '$.created_us', json_extract(handoff, '$.created_us') + 0.0)"},
+    };
+    std::string moved = ids[8], from = ids[9], intact = ids[10];
+    edited[moved] = "(SELECT handoff FROM sessions WHERE id = '" + from + "')";
+    for (auto &[id, to] : edited)
+        edit(id, to);
+    driver.attached.clear();
+    driver.active.clear();
+
+    auto second = rig.manager(driver, parse_or_fail(many_per_user), &events);
+    second->set_handle_store(&store);
+    second->start();
+    std::set<std::string> kept;
+    for (auto *b : second->bindings())
+        kept.insert(b->id);
+    EXPECT_EQ(kept, (std::set<std::string>{from, intact}));
+    EXPECT_TRUE(driver.active.empty()) << "the edited state was not believed";
+    EXPECT_TRUE(driver.abandoned.empty()) << "nothing in a refused record is acted on";
+    second->shutdown(); // waits until the journal has every record (the kept end as daemon-stop)
+    for (auto &[id, to] : edited) {
+        std::string reason =
+            id == moved ? "%written for another binding (moved)%" : "%does not match its MAC%";
+        EXPECT_EQ(count(db, "SELECT count(*) FROM events WHERE kind = 'not-adopted' AND "
+                            "session_id = '" +
+                                id + "' AND reason LIKE '" + reason + "'"),
+                  1)
+            << "binding " << id << " edited with " << to;
+    }
+    EXPECT_EQ(count(db, "SELECT count(*) FROM events WHERE kind = 'adopted'"), 2);
+    EXPECT_EQ(count(db, "SELECT count(*) FROM sessions WHERE end_reason = 'daemon-restart'"),
+              static_cast<std::int64_t>(edited.size()));
+}
+
+// A record of the format before #31 (its MAC covered the key only) is refused by name, not
+// parsed into a binding.
+TEST_F(BindingManagerTest, AHandoffOfTheOldFormatIsRefusedByName) {
+    MemoryStore store;
+    auto first = rig.manager(driver, parse_or_fail(many_per_user), &events);
+    first->set_handle_store(&store);
+    first->start();
+    auto g = grant(*first, this_process(1000), 5000);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_EQ(first->hand_off(), 1u);
+    first.reset();
+    {
+        auto w = journal::Database::open(rig.config.journal_path, SQLITE_OPEN_READWRITE);
+        ASSERT_TRUE(w.ok());
+        ASSERT_TRUE(w->exec("UPDATE sessions SET handoff = json_remove(json_set(handoff, "
+                            "'$.version', 1), '$.mac', '$.binding', '$.journal_id')"));
+    }
+    auto second = rig.manager(driver, parse_or_fail(many_per_user), &events);
+    second->set_handle_store(&store);
+    second->start();
+    EXPECT_TRUE(second->bindings().empty());
+    second->shutdown();
+    EXPECT_EQ(count(rig.config.journal_path,
+                    "SELECT count(*) FROM events WHERE kind = 'not-adopted' AND session_id = '" +
+                        g->id + "' AND reason LIKE '%format 1%'"),
+              1);
 }

@@ -1,5 +1,6 @@
 #include "journal/journal.h"
 #include "journal/reader.h"
+#include "journal/system_journal.h"
 #include "journal/verify.h"
 #include "policy/policy.h"
 
@@ -53,6 +54,23 @@ class JournalTest : public ::testing::Test {
             e.reason = "event " + std::to_string(i);
             ASSERT_TRUE((*j)->append(e).ok());
         }
+    }
+
+    // The first column of the first row, as text ("" when there is none).
+    std::string read_value(const std::string &query) {
+        auto db = Database::open(path_, SQLITE_OPEN_READONLY);
+        if (!db) return {};
+        auto st = db->prepare(query);
+        if (!st) return {};
+        auto row = st->step();
+        return row && *row ? st->text(0) : std::string();
+    }
+    std::optional<std::string> read_detail(std::int64_t seq) {
+        std::string d = read_value("SELECT detail FROM events WHERE seq = " + std::to_string(seq));
+        return d.empty() ? std::nullopt : std::optional<std::string>(d);
+    }
+    std::string read_hash_hex(std::int64_t seq) {
+        return read_value("SELECT lower(hex(hash)) FROM events WHERE seq = " + std::to_string(seq));
     }
 
     VerifyReport verify() {
@@ -1178,4 +1196,166 @@ TEST_F(JournalTest, TheCommitListenerHearsEachNewHead) {
     EXPECT_EQ(heads.back().first, 3);
     VerifyReport r = verify_chain(path_, {}, {}, AnchorUse::ignore).value();
     EXPECT_EQ(heads.back().second, r.head_hash);
+}
+
+// Retention records its settings and the newest pruned event's time in the prune event (#31):
+// an honest prune by age passes verify, and the auditor's --retention up to its real age; an
+// anchor naming a pruned event is accepted under --retention when that prune is in the chain.
+TEST_F(JournalTest, AnHonestPruneByAgePassesItsOwnRetentionAndTheAuditors) {
+    constexpr std::int64_t day = 86400LL * 1000000;
+    std::string hash3;
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        for (int i = 0; i < 15; ++i) {
+            Event e;
+            e.kind = kind::denied;
+            e.uid = 1000;
+            if (i < 10) e.at_us = now_us() - 10 * day; // ten days old
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        auto pruned = j->prune(std::nullopt, std::nullopt, day);
+        ASSERT_TRUE(pruned.ok()) << pruned.error().message;
+        EXPECT_EQ(*pruned, 10);
+    }
+    auto d = nlohmann::json::parse(*read_detail(16));
+    EXPECT_EQ(d["retention"], (nlohmann::json{{"age_us", day}, {"events", nullptr}}));
+    EXPECT_LT(d["through_at_us"].get<std::int64_t>() + day, d["pruned_at_us"].get<std::int64_t>());
+    EXPECT_TRUE(verify().ok) << verify().problem;
+    auto as_auditor = [&](std::int64_t retention, const std::string &anchor = {}) {
+        auto r = verify_chain(path_, {}, anchor, AnchorUse::require, retention);
+        EXPECT_TRUE(r.ok()) << r.error().message;
+        return r ? *r : VerifyReport{};
+    };
+    EXPECT_TRUE(as_auditor(7 * day).ok) << as_auditor(7 * day).problem;
+    auto strict = as_auditor(30 * day);
+    EXPECT_FALSE(strict.ok);
+    EXPECT_EQ(strict.first_bad_seq, 16);
+    EXPECT_NE(strict.problem.find("younger than --retention 30d"), std::string::npos)
+        << strict.problem;
+    // An anchor kept off the host at event 3, pruned since with no checkpoint there.
+    std::string off_host = (dir_ / "off-host.anchor").string();
+    std::ofstream(off_host) << R"({"seq": 3, "hash": ")" << std::string(64, 'a') << "\"}";
+    auto refused = verify_chain(path_, {}, off_host);
+    ASSERT_TRUE(refused.ok());
+    EXPECT_FALSE(refused->ok) << "without --allow-pruned-anchor or --retention";
+    auto accepted = as_auditor(7 * day, off_host);
+    EXPECT_TRUE(accepted.ok) << accepted.problem;
+    EXPECT_TRUE(accepted.anchor_pruned_by_retention);
+}
+
+// A prune the retention it records would not make: events a second old, under an age setting
+// of a day and no event count, written as a forger writes it (a consistent chain, a
+// checkpoint, the events gone). Verify reports it (not ok), naming the prune event.
+TEST_F(JournalTest, APruneYoungerThanItsRecordedRetentionIsReported) {
+    constexpr std::int64_t day = 86400LL * 1000000;
+    for (auto [age, events, ok] : {std::tuple{day, nlohmann::json(), false},
+                                   std::tuple{day, nlohmann::json(3), true}, // kept by count
+                                   std::tuple{std::int64_t{0}, nlohmann::json(), false}}) {
+        fs::remove(path_);
+        fs::remove(anchor_path(path_));
+        write_events(0);
+        {
+            auto j = std::move(Journal::open(path_)).value();
+            for (int i = 0; i < 10; ++i) {
+                Event e;
+                e.kind = kind::denied;
+                e.uid = 1000;
+                ASSERT_TRUE(j->append(e).ok());
+            }
+        }
+        std::string hash5 = read_hash_hex(5);
+        std::int64_t at5 = std::stoll(read_value("SELECT at_us FROM events WHERE seq = 5"));
+        std::int64_t now = now_us();
+        nlohmann::json retention{{"age_us", age ? nlohmann::json(age) : nlohmann::json()},
+                                 {"events", events}};
+        {
+            auto j = std::move(Journal::open(path_)).value();
+            Event p;
+            p.kind = kind::prune;
+            p.at_us = now;
+            p.detail = nlohmann::json{{"pruned_through", 5},
+                                      {"hash", hash5},
+                                      {"events", 5},
+                                      {"pruned_at_us", now},
+                                      {"through_at_us", at5},
+                                      {"retention", retention},
+                                      {"journal_id", j->identity().journal_id}}
+                           .dump();
+            ASSERT_EQ(j->append(p).value(), 11);
+        }
+        sql("INSERT INTO checkpoints (seq, hash, pruned_at_us, events) VALUES (5, x'" + hash5 +
+            "', " + std::to_string(now) +
+            ", 5); DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq <= 5; CREATE "
+            "TRIGGER events_no_delete BEFORE DELETE ON events BEGIN SELECT RAISE(ABORT, 'events "
+            "are append-only'); END;");
+        VerifyReport r = verify();
+        EXPECT_EQ(r.ok, ok) << r.problem;
+        if (!ok) {
+            EXPECT_EQ(r.first_bad_seq, 11);
+            EXPECT_NE(r.problem.find("younger than the retention it records"), std::string::npos)
+                << r.problem;
+        }
+    }
+}
+
+// A prune that records no retention after a daemon-start that records the daemon's: posing as
+// an older build's prune to escape the check is malformed.
+TEST_F(JournalTest, APruneWithoutItsRetentionAfterAStartThatRecordsItIsMalformed) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Event start;
+        start.kind = kind::daemon_start;
+        start.detail = nlohmann::json{{"retention", {{"age_us", nullptr}, {"events", nullptr}}},
+                                      {"journal_id", j->identity().journal_id}}
+                           .dump();
+        ASSERT_TRUE(j->append(start).ok());
+        Event e;
+        e.kind = kind::denied;
+        ASSERT_TRUE(j->append(e).ok());
+        Event p;
+        p.kind = kind::prune;
+        p.detail = R"({"pruned_through": 1, "events": 1})";
+        ASSERT_TRUE(j->append(p).ok());
+    }
+    VerifyReport r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.first_bad_seq, 3);
+    EXPECT_NE(r.problem.find("records no retention setting"), std::string::npos) << r.problem;
+}
+
+// A system-journal record of an event pruned since, with no checkpoint at its seq: under
+// --retention AGE it is accepted only when the prune that removed it came at least AGE after
+// journald received the record (the event was written no later than that), so a wipe within
+// AGE of a record is found.
+TEST_F(JournalTest, ASystemJournalRecordOfAPrunedEventIsHeldToTheRetention) {
+    constexpr std::int64_t day = 86400LL * 1000000;
+    std::int64_t written = now_us() - 10 * day;
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        for (int i = 0; i < 15; ++i) {
+            Event e;
+            e.kind = kind::denied;
+            if (i < 10) e.at_us = written;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        ASSERT_EQ(j->prune(std::nullopt, std::nullopt, day).value(), 10);
+    }
+    auto check = [&](std::int64_t recorded_at, std::optional<std::int64_t> retention) {
+        auto db = Database::open(path_, SQLITE_OPEN_READONLY);
+        EXPECT_TRUE(db.ok());
+        std::vector<AnchorCopy> copies{{3, std::string(64, 'a'), recorded_at, path_}};
+        auto c = check_anchor_copies(*db, path_, copies, false, retention);
+        EXPECT_TRUE(c.ok()) << c.error().message;
+        return c ? *c : SystemJournalCheck{};
+    };
+    EXPECT_FALSE(check(written, std::nullopt).ok) << "no checkpoint at 3: not compared";
+    auto old_enough = check(written, 7 * day);
+    EXPECT_TRUE(old_enough.ok) << old_enough.problem;
+    EXPECT_EQ(old_enough.pruned_by_retention, 1);
+    // Recorded an hour ago, pruned since: younger than a day at its prune.
+    auto wiped = check(now_us() - 3600LL * 1000000, day);
+    EXPECT_FALSE(wiped.ok);
+    EXPECT_EQ(wiped.bad_seq, 3);
+    EXPECT_NE(wiped.problem.find("younger than --retention 1d"), std::string::npos)
+        << wiped.problem;
 }

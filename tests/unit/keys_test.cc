@@ -194,3 +194,24 @@ TEST(Keys, ACarriedKeyVerifiesInTheNextAuthorityWithTheSameSecretOnly) {
     after.revoke(k->key_id);
     EXPECT_FALSE(after.carry(k->key_id).ok());
 }
+
+// The MAC the restart handoff carries (#31): good only for the same purpose, message and
+// secret; a carried key with an empty id or one holding a NUL is refused (key MACs and seals
+// then never share an input).
+TEST(Keys, SealsAreBoundToPurposeMessageAndSecret) {
+    auto keys = authority();
+    auto mac = keys.seal("handoff", "{\"a\":1}");
+    EXPECT_TRUE(keys.sealed("handoff", "{\"a\":1}", mac));
+    EXPECT_FALSE(keys.sealed("handoff", "{\"a\":2}", mac));
+    EXPECT_FALSE(keys.sealed("other", "{\"a\":1}", mac));
+    EXPECT_FALSE(keys.sealed("handoff", "{\"a\":1}", std::span(mac).first(31)));
+    std::array<std::uint8_t, 32> secret{};
+    secret.fill(8);
+    auto other = std::move(KeyAuthority::with_secret(secret)).value();
+    EXPECT_FALSE(other.sealed("handoff", "{\"a\":1}", mac));
+    auto issued = keys.issue(grant()).value();
+    auto carried = keys.carry(issued.key_id).value();
+    EXPECT_FALSE(other.restore("", carried).ok());
+    EXPECT_FALSE(other.restore(std::string("k-\0x", 4), carried).ok());
+    EXPECT_TRUE(other.restore(issued.key_id, carried).ok());
+}
