@@ -66,6 +66,9 @@ Runner add_metrics(CLI::App &app) {
         "atomically for node_exporter's textfile collector, and knod_up 0 alone when the "
         "daemon cannot be asked. See docs/metrics.md.");
     add_bus_options(cmd, o->bus, false);
+    cmd->footer(std::string(daemon_exit_codes) +
+                " With --textfile, 2 also when DIR cannot be written; a daemon that cannot be "
+                "reached leaves knod_up 0 in the file.");
     cmd->add_option("--textfile", o->textfile_dir,
                     "write DIR/knod-policy.prom (temporary file, fsync, rename) instead of "
                     "printing; Debian's node_exporter reads /var/lib/prometheus/node-exporter")
