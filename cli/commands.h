@@ -24,5 +24,6 @@ Runner add_daemon_commands(CLI::App &app);
 Runner add_bindings(CLI::App &app);
 Runner add_sim_send(CLI::App &app);
 Runner add_doctor(CLI::App &app);
+Runner add_metrics(CLI::App &app);
 
 } // namespace knod::cli

@@ -30,6 +30,7 @@ int main(int argc, char **argv) {
     runners.push_back(knod::cli::add_bindings(app));
     runners.push_back(knod::cli::add_sim_send(app));
     runners.push_back(knod::cli::add_doctor(app));
+    runners.push_back(knod::cli::add_metrics(app));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {

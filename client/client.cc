@@ -485,6 +485,17 @@ Result<std::string> Client::host_report() {
     return std::string(s);
 }
 
+Result<std::string> Client::metrics() {
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "GetMetrics",
+                               &reply.e, &reply.m, "");
+    if (r < 0) return bus_failure(reply.e, r, "GetMetrics");
+    const char *s = nullptr;
+    if ((r = sd_bus_message_read(reply.m, "s", &s)) < 0)
+        return bus_failure(reply.e, r, "GetMetrics");
+    return std::string(s);
+}
+
 Result<void> Client::ping() {
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, "org.freedesktop.DBus.Peer",

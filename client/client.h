@@ -98,8 +98,8 @@ class Client {
     Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
     // The holder's data notifier (Binding.RxNotifier, the key proves it is the holder): the
     // read end of a pipe on which the daemon writes RxBytes (native-endian u64 records) after
-    // each delivered payload, and the RxBytes it starts from. Fails where the driver has none (devmem: the holder receives itself) or the daemon
-    // is older.
+    // each delivered payload, and the RxBytes it starts from. Fails where the driver has none
+    // (devmem: the holder receives itself) or the daemon is older.
     struct RxNotifier {
         UniqueFd fd;
         std::uint64_t rx_bytes = 0; // RxBytes as far as this notifier has counted
@@ -128,6 +128,8 @@ class Client {
     // Returns (rules, revoked).
     Result<std::pair<std::uint32_t, std::uint32_t>> reload();
     Result<std::string> host_report();
+    // Manager.GetMetrics: the daemon's counters as JSON (root, auditors and admins).
+    Result<std::string> metrics();
     Result<ManagerStatus> status();
     // A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping): the baseline benchmarks
     // compare against.

@@ -1,5 +1,7 @@
 #include "daemon/audit_trail.h"
 
+#include "daemon/metrics.h"
+
 #include "journal/journal.h"
 #include "knod/json.h"
 
@@ -13,6 +15,18 @@ namespace knod::daemon {
 namespace {
 
 constexpr std::size_t max_pending_records = 100000;
+
+// Wraps a session write's answer so the time from handing it to the writer to its commit (group
+// commit's linger included: what a caller waits for) lands in the histogram, on the writer's
+// thread.
+Written timed(Metrics *metrics, Written done) {
+    if (!metrics) return done;
+    return [metrics, done = std::move(done),
+            start = std::chrono::steady_clock::now()](Result<std::int64_t> r) mutable {
+        metrics->commit_latency().observe(std::chrono::steady_clock::now() - start);
+        done(std::move(r));
+    };
+}
 
 } // namespace
 
@@ -135,12 +149,12 @@ void AuditTrail::close_session(const std::string &id, const std::string &reason,
         journal_->close_session_async(
             id, reason, counters, std::move(closing),
             // `durable` moves to the loop: see open_session's.
-            [this, end, durable](Result<std::int64_t> r) mutable {
+            timed(metrics_, [this, end, durable](Result<std::int64_t> r) mutable {
                 post_([this, end, durable = std::move(durable), ok = r.ok()] {
                     if (!ok) keep_record(end);
                     if (durable) durable({});
                 });
-            });
+            }));
     } else {
         keep_record(PendingEnd{id, reason, counters, std::move(closing)});
         if (durable) durable({});
@@ -149,7 +163,7 @@ void AuditTrail::close_session(const std::string &id, const std::string &reason,
 
 void AuditTrail::open_session(const journal::Session &s, journal::Event grant, Written done) {
     forward(grant, s.netdev, s.gpu);
-    journal_->open_session_async(s, std::move(grant), std::move(done));
+    journal_->open_session_async(s, std::move(grant), timed(metrics_, std::move(done)));
 }
 
 void AuditTrail::name_policy(journal::Event &e) const {
@@ -251,6 +265,7 @@ void AuditTrail::tick(std::int64_t now_us) {
 }
 
 void AuditTrail::refuse(journal::Event e) {
+    if (metrics_) metrics_->refused(e.kind, e.decision.value_or(""));
     // Root's refusals are kept one by one: root could write the journal directly anyway.
     bool full = !e.uid || *e.uid == 0 ||
                 refusals_.admit(static_cast<std::uint32_t>(*e.uid), e.kind, journal::now_us());

@@ -25,6 +25,8 @@ class Journal; // journal/journal.h: SQLite stays out of the daemon's headers
 
 namespace knod::daemon {
 
+class Metrics; // daemon/metrics.h
+
 // Runs a function on the daemon's event-loop thread (journal completions arrive on the
 // journal's writer thread and come back through this).
 using Post = std::function<void(std::function<void()>)>;
@@ -93,6 +95,9 @@ class AuditTrail {
     // becomes a sink-failing / sink-recovered event.
     void set_sinks(sinks::SinkQueue *sinks);
     const sinks::SinkQueue *sinks() const { return sinks_; }
+    // Where refusals (before coalescing) and session commit latencies are counted; optional.
+    // It must outlive the trail's journal (its writer observes the latencies).
+    void set_metrics(Metrics *metrics) { metrics_ = metrics; }
     bool open() const { return journal_ != nullptr; }
     std::size_t pending() const { return pending_.size(); }
     std::uint64_t dropped() const { return dropped_records_; }
@@ -129,6 +134,7 @@ class AuditTrail {
     bool stopping_ = false; // shutdown or hand-off: records are written synchronously, in order
     std::uint64_t dropped_records_ = 0;
     sinks::SinkQueue *sinks_ = nullptr;
+    Metrics *metrics_ = nullptr;
     // Sink reports are posted from the sink thread; one that runs after the trail is gone
     // finds this expired.
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -95,6 +95,7 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
       host_(config_.host.sysfs, config_.host.proc) {
     // A policy built without the parser still gets the digest of the text it carries.
     if (policy_.digest.empty()) policy_.digest = policy::policy_digest(policy_.text);
+    audit_.set_metrics(&metrics_);
 }
 
 Result<void> BindingManager::apply_settings(const policy::Settings &settings) {
@@ -392,6 +393,7 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
 
 Result<void> BindingManager::throttle(uid_t uid, pid_t pid, const char *method) {
     if (uid == 0 || limiter_.admit(uid, std::chrono::steady_clock::now())) return {};
+    metrics_.rate_limited(method);
     journal::Event e;
     e.kind = journal::kind::rate_limited;
     e.uid = uid;
@@ -409,6 +411,7 @@ Result<void> BindingManager::throttle(uid_t uid, pid_t pid, const char *method) 
 
 Error BindingManager::refuse_limit(uid_t uid, pid_t pid, const char *method,
                                    const std::string &what) {
+    metrics_.rate_limited(method);
     journal::Event e;
     e.kind = journal::kind::rate_limited;
     e.uid = uid;
@@ -613,9 +616,12 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
     }
     // Fail closed: without a journal that can take the grant, nothing is granted. Records still
     // waiting for the disk mean it is not taking writes now: refuse at once, never wait here.
-    if (!audit_.journal())
+    if (!audit_.journal()) {
+        metrics_.refused(journal::kind::denied, "journal-unavailable"); // cannot be journaled
         return journal_error(make_error(Errc::journal_unavailable, "the journal cannot be opened"));
+    }
     if (audit_.pending()) {
+        metrics_.refused(journal::kind::denied, "journal-unavailable");
         audit_.flush_pending_async();
         return journal_error(
             make_error(Errc::journal_unavailable,
@@ -701,7 +707,7 @@ void BindingManager::commit_grant(const RequestArgs &args, const Decided &decide
     s.key_id = b.key_id;
     s.rule = b.rule;
     s.started_us = b.created_us;
-    Granted g{b.id, b.key_id, prepared.key, b.rule};
+    Granted g{b.id, b.key_id, prepared.key, b.rule, decided.event.decision.value_or("allow")};
     std::string id = b.id;
     count_usage(b, +1); // in flight counts: concurrent requests cannot slip past a quota
     claims_.claim(b.netdev, id, b.owner.uid, b.flows);
@@ -752,6 +758,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
     if (!written) {
         // Kept for the retry at the next tick: while it waits, every new request is refused at
         // once, so later callers do not each wait out the busy timeout.
+        metrics_.refused(journal::kind::denied, "journal-unavailable");
         journal::Event e = event_for(journal::kind::denied, b.owner);
         e.decision = "journal-unavailable";
         e.reason = "granted by rule '" + b.rule + "' but not recorded: " + written.error().message;
@@ -768,6 +775,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
     events_.binding_created(pos->second);
     // The start time names the holder from now on; the watch keeps a pidfd per process.
     pos->second.owner.pidfd.reset();
+    metrics_.granted(g.decision);
     done(std::move(g));
 }
 
@@ -901,6 +909,7 @@ void BindingManager::end_binding(const std::string &id, EndReason why, Done dura
     keys_.revoke(it->second.key_id);
     close_session(it->second, why, c, std::move(durable),
                   why == EndReason::steering_drift ? note : std::string());
+    metrics_.ended(why, it->second.netdev, it->second.gpu, c);
     count_usage(it->second, -1);
     claims_.release(id);
     if (store_)

@@ -10,6 +10,7 @@
 #include "daemon/handle_store.h"
 #include "daemon/holder_watch.h"
 #include "daemon/keys/key_authority.h"
+#include "daemon/metrics.h"
 #include "daemon/peer.h"
 #include "daemon/rate_limiter.h"
 #include "host/isolation.h"
@@ -80,6 +81,7 @@ struct Granted {
     std::string key_id;
     keys::KeyBytes key;
     std::string rule;
+    std::string decision = "allow"; // or would-deny (permissive mode)
 };
 
 struct ManagerConfig {
@@ -207,6 +209,8 @@ class BindingManager {
     std::size_t binding_count() const { return bindings_.size(); }
     // The journal's and the sinks' state, for the figures status() sums up.
     const AuditTrail &audit() const { return audit_; }
+    // The counters fleet monitoring reads (GetMetrics).
+    const Metrics &metrics() const { return metrics_; }
     driver::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
     const host::HostPaths &host_paths() const { return config_.host; }
@@ -275,6 +279,7 @@ class BindingManager {
     policy::Policy policy_;
     BindingEvents &events_;
     Post post_;
+    Metrics metrics_;  // before audit_: the journal's writer observes commit latencies into it
     AuditTrail audit_; // closed first (the destructor): its writer's answers post to the loop
     std::map<std::string, Binding> bindings_;
     std::map<std::string, Binding> inflight_; // granted, waiting for the journal to commit

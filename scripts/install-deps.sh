@@ -24,6 +24,9 @@ packages=(
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
   # journal files written from export format (audit verify against the system journal's copies)
   systemd-journal-remote
+  # knod-policy metrics against the real parts: promtool, node_exporter's textfile collector,
+  # a Prometheus that scrapes it (tests/cli/metrics_test.sh)
+  prometheus prometheus-node-exporter
   # packaging and its test: the Debian package, its lint, polkit, the unit checks
   debhelper dh-python dpkg-dev lintian polkitd systemd man-db bash-completion git
   # live-kernel and whole-system tests (tests/vm): QEMU, a kernel's modules, an initramfs, a
@@ -44,4 +47,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}" >&2
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# Tests start their own Prometheus and node_exporter on ports of their own: the packages' system
+# services must not hold 9090/9100 (or anything) here. Idempotent; offline without systemd.
+for unit in prometheus prometheus-node-exporter; do
+  [ -e "/lib/systemd/system/$unit.service" ] || continue
+  if [ -d /run/systemd/system ]; then
+    systemctl disable --now "$unit" >/dev/null 2>&1 || true
+  else
+    systemctl disable "$unit" >/dev/null 2>&1 || true
+    # Started by invoke-rc.d through its init script where no policy-rc.d forbade it.
+    [ -x "/etc/init.d/$unit" ] && "/etc/init.d/$unit" stop >/dev/null 2>&1 || true
+  fi
+done
 echo "install-deps: all packages present" >&2

@@ -2,6 +2,7 @@
 
 #include "daemon/bus/guard.h"
 #include "daemon/host_report.h"
+#include "daemon/metrics.h"
 #include "daemon/request_limits.h"
 #include "protocol/names.h"
 
@@ -234,6 +235,9 @@ const sd_bus_vtable manager_vtable[] = {
     // Anyone: the host's inventory is not secret from its own users.
     SD_BUS_METHOD_WITH_NAMES("GetHostReport", "", "", "s", SD_BUS_PARAM(report_json),
                              BusService::host_report, SD_BUS_VTABLE_UNPRIVILEGED),
+    // Auditors and admins: the figures sum every user's bindings (checked in the handler).
+    SD_BUS_METHOD_WITH_NAMES("GetMetrics", "", "", "s", SD_BUS_PARAM(metrics_json),
+                             BusService::metrics, SD_BUS_VTABLE_UNPRIVILEGED),
     // Anyone: binding signals are unicast; this asks for those about the bindings the caller
     // may list (its own uid's; all for auditors and admins) until its connection closes.
     SD_BUS_METHOD("Subscribe", "", "", BusService::subscribe, SD_BUS_VTABLE_UNPRIVILEGED),
@@ -673,6 +677,21 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto *s = service(self);
         if (auto t = s->throttle(m, "GetHostReport"); !t) return fail(err, t.error());
         return sd_bus_reply_method_return(m, "s", daemon::host_report_json(*s->manager_).c_str());
+    });
+}
+
+int BusService::metrics(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("GetMetrics", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "GetMetrics"); !t) return fail(err, t.error());
+        if (!s->authorizer_.is_auditor(*c, s->manager_->policy().settings))
+            return fail(err, make_error(Errc::denied,
+                                        "GetMetrics needs root, the auditor group or the admin "
+                                        "group: its figures cover every user's bindings"));
+        return sd_bus_reply_method_return(
+            m, "s", daemon::metrics_json(*s->manager_, daemon_version).c_str());
     });
 }
 

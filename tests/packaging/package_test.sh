@@ -122,6 +122,16 @@ security=$(systemd-analyze security --offline=true /lib/systemd/system/knod-poli
 check "the unit's syscall filter allows bpf (not removed again by ~@privileged)" \
     'grep -q "@privileged is included (e.g. bpf is allowed)" <<<"$security"'
 
+# The metrics timer (docs/metrics.md): shipped, not enabled, and less exposed than the daemon.
+check "the metrics service and timer are installed, and not enabled" \
+    '[ -f /lib/systemd/system/knod-policy-metrics.service ] && [ -f /lib/systemd/system/knod-policy-metrics.timer ] &&
+     [ ! -e /etc/systemd/system/timers.target.wants/knod-policy-metrics.timer ]'
+metrics_exposure=$(systemd-analyze security --offline=true /lib/systemd/system/knod-policy-metrics.service 2>/dev/null |
+    sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')
+echo "# metrics unit exposure: ${metrics_exposure:-unknown}"
+check "the metrics unit's exposure is at most 1.0" \
+    '[ -n "$metrics_exposure" ] && awk -v e="$metrics_exposure" "BEGIN{exit !(e <= 1.0)}"'
+
 # --- the installed daemon, a private bus, a real polkitd ----------------------------------
 session_client=
 if [ -n "$test_client" ]; then

@@ -1,0 +1,82 @@
+// knod-policy metrics: the daemon's figures in Prometheus' text format, on stdout or, with
+// --textfile DIR, as DIR/knod-policy.prom for node_exporter's textfile collector (written
+// atomically; the packaged timer runs this every 10 s). No listening socket anywhere.
+#include "cli/commands.h"
+#include "cli/daemon_call.h"
+#include "cli/metrics_format.h"
+#include "client/client.h"
+
+#include <nlohmann/json.hpp>
+
+#include <iostream>
+
+namespace knod::cli {
+namespace {
+
+constexpr const char *textfile_name = "knod-policy.prom";
+
+struct Options {
+    BusOptions bus;
+    std::string textfile_dir;
+};
+
+// Where the text goes; a failure to write it is exit 2 (the directory is the caller's input).
+int deliver(const Options &o, const std::string &text, int rc) {
+    if (o.textfile_dir.empty()) {
+        std::cout << text << std::flush;
+        return rc;
+    }
+    if (auto w = write_textfile(o.textfile_dir, textfile_name, text); !w) {
+        std::cerr << "knod-policy metrics: " << w.error().message << "\n";
+        return exit_usage;
+    }
+    return rc;
+}
+
+int run_metrics(const Options &o) {
+    auto failed = [&](const Error &e) {
+        int rc = call_failed("metrics", e, o.bus.address);
+        // The file says the daemon is down rather than keeping figures it no longer vouches for.
+        if (!o.textfile_dir.empty()) return deliver(o, render_down(), rc);
+        return rc;
+    };
+    auto client = client::Client::connect(o.bus.address);
+    if (!client) return failed(client.error());
+    auto text = client->metrics();
+    if (!text) return failed(text.error());
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (!j.is_object())
+        return failed(make_error(Errc::corrupt, "GetMetrics answered something that is not a "
+                                                "JSON object"));
+    return deliver(o, render_metrics(j), exit_ok);
+}
+
+} // namespace
+
+Runner add_metrics(CLI::App &app) {
+    auto o = std::make_shared<Options>();
+    auto *cmd = app.add_subcommand(
+        "metrics",
+        "Print the daemon's figures in Prometheus' text exposition format (root, the policy's "
+        "auditor_group or admin_group): live bindings, requests by decision, refusals by kind, "
+        "bindings ended by reason, RX bytes and packets per netdev and GPU, data-path and guard "
+        "counters, journal commit latency and backlog, copy sinks, rate-limited calls, start "
+        "time. Labels are netdev, GPU, rule, decision, kind, reason, method and sink; never a "
+        "binding id, pid, key id or uid. With --textfile DIR it writes DIR/knod-policy.prom "
+        "atomically for node_exporter's textfile collector, and knod_up 0 alone when the "
+        "daemon cannot be asked. See docs/metrics.md.");
+    add_bus_options(cmd, o->bus, false);
+    cmd->footer(std::string(daemon_exit_codes) +
+                " With --textfile, 2 also when DIR cannot be written; a daemon that cannot be "
+                "reached leaves knod_up 0 in the file.");
+    cmd->add_option("--textfile", o->textfile_dir,
+                    "write DIR/knod-policy.prom (temporary file, fsync, rename) instead of "
+                    "printing; Debian's node_exporter reads /var/lib/prometheus/node-exporter")
+        ->type_name("DIR");
+    return [=]() -> int {
+        if (!cmd->parsed()) return -1;
+        return run_metrics(*o);
+    };
+}
+
+} // namespace knod::cli
