@@ -339,8 +339,7 @@ Error BindingManager::refuse_limit(uid_t uid, pid_t pid, const char *method,
     e.reason = std::string(method) + " refused: " + what;
     e.detail = knod::dump_json(nlohmann::json{{"method", method}, {"limit", what}});
     audit_.refuse(std::move(e));
-    // The bus adaptor sends it as LimitsExceeded (protocol/names.h, limits_exceeded_prefix).
-    return make_error(Errc::quota_exceeded,
+    return make_error(Errc::limits_exceeded,
                       std::string("limits exceeded: uid ") + std::to_string(uid) + ": " + what);
 }
 

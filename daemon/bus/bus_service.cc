@@ -26,11 +26,7 @@ std::string reply_text(const Error &e) {
     return escape_untrusted(e.message, Escape::message, limits::error_message);
 }
 
-// LimitsExceeded for a bound on the daemon's state (BindingManager::refuse_limit), otherwise
-// the code's name.
 const char *dbus_name(const Error &e) {
-    if (e.code == Errc::quota_exceeded && e.message.rfind(error::limits_exceeded_prefix, 0) == 0)
-        return error::limits_exceeded;
     return error_name(e.code);
 }
 
@@ -440,8 +436,7 @@ void BusService::journal_refused_request(sd_bus_message *m, const daemon::Reques
                                          const Error &why) const {
     // The caller as far as it can be named: the process, or only what the bus said of it (its
     // process is gone), or nothing at all (uid unknown: (uid_t)-1, as the kernel's overflow uid).
-    if (std::string_view(dbus_name(why)) == error::limits_exceeded)
-        return; // journaled (coalesced) where it was refused
+    if (why.code == Errc::limits_exceeded) return; // journaled (coalesced) where it was refused
     daemon::Peer who;
     who.uid = static_cast<uid_t>(-1);
     if (auto c = credentials(m)) {
