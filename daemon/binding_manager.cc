@@ -353,6 +353,11 @@ policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) 
     return u;
 }
 
+std::size_t BindingManager::caller_fds() const {
+    return bindings_.size() + 2 * inflight_.size() + (holders_ ? holders_->holders() : 0) +
+           notified_.size();
+}
+
 void BindingManager::count_usage(const Binding &b, int sign) {
     policy::Usage &u = usage_[b.owner.uid];
     u.bindings += static_cast<std::uint32_t>(sign);
@@ -370,6 +375,21 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
     if (auto r = throttle(caller.uid, caller.pid, "RequestBinding"); !r) return r.error();
+    // The daemon-wide bounds before anything is parsed or taken: a refused caller leaves nothing.
+    if (bindings_.size() + inflight_.size() >= config_.max_bindings)
+        return refuse_limit(caller.uid, caller.pid, "RequestBinding",
+                            "at most " + std::to_string(config_.max_bindings) +
+                                " bindings (live and in flight) in all; retry later");
+    if (inflight_.size() >= config_.max_grants_in_flight)
+        return refuse_limit(caller.uid, caller.pid, "RequestBinding",
+                            "at most " + std::to_string(config_.max_grants_in_flight) +
+                                " grants waiting for the journal in all; retry in a moment");
+    // A grant takes a region fd and, for a new holder process, a pidfd.
+    if (config_.max_caller_fds && caller_fds() + 2 > config_.max_caller_fds)
+        return refuse_limit(
+            caller.uid, caller.pid, "RequestBinding",
+            "at most " + std::to_string(config_.max_caller_fds) +
+                " fds held for callers in all (the daemon's fd limit); retry later");
     auto parsed = parse_request(caller, args);
     if (!parsed) {
         refuse_request(caller, args, parsed.error());
@@ -741,8 +761,19 @@ Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string
     if (auto ok = keys_.verify(it->second.key_id, key, presenter.holder(), it->second.region_id);
         !ok)
         return make_error(Errc::denied, "key refused: " + ok.error().message);
+    if (!notified_.count(id)) { // a second one replaces the first: no new pipe to bound
+        std::string what;
+        if (notified_.size() >= config_.max_notifiers)
+            what = "at most " + std::to_string(config_.max_notifiers) +
+                   " bindings with a notifier pipe in all; poll RxBytes instead, or retry later";
+        else if (config_.max_caller_fds && caller_fds() + 1 > config_.max_caller_fds)
+            what = "at most " + std::to_string(config_.max_caller_fds) +
+                   " fds held for callers in all (the daemon's fd limit); poll RxBytes instead";
+        if (!what.empty()) return refuse_limit(presenter.uid, presenter.pid, "RxNotifier", what);
+    }
     auto fd = driver_.rx_notifier(id);
     if (!fd) return fd.error();
+    notified_.insert(id);
     // One loop thread: no payload lands between these two lines, so the starting RxBytes and
     // the totals the pipe carries from here agree.
     return RxNotifier{std::move(*fd), driver_.counters(id).rx_bytes};
@@ -829,6 +860,7 @@ void BindingManager::end_binding(const std::string &id, EndReason why, Done dura
         for (auto &name : it->second.stored)
             store_->remove(name);
     if (holders_) holders_->remove(id, it->second.owner.pid, it->second.owner.start_time);
+    notified_.erase(id); // the driver closed its pipe in detach()
     Binding ended = std::move(it->second);
     bindings_.erase(it);
     events_.binding_ended(ended, why, note);

@@ -17,7 +17,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 using namespace knod::test;
 
@@ -33,11 +36,12 @@ struct Tally {
     std::string first_other;
 };
 
-// A process as `uid` that opens `want` connections, calls ListBindings once on each, reports
-// its tally on a pipe and keeps every connection open until release() (or destruction).
+// A process as `uid` that opens `want` connections, calls `method` (no arguments: ListBindings,
+// Subscribe) once on each, reports its tally on a pipe and keeps every connection open until
+// release() (or destruction).
 class Attacker {
   public:
-    Attacker(const Sandbox &s, uid_t uid, int want) {
+    Attacker(const Sandbox &s, uid_t uid, int want, const char *method = "ListBindings") {
         int report[2], hold[2];
         if (pipe2(report, O_CLOEXEC) != 0 || pipe2(hold, O_CLOEXEC) != 0) return;
         pid_ = fork();
@@ -49,7 +53,7 @@ class Attacker {
             if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
                 setresuid(uid, uid, uid) != 0)
                 _exit(3);
-            run(s.address(), want, report[1], hold[0]);
+            run(s.address(), want, method, report[1], hold[0]);
         }
         close(report[1]);
         close(hold[0]);
@@ -87,7 +91,8 @@ class Attacker {
     }
 
   private:
-    [[noreturn]] static void run(const std::string &address, int want, int report, int hold) {
+    [[noreturn]] static void run(const std::string &address, int want, const char *method,
+                                 int report, int hold) {
         std::vector<sd_bus *> buses;
         Tally t;
         for (int i = 0; i < want; ++i) {
@@ -103,9 +108,8 @@ class Attacker {
             buses.push_back(bus);
             sd_bus_error err = SD_BUS_ERROR_NULL;
             sd_bus_message *reply = nullptr;
-            int r =
-                sd_bus_call_method(bus, knod::bus::service_name, knod::bus::manager_path,
-                                   knod::bus::manager_interface, "ListBindings", &err, &reply, "");
+            int r = sd_bus_call_method(bus, knod::bus::service_name, knod::bus::manager_path,
+                                       knod::bus::manager_interface, method, &err, &reply, "");
             if (r >= 0)
                 ++t.ok;
             else if (err.name && std::strcmp(err.name, knod::bus::error::limits_exceeded) == 0)
@@ -215,4 +219,255 @@ TEST(Availability, PastTheBoundPerUserTheCallerIsRefusedByName) {
         30'000));
     EXPECT_TRUE(daemon_alive(sb));
     EXPECT_EQ(sb.sql("select count(*) from sessions where end_reason is not null"), "0");
+}
+
+// Subscriptions are bounded per uid and in all (each is a unicast of every signal its
+// subscriber may see): past either bound the caller gets the named refusal, journaled; a
+// subscribed connection that leaves gives its place back.
+TEST(Availability, SubscriptionsAreBoundedPerUserAndInAll) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they fork other uids)";
+    Sandbox sb(sim_policy,
+               {"--rate-limit=1000000", "--max-subscriptions-per-user=3", "--max-subscriptions=5"});
+    Attacker first(sb, attackers[0], 4, "Subscribe");
+    auto t = first.tally();
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->ok, 3) << "the bound per user";
+    EXPECT_EQ(t->limits, 1);
+    EXPECT_EQ(t->other, 0) << t->first_other;
+    Attacker second(sb, attackers[1], 3, "Subscribe");
+    t = second.tally();
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->ok, 2) << "the bound in all: 3 + 2";
+    EXPECT_EQ(t->limits, 1);
+    // Root is not bounded.
+    auto root = sb.client();
+    EXPECT_TRUE(root.subscribe().ok());
+    // Journaled (by the journal's writer, after the reply).
+    EXPECT_TRUE(eventually([&] {
+        return sb.sql("select count(*) > 0 from events where kind = 'rate-limited' and uid = " +
+                      std::to_string(attackers[0]) +
+                      " and reason like 'Subscribe refused: at most 3 subscribed connections "
+                      "per user%'") == "1";
+    }));
+    first.release();
+    // Its three subscriptions left with their connections: another uid gets all three places.
+    EXPECT_TRUE(eventually([&] {
+        Attacker again(sb, attackers[2], 3, "Subscribe");
+        auto a = again.tally();
+        return a && a->ok == 3;
+    }));
+    EXPECT_TRUE(daemon_alive(sb));
+}
+
+namespace {
+
+// A stand-in for polkitd on the sandbox's bus that holds every CheckAuthorization until
+// answer_all(), then answers no to those and to every later one at once: so a test can keep
+// questions in flight as long as it needs (the real polkitd answers in milliseconds).
+class SlowPolkit {
+  public:
+    explicit SlowPolkit(const Sandbox &s) {
+        // The bus lets root own polkit's name and the daemon (root here) call it.
+        std::string conf = slurp(s.dir() + "/bus.conf");
+        auto end = conf.rfind("</busconfig>");
+        if (end == std::string::npos) return;
+        conf.insert(end, "<policy user=\"root\"><allow own=\"org.freedesktop.PolicyKit1\"/>"
+                         "<allow send_destination=\"org.freedesktop.PolicyKit1\"/></policy>\n");
+        {
+            std::ofstream out(s.dir() + "/bus.conf");
+            out << conf;
+        }
+        sd_bus *bus = nullptr;
+        if (sd_bus_new(&bus) < 0) return;
+        sd_bus_set_address(bus, s.address().c_str());
+        sd_bus_set_bus_client(bus, 1);
+        sd_bus_error err = SD_BUS_ERROR_NULL;
+        bool reloaded =
+            sd_bus_start(bus) >= 0 &&
+            sd_bus_call_method(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                               "org.freedesktop.DBus", "ReloadConfig", &err, nullptr, "") >= 0;
+        sd_bus_error_free(&err);
+        sd_bus_unref(bus);
+        if (!reloaded) return;
+        int ready[2], control[2];
+        if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(control, O_CLOEXEC) != 0) return;
+        pid_ = fork();
+        if (pid_ == 0) serve(s.address(), ready[1], control[0]);
+        close(ready[1]);
+        close(control[0]);
+        control_ = control[1];
+        char c = 0;
+        struct pollfd p {
+            ready[0], POLLIN, 0
+        };
+        ready_ = poll(&p, 1, 60'000) == 1 && read(ready[0], &c, 1) == 1 && c == 'r';
+        close(ready[0]);
+    }
+    ~SlowPolkit() {
+        if (pid_ <= 0) return;
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        close(control_);
+    }
+    bool ready() const { return ready_; }
+    void answer_all() { (void)!write(control_, "a", 1); }
+
+  private:
+    [[noreturn]] static void serve(const std::string &address, int ready, int control) {
+        struct State {
+            std::vector<sd_bus_message *> held;
+            bool answering = false;
+        } st;
+        sd_bus *bus = nullptr;
+        if (sd_bus_new(&bus) < 0) _exit(1);
+        sd_bus_set_address(bus, address.c_str());
+        sd_bus_set_bus_client(bus, 1);
+        if (sd_bus_start(bus) < 0) _exit(1);
+        auto no = [](sd_bus_message *m) { sd_bus_reply_method_return(m, "(bba{ss})", 0, 0, 0); };
+        auto on_call = [](sd_bus_message *m, void *ud, sd_bus_error *) -> int {
+            auto *s = static_cast<State *>(ud);
+            if (!sd_bus_message_is_method_call(m, "org.freedesktop.PolicyKit1.Authority",
+                                               "CheckAuthorization"))
+                return 0;
+            if (s->answering) {
+                sd_bus_reply_method_return(m, "(bba{ss})", 0, 0, 0);
+                return 1;
+            }
+            s->held.push_back(sd_bus_message_ref(m));
+            return 1; // no reply yet: the question stays in flight
+        };
+        if (sd_bus_add_object(bus, nullptr, "/org/freedesktop/PolicyKit1/Authority", on_call, &st) <
+                0 ||
+            sd_bus_request_name(bus, "org.freedesktop.PolicyKit1", 0) < 0)
+            _exit(1);
+        (void)!write(ready, "r", 1);
+        while (true) {
+            while (sd_bus_process(bus, nullptr) > 0) {
+            }
+            struct pollfd p[2] = {{sd_bus_get_fd(bus), POLLIN, 0}, {control, POLLIN, 0}};
+            if (poll(p, 2, -1) < 0) continue;
+            if (p[1].revents) {
+                char c;
+                if (read(control, &c, 1) != 1) _exit(0);
+                st.answering = true;
+                for (sd_bus_message *m : st.held) {
+                    no(m);
+                    sd_bus_message_unref(m);
+                }
+                st.held.clear();
+                sd_bus_flush(bus);
+            }
+        }
+    }
+
+    pid_t pid_ = -1;
+    int control_ = -1;
+    bool ready_ = false;
+};
+
+// A process as `uid` with one connection that sends `n` RevokeBinding calls at once (each one a
+// polkit question for a non-admin) and reports each answer's error name, in the order they come.
+class Asker {
+  public:
+    Asker(const Sandbox &s, uid_t uid, int n) {
+        int report[2];
+        if (pipe2(report, O_CLOEXEC) != 0) return;
+        pid_ = fork();
+        if (pid_ == 0) {
+            close(report[0]);
+            if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
+                setresuid(uid, uid, uid) != 0)
+                _exit(3);
+            ask(s.address(), n, report[1]);
+        }
+        close(report[1]);
+        report_ = report[0];
+    }
+    ~Asker() {
+        if (pid_ > 0) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+        if (report_ >= 0) close(report_);
+    }
+    // The next answer's error name ("ok" for none), or "" when none came within 60 s.
+    std::string next() {
+        std::string line;
+        struct pollfd p {
+            report_, POLLIN, 0
+        };
+        while (poll(&p, 1, 60'000) == 1) {
+            char c;
+            if (read(report_, &c, 1) != 1 || c == '\n') return line;
+            line += c;
+        }
+        return line;
+    }
+
+  private:
+    [[noreturn]] static void ask(const std::string &address, int n, int report) {
+        sd_bus *bus = nullptr;
+        if (sd_bus_new(&bus) < 0) _exit(1);
+        sd_bus_set_address(bus, address.c_str());
+        sd_bus_set_bus_client(bus, 1);
+        if (sd_bus_start(bus) < 0) _exit(1);
+        auto answered = [](sd_bus_message *m, void *ud, sd_bus_error *) -> int {
+            const sd_bus_error *e = sd_bus_message_get_error(m);
+            std::string line = (e && e->name ? e->name : "ok") + std::string("\n");
+            (void)!write(*static_cast<int *>(ud), line.data(), line.size());
+            return 0;
+        };
+        for (int i = 0; i < n; ++i)
+            if (sd_bus_call_method_async(bus, nullptr, knod::bus::service_name,
+                                         knod::bus::manager_path, knod::bus::manager_interface,
+                                         "RevokeBinding", answered, &report, "ss", "nope",
+                                         "test") < 0)
+                _exit(1);
+        while (true) {
+            while (sd_bus_process(bus, nullptr) > 0) {
+            }
+            sd_bus_wait(bus, UINT64_MAX);
+        }
+    }
+
+    pid_t pid_ = -1;
+    int report_ = -1;
+};
+
+} // namespace
+
+// Polkit questions are bounded per uid and in all (each is a pending reply on the daemon's own
+// connection, of the 128 the bus allows it): while they wait, one more from that uid, or from
+// anyone past the total, is refused by name at once and journaled; root (never asked) and the
+// questions already in flight are untouched; once polkit answers, the same uid may ask again.
+TEST(Availability, PolkitQuestionsInFlightAreBoundedPerUserAndInAll) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they fork other uids)";
+    Sandbox sb(sim_policy, {"--rate-limit=1000000", "--max-polkit-questions-per-user=4",
+                            "--max-polkit-questions=6"});
+    SlowPolkit polkit(sb);
+    ASSERT_TRUE(polkit.ready()) << slurp(sb.dir() + "/bus.log");
+    const std::string limits = knod::bus::error::limits_exceeded;
+    Asker five(sb, attackers[0], 5);
+    EXPECT_EQ(five.next(), limits) << "the fifth of one uid, while four wait for polkit";
+    Asker more(sb, attackers[1], 3);
+    EXPECT_EQ(more.next(), limits) << "the seventh in all, while six wait";
+    // Root is answered at once (no polkit question): no such binding.
+    auto r = sb.client().revoke("nope", "test");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, knod::Errc::not_found) << r.error().message;
+    polkit.answer_all();
+    for (int i = 0; i < 4; ++i)
+        EXPECT_EQ(five.next(), knod::bus::error::denied) << "question " << i;
+    for (int i = 0; i < 2; ++i)
+        EXPECT_EQ(more.next(), knod::bus::error::denied) << "question " << i;
+    // Answered questions leave the count: the same uid asks four again, all answered.
+    Asker again(sb, attackers[0], 4);
+    for (int i = 0; i < 4; ++i)
+        EXPECT_EQ(again.next(), knod::bus::error::denied) << "question " << i;
+    EXPECT_TRUE(eventually([&] {
+        return sb.sql("select count(*) > 0 from events where kind = 'rate-limited' and uid = " +
+                      std::to_string(attackers[0]) + " and reason like '%polkit questions%'") ==
+               "1";
+    }));
+    EXPECT_TRUE(daemon_alive(sb));
 }
