@@ -380,7 +380,8 @@ Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &
         return refuse_limit(caller.uid, caller.pid, "RequestBinding",
                             "at most " + std::to_string(config_.max_bindings) +
                                 " bindings (live and in flight) in all; retry later");
-    if (inflight_.size() >= config_.max_grants_in_flight)
+    // An abandoned grant (its caller left) still waits for its commit, its reply with it.
+    if (inflight_.size() + abandoned_.size() >= config_.max_grants_in_flight)
         return refuse_limit(caller.uid, caller.pid, "RequestBinding",
                             "at most " + std::to_string(config_.max_grants_in_flight) +
                                 " grants waiting for the journal in all; retry in a moment");
@@ -950,6 +951,10 @@ void BindingManager::abandon_grant(const std::string &id, EndReason why) {
     keys_.revoke(it->second.key_id);
     count_usage(it->second, -1);
     claims_.release(id);
+    // Its fds go now too: only the session row waits for the commit, and a caller that asks and
+    // leaves in a loop must not keep regions and pidfds open while the journal is slow.
+    it->second.region.reset();
+    it->second.owner.pidfd.reset();
     abandoned_.emplace(id, Abandoned{std::move(it->second), why});
     inflight_.erase(it);
 }

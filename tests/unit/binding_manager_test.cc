@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <set>
 #include <thread>
 
@@ -333,6 +334,39 @@ TEST_F(BindingManagerTest, PastTheGrantsInFlightTheCallerIsRefusedByName) {
     EXPECT_TRUE(a->ok() && b->ok());
     EXPECT_TRUE(grant(*m, user(1002), 5002).ok()) << "room once the grants are durable";
     EXPECT_EQ(driver.attached.size(), 3u);
+    m->shutdown();
+}
+
+std::size_t open_fds() {
+    std::size_t n = 0;
+    for ([[maybe_unused]] auto &e : std::filesystem::directory_iterator("/proc/self/fd"))
+        ++n;
+    return n;
+}
+
+// A grant whose caller left before its commit gives its fds back at once, but it still waits
+// for the journal (its reply with it), so it counts against the grants in flight until then: a
+// caller that asks and leaves in a loop cannot get past the bound while the journal is slow.
+TEST_F(BindingManagerTest, AbandonedGrantsCountAsInFlightAndHoldNoFds) {
+    rig.config.max_grants_in_flight = 2;
+    auto m = make(many_per_user);
+    daemon::Peer leaving = user(1000);
+    leaving.bus_name = ":1.7";
+    std::size_t before = open_fds();
+    std::optional<Result<daemon::Granted>> a, b, c;
+    ask(*m, leaving, 5000, a);
+    EXPECT_EQ(open_fds(), before + 1) << "the daemon's own reference to the region";
+    m->connection_gone(":1.7");
+    EXPECT_EQ(open_fds(), before) << "abandoned: the region is let go at once";
+    ask(*m, user(1001), 5001, b);
+    ask(*m, user(1002), 5002, c);
+    ASSERT_TRUE(c.has_value()) << "refused before the loop runs: the abandoned one still counts";
+    ASSERT_FALSE(c->ok());
+    EXPECT_EQ(c->error().code, Errc::limits_exceeded) << c->error().message;
+    ASSERT_TRUE(drain([&] { return a && b; }));
+    EXPECT_FALSE(a->ok()) << "nothing handed out to a caller that left";
+    EXPECT_TRUE(b->ok());
+    EXPECT_TRUE(grant(*m, user(1002), 5002).ok()) << "room once the commits are done";
     m->shutdown();
 }
 
