@@ -4,6 +4,7 @@
 // max_match_rules_per_connection 512, max_replies_per_connection 128, ...). Before, each caller
 // connection cost the daemon one match rule on the bus; the 513th made sd-bus close the
 // daemon's connection, and every binding ended as daemon-stop.
+#include "knod/client.h"
 #include "protocol/names.h"
 #include "tests/integration/sandbox.h"
 
@@ -473,4 +474,43 @@ TEST(Availability, PolkitQuestionsInFlightAreBoundedPerUserAndInAll) {
                "1";
     }));
     EXPECT_TRUE(daemon_alive(sb));
+}
+
+// The SDK names the refusal: past a daemon-wide bound (here one binding in all) a request is
+// KNOD_ERR_LIMITS_EXCEEDED through the C API, with the bus's name, and knod.LimitsExceeded in
+// Python (the same library under ctypes), never a policy quota; the holder keeps its binding.
+TEST(Availability, TheSdkNamesTheRefusalLimitsExceeded) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they fork other uids)";
+    Sandbox sb(sim_policy, {"--max-bindings=1"});
+    Holder h(sb, {"knodsim0", "sim0", "4096", flow}, bystander);
+    ASSERT_TRUE(h.ok()) << h.line();
+    knod_client *c = nullptr;
+    knod_error *e = nullptr;
+    ASSERT_EQ(knod_client_connect(sb.address().c_str(), &c, &e), KNOD_OK)
+        << (e ? knod_error_message(e) : "");
+    int fd = make_region(4096);
+    ASSERT_GE(fd, 0);
+    const char *flows[] = {"udp 10.99.0.1:* -> 10.99.0.2:5001"};
+    knod_binding *b = nullptr;
+    EXPECT_EQ(knod_request_binding(c, "knodsim0", "sim0", nullptr, fd, 0, 4096, flows, 1, &b, &e),
+              KNOD_ERR_LIMITS_EXCEEDED);
+    ASSERT_NE(e, nullptr);
+    EXPECT_STREQ(knod_error_dbus_name(e), knod::bus::error::limits_exceeded);
+    EXPECT_STREQ(knod_errc_name(knod_error_code(e)), "limits-exceeded");
+    EXPECT_NE(std::string(knod_error_message(e)).find("at most 1 bindings"), std::string::npos)
+        << knod_error_message(e);
+    knod_error_free(e);
+    knod_client_unref(c);
+    close(fd);
+    auto py = sb.run_program({"env", "PYTHONPATH=" KNOD_SOURCE_DIR "/python",
+                              "KNOD_CLIENT_LIBRARY=" KNOD_CLIENT_LIB, "/usr/bin/python3", "-c",
+                              "import knod\n"
+                              "try:\n"
+                              "    knod.Client().register_buffer(knod.SimBuffer(4096),\n"
+                              "        'udp 10.99.0.1:* -> 10.99.0.2:5002', netdev='knodsim0')\n"
+                              "except knod.LimitsExceeded as e:\n"
+                              "    print('limits', e.code, e.dbus_name)\n"});
+    EXPECT_EQ(py.out, "limits 16 " + std::string(knod::bus::error::limits_exceeded))
+        << slurp(sb.dir() + "/client.log");
+    EXPECT_EQ(sb.run_client({"list"}, bystander).out, "ok " + h.id());
 }
