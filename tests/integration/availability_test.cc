@@ -263,6 +263,39 @@ TEST(Availability, SubscriptionsAreBoundedPerUserAndInAll) {
     EXPECT_TRUE(daemon_alive(sb));
 }
 
+// The bound in all on remembered connections: past it every new caller is refused by name,
+// whoever it is, while the connections already remembered (the bystander holder's) keep
+// everything; once the attackers leave, new callers are served again.
+TEST(Availability, PastTheBoundInAllNewCallersAreRefusedAndOthersKeepTheirs) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they fork other uids)";
+    Sandbox sb(sim_policy, {"--rate-limit=1000000", "--max-connections=300"});
+    Holder h(sb, {"knodsim0", "sim0", "4096", flow}, bystander); // remembered: 1 of 300
+    ASSERT_TRUE(h.ok()) << h.line();
+    auto attack = attack_from_every_uid(sb, 255);
+    int ok = 0, limits = 0;
+    for (std::size_t i = 0; i < attack.size(); ++i) {
+        auto t = attack[i]->tally();
+        ASSERT_TRUE(t) << "attacker " << attackers[i] << " reported nothing";
+        EXPECT_EQ(t->other, 0) << t->first_other;
+        ok += t->ok;
+        limits += t->limits;
+    }
+    EXPECT_EQ(ok, 299) << "the holder's connection and 299 attackers' fill the 300";
+    EXPECT_EQ(limits, 3 * 255 - 299);
+    ASSERT_TRUE(daemon_alive(sb));
+    // A new connection of the bystander is refused too; its holder keeps its binding.
+    Output refused = sb.run_client({"list"}, bystander);
+    EXPECT_NE(refused.out.find("LimitsExceeded"), std::string::npos) << refused.out;
+    auto listed = sb.client().list(); // root is not counted
+    ASSERT_TRUE(listed.ok()) << listed.error().message;
+    ASSERT_EQ(listed->size(), 1u);
+    EXPECT_EQ((*listed)[0].id, h.id());
+    attack.clear();
+    EXPECT_TRUE(
+        eventually([&] { return sb.run_client({"list"}, bystander).out == "ok " + h.id(); }));
+    EXPECT_EQ(sb.sql("select count(*) from sessions where end_reason is not null"), "0");
+}
+
 namespace {
 
 // A stand-in for polkitd on the sandbox's bus that holds every CheckAuthorization until
