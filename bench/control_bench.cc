@@ -13,11 +13,17 @@
 //   - with --live: RequestBinding p50 (each probe released again, untimed, from one client) once
 //     10, 1,000, ... bindings are held, the time to build them (--build-clients connections
 //     asking at once, default 1: one grant at a time), and the daemon's VmRSS at each.
+//   - with --holders: the same probes once 10, 2,000, ... holder processes each hold
+//     --holder-bindings bindings (default 5) on a bus connection of their own, as the uids of
+//     --holder-uids (the system bus lets one user open 256 connections), and at each level the
+//     daemon's VmRSS, its open fds and the match rules it holds on the bus (dbus-daemon's
+//     Debug.Stats.GetConnectionStats: knod-sandbox.sh --bus-stats lets root ask).
 // Every flow is exact and distinct per binding (udp 10.99.0.X:P -> 10.99.0.2:Q), as the
 // bench policy (bench/control_bench_policy.toml) grants them.
 //   knod_control_bench [--seconds S] [--clients 1,4,16] [--live 10,1000,10000] [--probes N]
-//                      [--build-budget S] [--build-clients N] [--netdev NAME] [--label TEXT]
-//                      [--json]
+//                      [--build-budget S] [--build-clients N] [--holders 10,2000]
+//                      [--holder-bindings N] [--holder-uids 5,6,...] [--netdev NAME]
+//                      [--label TEXT] [--json]
 //   knod_control_bench --pairs N   (one client, N pairs, nothing else: for callgrind)
 #include "client/client.h"
 #include "journal/journal.h"
@@ -26,7 +32,11 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <systemd/sd-bus.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -96,6 +106,167 @@ std::string live_flow(int k) {
 std::string probe_flow(int i) {
     return exact_flow(253, 1000 + i, 5002);
 }
+// Holder processes' binding k: 10.99.0.(1 + k % 250):(20000 + k / 250) -> :5003.
+std::string holder_flow(int k) {
+    return exact_flow(1 + k % 250, 20000 + k / 250, 5003);
+}
+
+long open_fds(const char *pid) {
+    if (!pid) return -1;
+    std::error_code ec;
+    long n = 0;
+    for (auto it = std::filesystem::directory_iterator(std::string("/proc/") + pid + "/fd", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+        ++n;
+    return ec ? -1 : n;
+}
+
+// What the bus says of the daemon's connection (org.freedesktop.DBus.Debug.Stats, where the bus
+// has it and its policy lets us ask): the match rules it holds now and at most.
+struct BusStats {
+    long match_rules = -1, peak_match_rules = -1;
+    std::string error; // why there are no figures
+};
+
+BusStats daemon_bus_stats() {
+    BusStats st;
+    sd_bus *bus = nullptr;
+    if (int r = sd_bus_open_system(&bus); r < 0) {
+        st.error = std::string("cannot connect: ") + std::strerror(-r);
+        return st;
+    }
+    sd_bus_error err = SD_BUS_ERROR_NULL;
+    sd_bus_message *reply = nullptr;
+    const char *owner = nullptr;
+    std::string unique;
+    if (sd_bus_call_method(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                           "org.freedesktop.DBus", "GetNameOwner", &err, &reply, "s",
+                           "org.knod.Policy1") >= 0 &&
+        sd_bus_message_read(reply, "s", &owner) >= 0 && owner)
+        unique = owner;
+    sd_bus_message_unref(reply);
+    reply = nullptr;
+    if (!unique.empty() &&
+        sd_bus_call_method(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                           "org.freedesktop.DBus.Debug.Stats", "GetConnectionStats", &err, &reply,
+                           "s", unique.c_str()) >= 0 &&
+        sd_bus_message_enter_container(reply, 'a', "{sv}") >= 0) {
+        while (sd_bus_message_enter_container(reply, 'e', "sv") > 0) {
+            const char *key = nullptr;
+            std::uint32_t v = 0;
+            if (sd_bus_message_read(reply, "s", &key) < 0) break;
+            std::string k = key ? key : "";
+            if ((k == "MatchRules" || k == "PeakMatchRules") &&
+                sd_bus_message_read(reply, "v", "u", &v) >= 0)
+                (k == "MatchRules" ? st.match_rules : st.peak_match_rules) = v;
+            else if (sd_bus_message_skip(reply, "v") < 0)
+                break;
+            sd_bus_message_exit_container(reply);
+        }
+    } else {
+        st.error = err.name ? err.name : "no answer";
+    }
+    sd_bus_message_unref(reply);
+    sd_bus_error_free(&err);
+    sd_bus_unref(bus);
+    return st;
+}
+
+// Holder processes, each on a bus connection of its own and as one of the given uids, each
+// holding its bindings until the fleet goes (closing `hold_` ends every one of them at once).
+class HolderFleet {
+  public:
+    HolderFleet(std::string netdev, std::vector<uid_t> uids, int per_holder)
+        : netdev_(std::move(netdev)), uids_(std::move(uids)), per_(per_holder) {
+        int h[2], r[2];
+        if (pipe2(h, O_CLOEXEC) != 0 || pipe2(r, O_CLOEXEC) != 0) die("pipe");
+        hold_r_ = h[0];
+        hold_w_ = h[1];
+        report_r_ = r[0];
+        report_w_ = r[1];
+    }
+    ~HolderFleet() {
+        close(hold_w_);
+        for (pid_t p : pids_)
+            waitpid(p, nullptr, 0);
+        close(hold_r_);
+        close(report_r_);
+        close(report_w_);
+    }
+    std::size_t size() const { return pids_.size(); }
+    int failed() const { return failed_; }
+
+    // Grows the fleet to `n` holders, a few connecting at once (dbus-daemon lets 64 connections
+    // be incomplete at a time), and waits until each has its bindings or has failed.
+    void grow_to(std::size_t n) {
+        constexpr int connecting = 16;
+        int outstanding = 0;
+        auto collect = [&] {
+            struct pollfd p {
+                report_r_, POLLIN, 0
+            };
+            if (poll(&p, 1, 300'000) != 1) die("a holder did not report within 300 s");
+            char c = 0;
+            if (read(report_r_, &c, 1) != 1) die("holder report");
+            if (c != 'k') ++failed_;
+            --outstanding;
+        };
+        while (pids_.size() < n) {
+            if (outstanding >= connecting) collect();
+            int index = static_cast<int>(pids_.size());
+            pid_t pid = fork();
+            if (pid < 0) die("fork");
+            if (pid == 0) hold(index);
+            pids_.push_back(pid);
+            ++outstanding;
+        }
+        while (outstanding > 0)
+            collect();
+    }
+
+  private:
+    [[noreturn]] void hold(int index) {
+        close(hold_w_);
+        close(report_r_);
+        uid_t uid = uids_[static_cast<std::size_t>(index) % uids_.size()];
+        char verdict = 'f';
+        if (setgroups(0, nullptr) == 0 && setresgid(uid, uid, uid) == 0 &&
+            setresuid(uid, uid, uid) == 0) {
+            auto client = knod::client::Client::connect();
+            if (!client) {
+                std::fprintf(stderr, "holder %d: %s\n", index, client.error().message.c_str());
+            } else {
+                int fd = region(4096);
+                int ok = 0;
+                for (int j = 0; j < per_; ++j) {
+                    auto g = client->request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                                                     {holder_flow(index * per_ + j)});
+                    if (g)
+                        ++ok;
+                    else
+                        std::fprintf(stderr, "holder %d (uid %u): %s\n", index, uid,
+                                     g.error().message.c_str());
+                }
+                if (ok == per_) verdict = 'k';
+                (void)!write(report_w_, &verdict, 1);
+                char c;
+                (void)!read(hold_r_, &c, 1); // until the fleet goes
+                std::_Exit(0);
+            }
+        }
+        (void)!write(report_w_, &verdict, 1);
+        char c;
+        (void)!read(hold_r_, &c, 1);
+        std::_Exit(1);
+    }
+
+    std::string netdev_;
+    std::vector<uid_t> uids_;
+    int per_;
+    int hold_r_ = -1, hold_w_ = -1, report_r_ = -1, report_w_ = -1;
+    std::vector<pid_t> pids_;
+    int failed_ = 0;
+};
 
 struct Options {
     double seconds = 4;
@@ -108,7 +279,12 @@ struct Options {
     std::string netdev = "knodsim0";
     std::string label;
     bool json = false;
-    int pairs_only = 0; // --pairs N: one client does N pairs and nothing else (for a profile)
+    int pairs_only = 0;       // --pairs N: one client does N pairs and nothing else (for a profile)
+    std::vector<int> holders; // holder-process levels, ascending
+    int holder_bindings = 5;
+    // Users the bus knows (games, man, lp, mail, news, uucp, proxy, www-data, backup, list):
+    // 200 holders each at 2,000, below the bus's 256 connections per user.
+    std::vector<int> holder_uids = {5, 6, 7, 8, 9, 10, 13, 33, 34, 38};
 };
 
 std::vector<int> int_list(const char *text) {
@@ -361,6 +537,15 @@ int main(int argc, char **argv) {
             o.build_budget_s = std::atof(argv[++i]);
         } else if (a == "--build-clients" && has) {
             o.build_clients = std::clamp(std::atoi(argv[++i]), 1, 64);
+        } else if (a == "--holders" && has) {
+            o.holders = int_list(argv[++i]);
+            std::sort(o.holders.begin(), o.holders.end());
+            std::erase_if(o.holders, [](int n) { return n <= 0; });
+        } else if (a == "--holder-bindings" && has) {
+            o.holder_bindings = std::max(1, std::atoi(argv[++i]));
+        } else if (a == "--holder-uids" && has) {
+            o.holder_uids = int_list(argv[++i]);
+            if (o.holder_uids.empty()) o.holder_uids = {5};
         } else if (a == "--netdev" && has) {
             o.netdev = argv[++i];
         } else if (a == "--label" && has) {
@@ -373,6 +558,7 @@ int main(int argc, char **argv) {
             std::fprintf(stderr,
                          "usage: %s [--seconds S] [--clients 1,4,16] [--live 10,1000,10000] "
                          "[--probes N] [--commits N] [--build-budget S] [--build-clients N] "
+                         "[--holders 10,2000] [--holder-bindings N] [--holder-uids 5,6,...] "
                          "[--netdev NAME] [--label TEXT] [--json]\n"
                          "Run inside scripts/knod-sandbox.sh (see bench/control_bench.sh).\n",
                          argv[0]);
@@ -548,6 +734,71 @@ int main(int argc, char **argv) {
         }
         close(fd);
     }
+    out["holders"] = json::array();
+    int holder_failures = 0;
+    if (!o.holders.empty()) {
+        auto client = knod::client::Client::connect();
+        if (!client) die("cannot connect: " + client.error().message);
+        std::vector<uid_t> uids(o.holder_uids.begin(), o.holder_uids.end());
+        HolderFleet fleet(o.netdev, uids, o.holder_bindings);
+        int fd = region(4096);
+        say("%-8s %9s %12s %12s %10s %10s %8s %12s %8s\n", "holders", "bindings", "grant p50",
+            "grant p99", "build s", "RSS KiB", "fds", "match rules", "failed");
+        double first_p50 = 0, last_p50 = 0;
+        for (int level : o.holders) {
+            auto t = Clock::now();
+            fleet.grow_to(static_cast<std::size_t>(level));
+            double build_s = us_since(t) / 1e6;
+            std::vector<double> grant;
+            int refused = 0;
+            for (int i = 0; i < o.probes; ++i) {
+                auto tg = Clock::now();
+                auto g = client->request_binding(o.netdev, "sim0", "rx-only", fd, 0, 4096,
+                                                 {probe_flow(i)});
+                double us = us_since(tg);
+                if (!g) {
+                    if (!refused++)
+                        std::fprintf(stderr, "probe refused: %s\n", g.error().message.c_str());
+                    continue;
+                }
+                grant.push_back(us);
+                (void)client->release(g->id);
+            }
+            double p50 = pct(grant, 0.5);
+            if (first_p50 == 0) first_p50 = p50;
+            last_p50 = p50;
+            long rss = rss_kib(pid), fds = open_fds(pid);
+            BusStats bus = daemon_bus_stats();
+            int bindings = static_cast<int>(fleet.size()) * o.holder_bindings;
+            say("%-8zu %9d %10.0fus %10.0fus %10.2f %10ld %8ld %12ld %8d\n", fleet.size(), bindings,
+                p50, pct(grant, 0.99), build_s, rss, fds, bus.match_rules,
+                fleet.failed() + refused);
+            if (!bus.error.empty()) say("  no bus figures: %s\n", bus.error.c_str());
+            json row = {{"holders", fleet.size()},
+                        {"bindings_per_holder", o.holder_bindings},
+                        {"uids", o.holder_uids.size()},
+                        {"grant_p50_us", p50},
+                        {"grant_p99_us", pct(grant, 0.99)},
+                        {"p50_over_first_level", first_p50 > 0 ? p50 / first_p50 : 0},
+                        {"build_s", build_s},
+                        {"rss_kib", rss},
+                        {"open_fds", fds},
+                        {"holders_failed", fleet.failed()},
+                        {"probes_refused", refused}};
+            row["match_rules"] = bus.match_rules >= 0 ? json(bus.match_rules) : json(nullptr);
+            row["peak_match_rules"] =
+                bus.peak_match_rules >= 0 ? json(bus.peak_match_rules) : json(nullptr);
+            if (!bus.error.empty()) row["bus_stats_error"] = bus.error;
+            out["holders"].push_back(row);
+            holder_failures += refused;
+        }
+        if (o.holders.size() > 1 && first_p50 > 0)
+            say("grant p50 at %d holders / at %d: %.2f\n", o.holders.back(), o.holders.front(),
+                last_p50 / first_p50);
+        holder_failures += fleet.failed();
+        close(fd);
+    }
     if (o.json) std::printf("%s\n", out.dump().c_str());
-    return 0;
+    // Every holder had all its bindings and every probe was granted, or the run failed.
+    return holder_failures ? 1 : 0;
 }

@@ -6,7 +6,8 @@
 #
 #   bench/control_bench.sh [--build DIR] [--modes off,on] [--json] [BENCH ARGS...]
 #   (BENCH ARGS: knod_control_bench's --seconds, --clients, --live, --probes, --commits,
-#    --build-budget; the default --live is 10,1000,10000)
+#    --build-budget, --holders, --holder-bindings, --holder-uids; the default --live is
+#    10,1000,10000). The scale case (docs/performance.md): --modes off --live 0 --holders 10,2000
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
@@ -28,7 +29,7 @@ done
 bench=$build/bench/knod_control_bench
 [ -x "$bench" ] || { echo "control bench: $bench is not built" >&2; exit 1; }
 n=$(($$ % 100000))
-common=(--build "$build" --policy "$repo/bench/control_bench_policy.toml"
+common=(--build "$build" --policy "$repo/bench/control_bench_policy.toml" --bus-stats
     --daemon-arg --rate-limit=1000000 --daemon-arg --linux-audit=false)
 run_mode() {
     case "$1" in

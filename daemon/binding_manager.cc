@@ -419,8 +419,7 @@ Error BindingManager::refuse_limit(uid_t uid, pid_t pid, const char *method,
     e.reason = std::string(method) + " refused: " + what;
     e.detail = knod::dump_json(nlohmann::json{{"method", method}, {"limit", what}});
     audit_.refuse(std::move(e));
-    // The bus adaptor sends it as LimitsExceeded (protocol/names.h, limits_exceeded_prefix).
-    return make_error(Errc::quota_exceeded,
+    return make_error(Errc::limits_exceeded,
                       std::string("limits exceeded: uid ") + std::to_string(uid) + ": " + what);
 }
 
@@ -432,6 +431,11 @@ policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) 
         u.bytes -= b->second.region_id.length;
     }
     return u;
+}
+
+std::size_t BindingManager::caller_fds() const {
+    return bindings_.size() + 2 * inflight_.size() + (holders_ ? holders_->holders() : 0) +
+           notified_.size();
 }
 
 void BindingManager::count_usage(const Binding &b, int sign) {
@@ -451,6 +455,22 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
     if (auto r = throttle(caller.uid, caller.pid, "RequestBinding"); !r) return r.error();
+    // The daemon-wide bounds before anything is parsed or taken: a refused caller leaves nothing.
+    if (bindings_.size() + inflight_.size() >= config_.max_bindings)
+        return refuse_limit(caller.uid, caller.pid, "RequestBinding",
+                            "at most " + std::to_string(config_.max_bindings) +
+                                " bindings (live and in flight) in all; retry later");
+    // An abandoned grant (its caller left) still waits for its commit, its reply with it.
+    if (inflight_.size() + abandoned_.size() >= config_.max_grants_in_flight)
+        return refuse_limit(caller.uid, caller.pid, "RequestBinding",
+                            "at most " + std::to_string(config_.max_grants_in_flight) +
+                                " grants waiting for the journal in all; retry in a moment");
+    // A grant takes a region fd and, for a new holder process, a pidfd.
+    if (config_.max_caller_fds && caller_fds() + 2 > config_.max_caller_fds)
+        return refuse_limit(
+            caller.uid, caller.pid, "RequestBinding",
+            "at most " + std::to_string(config_.max_caller_fds) +
+                " fds held for callers in all (the daemon's fd limit); retry later");
     auto parsed = parse_request(caller, args);
     if (!parsed) {
         refuse_request(caller, args, parsed.error());
@@ -827,8 +847,19 @@ Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string
     if (auto ok = keys_.verify(it->second.key_id, key, presenter.holder(), it->second.region_id);
         !ok)
         return make_error(Errc::denied, "key refused: " + ok.error().message);
+    if (!notified_.count(id)) { // a second one replaces the first: no new pipe to bound
+        std::string what;
+        if (notified_.size() >= config_.max_notifiers)
+            what = "at most " + std::to_string(config_.max_notifiers) +
+                   " bindings with a notifier pipe in all; poll RxBytes instead, or retry later";
+        else if (config_.max_caller_fds && caller_fds() + 1 > config_.max_caller_fds)
+            what = "at most " + std::to_string(config_.max_caller_fds) +
+                   " fds held for callers in all (the daemon's fd limit); poll RxBytes instead";
+        if (!what.empty()) return refuse_limit(presenter.uid, presenter.pid, "RxNotifier", what);
+    }
     auto fd = driver_.rx_notifier(id);
     if (!fd) return fd.error();
+    notified_.insert(id);
     // One loop thread: no payload lands between these two lines, so the starting RxBytes and
     // the totals the pipe carries from here agree.
     return RxNotifier{std::move(*fd), driver_.counters(id).rx_bytes};
@@ -916,6 +947,7 @@ void BindingManager::end_binding(const std::string &id, EndReason why, Done dura
         for (auto &name : it->second.stored)
             store_->remove(name);
     if (holders_) holders_->remove(id, it->second.owner.pid, it->second.owner.start_time);
+    notified_.erase(id); // the driver closed its pipe in detach()
     Binding ended = std::move(it->second);
     bindings_.erase(it);
     events_.binding_ended(ended, why, note);
@@ -1005,6 +1037,10 @@ void BindingManager::abandon_grant(const std::string &id, EndReason why) {
     keys_.revoke(it->second.key_id);
     count_usage(it->second, -1);
     claims_.release(id);
+    // Its fds go now too: only the session row waits for the commit, and a caller that asks and
+    // leaves in a loop must not keep regions and pidfds open while the journal is slow.
+    it->second.region.reset();
+    it->second.owner.pidfd.reset();
     abandoned_.emplace(id, Abandoned{std::move(it->second), why});
     inflight_.erase(it);
 }

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,6 +93,18 @@ struct ManagerConfig {
     // Repeated refusals of one uid and kind are journaled once per window, with a count.
     std::chrono::seconds refusal_window{10};
     std::size_t max_flows = 64;
+    // Bounds in all, whoever asks (root too: they protect the daemon's fds and memory, not users
+    // from each other; the policy's per-uid quotas do that). Live and in-flight bindings:
+    std::size_t max_bindings = 16384;
+    // Grants waiting for the journal's commit (each a pending reply, a region fd and a pidfd);
+    // the group commit keeps this short for honest callers.
+    std::size_t max_grants_in_flight = 1024;
+    // Bindings with a notifier pipe (RxNotifier; one per binding, a new one replaces the old).
+    std::size_t max_notifiers = 16384;
+    // The fds callers can make the daemon hold: a region per binding, a pidfd per holder
+    // process (and per grant in flight), a notifier pipe per binding that asked. main() sets it
+    // to the fd limit less what the daemon needs for itself; 0: not checked.
+    std::size_t max_caller_fds = 0;
     // Retention, applied at start and hourly: events older than this, beyond this many.
     std::optional<std::chrono::seconds> retain_age;
     std::optional<std::int64_t> retain_events;
@@ -272,6 +285,8 @@ class BindingManager {
     // usage not counted against it): reload and Renew.
     policy::Decision decide_again(const Binding &b) const;
     void count_usage(const Binding &b, int sign); // +1 when granted (in flight), -1 when gone
+    // The fds held for callers now (ManagerConfig::max_caller_fds).
+    std::size_t caller_fds() const;
 
     ManagerConfig config_;
     driver::Driver &driver_;
@@ -289,6 +304,7 @@ class BindingManager {
     };
     std::map<std::string, Abandoned> abandoned_; // in flight, caller gone: nothing to hand out
     std::map<uid_t, policy::Usage> usage_;       // live and in-flight bindings per uid, for quotas
+    std::set<std::string> notified_;             // bindings whose holder has a notifier pipe
     RateLimiter limiter_;
     FlowClaims claims_; // flows of live and in-flight bindings, per netdev
     HandleStore *store_ = nullptr;

@@ -53,6 +53,8 @@ struct Options {
     std::string keep_bindings = "auto";
     knod::host::HostPaths host;
     knod::bus::CallerLimits limits;
+    std::size_t max_bindings = knod::daemon::ManagerConfig{}.max_bindings;
+    std::size_t max_grants_in_flight = knod::daemon::ManagerConfig{}.max_grants_in_flight;
 };
 
 void log(const std::string &line) {
@@ -271,6 +273,33 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
                    "connections remembered in all (root's not counted)")
         ->capture_default_str()
         ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--max-polkit-questions-per-user", o.limits.polkit_per_uid,
+                   "polkit questions of one uid in flight (RevokeBinding, ReloadPolicy, Release of "
+                   "another's binding)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
+    app.add_option("--max-polkit-questions", o.limits.polkit,
+                   "polkit questions in flight in all (each one of the daemon's pending replies "
+                   "on the bus, 128 by default)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 100));
+    app.add_option("--max-subscriptions-per-user", o.limits.subscriptions_per_uid,
+                   "connections of one uid that may Subscribe")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    app.add_option("--max-subscriptions", o.limits.subscriptions,
+                   "subscribed connections in all (root's not counted)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--max-bindings", o.max_bindings,
+                   "live and in-flight bindings in all, root's too, and as many notifier pipes; "
+                   "one more is refused with LimitsExceeded (so is one past the fd limit)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--max-grants-in-flight", o.max_grants_in_flight,
+                   "grants waiting for the journal's commit in all")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 20));
     app.set_version_flag("--version", "knod-policyd " KNOD_VERSION);
     app.footer("Exit codes: 0 stopped cleanly; 78 (EX_CONFIG) configuration refused (invalid "
                "policy, unsafe state dir or files, an unreadable --retain; systemd does not "
@@ -386,6 +415,12 @@ std::optional<int> Daemon::build(Options &o) {
         files.rlim_cur = files.rlim_max;
         setrlimit(RLIMIT_NOFILE, &files);
     }
+    // What callers make the daemon hold (regions, pidfds, notifier pipes) stays below the fd
+    // limit, with 1024 left for the daemon itself (bus, journal, netlink, AF_XDP sockets, BPF
+    // maps): past the limit a grant would fail somewhere deep, or a holder go unwatched.
+    std::size_t caller_fds = 0;
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+        caller_fds = files.rlim_cur > 2048 ? files.rlim_cur - 1024 : files.rlim_cur / 2;
 
     // SIGTERM, SIGINT and SIGHUP were blocked first thing in main(); the loop's signal sources
     // take them (and any that came during start-up) from here on.
@@ -432,6 +467,10 @@ std::optional<int> Daemon::build(Options &o) {
     config.journal_path = o.state_dir + "/journal.db";
     config.requests_per_second = o.rate;
     config.request_burst = o.rate * 2;
+    config.max_bindings = o.max_bindings;
+    config.max_grants_in_flight = o.max_grants_in_flight;
+    config.max_notifiers = o.max_bindings; // one per binding at most: the same bound
+    config.max_caller_fds = caller_fds;
     config.refusal_window = std::chrono::seconds(o.refusal_window);
     if (!o.retain.empty()) {
         auto age = knod::policy::parse_duration(o.retain);

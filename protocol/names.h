@@ -27,9 +27,6 @@ inline constexpr const char *flow_conflict = "org.knod.Policy1.Error.FlowConflic
 // A bound on the state the daemon keeps for one user (tracked connections, polkit questions in
 // flight) or for everyone: docs/threat-model.md lists them.
 inline constexpr const char *limits_exceeded = "org.knod.Policy1.Error.LimitsExceeded";
-// Until knod::Errc has its own code for it: a quota_exceeded error whose message starts with
-// this is sent as LimitsExceeded (daemon/bus/bus_service.cc, fail()).
-inline constexpr const char *limits_exceeded_prefix = "limits exceeded: ";
 inline constexpr const char *failed = "org.knod.Policy1.Error.Failed";
 } // namespace error
 

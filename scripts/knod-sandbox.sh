@@ -5,7 +5,10 @@
 # DBUS_SYSTEM_BUS_ADDRESS pointing at that bus, then stops both and removes what it made.
 #
 #   scripts/knod-sandbox.sh [--policy FILE] [--build DIR] [--keep-state DIR] [--unique-sim]
-#                           [--daemon-arg ARG]... -- COMMAND [ARGS...]
+#                           [--bus-stats] [--daemon-arg ARG]... -- COMMAND [ARGS...]
+#
+# --bus-stats lets root call dbus-daemon's org.freedesktop.DBus.Debug.Stats (the bench reads the
+# daemon's match rules there); the system bus's policy, copied here otherwise, refuses it.
 #
 # --unique-sim gives the sim network names of this run's own (netdev, wire namespace, BPF pin
 # root), so tests that run at once never meet on the default knodsim0 (the daemon refuses a sim
@@ -18,6 +21,7 @@ build=$repo/build
 policy=$repo/packaging/policy.example.toml
 state=
 unique_sim=
+bus_stats=
 daemon_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -26,6 +30,7 @@ while [ $# -gt 0 ]; do
     --keep-state) state=$2; shift 2 ;;
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --unique-sim) unique_sim=1; shift ;;
+    --bus-stats) bus_stats=1; shift ;;
     --) shift; break ;;
     *) echo "knod-sandbox: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -52,6 +57,9 @@ if ! getent passwd knod-policy >/dev/null; then
 fi
 sed -e "s|@SOCKET@|$work/bus|" -e "s|@POLICY_CONF@|$policy_conf|" \
     "$repo/scripts/private-bus.conf.in" > "$work/bus.conf"
+if [ -n "$bus_stats" ]; then
+    sed -i 's|</busconfig>|  <policy user="root"><allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Debug.Stats"/></policy>\n</busconfig>|' "$work/bus.conf"
+fi
 # Its notes go to a log beside the bus, not into the session a person follows.
 dbus-daemon --config-file="$work/bus.conf" --nofork --print-address=3 3>"$work/address" \
     2>"$work/bus.log" &

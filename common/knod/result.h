@@ -27,7 +27,8 @@ enum class Errc {
     driver_failure,
     journal_unavailable,
     invalid_policy,
-    flow_conflict, // a requested flow overlaps a live or in-flight binding's on the same NIC
+    flow_conflict,   // a requested flow overlaps a live or in-flight binding's on the same NIC
+    limits_exceeded, // a bound on what the daemon keeps for callers (docs/threat-model.md)
 };
 
 struct Error {

@@ -49,12 +49,12 @@ Result<void> Authorizer::check_admin(const Credentials &c, const policy::Setting
     }
     auto &f = *in_flight_;
     if (auto it = f.per_uid.find(c.uid); it != f.per_uid.end() && it->second >= per_uid_)
-        return make_error(Errc::quota_exceeded,
+        return make_error(Errc::limits_exceeded,
                           "at most " + std::to_string(per_uid_) +
                               " polkit questions in flight per user; wait for the answers");
     if (f.total >= total_)
-        return make_error(Errc::quota_exceeded, "at most " + std::to_string(total_) +
-                                                    " polkit questions in flight in all");
+        return make_error(Errc::limits_exceeded, "at most " + std::to_string(total_) +
+                                                     " polkit questions in flight in all");
     ask_polkit(c, std::move(done));
     return {};
 }

@@ -43,10 +43,9 @@ class Authorizer {
     bool is_auditor(const Credentials &c, const policy::Settings &s) const;
     // Calls `done` with the answer: at once for root and the admin group, otherwise when
     // polkit answers (asynchronously: the daemon serves others meanwhile; no answer within
-    // 5 s, or no polkit on the bus, means no). QuotaExceeded (for the bus adaptor to send as
-    // LimitsExceeded), and `done` never called, when polkit would be asked but the caller's uid (or
-    // everyone) has as many questions in flight as the bounds allow. Questions still open when the
-    // authorizer goes are answered by no one.
+    // 5 s, or no polkit on the bus, means no). LimitsExceeded, and `done` never called, when
+    // polkit would be asked but the caller's uid (or everyone) has as many questions in flight as
+    // the bounds allow. Questions still open when the authorizer goes are answered by no one.
     Result<void> check_admin(const Credentials &c, const policy::Settings &s,
                              std::function<void(bool)> done) const;
     // Polkit questions that could not be sent or came back as a bus error (logged).

@@ -27,11 +27,7 @@ std::string reply_text(const Error &e) {
     return escape_untrusted(e.message, Escape::message, limits::error_message);
 }
 
-// LimitsExceeded for a bound on the daemon's state (BindingManager::refuse_limit), otherwise
-// the code's name.
 const char *dbus_name(const Error &e) {
-    if (e.code == Errc::quota_exceeded && e.message.rfind(error::limits_exceeded_prefix, 0) == 0)
-        return error::limits_exceeded;
     return error_name(e.code);
 }
 
@@ -436,7 +432,11 @@ void BusService::forget(const std::string &name) {
     if (auto n = connections_of_.find(uid); n != connections_of_.end() && --n->second == 0)
         connections_of_.erase(n);
     if (uid != 0) unprivileged_connections_ -= 1;
-    subscribers_.erase(name);
+    if (subscribers_.erase(name)) {
+        if (auto n = subscriptions_of_.find(uid); n != subscriptions_of_.end() && --n->second == 0)
+            subscriptions_of_.erase(n);
+        if (uid != 0) unprivileged_subscriptions_ -= 1;
+    }
     connections_.erase(it);
 }
 
@@ -444,8 +444,7 @@ void BusService::journal_refused_request(sd_bus_message *m, const daemon::Reques
                                          const Error &why) const {
     // The caller as far as it can be named: the process, or only what the bus said of it (its
     // process is gone), or nothing at all (uid unknown: (uid_t)-1, as the kernel's overflow uid).
-    if (std::string_view(dbus_name(why)) == error::limits_exceeded)
-        return; // journaled (coalesced) where it was refused
+    if (why.code == Errc::limits_exceeded) return; // journaled (coalesced) where it was refused
     daemon::Peer who;
     who.uid = static_cast<uid_t>(-1);
     if (auto c = credentials(m)) {
@@ -811,8 +810,24 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
         if (it == s->connections_.end())
             return fail(err, make_error(Errc::denied, "the caller's connection or process could "
                                                       "not be identified"));
+        if (!s->subscribers_.count(c->sender)) {
+            // A second Subscribe on a subscribed connection costs nothing; a new one counts.
+            auto mine = s->subscriptions_of_.find(c->uid);
+            std::size_t held = mine == s->subscriptions_of_.end() ? 0 : mine->second;
+            std::string what;
+            if (c->uid != 0 && held >= s->limits_.subscriptions_per_uid)
+                what = "at most " + std::to_string(s->limits_.subscriptions_per_uid) +
+                       " subscribed connections per user; subscribe on fewer connections";
+            else if (c->uid != 0 && s->unprivileged_subscriptions_ >= s->limits_.subscriptions)
+                what = "at most " + std::to_string(s->limits_.subscriptions) +
+                       " subscribed connections in all; retry later";
+            if (!what.empty())
+                return fail(err, s->manager_->refuse_limit(c->uid, c->pid, "Subscribe", what));
+            s->subscriptions_of_[c->uid] += 1;
+            if (c->uid != 0) s->unprivileged_subscriptions_ += 1;
+            s->subscribers_.insert(c->sender);
+        }
         it->second.subscriber = Subscriber{*c, {}, false}; // decided at the next signal
-        s->subscribers_.insert(c->sender);
         return sd_bus_reply_method_return(m, "");
     });
 }

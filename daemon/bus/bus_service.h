@@ -28,6 +28,11 @@ struct CallerLimits {
     // the 128 dbus-daemon allows per connection by default).
     std::size_t polkit_per_uid = 4;
     std::size_t polkit = 64;
+    // Subscribed connections: each signal about a binding is one unicast message per entitled
+    // subscriber (all of them for an auditor's or admin's), queued on the daemon's connection,
+    // so the fan-out of every event is bounded by these, well below the connection bounds.
+    std::size_t subscriptions_per_uid = 32;
+    std::size_t subscriptions = 1024;
 };
 
 class BusService : public daemon::BindingEvents {
@@ -150,6 +155,8 @@ class BusService : public daemon::BindingEvents {
     // binding is decided once per admin/auditor group setting, so that a signal costs no
     // user-database lookups however many subscribers there are.
     std::set<std::string> subscribers_;
+    std::map<uid_t, std::size_t> subscriptions_of_; // subscribed connections per uid
+    std::size_t unprivileged_subscriptions_ = 0;    // subscribed, of uids other than 0
 };
 
 std::string binding_path(const std::string &id);

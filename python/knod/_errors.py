@@ -34,6 +34,11 @@ class QuotaExceeded(Error):
     """org.knod.Policy1.Error.QuotaExceeded: a per-uid quota or rate limit; .rule set it."""
 
 
+class LimitsExceeded(Error):
+    """org.knod.Policy1.Error.LimitsExceeded: a bound on what the daemon keeps for callers
+    (connections per user or in all, polkit questions, bindings in all, ...); retry later."""
+
+
 class IsolationViolation(Error):
     """org.knod.Policy1.Error.IsolationViolation: IOMMU isolation does not hold."""
 
@@ -85,7 +90,7 @@ class ExportUnavailable(Error):
 BY_CODE = {
     1: Denied, 2: InvalidArgument, 3: NoSuchBinding, 4: QuotaExceeded, 5: IsolationViolation,
     6: DriverFailure, 7: JournalUnavailable, 8: InvalidPolicy, 9: FlowConflict, 10: Failed,
-    11: Unavailable, 13: BindingEnded, 14: BusError, 15: Error,
+    11: Unavailable, 13: BindingEnded, 14: BusError, 15: Error, 16: LimitsExceeded,
 }
 KNOD_ERR_TIMEOUT = 12
 KNOD_ERR_ENDED = 13

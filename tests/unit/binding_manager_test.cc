@@ -8,6 +8,7 @@
 #include "journal/verify.h"
 #include "tests/unit/manager_rig.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <set>
 #include <thread>
 
@@ -50,6 +52,7 @@ class FakeDriver : public driver::Driver {
         return {};
     }
     void detach(const std::string &id) override {
+        notifiers.erase(id);
         attached.erase(id);
         active.erase(id);
         ++detaches;
@@ -67,7 +70,15 @@ class FakeDriver : public driver::Driver {
     void abandon(const std::string &, const std::string &state) override {
         abandoned.push_back(state);
     }
+    // The read end of a pipe per binding, as the sim's; a new one replaces the old.
+    Result<UniqueFd> rx_notifier(const std::string &id) override {
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) != 0) return make_error(Errc::io, "pipe");
+        notifiers[id] = UniqueFd(p[1]);
+        return UniqueFd(p[0]);
+    }
 
+    std::map<std::string, UniqueFd> notifiers;
     std::set<std::string> attached, active;
     std::vector<std::string> abandoned;
     driver::Counters rx; // what every binding has received
@@ -314,6 +325,142 @@ TEST_F(BindingManagerTest, GrantsInFlightCountAgainstTheQuota) {
     m->release((*a)->id, user(1000), false, [&](Result<void> r) { released = r; });
     ASSERT_TRUE(drain([&] { return released.has_value(); }));
     EXPECT_TRUE(grant(*m, user(1000), 5004).ok());
+    m->shutdown();
+}
+
+const char *many_per_user = R"([[rule]]
+name = "fake"
+netdevs = ["nic0"]
+max_region = "1MiB"
+flows = ["udp * -> *:*"]
+iommu = "any"
+max_bindings_per_uid = 100
+)";
+
+// The bindings' bound in all (live and in flight, every uid): the caller that reaches it gets
+// LimitsExceeded, journaled and coalesced, before anything is taken; nobody's binding is touched,
+// and a release makes room again.
+TEST_F(BindingManagerTest, PastTheBindingsInAllTheCallerIsRefusedByName) {
+    rig.config.max_bindings = 3;
+    auto m = make(many_per_user);
+    auto a = grant(*m, user(1000), 5000);
+    auto b = grant(*m, user(1000), 5001);
+    auto c = grant(*m, user(1001), 5002);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+    for (int port : {5003, 5004}) {
+        auto refused = grant(*m, user(1002), port);
+        ASSERT_FALSE(refused.ok());
+        EXPECT_EQ(refused.error().code, Errc::limits_exceeded) << refused.error().message;
+        EXPECT_NE(refused.error().message.find("at most 3 bindings"), std::string::npos)
+            << refused.error().message;
+    }
+    EXPECT_EQ(driver.attached.size(), 3u) << "a refused request takes nothing";
+    EXPECT_TRUE(events.ended.empty()) << "nobody's binding is touched";
+    std::optional<Result<void>> released;
+    m->release(a->id, user(1000), false, [&](Result<void> r) { released = r; });
+    ASSERT_TRUE(drain([&] { return released.has_value(); }));
+    EXPECT_TRUE(grant(*m, user(1002), 5005).ok()) << "a release makes room";
+    m->shutdown();
+    m.reset();
+    // Two refusals of uid 1002: the first in full, the second only counted (the window is open).
+    EXPECT_EQ(count(rig.config.journal_path,
+                    "SELECT count(*) FROM events WHERE kind = 'rate-limited' AND uid = 1002 AND "
+                    "json_extract(detail, '$.limit') LIKE 'at most 3 bindings%'"),
+              1);
+}
+
+// Grants waiting for the journal are bounded in all: past the bound a request is refused at
+// once (LimitsExceeded) while the earlier ones complete; once they are durable there is room.
+TEST_F(BindingManagerTest, PastTheGrantsInFlightTheCallerIsRefusedByName) {
+    rig.config.max_grants_in_flight = 2;
+    auto m = make(many_per_user);
+    std::optional<Result<daemon::Granted>> a, b, c;
+    ask(*m, user(1000), 5000, a);
+    ask(*m, user(1001), 5001, b);
+    ask(*m, user(1002), 5002, c);
+    ASSERT_TRUE(c.has_value()) << "the third is refused before the loop runs";
+    ASSERT_FALSE(c->ok());
+    EXPECT_EQ(c->error().code, Errc::limits_exceeded) << c->error().message;
+    EXPECT_FALSE(a.has_value()) << "the first two wait for the journal";
+    ASSERT_TRUE(drain([&] { return a && b; }));
+    EXPECT_TRUE(a->ok() && b->ok());
+    EXPECT_TRUE(grant(*m, user(1002), 5002).ok()) << "room once the grants are durable";
+    EXPECT_EQ(driver.attached.size(), 3u);
+    m->shutdown();
+}
+
+std::size_t open_fds() {
+    std::size_t n = 0;
+    for ([[maybe_unused]] auto &e : std::filesystem::directory_iterator("/proc/self/fd"))
+        ++n;
+    return n;
+}
+
+// A grant whose caller left before its commit gives its fds back at once, but it still waits
+// for the journal (its reply with it), so it counts against the grants in flight until then: a
+// caller that asks and leaves in a loop cannot get past the bound while the journal is slow.
+TEST_F(BindingManagerTest, AbandonedGrantsCountAsInFlightAndHoldNoFds) {
+    rig.config.max_grants_in_flight = 2;
+    auto m = make(many_per_user);
+    daemon::Peer leaving = user(1000);
+    leaving.bus_name = ":1.7";
+    std::size_t before = open_fds();
+    std::optional<Result<daemon::Granted>> a, b, c;
+    ask(*m, leaving, 5000, a);
+    EXPECT_EQ(open_fds(), before + 1) << "the daemon's own reference to the region";
+    m->connection_gone(":1.7");
+    EXPECT_EQ(open_fds(), before) << "abandoned: the region is let go at once";
+    ask(*m, user(1001), 5001, b);
+    ask(*m, user(1002), 5002, c);
+    ASSERT_TRUE(c.has_value()) << "refused before the loop runs: the abandoned one still counts";
+    ASSERT_FALSE(c->ok());
+    EXPECT_EQ(c->error().code, Errc::limits_exceeded) << c->error().message;
+    ASSERT_TRUE(drain([&] { return a && b; }));
+    EXPECT_FALSE(a->ok()) << "nothing handed out to a caller that left";
+    EXPECT_TRUE(b->ok());
+    EXPECT_TRUE(grant(*m, user(1002), 5002).ok()) << "room once the commits are done";
+    m->shutdown();
+}
+
+// Notifier pipes are bounded in all: a second one for the same binding replaces the first and
+// counts once; past the bound the holder gets LimitsExceeded (and can still poll RxBytes); the
+// end of a binding gives its pipe back.
+TEST_F(BindingManagerTest, PastTheNotifierPipesInAllTheHolderIsRefusedByName) {
+    rig.config.max_notifiers = 1;
+    auto m = make(many_per_user);
+    auto a = grant(*m, user(1000), 5000);
+    auto b = grant(*m, user(1001), 5001);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(m->rx_notifier(a->id, user(1000), a->key).ok());
+    EXPECT_TRUE(m->rx_notifier(a->id, user(1000), a->key).ok()) << "a second replaces the first";
+    auto refused = m->rx_notifier(b->id, user(1001), b->key);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::limits_exceeded) << refused.error().message;
+    EXPECT_EQ(driver.notifiers.size(), 1u);
+    std::optional<Result<void>> released;
+    m->release(a->id, user(1000), false, [&](Result<void> r) { released = r; });
+    ASSERT_TRUE(drain([&] { return released.has_value(); }));
+    EXPECT_TRUE(m->rx_notifier(b->id, user(1001), b->key).ok()) << "the end gave the pipe back";
+    m->shutdown();
+}
+
+// The fds callers make the daemon hold stay within the budget the fd limit leaves: a region per
+// binding, two per grant in flight (region, pidfd), a notifier pipe per binding that asked.
+TEST_F(BindingManagerTest, PastTheFdBudgetTheCallerIsRefusedByName) {
+    rig.config.max_caller_fds = 4;
+    auto m = make(many_per_user);
+    auto a = grant(*m, user(1000), 5000); // 0 + 2 <= 4: granted, holds 1
+    auto b = grant(*m, user(1001), 5001); // 1 + 2 <= 4: granted, holds 2
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(m->rx_notifier(a->id, user(1000), a->key).ok()); // 2 + 1 <= 4: holds 3
+    auto refused = grant(*m, user(1002), 5002);                  // 3 + 2 > 4
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::limits_exceeded) << refused.error().message;
+    EXPECT_NE(refused.error().message.find("fd limit"), std::string::npos);
+    EXPECT_TRUE(m->rx_notifier(b->id, user(1001), b->key).ok()); // 3 + 1 <= 4: holds 4
+    auto more = m->rx_notifier(b->id, user(1001), b->key);       // replaces: no new fd counted
+    EXPECT_TRUE(more.ok());
+    EXPECT_EQ(driver.attached.size(), 2u) << "a refused request takes nothing";
     m->shutdown();
 }
 

@@ -83,6 +83,17 @@ TEST(ClientRefusal, QuotaNamesTheRuleThatSetIt) {
     EXPECT_EQ(*r.rule, "lab");
 }
 
+// A bound on the daemon's state has its own code and name, both ways: not a policy quota.
+TEST(ClientRefusal, LimitsExceededIsItsOwnCodeAndName) {
+    EXPECT_STREQ(bus::error_name(Errc::limits_exceeded), bus::error::limits_exceeded);
+    EXPECT_EQ(bus::error_code(bus::error::limits_exceeded), Errc::limits_exceeded);
+    EXPECT_NE(bus::error_code(bus::error::quota_exceeded), Errc::limits_exceeded);
+    auto r = client::parse_refusal(std::string(bus::error::limits_exceeded) +
+                                   ": limits exceeded: uid 5: at most 256 connections per user");
+    EXPECT_EQ(r.dbus_name, bus::error::limits_exceeded);
+    EXPECT_FALSE(r.rule.has_value());
+}
+
 TEST(ClientRefusal, LocalFailuresHaveNoBusName) {
     auto r = client::parse_refusal("RequestBinding: cannot build the call");
     EXPECT_TRUE(r.dbus_name.empty());
@@ -136,6 +147,7 @@ TEST(ClientCApi, CodeNamesAreStable) {
     EXPECT_STREQ(knod_errc_name(KNOD_ERR_DENIED), "denied");
     EXPECT_STREQ(knod_errc_name(KNOD_ERR_FLOW_CONFLICT), "flow-conflict");
     EXPECT_STREQ(knod_errc_name(KNOD_ERR_NO_MEMORY), "no-memory");
+    EXPECT_STREQ(knod_errc_name(KNOD_ERR_LIMITS_EXCEEDED), "limits-exceeded");
     EXPECT_STREQ(knod_errc_name(-1), "unknown");
     EXPECT_STREQ(knod_errc_name(99), "unknown");
     EXPECT_STREQ(knod_version(), KNOD_VERSION);

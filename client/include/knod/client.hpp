@@ -26,6 +26,7 @@ namespace knod::sdk {
 class Error {
   public:
     explicit Error(knod_error *e) : e_(e, &knod_error_free) {}
+    // KNOD_ERR_LIMITS_EXCEEDED: the daemon keeps as much as it will for callers; retry later.
     knod_errc code() const { return e_ ? knod_error_code(e_.get()) : KNOD_ERR_NO_MEMORY; }
     std::string message() const { return e_ ? knod_error_message(e_.get()) : "out of memory"; }
     // "" when the error did not come over the bus.
