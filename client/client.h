@@ -68,6 +68,14 @@ struct ManagerStatus {
     bool permissive = false;
     bool journal_available = false;
     std::uint64_t pending_journal_records = 0;
+    // "" when the journal commits and its anchor advances; otherwise what is wrong (a daemon
+    // older than these properties reports "" and 0).
+    std::string journal_problem;
+    std::uint64_t journal_write_failures = 0; // transactions the disk refused
+    std::uint64_t anchor_write_failures = 0;  // journal.db.anchor writes that failed
+    // Calls refused because the daemon ran out of fds, memory or disk, and the last one's text.
+    std::uint64_t resource_failures = 0;
+    std::string last_resource_failure;
 };
 
 class Client {
@@ -98,8 +106,8 @@ class Client {
     Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
     // The holder's data notifier (Binding.RxNotifier, the key proves it is the holder): the
     // read end of a pipe on which the daemon writes RxBytes (native-endian u64 records) after
-    // each delivered payload, and the RxBytes it starts from. Fails where the driver has none (devmem: the holder receives itself) or the daemon
-    // is older.
+    // each delivered payload, and the RxBytes it starts from. Fails where the driver has none
+    // (devmem: the holder receives itself) or the daemon is older.
     struct RxNotifier {
         UniqueFd fd;
         std::uint64_t rx_bytes = 0; // RxBytes as far as this notifier has counted

@@ -28,9 +28,17 @@ Result<Database> open_and_migrate(const std::string &path);
 int latest_schema_version();
 
 struct JournalStats {
-    std::uint64_t operations = 0;   // calls answered
-    std::uint64_t transactions = 0; // commits that reached the disk
-    std::uint64_t failures = 0;     // calls answered with an error
+    std::uint64_t operations = 0;      // calls answered
+    std::uint64_t transactions = 0;    // commits that reached the disk
+    std::uint64_t failures = 0;        // calls answered with an error
+    std::uint64_t commit_failures = 0; // transactions the disk refused (a full disk, I/O)
+    std::string last_error;            // of the last batch with a failed call; "" after a commit
+    std::uint64_t anchor_failures = 0; // anchor writes that failed (journal.db.anchor)
+    std::string anchor_failing;        // why the last anchor write failed; "" once one succeeds
+    // At the last look (every 64 commits): frames in the WAL, and those a reader's open
+    // snapshot keeps from being checkpointed (a long read transaction: the WAL grows by them).
+    std::uint64_t wal_frames = 0;
+    std::uint64_t wal_frames_held = 0;
 };
 
 class Journal {
@@ -111,6 +119,8 @@ class Journal {
     Result<std::int64_t> submit(Work work);
     void submit_async(Work work, Done done, bool lingers = false, bool blocking = false);
     static Work policy_load_work(Event load, PolicyText policy);
+    void note_anchor(Result<void> written); // counts a failed anchor write for stats()
+    int commits_since_checkpoint_ = 0;      // the writer thread's only
     static Work open_session_work(Session s, Event grant);
     static Work close_session_work(const std::string &id, const std::string &reason,
                                    const Counters &counters, Event closing);

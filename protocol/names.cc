@@ -21,6 +21,7 @@ const std::pair<Errc, const char *> table[] = {
     {Errc::journal_unavailable, error::journal_unavailable},
     {Errc::invalid_policy, error::invalid_policy},
     {Errc::flow_conflict, error::flow_conflict},
+    {Errc::out_of_resources, error::out_of_resources},
 };
 
 } // namespace

@@ -30,6 +30,9 @@ inline constexpr const char *limits_exceeded = "org.knod.Policy1.Error.LimitsExc
 // Until knod::Errc has its own code for it: a quota_exceeded error whose message starts with
 // this is sent as LimitsExceeded (daemon/bus/bus_service.cc, fail()).
 inline constexpr const char *limits_exceeded_prefix = "limits exceeded: ";
+// The daemon ran out of a resource (fds, memory, disk) while serving the call; the message
+// names which. Nothing was granted; the call may be retried once it is back.
+inline constexpr const char *out_of_resources = "org.knod.Policy1.Error.OutOfResources";
 inline constexpr const char *failed = "org.knod.Policy1.Error.Failed";
 } // namespace error
 

@@ -27,7 +27,8 @@ enum class Errc {
     driver_failure,
     journal_unavailable,
     invalid_policy,
-    flow_conflict, // a requested flow overlaps a live or in-flight binding's on the same NIC
+    flow_conflict,    // a requested flow overlaps a live or in-flight binding's on the same NIC
+    out_of_resources, // fds, memory, disk: knod/system_error.h names which; retry once it is back
 };
 
 struct Error {

@@ -82,6 +82,7 @@ struct HandLoop : driver::EventLoop {
 
 const char *two_per_user = R"([[rule]]
 name = "fake"
+any_caller = true
 netdevs = ["nic0"]
 max_region = "1MiB"
 flows = ["udp * -> *:*"]

@@ -182,21 +182,25 @@ TEST(DevmemReadiness, TheBackendServesTcpFlowsOnly) {
 TEST(DevmemReadiness, CheckSaysWhichRulesDevmemCanNeverServe) {
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "tcp-only"
+any_caller = true
 max_region = "1MiB"
 flows = ["tcp * -> *:5000"]
 
 [[rule]]
 name = "udp-only"
+any_caller = true
 max_region = "1MiB"
 flows = ["udp * -> *:5000", "any * -> 10.0.0.1:7"]
 
 [[rule]]
 name = "mixed"
+any_caller = true
 max_region = "1MiB"
 flows = ["tcp * -> *:5000", "tcp * -> *:6000-6100", "udp * -> *:7000"]
 
 [[rule]]
 name = "deny"
+any_caller = true
 action = "deny"
 flows = ["udp * -> *:9"]
 )",
