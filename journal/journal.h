@@ -27,19 +27,6 @@ namespace knod::journal {
 Result<Database> open_and_migrate(const std::string &path);
 int latest_schema_version();
 
-struct JournalStats {
-    std::uint64_t operations = 0;      // calls answered
-    std::uint64_t transactions = 0;    // commits that reached the disk
-    std::uint64_t failures = 0;        // calls answered with an error
-    std::uint64_t commit_failures = 0; // transactions the disk refused (a full disk, I/O)
-    std::string last_error;            // of the last batch with a failed call; "" after a commit
-    std::uint64_t anchor_failures = 0; // anchor writes that failed (journal.db.anchor)
-    std::string anchor_failing;        // why the last anchor write failed; "" once one succeeds
-    // At the last look (every 64 commits): frames in the WAL, and those a reader's open
-    // snapshot keeps from being checkpointed (a long read transaction: the WAL grows by them).
-    std::uint64_t wal_frames = 0;
-    std::uint64_t wal_frames_held = 0;
-};
 
 class Journal {
   public:

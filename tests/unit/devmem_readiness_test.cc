@@ -213,7 +213,7 @@ flows = ["udp * -> *:9"]
               std::string::npos)
         << w[0].message;
     EXPECT_NE(w[0].message.find("not TCP"), std::string::npos);
-    EXPECT_EQ(w[0].where.line, 6) << "points at the rule";
+    EXPECT_EQ(w[0].where.line, 7) << "points at the rule";
     EXPECT_NE(w[1].message.find("rule 'mixed' has flows the devmem driver never serves"),
               std::string::npos)
         << w[1].message;
