@@ -89,6 +89,13 @@ Runner add_check(CLI::App &app) {
             out["rules"] = load.policy.rules.size();
             // What the journal names this policy by once the daemon loads it (audit policy).
             if (load.ok()) out["digest"] = load.policy.digest;
+            // Each file's own SHA-256, as the daemon's policy-load events list them.
+            out["file_digests"] = nlohmann::json::array();
+            for (std::size_t i = 0; i < load.policy.files.size(); ++i)
+                out["file_digests"].push_back(
+                    {{"path", load.policy.files[i]},
+                     {"sha256",
+                      i < load.policy.file_digests.size() ? load.policy.file_digests[i] : ""}});
             out["diagnostics"] = nlohmann::json::array();
             for (auto &d : load.diagnostics)
                 out["diagnostics"].push_back(

@@ -85,6 +85,11 @@ int run_status(client::Client &client, const BusOptions &o) {
                                         {"permissive", st->permissive},
                                         {"journal_available", st->journal_available},
                                         {"pending_journal_records", st->pending_journal_records},
+                                        {"journal_problem", st->journal_problem},
+                                        {"journal_write_failures", st->journal_write_failures},
+                                        {"anchor_write_failures", st->anchor_write_failures},
+                                        {"resource_failures", st->resource_failures},
+                                        {"last_resource_failure", st->last_resource_failure},
                                         {"datapath", datapath},
                                         {"sinks", sinks}},
                          2)
@@ -94,10 +99,18 @@ int run_status(client::Client &client, const BusOptions &o) {
                   << "rules:    " << st->rules << (st->permissive ? " (PERMISSIVE)" : "") << "\n"
                   << "bindings: " << st->bindings << "\n"
                   << "journal:  "
-                  << (st->journal_available ? "ok" : "UNAVAILABLE (requests are refused)");
-        if (st->pending_journal_records)
+                  << (!st->journal_available        ? "UNAVAILABLE (requests are refused)"
+                      : st->journal_problem.empty() ? "ok"
+                                                    : "DEGRADED");
+        if (!st->journal_problem.empty())
+            std::cout << ": " << knod::escape_untrusted(st->journal_problem);
+        else if (st->pending_journal_records)
             std::cout << ", " << st->pending_journal_records << " record(s) waiting for the disk";
         std::cout << "\n";
+        if (st->resource_failures)
+            std::cout << "resources: " << st->resource_failures
+                      << " call(s) refused for want of fds, memory or disk; the last: "
+                      << knod::escape_untrusted(st->last_resource_failure) << "\n";
         if (!sinks.empty()) print_sinks(sinks);
         if (!datapath.empty()) {
             std::cout << "datapath:";

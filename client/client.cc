@@ -525,6 +525,21 @@ Result<ManagerStatus> Client::status() {
     st.permissive = *perm;
     st.journal_available = *journal;
     st.pending_journal_records = *pending;
+    if (auto p =
+            property<std::string>(bus_, manager_path, manager_interface, "JournalProblem", 's'))
+        st.journal_problem = *p;
+    if (auto n = property<std::uint64_t>(bus_, manager_path, manager_interface,
+                                         "JournalWriteFailures", 't'))
+        st.journal_write_failures = *n;
+    if (auto n = property<std::uint64_t>(bus_, manager_path, manager_interface,
+                                         "AnchorWriteFailures", 't'))
+        st.anchor_write_failures = *n;
+    if (auto n =
+            property<std::uint64_t>(bus_, manager_path, manager_interface, "ResourceFailures", 't'))
+        st.resource_failures = *n;
+    if (auto p = property<std::string>(bus_, manager_path, manager_interface, "LastResourceFailure",
+                                       's'))
+        st.last_resource_failure = *p;
     return st;
 }
 

@@ -68,6 +68,14 @@ struct ManagerStatus {
     bool permissive = false;
     bool journal_available = false;
     std::uint64_t pending_journal_records = 0;
+    // "" when the journal commits and its anchor advances; otherwise what is wrong (a daemon
+    // older than these properties reports "" and 0).
+    std::string journal_problem;
+    std::uint64_t journal_write_failures = 0; // transactions the disk refused
+    std::uint64_t anchor_write_failures = 0;  // journal.db.anchor writes that failed
+    // Calls refused because the daemon ran out of fds, memory or disk, and the last one's text.
+    std::uint64_t resource_failures = 0;
+    std::string last_resource_failure;
 };
 
 class Client {

@@ -107,6 +107,31 @@ Result<std::int64_t> AuditTrail::apply_retention() {
     return journal_->prune(std::nullopt, config_.retain_events, age);
 }
 
+journal::JournalStats AuditTrail::journal_stats() const {
+    return journal_ ? journal_->stats() : journal::JournalStats{};
+}
+
+// Frames a reader may hold back before `status` says so: 4,096 pages (16 MiB at SQLite's 4 KiB
+// pages), far more than a reader that copies the journal (sqlite3 .backup) holds for.
+constexpr std::uint64_t held_frames_reported = 4096;
+
+std::string AuditTrail::journal_problem() const {
+    if (!journal_) return "the journal is not open (requests are refused)";
+    auto st = journal_->stats();
+    std::string problem;
+    auto add = [&](const std::string &what) { problem += (problem.empty() ? "" : "; ") + what; };
+    if (!st.last_error.empty()) add("the last write failed: " + st.last_error);
+    if (!st.anchor_failing.empty())
+        add("anchor not advancing: " + st.anchor_failing + " (" +
+            std::to_string(st.anchor_failures) + " failed write(s))");
+    if (st.wal_frames_held > held_frames_reported)
+        add("a reader's open transaction keeps " + std::to_string(st.wal_frames_held) +
+            " WAL frame(s) from the database (the WAL grows until it ends; see docs/audit.md, "
+            "\"Reading a live journal\")");
+    if (!pending_.empty()) add(std::to_string(pending_.size()) + " record(s) waiting for the disk");
+    return problem;
+}
+
 void AuditTrail::record(journal::Event e) {
     forward(e);
     // Stopping: everything is written in order, waited for, by the final flush_pending_now();

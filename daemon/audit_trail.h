@@ -101,6 +101,12 @@ class AuditTrail {
     bool open() const { return journal_ != nullptr; }
     std::size_t pending() const { return pending_.size(); }
     std::uint64_t dropped() const { return dropped_records_; }
+    // The journal's write figures (all zero while it is not open).
+    journal::JournalStats journal_stats() const;
+    // What is wrong with the journal now, for `status`: "" when it opens, commits and its
+    // anchor advances; otherwise why not ("anchor not advancing: ...: no space left on the
+    // device (ENOSPC); 3 failed write(s)").
+    std::string journal_problem() const;
 
   private:
     struct PendingEnd {

@@ -29,6 +29,22 @@ Result<std::string> new_binding_id() {
     return "b" + to_hex(bytes); // a valid D-Bus object path element
 }
 
+// The files a policy was read from and the SHA-256 of each, for the policy-load events: an
+// auditor can tell which file changed between two loads without diffing the whole text.
+nlohmann::json policy_files(const policy::Policy &p) {
+    nlohmann::json out = nlohmann::json::array();
+    for (std::size_t i = 0; i < p.files.size(); ++i)
+        out.push_back({{"path", escape_untrusted(p.files[i])},
+                       {"sha256", i < p.file_digests.size() ? p.file_digests[i] : ""}});
+    return out;
+}
+
+// The wall time a binding's key expires, from its deadline: what a handoff carries, right
+// even if the wall clock stepped since the key was issued.
+std::int64_t wall_expiry(const Binding &b) {
+    return journal::now_us() + (b.deadline - BootClock::now()).count();
+}
+
 journal::Event event_for(const char *kind, const Peer &p) {
     journal::Event e;
     e.kind = kind;
@@ -118,7 +134,8 @@ void BindingManager::start() {
     nlohmann::json detail{{"driver", driver_.name()},
                           {"rules", policy_.rules.size()},
                           {"handed_over", handoffs.size()},
-                          {"policy", policy_.digest}};
+                          {"policy", policy_.digest},
+                          {"files", policy_files(policy_)}};
     // The retention in force, inside the chain: verify then knows a prune event that records
     // none (written to look like an older build's) is not this daemon's.
     std::optional<std::int64_t> age;
@@ -227,7 +244,7 @@ std::string BindingManager::handoff_of(const Binding &b, const std::string &driv
                           {"key_mac", to_hex(carried->mac)},
                           {"rule", b.rule},
                           {"created_us", b.created_us},
-                          {"expires_us", b.expires_us},
+                          {"expires_us", wall_expiry(b)},
                           {"state", to_string(b.state)},
                           {"handles", roles},
                           {"driver", driver_state}};
@@ -335,6 +352,9 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
     // set up again (taken back, it would take packets until the first tick expired it).
     if (b.expires_us <= journal::now_us())
         return make_error(Errc::expired, "its key expired during the restart");
+    // The handoff carries the wall time (CLOCK_BOOTTIME does not survive a reboot, and a
+    // handoff must not be read as one); the deadline is taken back from it once.
+    b.deadline = BootClock::now() + std::chrono::microseconds(b.expires_us - journal::now_us());
     auto fd = store_->take(id + ".region");
     if (!fd)
         return make_error(Errc::not_found, "its region fd did not come back (systemd discarded "
@@ -357,8 +377,7 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
     if (driver_.netdev(b.netdev).ok() == false)
         return make_error(Errc::not_found, "its netdev " + b.netdev + " is gone");
     b.region = std::make_shared<UniqueFd>(fd->release());
-    carried.grant = {id, b.owner.holder(), b.region_id,
-                     keys::Clock::time_point(std::chrono::microseconds(b.expires_us))};
+    carried.grant = {id, b.owner.holder(), b.region_id, b.deadline};
     if (auto r = keys_.restore(b.key_id, carried); !r) return r.error();
     auto queues = driver_.readopt(
         {id, b.netdev, b.gpu, b.flows, b.region->get(), b.region_id.offset, b.region_id.length},
@@ -684,11 +703,11 @@ Result<BindingManager::Prepared> BindingManager::prepare_grant(const Peer &calle
     b.region_id = {region->device, region->inode, args.offset, args.length};
     b.rule = d.rule;
     b.created_us = journal::now_us();
-    b.expires_us = b.created_us +
-                   std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime).count();
+    auto lifetime = std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime);
+    b.expires_us = b.created_us + lifetime.count();
+    b.deadline = BootClock::now() + lifetime;
 
-    auto key = keys_.issue({b.id, caller.holder(), b.region_id,
-                            keys::Clock::time_point(std::chrono::microseconds(b.expires_us))});
+    auto key = keys_.issue({b.id, caller.holder(), b.region_id, b.deadline});
     if (!key) return key.error();
     b.key_id = key->key_id;
 
@@ -897,13 +916,14 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     if (!d.granted())
         return refused(Errc::denied,
                        "the current policy no longer grants this binding: " + d.reason);
-    std::int64_t until =
-        journal::now_us() +
-        std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime).count();
-    until = std::max(until, b.expires_us); // renewing never shortens
-    if (auto r = keys_.extend(b.key_id, keys::Clock::time_point(std::chrono::microseconds(until)));
-        !r)
+    auto boot_now = BootClock::now();
+    auto deadline =
+        std::max(boot_now + std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime),
+                 b.deadline); // renewing never shortens
+    if (auto r = keys_.extend(b.key_id, deadline); !r)
         return refused(r.error().code, r.error().message);
+    b.deadline = deadline;
+    std::int64_t until = journal::now_us() + (deadline - boot_now).count();
     b.expires_us = until;
     journal::Event e = event_for("renewed", presenter);
     e.session_id = id;
@@ -1005,8 +1025,8 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
     }
     journal::Event e = event_for(journal::kind::reload, by);
     e.reason = "reloaded by " + via; // as before: "uid N" (D-Bus) or "SIGHUP"
-    e.detail =
-        knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()}, {"revoked", doomed}});
+    e.detail = knod::dump_json(nlohmann::json{
+        {"rules", policy_.rules.size()}, {"revoked", doomed}, {"files", policy_files(policy_)}});
     audit_.record_load(std::move(e));
     for (auto &id : doomed)
         end_binding(id, EndReason::policy_reload);
@@ -1066,15 +1086,15 @@ void BindingManager::netdev_gone(const std::string &netdev, EndReason why) {
         end_binding(id, why);
 }
 
-void BindingManager::tick(std::int64_t now_us) {
+void BindingManager::tick(std::int64_t now_us, BootClock::time_point boot_now) {
     std::vector<std::string> expired;
     for (auto &[id, b] : bindings_)
-        if (b.expires_us <= now_us) expired.push_back(id);
+        if (b.deadline <= boot_now) expired.push_back(id);
     for (auto &id : expired)
         end_binding(id, EndReason::expire);
     for (auto &[id, seen] : driver_.drifted())
         if (bindings_.count(id)) end_binding(id, EndReason::steering_drift, {}, seen);
-    keys_.expire(keys::Clock::time_point(std::chrono::microseconds(now_us)));
+    keys_.expire(boot_now);
     audit_.tick(now_us);
 }
 

@@ -15,6 +15,7 @@
 #include "daemon/rate_limiter.h"
 #include "host/isolation.h"
 #include "host/paths.h"
+#include "knod/boot_clock.h"
 #include "policy/engine.h"
 
 #include <nlohmann/json_fwd.hpp>
@@ -49,7 +50,11 @@ struct Binding {
     std::string key_id;
     std::string rule;
     std::int64_t created_us = 0;
+    // When its key expires, on the wall clock, as computed when it was issued or renewed: what
+    // the journal and the API show. The decision runs on `deadline` (CLOCK_BOOTTIME), which a
+    // step of the wall clock does not move.
     std::int64_t expires_us = 0;
+    BootClock::time_point deadline{};
     BindingState state = BindingState::granted;
     std::vector<std::string> stored; // names of its handles in the fd store (HandleStore)
 };
@@ -206,7 +211,7 @@ class BindingManager {
     void netdev_gone(const std::string &netdev, EndReason why);
     // Periodic work: expiry, steering drift (Driver::drifted), and retrying journal records
     // that could not be written.
-    void tick(std::int64_t now_us);
+    void tick(std::int64_t now_us, BootClock::time_point boot_now = BootClock::now());
     // Ends every binding (SIGTERM) and records the stop.
     void shutdown();
     // A stop that keeps bindings (SIGTERM under systemd with a handle store): every binding

@@ -376,8 +376,10 @@ std::optional<int> Daemon::build(Options &o) {
         return exit_config;
     }
     // One daemon per state dir, decided before anything is touched: a second one started by
-    // mistake must not reconcile, rebuild or journal over the first.
-    auto state_lock = knod::FileLock::acquire(o.state_dir, true);
+    // mistake must not reconcile, rebuild or journal over the first. The lock is a 0600 file,
+    // not the directory: a member of the state dir's group (an auditor) can open the directory
+    // and would hold the lock against every start.
+    auto state_lock = knod::FileLock::acquire(o.state_dir + "/daemon.lock", false);
     if (!state_lock) {
         std::cerr << "knod-policyd: "
                   << (state_lock.error().code == knod::Errc::unavailable
@@ -395,7 +397,8 @@ std::optional<int> Daemon::build(Options &o) {
                                                         {"journal.db-wal", 0640},
                                                         {"journal.db-shm", 0640},
                                                         {"journal.db.anchor", 0640},
-                                                        {"key-secret", 0600}},
+                                                        {"key-secret", 0600},
+                                                        {"daemon.lock", 0600}},
                                                        "journal.db");
     if (!state_files) {
         std::cerr << "knod-policyd: refusing to start: " << state_files.error().message << "\n";

@@ -1,4 +1,5 @@
 #include "daemon/peer.h"
+#include "knod/system_error.h"
 
 #include "policy/cgroup_unit.h"
 
@@ -77,7 +78,10 @@ std::optional<uid_t> effective_uid(const std::string &status) {
 } // namespace
 
 Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root) {
+    errno = 0;
     std::string stat = read_file(proc_root + "/" + std::to_string(pid) + "/stat");
+    if (stat.empty() && exhausted_resource(errno))
+        return system_error(Errc::io, errno, "cannot read /proc/" + std::to_string(pid) + "/stat");
     // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
     auto close = stat.rfind(')');
     if (stat.empty() || close == std::string::npos)
@@ -107,10 +111,13 @@ Result<std::shared_ptr<UniqueFd>> pin_process(pid_t pid, std::uint64_t start_tim
         return make_error(Errc::not_found, "process " + std::to_string(pid) + " has exited");
     };
     int fd = pid > 0 ? pidfd_open(pid) : -1;
+    if (fd < 0 && pid > 0 && errno != ESRCH)
+        return system_error(Errc::io, errno, "cannot pin process " + std::to_string(pid));
     if (fd < 0) return gone();
     auto pidfd = std::make_shared<UniqueFd>(fd);
     // Read after the pidfd pins the pid: a recycled pid shows another start time.
     auto start = process_start_time(pid, proc_root);
+    if (!start && start.error().code == Errc::out_of_resources) return start.error();
     if (!start || *start != start_time || !still_running(fd)) return gone();
     return pidfd;
 }
@@ -135,6 +142,10 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     p.pid = pid;
     p.bus_name = std::move(bus_name);
     int fd = pidfd_open(pid);
+    // Only ESRCH means the caller is gone; a full fd table is the daemon's problem, said so.
+    if (fd < 0 && errno != ESRCH)
+        return system_error(Errc::denied, errno,
+                            "cannot identify caller process " + std::to_string(pid));
     if (fd < 0)
         return make_error(Errc::denied, "caller process " + std::to_string(pid) +
                                             " is gone: " + std::strerror(errno));

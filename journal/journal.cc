@@ -1,4 +1,5 @@
 #include "journal/journal.h"
+#include "knod/system_error.h"
 
 #include "journal/migrations.h"
 #include "journal/retention.h"
@@ -69,7 +70,10 @@ Result<Database> open_and_migrate(const std::string &path) {
     auto db = Database::open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
     if (!db) return db.error();
     for (const char *pragma :
-         {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
+         {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON",
+          // A WAL that grew while a reader held its snapshot is cut back to this when it
+          // restarts, instead of keeping its largest size for ever.
+          "PRAGMA journal_size_limit=16777216"}) {
         if (auto r = db->exec(pragma); !r) return std::move(r).error().context(path);
     }
     auto version = db->scalar("PRAGMA user_version");
@@ -141,8 +145,17 @@ class Journal::Writer {
     }
     std::int64_t head_seq() const { return head_seq_; }
     const Hash &head_hash() const { return head_hash_; }
+    // A passive checkpoint (it never waits for a reader): how many WAL frames there are and
+    // how many a reader's snapshot keeps out of the database. Nullopt if SQLite refused.
+    std::optional<std::pair<int, int>> checkpoint() {
+        int log = 0, done = 0;
+        if (sqlite3_wal_checkpoint_v2(db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &done) !=
+            SQLITE_OK)
+            return std::nullopt;
+        return std::pair{log, log - done};
+    }
     // After a commit that moved the head (run() decides when: see there).
-    void update_anchor() { write_anchor(); }
+    Result<void> update_anchor() { return write_anchor(); }
     // The anchor is read by whoever may read the database (the auditors' group): it gets the
     // database's read bits, never more than 0640.
     void set_anchor(std::string path, mode_t mode) {
@@ -181,19 +194,34 @@ class Journal::Writer {
     // The temporary file has a fresh name and is created with O_EXCL (mkostemp), so nothing
     // planted in the directory is ever followed or truncated; rename replaces a link, never
     // its target.
-    void write_anchor() {
-        if (anchor_.empty()) return;
+    // A failure (a full disk, the fd limit) is returned, for run() to count and show: the
+    // anchor must not stop advancing in silence.
+    Result<void> write_anchor() {
+        if (anchor_.empty()) return {};
         std::string text =
             knod::dump_json(nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}}) +
             "\n";
         std::string tmp = anchor_ + ".XXXXXX";
         int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-        if (fd < 0) return;
+        if (fd < 0) return system_error(Errc::io, errno, "write the anchor " + anchor_);
         (void)::fchmod(fd, anchor_mode_); // mkostemp makes 0600
-
-        bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-        ::close(fd);
-        if (!written || std::rename(tmp.c_str(), anchor_.c_str()) != 0) ::unlink(tmp.c_str());
+        ssize_t n = ::write(fd, text.data(), text.size());
+        int write_err = n < 0 ? errno : ENOSPC; // a short write of a few bytes: the disk is full
+        bool written = n == static_cast<ssize_t>(text.size());
+        if (::close(fd) != 0 && written) {
+            written = false;
+            write_err = errno;
+        }
+        if (!written) {
+            ::unlink(tmp.c_str());
+            return system_error(Errc::io, write_err, "write the anchor " + anchor_);
+        }
+        if (std::rename(tmp.c_str(), anchor_.c_str()) != 0) {
+            int err = errno;
+            ::unlink(tmp.c_str());
+            return system_error(Errc::io, err, "rename the anchor into place " + anchor_);
+        }
+        return {};
     }
 
     Writer(Database db, Statement insert_event)
@@ -329,6 +357,10 @@ void Journal::run() {
             stats_.operations += batch.size();
             stats_.transactions += committed ? 1 : 0;
             stats_.failures += failures;
+            if (begun && !committed) ++stats_.commit_failures;
+            for (auto &r : results)
+                if (!r) stats_.last_error = r.error().message;
+            if (committed) stats_.last_error.clear();
         }
         std::function<void(std::int64_t, const Hash &)> listener;
         {
@@ -342,11 +374,21 @@ void Journal::run() {
         // (tests, the CLI, shutdown) gets it written before it returns, as it may read it next.
         bool anchor_first =
             std::any_of(batch.begin(), batch.end(), [](const Pending &p) { return p.blocking; });
-        if (moved && anchor_first) w.update_anchor();
+        if (moved && anchor_first) note_anchor(w.update_anchor());
         if (moved && listener) listener(w.head_seq(), w.head_hash());
         for (std::size_t i = 0; i < batch.size(); ++i)
             if (batch[i].done) batch[i].done(std::move(results[i]));
-        if (moved && !anchor_first) w.update_anchor();
+        if (moved && !anchor_first) note_anchor(w.update_anchor());
+        // SQLite's own checkpoints (every ~1,000 pages, at commit) fail in silence while a
+        // reader holds an old snapshot: look every 64 commits and say how much is held back.
+        if (committed && ++commits_since_checkpoint_ >= 64) {
+            commits_since_checkpoint_ = 0;
+            if (auto wal = w.checkpoint()) {
+                std::lock_guard lock(mu_);
+                stats_.wal_frames = static_cast<std::uint64_t>(wal->first);
+                stats_.wal_frames_held = static_cast<std::uint64_t>(std::max(0, wal->second));
+            }
+        }
     }
 }
 
@@ -639,6 +681,16 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
 void Journal::set_commit_listener(std::function<void(std::int64_t, const Hash &)> listener) {
     std::lock_guard lock(mu_);
     on_commit_ = std::move(listener);
+}
+
+void Journal::note_anchor(Result<void> written) {
+    std::lock_guard lock(mu_);
+    if (written) {
+        stats_.anchor_failing.clear();
+        return;
+    }
+    ++stats_.anchor_failures;
+    stats_.anchor_failing = written.error().message;
 }
 
 JournalStats Journal::stats() const {

@@ -27,11 +27,6 @@ namespace knod::journal {
 Result<Database> open_and_migrate(const std::string &path);
 int latest_schema_version();
 
-struct JournalStats {
-    std::uint64_t operations = 0;   // calls answered
-    std::uint64_t transactions = 0; // commits that reached the disk
-    std::uint64_t failures = 0;     // calls answered with an error
-};
 
 class Journal {
   public:
@@ -114,6 +109,8 @@ class Journal {
     Result<std::int64_t> submit(Work work);
     void submit_async(Work work, Done done, bool lingers = false, bool blocking = false);
     static Work policy_load_work(Event load, PolicyText policy);
+    void note_anchor(Result<void> written); // counts a failed anchor write for stats()
+    int commits_since_checkpoint_ = 0;      // the writer thread's only
     static Work open_session_work(Session s, Event grant);
     static Work close_session_work(const std::string &id, const std::string &reason,
                                    const Counters &counters, Event closing);

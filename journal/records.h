@@ -102,4 +102,19 @@ std::int64_t now_us();
 // Where the chain head is kept outside the database, so that a truncated tail shows.
 std::string anchor_path(const std::string &journal_path);
 
+// A journal's write figures (Journal::stats()).
+struct JournalStats {
+    std::uint64_t operations = 0;      // calls answered
+    std::uint64_t transactions = 0;    // commits that reached the disk
+    std::uint64_t failures = 0;        // calls answered with an error
+    std::uint64_t commit_failures = 0; // transactions the disk refused (a full disk, I/O)
+    std::string last_error;            // of the last batch with a failed call; "" after a commit
+    std::uint64_t anchor_failures = 0; // anchor writes that failed (journal.db.anchor)
+    std::string anchor_failing;        // why the last anchor write failed; "" once one succeeds
+    // At the last look (every 64 commits): frames in the WAL, and those a reader's open
+    // snapshot keeps from being checkpointed (a long read transaction: the WAL grows by them).
+    std::uint64_t wal_frames = 0;
+    std::uint64_t wal_frames_held = 0;
+};
+
 } // namespace knod::journal

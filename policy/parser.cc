@@ -303,7 +303,7 @@ class FileReader {
         Rule rule;
         rule.where = at(file_, t.source());
         std::size_t errors_before = load_.error_count();
-        bool has_flows = false, has_region = false;
+        bool has_flows = false, has_region = false, any_caller = false;
         for (auto &&[key, node] : t) {
             std::string_view k = key.str();
             if (k == "name") {
@@ -365,6 +365,11 @@ class FileReader {
                 else
                     error(node.source(),
                           "'iommu' must be \"translated\", \"passthrough-ok\" or \"any\"");
+            } else if (k == "any_caller") {
+                if (auto v = node.value<bool>())
+                    any_caller = *v;
+                else
+                    error(node.source(), "'any_caller' must be true or false");
             } else if (k == "key_lifetime") {
                 std::optional<std::chrono::seconds> d;
                 if (auto n = node.as_integer(); n && n->get() > 0)
@@ -383,6 +388,20 @@ class FileReader {
         }
         if (rule.name.empty())
             error(t.source(), "rule has no 'name' (decisions and the journal name it)");
+        // An empty list matches anyone, so a rule whose principal lines are missing (a file
+        // read half-saved, a line deleted by mistake) would match every caller: that must be
+        // said, not fallen into.
+        bool names_caller = !rule.users.empty() || !rule.groups.empty() || !rule.units.empty() ||
+                            !rule.user_units.empty() || !rule.cgroups.empty() ||
+                            !rule.executables.empty();
+        if (!names_caller && !any_caller)
+            error(t.source(), "rule '" + rule.name +
+                                  "' names no caller (users, groups, units, user_units, cgroups "
+                                  "or executables); a rule meant for every caller says "
+                                  "'any_caller = true'");
+        if (names_caller && any_caller)
+            error(t.source(), "rule '" + rule.name +
+                                  "' sets 'any_caller = true' and also names callers; keep one");
         if (rule.action == Action::allow) {
             if (!has_region)
                 error(t.source(), "allow rule '" + rule.name +
@@ -522,6 +541,7 @@ std::optional<std::chrono::seconds> parse_duration(std::string_view text) {
 
 void PolicyParser::add_text(std::string_view text, const std::string &file) {
     load_.policy.files.push_back(file);
+    load_.policy.file_digests.push_back(policy_digest(text));
     std::string &all = load_.policy.text; // the canonical text (policy.h)
     all += "# file: " + file + "\n";
     all += text;
@@ -539,7 +559,7 @@ void PolicyParser::add_text(std::string_view text, const std::string &file) {
 void PolicyParser::add_file(const std::string &path) {
     // One byte over the cap is enough to refuse the file; the rest is never read. A FIFO, a
     // device or a read error (/proc/self/mem) is an error, never a wait or an empty policy.
-    auto text = read_regular_file(path, max_policy_bytes);
+    auto text = read_regular_file_unchanged(path, max_policy_bytes);
     if (!text) {
         load_.diagnostics.push_back(
             {Severity::error, {path, 0, 0}, "cannot read policy file: " + text.error().message});

@@ -45,7 +45,8 @@ struct Rule {
     SourceLocation where;
     Action action = Action::allow;
 
-    // Who: every listed condition must hold; an empty list means "anyone".
+    // Who: every listed condition must hold; an empty list means "anyone". The parser refuses
+    // a rule with all six empty unless it says `any_caller = true`.
     std::vector<Principal> users;
     std::vector<Principal> groups;        // primary or supplementary
     std::vector<std::string> units;       // globs on the caller's system-manager unit
@@ -77,7 +78,8 @@ struct Settings {
 struct Policy {
     Settings settings;
     std::vector<Rule> rules;
-    std::vector<std::string> files; // the files it was read from, in order
+    std::vector<std::string> files;        // the files it was read from, in order
+    std::vector<std::string> file_digests; // SHA-256 of each file's bytes, as `files`
     // What it was loaded from, in one canonical text: for each file in load order,
     // "# file: PATH\n" then the file's bytes, then "\n" if they are not empty and do not end
     // with one. The journal stores it once per digest, so an auditor can read the exact policy

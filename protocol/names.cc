@@ -22,6 +22,7 @@ const std::pair<Errc, const char *> table[] = {
     {Errc::invalid_policy, error::invalid_policy},
     {Errc::flow_conflict, error::flow_conflict},
     {Errc::limits_exceeded, error::limits_exceeded},
+    {Errc::out_of_resources, error::out_of_resources},
 };
 
 } // namespace

@@ -27,6 +27,9 @@ inline constexpr const char *flow_conflict = "org.knod.Policy1.Error.FlowConflic
 // A bound on the state the daemon keeps for one user (tracked connections, polkit questions in
 // flight) or for everyone: docs/threat-model.md lists them.
 inline constexpr const char *limits_exceeded = "org.knod.Policy1.Error.LimitsExceeded";
+// The daemon ran out of a resource (fds, memory, disk) while serving the call; the message
+// names which. Nothing was granted; the call may be retried once it is back.
+inline constexpr const char *out_of_resources = "org.knod.Policy1.Error.OutOfResources";
 inline constexpr const char *failed = "org.knod.Policy1.Error.Failed";
 } // namespace error
 

@@ -27,8 +27,9 @@ enum class Errc {
     driver_failure,
     journal_unavailable,
     invalid_policy,
-    flow_conflict,   // a requested flow overlaps a live or in-flight binding's on the same NIC
-    limits_exceeded, // a bound on what the daemon keeps for callers (docs/threat-model.md)
+    flow_conflict,    // a requested flow overlaps a live or in-flight binding's on the same NIC
+    limits_exceeded,  // a bound on what the daemon keeps for callers (docs/threat-model.md)
+    out_of_resources, // fds, memory, disk: knod/system_error.h names which; retry once it is back
 };
 
 struct Error {

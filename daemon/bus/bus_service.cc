@@ -1,4 +1,5 @@
 #include "daemon/bus/bus_service.h"
+#include "daemon/resource_failures.h"
 
 #include "daemon/bus/guard.h"
 #include "daemon/host_report.h"
@@ -32,6 +33,7 @@ const char *dbus_name(const Error &e) {
 }
 
 int fail(sd_bus_error *err, const Error &e) {
+    daemon::ResourceFailures::instance().note(e);
     return sd_bus_error_set(err, dbus_name(e), reply_text(e).c_str());
 }
 
@@ -41,6 +43,7 @@ BusService *service(void *self) {
 
 // Replies to `call` with the error's D-Bus name and message, later than the handler returned.
 void reply_error(sd_bus_message *call, const Error &e) {
+    daemon::ResourceFailures::instance().note(e);
     sd_bus_reply_method_errorf(call, dbus_name(e), "%s", reply_text(e).c_str());
 }
 
@@ -98,6 +101,21 @@ int journal_available(sd_bus_message *m, const BindingManager &mgr) {
 }
 int pending_journal_records(sd_bus_message *m, const BindingManager &mgr) {
     return sd_bus_message_append(m, "t", static_cast<std::uint64_t>(mgr.audit().pending()));
+}
+int journal_problem(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "s", mgr.audit().journal_problem().c_str());
+}
+int journal_write_failures(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.audit().journal_stats().commit_failures);
+}
+int anchor_write_failures(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "t", mgr.audit().journal_stats().anchor_failures);
+}
+int resource_failures(sd_bus_message *m, const BindingManager &) {
+    return sd_bus_message_append(m, "t", daemon::ResourceFailures::instance().count());
+}
+int last_resource_failure(sd_bus_message *m, const BindingManager &) {
+    return sd_bus_message_append(m, "s", daemon::ResourceFailures::instance().last().c_str());
 }
 int sink_dropped_records(sd_bus_message *m, const BindingManager &mgr) {
     const sinks::SinkQueue *q = mgr.audit().sinks();
@@ -207,6 +225,16 @@ const sd_bus_vtable manager_vtable[] = {
                     0, 0),
     SD_BUS_PROPERTY("PendingJournalRecords", "t",
                     BusService::manager_property<get::pending_journal_records>, 0, 0),
+    SD_BUS_PROPERTY("JournalProblem", "s", BusService::manager_property<get::journal_problem>, 0,
+                    0),
+    SD_BUS_PROPERTY("JournalWriteFailures", "t",
+                    BusService::manager_property<get::journal_write_failures>, 0, 0),
+    SD_BUS_PROPERTY("AnchorWriteFailures", "t",
+                    BusService::manager_property<get::anchor_write_failures>, 0, 0),
+    SD_BUS_PROPERTY("ResourceFailures", "t", BusService::manager_property<get::resource_failures>,
+                    0, 0),
+    SD_BUS_PROPERTY("LastResourceFailure", "s",
+                    BusService::manager_property<get::last_resource_failure>, 0, 0),
     SD_BUS_PROPERTY("SinkDroppedRecords", "t",
                     BusService::manager_property<get::sink_dropped_records>, 0, 0),
     SD_BUS_PROPERTY("SinkFailedRecords", "t",

@@ -1,4 +1,5 @@
 #include "daemon/driver/xsk_queue.h"
+#include "knod/system_error.h"
 
 #include <bpf/bpf.h>
 #include <linux/if_xdp.h>
@@ -32,28 +33,32 @@ Result<std::unique_ptr<XskQueue>> XskQueue::open(const std::string &ifname, std:
         mmap(nullptr, q->area_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (q->area_ == MAP_FAILED) {
         q->area_ = nullptr;
-        return make_error(Errc::driver_failure, "AF_XDP: cannot map the UMEM area");
+        return system_error(Errc::driver_failure, errno, "AF_XDP: cannot map the UMEM area");
     }
     xsk_umem_config ucfg{};
     ucfg.fill_size = ring_size * 2;
     ucfg.comp_size = ring_size;
     ucfg.frame_size = frame_size;
     ucfg.frame_headroom = 0;
+    // libxdp returns the errno of its last step, which is not always the one that failed (at
+    // the fd limit it says ENOENT): a resource errno left behind names the cause instead.
+    auto failure = [](const std::string &what, int r) {
+        int err = exhausted_resource(errno) ? errno : -r;
+        return system_error(Errc::driver_failure, err, what);
+    };
+    errno = 0;
     int r = xsk_umem__create(&q->umem_, q->area_, q->area_size_, &q->rings_->fill,
                              &q->rings_->completion, &ucfg);
-    if (r != 0)
-        return make_error(Errc::driver_failure, std::string("AF_XDP umem: ") + std::strerror(-r));
+    if (r != 0) return failure("AF_XDP umem", r);
     xsk_socket_config scfg{};
     scfg.rx_size = ring_size;
     scfg.tx_size = 0;
     scfg.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD; // the flow filter is our program
     scfg.bind_flags = XDP_COPY;
+    errno = 0;
     r = xsk_socket__create(&q->socket_, ifname.c_str(), queue, q->umem_, &q->rings_->rx, nullptr,
                            &scfg);
-    if (r != 0)
-        return make_error(Errc::driver_failure, "AF_XDP socket on " + ifname + " queue " +
-                                                    std::to_string(queue) + ": " +
-                                                    std::strerror(-r));
+    if (r != 0) return failure("AF_XDP socket on " + ifname + " queue " + std::to_string(queue), r);
     std::uint32_t idx = 0;
     std::uint32_t n = xsk_ring_prod__reserve(&q->rings_->fill, ring_size * 2, &idx);
     for (std::uint32_t i = 0; i < n; ++i)

@@ -4,6 +4,7 @@
 // MAC in constant time. Revocation and expiry are final: the key's entry is forgotten at once.
 #pragma once
 
+#include "knod/boot_clock.h"
 #include "knod/result.h"
 
 #include <sys/types.h>
@@ -21,7 +22,9 @@
 
 namespace knod::keys {
 
-using Clock = std::chrono::system_clock;
+// Lifetimes run on CLOCK_BOOTTIME: a step of the wall clock neither ends a key early nor
+// extends it (#33 item 7).
+using Clock = knod::BootClock;
 constexpr std::size_t key_size = 32;
 using KeyBytes = std::array<std::uint8_t, key_size>;
 

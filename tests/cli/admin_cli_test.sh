@@ -24,12 +24,14 @@ hosts=$src/tests/data/hosts
 cat >"$work/gpu.toml" <<'EOF'
 [[rule]]
 name = "by-pci"
+any_caller = true
 gpus = ["0000:03:00.0"]
 max_region = "1MiB"
 flows = ["udp * -> *:5000"]
 
 [[rule]]
 name = "by-node"
+any_caller = true
 gpus = ["/dev/dri/renderD*"]
 max_region = "1MiB"
 flows = ["udp * -> *:6000"]

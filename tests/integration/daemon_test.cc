@@ -5,6 +5,7 @@
 #include "daemon/sinks/sinks.h"
 #include "journal/export.h"
 #include "journal/verify.h"
+#include "policy/policy.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -45,6 +46,7 @@ flows = ["udp * -> *:9000-9999"]
 
 [[rule]]
 name = "sim-everyone"
+any_caller = true
 netdevs = ["knodsim0"]
 gpus = ["sim0"]
 max_region = "1MiB"
@@ -258,6 +260,42 @@ TEST_F(DaemonTest, BrokenPolicyOnReloadKeepsTheOldOne) {
     EXPECT_TRUE(request(c).ok()) << "the old policy still grants";
 }
 
+// #33 item 2: a config tool saves the policy in place (truncate, then write) and a reload
+// (SIGHUP from the tool, or an admin's) lands before the rule's `users` line is written. That
+// rule named no caller, so it matched everyone and stayed loaded once the file was whole again.
+// Now the half-saved file is refused, the old rule stays, and the whole file loads.
+TEST_F(DaemonTest, AHalfSavedPolicyNeverWidensARule) {
+    auto c = sb().client();
+    const std::string rule = "[[rule]]\nname = \"root-only\"\nnetdevs = [\"knodsim*\"]\n"
+                             "gpus = [\"sim0\"]\nmax_region = \"1MiB\"\n"
+                             "flows = [\"udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999\"]\n"
+                             "iommu = \"any\"\n";
+    auto count = [&](const std::string &where) {
+        return sb().sql("SELECT count(*) FROM events WHERE " + where);
+    };
+    sb().write_policy(rule + "users = [0]\n");
+    ASSERT_TRUE(c.reload().ok());
+    sb().write_policy(rule); // the save has not reached its last line
+    ASSERT_EQ(kill(sb().daemon_pid(), SIGHUP), 0);
+    EXPECT_TRUE(eventually([&] {
+        return count("kind = 'reload-refused' AND reason LIKE '%names no caller%'") == "1";
+    })) << sb().sql("SELECT kind, reason FROM events WHERE kind LIKE 'reload%'");
+    Output o = sb().run_client({"hold", "knodsim0", "sim0", "4096", sim_flow}, nobody);
+    EXPECT_NE(o.out.find("Error.Denied"), std::string::npos)
+        << "the old rule still names its users: " << o.out;
+    sb().write_policy(rule + "users = [0]\n"); // the save is done
+    ASSERT_EQ(kill(sb().daemon_pid(), SIGHUP), 0);
+    EXPECT_TRUE(eventually([&] {
+        return count("kind = 'policy-reload' AND reason = 'reloaded by SIGHUP'") == "1";
+    })) << sb().sql("SELECT kind, reason FROM events WHERE kind LIKE '%reload%'");
+    // The load names the file it read and that file's digest.
+    EXPECT_EQ(sb().sql("SELECT json_extract(detail, '$.files[0].sha256') FROM events WHERE kind "
+                       "= 'policy-reload' ORDER BY seq DESC LIMIT 1"),
+              knod::policy::policy_digest(rule + "users = [0]\n"));
+    o = sb().run_client({"hold", "knodsim0", "sim0", "4096", sim_flow}, nobody);
+    EXPECT_NE(o.out.find("Error.Denied"), std::string::npos) << o.out;
+}
+
 // #16, 3: refusals of privileged actions are journaled with the actor's uid and pid, and a
 // reload names its actor in fields, not only in text.
 TEST_F(DaemonTest, RefusedPrivilegedActionsAreJournaledWithTheActor) {
@@ -300,6 +338,7 @@ TEST_F(DaemonTest, RefusedPrivilegedActionsAreJournaledWithTheActor) {
     // A reload that succeeds carries its actor as fields too.
     sb().write_policy(R"([[rule]]
 name = "any"
+any_caller = true
 max_region = "1MiB"
 flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-9999"]
 iommu = "any"
@@ -317,6 +356,7 @@ TEST_F(DaemonTest, ReloadRevokesWhatTheNewPolicyForbids) {
     ASSERT_TRUE(keep.ok() && lose.ok());
     sb().write_policy(R"([[rule]]
 name = "five-only"
+any_caller = true
 max_region = "1MiB"
 flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000-5999"]
 iommu = "any"
@@ -633,6 +673,7 @@ TEST(DaemonIsolation, ARuleRequiringTranslationRefusesTheSimulatedDevices) {
     if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root";
     Sandbox sb(R"([[rule]]
 name = "strict"
+any_caller = true
 netdevs = ["knodsim0"]
 max_region = "1MiB"
 flows = ["udp 10.99.0.0/24:* -> 10.99.0.2:5000"]

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -20,6 +21,19 @@ using namespace knod::test;
 namespace fs = std::filesystem;
 
 namespace {
+
+// Packets the flow filter has seen that no binding claims (passed or dropped), from the host
+// report: the fence a "nothing landed" check waits on, so that it never passes because the
+// packets were still on their way.
+std::uint64_t unmatched_packets(client::Client &c) {
+    auto r = c.host_report();
+    if (!r.ok()) return 0;
+    auto j = nlohmann::json::parse(*r, nullptr, false);
+    if (!j.is_object() || !j.contains("datapath") || !j["datapath"].is_object()) return 0;
+    auto &d = j["datapath"];
+    return d.value("unmatched_passed", std::uint64_t{0}) +
+           d.value("unmatched_dropped", std::uint64_t{0});
+}
 
 std::string unique(const char *stem) {
     return stem + std::to_string(getpid() % 100000);
@@ -105,9 +119,11 @@ TEST_F(DatapathTest, AllowedPayloadArrivesByteExactForbiddenNever) {
 
     // A flow outside the binding never lands, and the filter counts it.
     auto before = c.host_report();
+    std::uint64_t seen = unmatched_packets(c);
     send(5001, "forbidden!", 4);
     send(6000, "outside-policy", 1);
-    usleep(200000);
+    ASSERT_TRUE(eventually([&] { return unmatched_packets(c) >= seen + 5; }))
+        << "the filter never saw the 5 packets";
     EXPECT_EQ(c.counters(g->id)->rx_bytes, 3 * payload.size());
     std::string region = read_region(fd, 4096);
     EXPECT_EQ(region.find("forbidden"), std::string::npos);
@@ -145,8 +161,10 @@ TEST_F(DatapathTest, TwoHoldersStayApartAndReleaseStopsDelivery) {
 
     // After release, nothing more lands in the region.
     ASSERT_TRUE(c.release(mine->id).ok());
+    std::uint64_t seen = unmatched_packets(c);
     send(5000, "CCCC", 3);
-    usleep(200000);
+    ASSERT_TRUE(eventually([&] { return unmatched_packets(c) >= seen + 3; }))
+        << "the filter never saw the 3 packets";
     EXPECT_EQ(read_region(fd, 4096).find('C'), std::string::npos);
     close(fd);
 }
@@ -167,8 +185,10 @@ TEST_F(DatapathTest, RegionIsARingAndHolderExitStopsDelivery) {
     EXPECT_EQ(read_region(fd, 16), "6789456789012345"); // bytes 16-19 wrapped onto 0-3
     h.kill_now(SIGKILL);
     ASSERT_TRUE(eventually([&] { return c.list()->size() == 1; }));
+    std::uint64_t seen = unmatched_packets(c);
     send(5200, "after-exit", 1); // its flow is gone from the filter: unmatched, passed
-    usleep(100000);
+    ASSERT_TRUE(eventually([&] { return unmatched_packets(c) >= seen + 1; }))
+        << "the filter never saw the packet";
     EXPECT_EQ(c.counters(g->id)->rx_bytes, 20u);
     close(fd);
 }

@@ -36,6 +36,7 @@ struct FixtureCopy {
 
 const char *policy = R"([[rule]]
 name = "mi250x"
+any_caller = true
 netdevs = ["eth2"]
 gpus = ["0000:03:00.0"]
 max_region = "1GiB"

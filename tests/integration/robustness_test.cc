@@ -7,12 +7,15 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -352,6 +355,7 @@ TEST(Renew, ExtendsALiveBindingOnlyForItsHolder) {
     if (geteuid() != 0) GTEST_SKIP() << "needs root";
     Sandbox sb(R"([[rule]]
 name = "short"
+any_caller = true
 netdevs = ["knodsim*"]
 gpus = ["sim0"]
 max_region = "1MiB"
@@ -574,6 +578,160 @@ TEST_F(BackToBack, FiftyExampleRunsInARow) {
             << "run " << i << " exited with " << status;
     }
     EXPECT_EQ(sandbox_->sql("SELECT count(*) FROM sessions WHERE end_reason = 'release'"), "50");
+}
+
+// #33 item 4: a member of the state dir's group (an auditor, who reads the journal there)
+// opens the state dir read-only and flocks it. The daemon locked the directory, so it refused
+// to start ("another knod-policyd is running"). Its lock is now a file only it can open.
+TEST(StateDirLock, AnAuditorsLockCannotStopTheDaemon) {
+    Sandbox sb(sim_policy, {}, 0, /*start=*/false);
+    const gid_t auditors = 4253; // the state dir's group, held by the auditor as a process gid
+    ASSERT_EQ(mkdir(sb.state_dir().c_str(), 0750), 0);
+    ASSERT_EQ(chown(sb.state_dir().c_str(), 0, auditors), 0);
+    const std::vector<std::string> auditor = {"setpriv", "--reuid=5", "--regid=5",
+                                              "--groups=" + std::to_string(auditors)};
+    auto as_auditor = [&](std::vector<std::string> argv) {
+        argv.insert(argv.begin(), auditor.begin(), auditor.end());
+        return argv;
+    };
+    pid_t holder = fork();
+    ASSERT_GE(holder, 0);
+    // One process that opens, locks and keeps the lock (no child of flock(1) to outlive it).
+    if (holder == 0)
+        exec_argv(as_auditor(
+            {"sh", "-c", "exec 9<\"$0\" && flock --shared 9 && exec sleep 600", sb.state_dir()}));
+    // The auditor holds its lock on the directory before the daemon starts.
+    ASSERT_TRUE(eventually([&] {
+        return sb.run_program(
+                     {"flock", "--nonblock", "--conflict-exit-code", "99", sb.state_dir(), "true"})
+                   .status == (99 << 8);
+    })) << "the auditor's flock never held";
+    EXPECT_NO_THROW(sb.start_daemon());
+    EXPECT_TRUE(eventually([&] { return sb.client().status().ok(); }));
+    // Nor can the auditor take the daemon's own lock, which would stop the next start.
+    Output o = sb.run_program(
+        as_auditor({"sh", "-c", "flock --nonblock --conflict-exit-code 99 \"$0\" true 2>&1",
+                    sb.state_dir() + "/daemon.lock"}));
+    EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0 && WEXITSTATUS(o.status) != 99)
+        << "the auditor could open the daemon's lock: " << o.status << " " << o.out;
+    EXPECT_NE(o.out.find("Permission denied"), std::string::npos) << o.out;
+    struct stat st {};
+    ASSERT_EQ(stat((sb.state_dir() + "/daemon.lock").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    kill(holder, SIGKILL);
+    waitpid(holder, nullptr, 0);
+}
+
+// #33 item 5: at its fd limit the daemon told live callers "process N is gone" (any
+// pidfd_open failure was the caller's exit) and logged nothing. Now the caller gets
+// OutOfResources naming EMFILE, `status` counts it, and the daemon serves again once the limit
+// is raised.
+TEST(ResourceFailures, AFullFdTableIsNamedAndTheDaemonRecovers) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    Sandbox sb(sim_policy);
+    auto c = sb.client();
+    int fd = make_region(4096);
+    auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    pid_t daemon = sb.daemon_pid();
+    auto open_fds = [&] {
+        std::size_t n = 0;
+        for ([[maybe_unused]] auto &e :
+             fs::directory_iterator("/proc/" + std::to_string(daemon) + "/fd"))
+            ++n;
+        return n;
+    };
+    struct rlimit before {};
+    ASSERT_EQ(prlimit(daemon, RLIMIT_NOFILE, nullptr, &before), 0);
+    // Its soft limit at the fds it holds: the next one it opens fails (a transient fd of its
+    // own can make room once, so a renewal is tried until one meets the limit).
+    Result<std::uint64_t> renewed = std::uint64_t{0};
+    EXPECT_TRUE(eventually([&] {
+        struct rlimit full = before;
+        full.rlim_cur = open_fds();
+        if (prlimit(daemon, RLIMIT_NOFILE, &full, nullptr) != 0) return false;
+        renewed = c.renew(g->id, g->key);
+        return !renewed.ok();
+    })) << "every renewal succeeded at the fd limit";
+    ASSERT_FALSE(renewed.ok());
+    EXPECT_NE(renewed.error().message.find("OutOfResources"), std::string::npos)
+        << renewed.error().message;
+    EXPECT_NE(renewed.error().message.find("EMFILE"), std::string::npos) << renewed.error().message;
+    EXPECT_EQ(renewed.error().message.find("is gone"), std::string::npos)
+        << "the caller is alive: " << renewed.error().message;
+    ASSERT_EQ(prlimit(daemon, RLIMIT_NOFILE, &before, nullptr), 0);
+    auto st = c.status();
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    EXPECT_GE(st->resource_failures, 1u);
+    EXPECT_NE(st->last_resource_failure.find("EMFILE"), std::string::npos)
+        << st->last_resource_failure;
+    EXPECT_TRUE(c.renew(g->id, g->key).ok()) << "serves again with its fds back";
+    EXPECT_TRUE(c.activate(g->id, g->key).ok());
+    close(fd);
+}
+
+// #33 item 5: on a full disk grants went on while the anchor silently stopped advancing
+// (write_anchor's errors were ignored) and `status` said "journal: ok". The state dir is a
+// tmpfs with few inodes: once they are taken, SQLite still commits into its files, and a new
+// anchor file cannot be made (ENOSPC), as on a disk full but for the database's own pages.
+TEST(ResourceFailures, AnAnchorThatCannotBeWrittenIsCountedAndShown) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    Sandbox sb(sim_policy, {}, 0, /*start=*/false);
+    ASSERT_EQ(mkdir(sb.state_dir().c_str(), 0700), 0);
+    ASSERT_EQ(mount("knod-test-state", sb.state_dir().c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
+                    "size=16m,nr_inodes=48,mode=0700"),
+              0)
+        << std::strerror(errno);
+    struct Unmount {
+        Sandbox &sb;
+        ~Unmount() {
+            if (sb.daemon_pid() > 0) sb.stop_daemon(SIGTERM);
+            umount2(sb.state_dir().c_str(), MNT_DETACH);
+        }
+    } unmount{sb};
+    sb.start_daemon();
+    auto c = sb.client();
+    int fd = make_region(4096);
+    auto grant = [&] {
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
+        if (g.ok()) (void)c.release(g->id);
+        return g.ok();
+    };
+    ASSERT_TRUE(grant());
+    ASSERT_TRUE(c.status().ok());
+    EXPECT_EQ(c.status()->journal_problem, "");
+    // Take every inode left.
+    std::string filler = sb.state_dir() + "/filler";
+    ASSERT_EQ(mkdir(filler.c_str(), 0700), 0);
+    for (int i = 0;; ++i) {
+        int f =
+            open((filler + "/" + std::to_string(i)).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        if (f < 0) {
+            ASSERT_EQ(errno, ENOSPC) << std::strerror(errno);
+            break;
+        }
+        close(f);
+        ASSERT_LT(i, 100) << "the tmpfs has more inodes than asked for";
+    }
+    // The grant itself goes on (the journal commits into its own files) ...
+    EXPECT_TRUE(grant());
+    // ... and the anchor that did not move is said.
+    EXPECT_TRUE(eventually([&] {
+        auto st = c.status();
+        return st.ok() && st->anchor_write_failures >= 1 &&
+               st->journal_problem.find("anchor not advancing") != std::string::npos &&
+               st->journal_problem.find("ENOSPC") != std::string::npos;
+    })) << (c.status().ok() ? c.status()->journal_problem : "no status");
+    Output o = sb.run_program({KNOD_CLI_BIN, "status"});
+    EXPECT_NE(o.out.find("journal:  DEGRADED: "), std::string::npos) << o.out;
+    // Room again: the next commit writes the anchor, and the problem is gone.
+    fs::remove_all(filler);
+    EXPECT_TRUE(eventually([&] {
+        (void)grant();
+        auto st = c.status();
+        return st.ok() && st->journal_problem.empty();
+    })) << c.status()->journal_problem;
+    close(fd);
 }
 
 TEST(DaemonCli, VersionAndHelpExitZero) {

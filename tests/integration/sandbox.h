@@ -109,6 +109,7 @@ template <typename Pred> bool eventually(Pred pred, int ms = min_wait_ms);
 // A policy that lets anyone bind any sim NIC (knodsim*) on UDP ports 5000-5999.
 inline const char *sim_policy = R"([[rule]]
 name = "sim"
+any_caller = true
 netdevs = ["knodsim*"]
 gpus = ["sim0"]
 max_region = "1MiB"

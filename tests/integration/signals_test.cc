@@ -41,6 +41,7 @@ iommu = "any"
 
 [[rule]]
 name = "sim-everyone"
+any_caller = true
 netdevs = ["knodsim0"]
 gpus = ["sim0"]
 max_region = "1MiB"

@@ -38,6 +38,7 @@ iommu = "any"
 
 [[rule]]
 name = "sim-6000"
+any_caller = true
 netdevs = ["knodsim0"]
 gpus = ["sim0"]
 max_region = "1MiB"

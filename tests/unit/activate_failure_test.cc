@@ -76,6 +76,7 @@ TEST(ActivateFailure, IsJournaledAsARefusalWithTheActorAndThePolicy) {
     auto &loop = rig.loop;
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "sim"
+any_caller = true
 netdevs = ["knodsim0"]
 max_region = "1MiB"
 flows = ["udp * -> *:5000"]
@@ -126,6 +127,7 @@ TEST(AttachFailure, ANetdevWithoutADmaDeviceIsRefusedAtRequestTimeAndJournaled) 
     auto &loop = rig.loop;
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "sim"
+any_caller = true
 netdevs = ["knodsim0"]
 max_region = "1MiB"
 flows = ["udp * -> *:5000"]
@@ -195,6 +197,7 @@ TEST(SteeringDrift, EndsTheDriftedBindingAtTheNextTick) {
     auto &loop = rig.loop;
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "sim"
+any_caller = true
 netdevs = ["knodsim0"]
 max_region = "1MiB"
 flows = ["udp * -> *:*"]

@@ -127,6 +127,7 @@ struct HandLoop : driver::EventLoop {
 
 const char *two_per_user = R"([[rule]]
 name = "fake"
+any_caller = true
 netdevs = ["nic0"]
 max_region = "1MiB"
 flows = ["udp * -> *:*"]
@@ -519,7 +520,8 @@ TEST_F(BindingManagerTest, AReloadRevokesWhatTheNewPolicyNoLongerGrants) {
     auto kept = grant(*m, user(1000), 5000);
     auto lost = grant(*m, user(2000), 5001);
     ASSERT_TRUE(kept.ok() && lost.ok());
-    std::string only_1000 = std::string(two_per_user) + "users = [1000]\n";
+    std::string only_1000 = std::string(two_per_user);
+    only_1000.replace(only_1000.find("any_caller = true"), 17, "users = [1000]");
     m->set_policy_loader([&] { return Result<policy::Policy>(parse_or_fail(only_1000)); });
     auto revoked = m->reload(user(0), "test");
     ASSERT_TRUE(revoked.ok()) << revoked.error().message;

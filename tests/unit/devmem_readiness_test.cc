@@ -182,21 +182,25 @@ TEST(DevmemReadiness, TheBackendServesTcpFlowsOnly) {
 TEST(DevmemReadiness, CheckSaysWhichRulesDevmemCanNeverServe) {
     auto load = policy::parse_policy_text(R"([[rule]]
 name = "tcp-only"
+any_caller = true
 max_region = "1MiB"
 flows = ["tcp * -> *:5000"]
 
 [[rule]]
 name = "udp-only"
+any_caller = true
 max_region = "1MiB"
 flows = ["udp * -> *:5000", "any * -> 10.0.0.1:7"]
 
 [[rule]]
 name = "mixed"
+any_caller = true
 max_region = "1MiB"
 flows = ["tcp * -> *:5000", "tcp * -> *:6000-6100", "udp * -> *:7000"]
 
 [[rule]]
 name = "deny"
+any_caller = true
 action = "deny"
 flows = ["udp * -> *:9"]
 )",
@@ -209,7 +213,7 @@ flows = ["udp * -> *:9"]
               std::string::npos)
         << w[0].message;
     EXPECT_NE(w[0].message.find("not TCP"), std::string::npos);
-    EXPECT_EQ(w[0].where.line, 6) << "points at the rule";
+    EXPECT_EQ(w[0].where.line, 7) << "points at the rule";
     EXPECT_NE(w[1].message.find("rule 'mixed' has flows the devmem driver never serves"),
               std::string::npos)
         << w[1].message;

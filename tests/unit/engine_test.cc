@@ -120,6 +120,7 @@ TEST(Engine, TxModesAreRefusedEvenWhenGrantedOrPermissive) {
 permissive = true
 [[rule]]
 name = "tx"
+any_caller = true
 modes = ["tx", "rx-only"]
 max_region = 4096
 flows = ["udp * -> *"]

@@ -1,3 +1,4 @@
+#include "knod/regular_file.h"
 #include "policy/parser.h"
 
 #include <gtest/gtest.h>
@@ -101,6 +102,7 @@ name = "a"
 colour = "red"
 max_region = "lots"
 flows = ["udp * -> *:1"]
+any_caller = true
 )",
                                         "p.toml");
     EXPECT_EQ(load.error_count(), 2u) << load.errors_text();
@@ -172,6 +174,65 @@ TEST(PolicyParser, KeyLifetimeIsBoundedByWhatTheDaemonHonours) {
         EXPECT_NE(load.errors_text().find("from 1s to 365d"), std::string::npos)
             << bad << ": " << load.errors_text();
     }
+}
+
+// #33 item 2: a rule whose principal lines are missing (a file read half-saved: truncated,
+// then rewritten, with the reload between) would match every caller. It is refused unless it
+// says so; saying so and naming callers is a contradiction.
+TEST(PolicyParser, ARuleThatNamesNoCallerMustSaySo) {
+    const std::string head = "[[rule]]\nname='r'\naction='allow'\nmax_region='1MiB'\n"
+                             "flows=['udp * -> *:5000']\n";
+    auto none = parse_policy_text(head);
+    EXPECT_FALSE(none.ok());
+    EXPECT_NE(none.errors_text().find("names no caller"), std::string::npos) << none.errors_text();
+    EXPECT_NE(none.errors_text().find("any_caller = true"), std::string::npos);
+    EXPECT_FALSE(parse_policy_text(head + "users=[]\n").ok()) << "an empty list names nobody";
+    EXPECT_FALSE(parse_policy_text("[[rule]]\nname='d'\naction='deny'\n").ok())
+        << "a deny rule for everyone says so too";
+    EXPECT_TRUE(parse_policy_text(head + "any_caller = true\n").ok());
+    EXPECT_TRUE(parse_policy_text("[[rule]]\nname='d'\naction='deny'\nany_caller=true\n").ok());
+    for (const char *who : {"users=[1]", "groups=['video']", "units=['a.service']",
+                            "user_units=['b.service']", "cgroups=['/x/*']", "executables=['/y']"})
+        EXPECT_TRUE(parse_policy_text(head + who + "\n").ok()) << who;
+    auto both = parse_policy_text(head + "users=[1]\nany_caller=true\n");
+    EXPECT_FALSE(both.ok());
+    EXPECT_NE(both.errors_text().find("also names callers"), std::string::npos);
+    EXPECT_FALSE(parse_policy_text(head + "any_caller='yes'\n").ok());
+}
+
+// #33 item 2: a file that changes while it is read is not loaded (the reload is refused and
+// the old policy stays), whatever moved: its bytes in place, or the path to another file.
+TEST(PolicyParser, AFileThatChangesWhileItIsReadIsNotLoaded) {
+    fs::path dir = fs::temp_directory_path() / ("knod-policy-moving-" + std::to_string(getpid()));
+    fs::create_directories(dir);
+    fs::path file = dir / "policy.toml";
+    std::string whole(64 * 1024, '#'); // more than one read(2), so the hook runs mid-file
+    whole += "\n[[rule]]\nname='r'\naction='deny'\nusers=[1]\n";
+    std::ofstream(file) << whole;
+    EXPECT_TRUE(knod::read_regular_file_unchanged(file.string(), 1 << 20)) << "a still file reads";
+    // Rewritten in place (truncate, write) during the read.
+    auto in_place = knod::read_regular_file_unchanged(file.string(), 1 << 20, [&] {
+        std::ofstream(file, std::ios::trunc) << "[[rule]]\nname='r'\n";
+    });
+    ASSERT_FALSE(in_place);
+    EXPECT_EQ(in_place.error().code, knod::Errc::unavailable);
+    EXPECT_NE(in_place.error().message.find("changed while it was read"), std::string::npos)
+        << in_place.error().message;
+    // Replaced by a rename during the read: what was read is not what the path names now.
+    std::ofstream(file, std::ios::trunc) << whole;
+    bool once = false;
+    auto renamed = knod::read_regular_file_unchanged(file.string(), 1 << 20, [&] {
+        if (once) return;
+        once = true;
+        std::ofstream(dir / "new.toml") << whole;
+        fs::rename(dir / "new.toml", file);
+    });
+    ASSERT_FALSE(renamed);
+    // The old inode's link count (so its ctime) moves too, so either check may see it first.
+    EXPECT_EQ(renamed.error().code, knod::Errc::unavailable);
+    EXPECT_NE(renamed.error().message.find("while it was read"), std::string::npos)
+        << renamed.error().message;
+    fs::remove_all(dir);
 }
 
 TEST(PolicyParser, MissingFileIsAnError) {
@@ -266,13 +327,16 @@ TEST(PolicyParser, PolicyTextAndDigestAreCanonical) {
     PolicyParser p;
     p.add_text("[settings]\npermissive = false", "/etc/knod/policy.toml");
     p.add_text("", "/etc/knod/policy.d/empty.toml");
-    p.add_text("[[rule]]\nname = \"x\"\naction = \"deny\"\n", "/etc/knod/policy.d/10-x.toml");
+    p.add_text("[[rule]]\nname = \"x\"\nany_caller = true\naction = \"deny\"\n",
+               "/etc/knod/policy.d/10-x.toml");
     auto load = p.finish();
     ASSERT_TRUE(load.ok()) << load.errors_text();
     EXPECT_EQ(load.policy.text, "# file: /etc/knod/policy.toml\n[settings]\npermissive = false\n"
                                 "# file: /etc/knod/policy.d/empty.toml\n"
                                 "# file: /etc/knod/policy.d/10-x.toml\n[[rule]]\nname = "
-                                "\"x\"\naction = \"deny\"\n");
+                                "\"x\"\nany_caller = true\naction = \"deny\"\n");
+    ASSERT_EQ(load.policy.file_digests.size(), 3u);
+    EXPECT_EQ(load.policy.file_digests[1], policy_digest("")) << "each file's own bytes";
     EXPECT_EQ(load.policy.digest, policy_digest(load.policy.text));
     EXPECT_EQ(policy_digest(""),
               "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
