@@ -61,6 +61,7 @@ constexpr NameCode by_name[] = {
     {knod::bus::error::invalid_policy, KNOD_ERR_INVALID_POLICY},
     {knod::bus::error::flow_conflict, KNOD_ERR_FLOW_CONFLICT},
     {knod::bus::error::limits_exceeded, KNOD_ERR_LIMITS_EXCEEDED},
+    {knod::bus::error::out_of_resources, KNOD_ERR_OUT_OF_RESOURCES},
     {knod::bus::error::failed, KNOD_ERR_FAILED},
     // The bus's own answers: no daemon, or one that stopped answering; the bus policy's no.
     {"org.freedesktop.DBus.Error.ServiceUnknown", KNOD_ERR_UNAVAILABLE},
@@ -162,7 +163,8 @@ const char *knod_errc_name(int code) {
                                         "ended",
                                         "io",
                                         "no-memory",
-                                        "limits-exceeded"};
+                                        "limits-exceeded",
+                                        "out-of-resources"};
     if (code < 0 || static_cast<std::size_t>(code) >= sizeof names / sizeof names[0])
         return "unknown";
     return names[code];

@@ -19,8 +19,8 @@ from collections import namedtuple
 from . import _capi
 from ._errors import (BindingEnded, BusError, Denied, DriverFailure, Error, ExportUnavailable,
                       Failed, FlowConflict, InvalidArgument, InvalidPolicy, IsolationViolation,
-                      JournalUnavailable, LimitsExceeded, NoSuchBinding, QuotaExceeded,
-                      Unavailable)
+                      JournalUnavailable, LimitsExceeded, NoSuchBinding, OutOfResources,
+                      QuotaExceeded, Unavailable)
 from ._errors import BY_CODE as _BY_CODE
 from ._errors import KNOD_ERR_ENDED as _ENDED
 from ._errors import KNOD_ERR_TIMEOUT as _TIMEOUT
@@ -29,7 +29,7 @@ from .buffers import DmaBuf, SimBuffer
 __all__ = [
     "Client", "Binding", "Counters", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
     "default_client", "library_version", "Error", "Denied", "InvalidArgument", "NoSuchBinding",
-    "QuotaExceeded", "LimitsExceeded", "IsolationViolation", "DriverFailure",
+    "QuotaExceeded", "LimitsExceeded", "OutOfResources", "IsolationViolation", "DriverFailure",
     "JournalUnavailable", "InvalidPolicy", "FlowConflict", "Failed", "Unavailable", "BindingEnded",
     "BusError", "ExportUnavailable",
 ]

@@ -39,6 +39,11 @@ class LimitsExceeded(Error):
     (connections per user or in all, polkit questions, bindings in all, ...); retry later."""
 
 
+class OutOfResources(Error):
+    """org.knod.Policy1.Error.OutOfResources: the daemon ran out of fds, memory or disk while
+    serving the call (the message says which); nothing changed; retry once it is back."""
+
+
 class IsolationViolation(Error):
     """org.knod.Policy1.Error.IsolationViolation: IOMMU isolation does not hold."""
 
@@ -91,6 +96,7 @@ BY_CODE = {
     1: Denied, 2: InvalidArgument, 3: NoSuchBinding, 4: QuotaExceeded, 5: IsolationViolation,
     6: DriverFailure, 7: JournalUnavailable, 8: InvalidPolicy, 9: FlowConflict, 10: Failed,
     11: Unavailable, 13: BindingEnded, 14: BusError, 15: Error, 16: LimitsExceeded,
+    17: OutOfResources,
 }
 KNOD_ERR_TIMEOUT = 12
 KNOD_ERR_ENDED = 13

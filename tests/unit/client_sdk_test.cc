@@ -148,6 +148,7 @@ TEST(ClientCApi, CodeNamesAreStable) {
     EXPECT_STREQ(knod_errc_name(KNOD_ERR_FLOW_CONFLICT), "flow-conflict");
     EXPECT_STREQ(knod_errc_name(KNOD_ERR_NO_MEMORY), "no-memory");
     EXPECT_STREQ(knod_errc_name(KNOD_ERR_LIMITS_EXCEEDED), "limits-exceeded");
+    EXPECT_STREQ(knod_errc_name(KNOD_ERR_OUT_OF_RESOURCES), "out-of-resources");
     EXPECT_STREQ(knod_errc_name(-1), "unknown");
     EXPECT_STREQ(knod_errc_name(99), "unknown");
     EXPECT_STREQ(knod_version(), KNOD_VERSION);

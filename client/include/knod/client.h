@@ -51,9 +51,12 @@ typedef enum knod_errc {
     KNOD_ERR_ENDED = 13,              /* the binding ended (knod_binding_end() says why) */
     KNOD_ERR_IO = 14,                 /* the bus connection failed or a reply was malformed */
     KNOD_ERR_NO_MEMORY = 15,
-    KNOD_ERR_LIMITS_EXCEEDED = 16 /* org.knod.Policy1.Error.LimitsExceeded: a bound on what the
-                                   * daemon keeps for callers (connections, polkit questions,
-                                   * bindings in all, ...); retry later or use fewer */
+    KNOD_ERR_LIMITS_EXCEEDED = 16, /* org.knod.Policy1.Error.LimitsExceeded: a bound on what the
+                                    * daemon keeps for callers (connections, polkit questions,
+                                    * bindings in all, ...); retry later or use fewer */
+    KNOD_ERR_OUT_OF_RESOURCES = 17 /* org.knod.Policy1.Error.OutOfResources: the daemon ran out
+                                    * of fds, memory or disk (the message says which); nothing
+                                    * changed; retry once it is back */
 } knod_errc;
 
 typedef struct knod_error knod_error;
