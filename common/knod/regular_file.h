@@ -37,6 +37,24 @@ inline Result<void> require_regular(int fd, const std::string &path) {
     return {};
 }
 
+// Up to `max_bytes` + 1 bytes from `fd` (one more than the cap, so the caller can tell a file
+// over it); a failed read is Errc::io naming `path`. `mid_read` runs after each read (tests).
+inline Result<std::string> read_up_to(int fd, const std::string &path, std::size_t max_bytes,
+                                      const std::function<void()> &mid_read = {}) {
+    std::string text(max_bytes + 1, '\0');
+    std::size_t got = 0;
+    while (got < text.size()) {
+        ssize_t n = read(fd, text.data() + got, text.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return make_error(Errc::io, path + ": read failed: " + std::strerror(errno));
+        if (n == 0) break;
+        got += static_cast<std::size_t>(n);
+        if (mid_read) mid_read();
+    }
+    text.resize(got);
+    return text;
+}
+
 // The first `max_bytes` + 1 bytes of the regular file at `path` (one byte more than the cap, so
 // the caller can tell a file over it). Opened without blocking (O_NONBLOCK: a FIFO would wait for
 // a writer at open) and refused unless regular; a failed read is Errc::io.
@@ -44,17 +62,7 @@ inline Result<std::string> read_regular_file(const std::string &path, std::size_
     UniqueFd fd(open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
     if (!fd.valid()) return make_error(Errc::io, path + ": " + std::strerror(errno));
     if (auto r = require_regular(fd.get(), path); !r) return r.error();
-    std::string text(max_bytes + 1, '\0');
-    std::size_t got = 0;
-    while (got < text.size()) {
-        ssize_t n = read(fd.get(), text.data() + got, text.size() - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return make_error(Errc::io, path + ": read failed: " + std::strerror(errno));
-        if (n == 0) break;
-        got += static_cast<std::size_t>(n);
-    }
-    text.resize(got);
-    return text;
+    return read_up_to(fd.get(), path, max_bytes);
 }
 
 // Whether the file behind `fd` is still the one `before` described: same inode, size and
@@ -82,17 +90,9 @@ inline Result<std::string> read_regular_file_unchanged(const std::string &path,
     }, after{}, now_at_path{};
     if (fstat(fd.get(), &before) != 0)
         return make_error(Errc::io, path + ": " + std::strerror(errno));
-    std::string text(max_bytes + 1, '\0');
-    std::size_t got = 0;
-    while (got < text.size()) {
-        ssize_t n = read(fd.get(), text.data() + got, text.size() - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return make_error(Errc::io, path + ": read failed: " + std::strerror(errno));
-        if (n == 0) break;
-        got += static_cast<std::size_t>(n);
-        if (mid_read) mid_read();
-    }
-    text.resize(got);
+    auto text = read_up_to(fd.get(), path, max_bytes, mid_read);
+    if (!text) return text;
+    std::size_t got = text->size();
     if (fstat(fd.get(), &after) != 0)
         return make_error(Errc::io, path + ": " + std::strerror(errno));
     const char *moved = nullptr;
