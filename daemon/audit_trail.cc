@@ -124,6 +124,11 @@ std::string AuditTrail::journal_problem() const {
     if (!st.anchor_failing.empty())
         add("anchor not advancing: " + st.anchor_failing + " (" +
             std::to_string(st.anchor_failures) + " failed write(s))");
+    if (st.checkpoint_blocked && st.wal_bytes > held_frames_reported * 4096)
+        add("another process holds the journal's checkpoint lock: nothing is checkpointed and "
+            "the WAL is " +
+            std::to_string(st.wal_bytes >> 20) +
+            " MiB (see docs/audit.md, \"Reading a live journal\")");
     if (st.wal_frames_held > held_frames_reported)
         add("a reader's open transaction keeps " + std::to_string(st.wal_frames_held) +
             " WAL frame(s) from the database (the WAL grows until it ends; see docs/audit.md, "

@@ -147,12 +147,18 @@ class Journal::Writer {
     const Hash &head_hash() const { return head_hash_; }
     // A passive checkpoint (it never waits for a reader): how many WAL frames there are and
     // how many a reader's snapshot keeps out of the database. Nullopt if SQLite refused.
-    std::optional<std::pair<int, int>> checkpoint() {
+    // SQLITE_BUSY: another process holds the checkpoint lock (a reader of the journal's group
+    // can hold it on -shm): nothing is checkpointed while it lasts, and that is said too.
+    struct Checkpoint {
+        bool blocked = false;
+        int frames = 0, held = 0;
+    };
+    Checkpoint checkpoint() {
         int log = 0, done = 0;
-        if (sqlite3_wal_checkpoint_v2(db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &done) !=
-            SQLITE_OK)
-            return std::nullopt;
-        return std::pair{log, log - done};
+        int rc =
+            sqlite3_wal_checkpoint_v2(db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+        if (rc != SQLITE_OK) return {true, 0, 0};
+        return {false, log, log - done};
     }
     // After a commit that moved the head (run() decides when: see there).
     Result<void> update_anchor() { return write_anchor(); }
@@ -383,10 +389,15 @@ void Journal::run() {
         // reader holds an old snapshot: look every 64 commits and say how much is held back.
         if (committed && ++commits_since_checkpoint_ >= 64) {
             commits_since_checkpoint_ = 0;
-            if (auto wal = w.checkpoint()) {
-                std::lock_guard lock(mu_);
-                stats_.wal_frames = static_cast<std::uint64_t>(wal->first);
-                stats_.wal_frames_held = static_cast<std::uint64_t>(std::max(0, wal->second));
+            auto wal = w.checkpoint();
+            struct stat st {};
+            bool sized = ::stat((path_ + "-wal").c_str(), &st) == 0;
+            std::lock_guard lock(mu_);
+            stats_.checkpoint_blocked = wal.blocked;
+            stats_.wal_bytes = sized ? static_cast<std::uint64_t>(st.st_size) : 0;
+            if (!wal.blocked) {
+                stats_.wal_frames = static_cast<std::uint64_t>(wal.frames);
+                stats_.wal_frames_held = static_cast<std::uint64_t>(std::max(0, wal.held));
             }
         }
     }

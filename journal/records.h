@@ -115,6 +115,8 @@ struct JournalStats {
     // snapshot keeps from being checkpointed (a long read transaction: the WAL grows by them).
     std::uint64_t wal_frames = 0;
     std::uint64_t wal_frames_held = 0;
+    bool checkpoint_blocked = false; // the last look's checkpoint could not take its lock
+    std::uint64_t wal_bytes = 0;     // the -wal file's size at the last look
 };
 
 } // namespace knod::journal

@@ -409,6 +409,11 @@ class FileReader {
             if (!has_flows)
                 error(t.source(), "allow rule '" + rule.name +
                                       "' must set 'flows' (the traffic a binding may receive)");
+            // An empty list would mean "any flow" to the engine: never by writing nothing.
+            else if (rule.flows.empty() && load_.error_count() == errors_before)
+                error(t.source(), "allow rule '" + rule.name +
+                                      "' has 'flows = []': list the traffic a binding may "
+                                      "receive (\"udp * -> *:*\" for all of it)");
             for (Mode m : rule.modes)
                 if (m != Mode::rx_only)
                     warning(t.source(),

@@ -694,53 +694,54 @@ TEST_F(BindingManagerTest, AHandoffOfTheOldFormatIsRefusedByName) {
                     "SELECT count(*) FROM events WHERE kind = 'not-adopted' AND session_id = '" +
                         g->id + "' AND reason LIKE '%format 1%'"),
               1);
+}
 
-    // GetMetrics' figures: each request counted once under its outcome, refusals by kind, ends by
-    // reason; a binding's RX moves to its device's total when it ends, so the counter never drops;
-    // the grants' and the end's commits are timed. No binding id in the answer.
-    TEST_F(BindingManagerTest, MetricsCountEachOutcomeOnceAndRxNeverGoesDown) {
-        driver.rx = {100, 2, 1};
-        auto m = make();
-        auto a = grant(*m, user(1000), 5000);
-        ASSERT_TRUE(a.ok()) << a.error().message;
-        ASSERT_TRUE(grant(*m, user(1000), 5001).ok());
-        auto over = grant(*m, user(1000), 5002);
-        ASSERT_FALSE(over.ok());
-        std::optional<Result<daemon::Granted>> bad;
-        int fd = sealed_region();
-        ASSERT_GE(fd, 0);
-        m->request(user(1000), {"nope0", "gpu0", "rx-only", fd, 0, 4096, {"udp * -> *:1"}},
-                   [&](Result<daemon::Granted> g) { bad = std::move(g); });
-        close(fd);
-        ASSERT_TRUE(bad && !bad->ok());
-        const daemon::Metrics &mx = m->metrics();
-        EXPECT_EQ(mx.requests().at("allow"), 2u);
-        EXPECT_EQ(mx.requests().at("quota-exceeded"), 1u);
-        EXPECT_EQ(mx.requests().at("invalid-request"), 1u);
-        EXPECT_EQ(mx.requests().at("deny"), 0u) << "present from the start";
-        EXPECT_EQ(mx.refusals().at("request-denied"), 2u);
-        EXPECT_EQ(mx.ends().at("release"), 0u);
+// GetMetrics' figures: each request counted once under its outcome, refusals by kind, ends by
+// reason; a binding's RX moves to its device's total when it ends, so the counter never drops;
+// the grants' and the end's commits are timed. No binding id in the answer.
+TEST_F(BindingManagerTest, MetricsCountEachOutcomeOnceAndRxNeverGoesDown) {
+    driver.rx = {100, 2, 1};
+    auto m = make();
+    auto a = grant(*m, user(1000), 5000);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    ASSERT_TRUE(grant(*m, user(1000), 5001).ok());
+    auto over = grant(*m, user(1000), 5002);
+    ASSERT_FALSE(over.ok());
+    std::optional<Result<daemon::Granted>> bad;
+    int fd = sealed_region();
+    ASSERT_GE(fd, 0);
+    m->request(user(1000), {"nope0", "gpu0", "rx-only", fd, 0, 4096, {"udp * -> *:1"}},
+               [&](Result<daemon::Granted> g) { bad = std::move(g); });
+    close(fd);
+    ASSERT_TRUE(bad && !bad->ok());
+    const daemon::Metrics &mx = m->metrics();
+    EXPECT_EQ(mx.requests().at("allow"), 2u);
+    EXPECT_EQ(mx.requests().at("quota-exceeded"), 1u);
+    EXPECT_EQ(mx.requests().at("invalid-request"), 1u);
+    EXPECT_EQ(mx.requests().at("deny"), 0u) << "present from the start";
+    EXPECT_EQ(mx.refusals().at("request-denied"), 2u);
+    EXPECT_EQ(mx.ends().at("release"), 0u);
 
-        auto rx_bytes = [&] {
-            auto j = nlohmann::json::parse(daemon::metrics_json(*m, "test"));
-            EXPECT_EQ(j["traffic"].size(), 1u) << j.dump();
-            return j["traffic"][0]["rx_bytes"].get<std::uint64_t>();
-        };
-        EXPECT_EQ(rx_bytes(), 200u);
-        std::optional<Result<void>> released;
-        m->release(a->id, user(1000), false, [&](Result<void> r) { released = r; });
-        ASSERT_TRUE(drain([&] { return released.has_value(); }));
-        EXPECT_EQ(mx.ends().at("release"), 1u);
-        EXPECT_EQ(rx_bytes(), 200u) << "the ended binding's bytes stay in the total";
-        EXPECT_EQ(mx.commit_latency().snapshot().count, 3u) << "two grants and one end";
+    auto rx_bytes = [&] {
+        auto j = nlohmann::json::parse(daemon::metrics_json(*m, "test"));
+        EXPECT_EQ(j["traffic"].size(), 1u) << j.dump();
+        return j["traffic"][0]["rx_bytes"].get<std::uint64_t>();
+    };
+    EXPECT_EQ(rx_bytes(), 200u);
+    std::optional<Result<void>> released;
+    m->release(a->id, user(1000), false, [&](Result<void> r) { released = r; });
+    ASSERT_TRUE(drain([&] { return released.has_value(); }));
+    EXPECT_EQ(mx.ends().at("release"), 1u);
+    EXPECT_EQ(rx_bytes(), 200u) << "the ended binding's bytes stay in the total";
+    EXPECT_EQ(mx.commit_latency().snapshot().count, 3u) << "two grants and one end";
 
-        std::string text = daemon::metrics_json(*m, "test");
-        auto j = nlohmann::json::parse(text);
-        ASSERT_EQ(j["bindings"].size(), 1u);
-        EXPECT_EQ(j["bindings"][0]["count"], 1);
-        EXPECT_EQ(j["bindings"][0]["rule"], "fake");
-        EXPECT_EQ(text.find(a->id), std::string::npos);
-        for (const char *key : {"\"id\"", "\"uid\"", "\"pid\"", "\"key_id\""})
-            EXPECT_EQ(text.find(key), std::string::npos) << key << " in " << text;
-        m->shutdown();
-    }
+    std::string text = daemon::metrics_json(*m, "test");
+    auto j = nlohmann::json::parse(text);
+    ASSERT_EQ(j["bindings"].size(), 1u);
+    EXPECT_EQ(j["bindings"][0]["count"], 1);
+    EXPECT_EQ(j["bindings"][0]["rule"], "fake");
+    EXPECT_EQ(text.find(a->id), std::string::npos);
+    for (const char *key : {"\"id\"", "\"uid\"", "\"pid\"", "\"key_id\""})
+        EXPECT_EQ(text.find(key), std::string::npos) << key << " in " << text;
+    m->shutdown();
+}

@@ -198,6 +198,12 @@ TEST(PolicyParser, ARuleThatNamesNoCallerMustSaySo) {
     EXPECT_FALSE(both.ok());
     EXPECT_NE(both.errors_text().find("also names callers"), std::string::npos);
     EXPECT_FALSE(parse_policy_text(head + "any_caller='yes'\n").ok());
+    // Nor does an empty flow list allow every flow (the engine reads empty as any).
+    auto no_flows =
+        parse_policy_text("[[rule]]\nname='f'\nusers=[1]\nmax_region='1MiB'\nflows=[]\n");
+    EXPECT_FALSE(no_flows.ok());
+    EXPECT_NE(no_flows.errors_text().find("flows = []"), std::string::npos)
+        << no_flows.errors_text();
 }
 
 // #33 item 2: a file that changes while it is read is not loaded (the reload is refused and
