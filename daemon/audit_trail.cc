@@ -124,10 +124,14 @@ std::string AuditTrail::journal_problem() const {
     if (!st.anchor_failing.empty())
         add("anchor not advancing: " + st.anchor_failing + " (" +
             std::to_string(st.anchor_failures) + " failed write(s))");
-    if (st.checkpoint_blocked && st.wal_bytes > held_frames_reported * 4096)
-        add("another process holds the journal's checkpoint lock: nothing is checkpointed and "
-            "the WAL is " +
-            std::to_string(st.wal_bytes >> 20) +
+    // The WAL is cut back to 16 MiB whenever it restarts (journal_size_limit); larger, it has not
+    // restarted, whatever the checkpoint said: a reader's lock (on the checkpoint lock, or on a
+    // read-mark of -shm) or an open transaction holds it.
+    if (st.wal_bytes > held_frames_reported * 4096)
+        add((st.checkpoint_blocked ? "another process holds the journal's checkpoint lock: "
+                                   : "the WAL cannot restart: a reader's lock or transaction "
+                                     "holds it: ") +
+            std::string("the WAL is ") + std::to_string(st.wal_bytes >> 20) +
             " MiB (see docs/audit.md, \"Reading a live journal\")");
     if (st.wal_frames_held > held_frames_reported)
         add("a reader's open transaction keeps " + std::to_string(st.wal_frames_held) +

@@ -399,6 +399,13 @@ class FileReader {
                                   "' names no caller (users, groups, units, user_units, cgroups "
                                   "or executables); a rule meant for every caller says "
                                   "'any_caller = true'");
+        // "*" names every caller of its kind (one without a unit too): as wide as any_caller.
+        for (auto *globs : {&rule.units, &rule.user_units, &rule.cgroups, &rule.executables})
+            for (auto &g : *globs)
+                if (g.find_first_not_of("*?/") == std::string::npos)
+                    warning(t.source(), "rule '" + rule.name + "' has the glob '" + g +
+                                            "', which matches (almost) every caller; if that is "
+                                            "meant, say 'any_caller = true'");
         if (names_caller && any_caller)
             error(t.source(), "rule '" + rule.name +
                                   "' sets 'any_caller = true' and also names callers; keep one");

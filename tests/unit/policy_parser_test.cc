@@ -198,6 +198,11 @@ TEST(PolicyParser, ARuleThatNamesNoCallerMustSaySo) {
     EXPECT_FALSE(both.ok());
     EXPECT_NE(both.errors_text().find("also names callers"), std::string::npos);
     EXPECT_FALSE(parse_policy_text(head + "any_caller='yes'\n").ok());
+    // A catch-all glob is as wide as any_caller: allowed, with a warning that says so.
+    auto star = parse_policy_text(head + "units=['*']\n");
+    EXPECT_TRUE(star.ok());
+    ASSERT_EQ(star.diagnostics.size(), 1u) << star.errors_text();
+    EXPECT_NE(star.diagnostics[0].message.find("any_caller = true"), std::string::npos);
     // Nor does an empty flow list allow every flow (the engine reads empty as any).
     auto no_flows =
         parse_policy_text("[[rule]]\nname='f'\nusers=[1]\nmax_region='1MiB'\nflows=[]\n");
