@@ -24,9 +24,9 @@ const uid_t nobody = 65534;
 const std::string flow_5000 = "udp 10.99.0.1:* -> 10.99.0.2:5000";
 const std::string flow_5001 = "udp 10.99.0.1:* -> 10.99.0.2:5001";
 
-// A rule body for the sim: anyone, on one port.
+// A rule body for the sim: for `who` (anyone when empty), on one port.
 std::string sim_rule(const std::string &name, const std::string &who, int port) {
-    return "[[rule]]\nname = \"" + name + "\"\n" + who +
+    return "[[rule]]\nname = \"" + name + "\"\n" + (who.empty() ? "any_caller = true" : who) +
            "\nnetdevs = [\"knodsim0\"]\ngpus = [\"sim0\"]\nmax_region = \"1MiB\"\n"
            "flows = [\"udp 10.99.0.0/24:* -> 10.99.0.2:" +
            std::to_string(port) + "\"]\niommu = \"any\"\n\n";

@@ -176,7 +176,7 @@ TEST(UntrustedInput, ReloadRefusesControlCharactersInPolicyStrings) {
     ASSERT_FALSE(r.ok());
     const std::string &msg = r.error().message;
     EXPECT_NE(msg.find("org.knod.Policy1.Error.InvalidPolicy"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(sb.policy_file() + ":12:16: error: string '*\\x00/opt/app/bin/trainer' "
+    EXPECT_NE(msg.find(sb.policy_file() + ":13:16: error: string '*\\x00/opt/app/bin/trainer' "
                                           "holds a control character"),
               std::string::npos)
         << msg;
