@@ -213,11 +213,15 @@ TEST(BindingSignals, ReachOnlyTheOwnerAuditorsAndAdmins) {
     Holder own(sb, {"knodsim0", "sim0", "4096", "udp 10.99.0.3:* -> 10.99.0.2:5002"}, nobody);
     ASSERT_TRUE(own.ok()) << own.line();
     // The fences: the daemon sends each listener its messages in order, so once a subscriber
-    // has the signal of nobody's binding (the last thing it is told), it has everything sent to
-    // it before. dbus-monitor hears only broadcasts: one more reload is its fence. (A count of
+    // has the signals of nobody's binding (the last things it is told: BindingCreated with its
+    // id, then InterfacesAdded with its flow), it has everything sent to it before. Its id alone
+    // is no fence: BindingCreated comes first, and a loaded machine showed InterfacesAdded still
+    // on its way. dbus-monitor hears only broadcasts: one more reload is its fence. (A count of
     // PolicyReloaded alone is no fence: one of an earlier reload may still be on its way.)
-    for (auto *p : {&nobody_sub, &root_sub, &auditor_sub})
+    for (auto *p : {&nobody_sub, &root_sub, &auditor_sub}) {
         ASSERT_TRUE(p->wait_for(own.id(), 1, 30000)) << p->output();
+        ASSERT_TRUE(p->wait_for("10.99.0.3", 1, 30000)) << p->output();
+    }
     ASSERT_TRUE(c.reload().ok());
     ASSERT_TRUE(nobody_monitor.wait_for("PolicyReloaded", heard[&nobody_monitor] + 1, 30000))
         << nobody_monitor.output();
