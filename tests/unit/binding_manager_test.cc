@@ -125,15 +125,14 @@ struct HandLoop : driver::EventLoop {
     std::map<int, std::function<void()>> watched;
 };
 
-const char *two_per_user = R"([[rule]]
-name = "fake"
-any_caller = true
-netdevs = ["nic0"]
-max_region = "1MiB"
-flows = ["udp * -> *:*"]
-iommu = "any"
-max_bindings_per_uid = 2
-)";
+// The fake driver's one rule, for any caller, with `per_uid` bindings each.
+std::string fake_rule(int per_uid) {
+    return "[[rule]]\nname = \"fake\"\nany_caller = true\nnetdevs = [\"nic0\"]\n"
+           "max_region = \"1MiB\"\nflows = [\"udp * -> *:*\"]\niommu = \"any\"\n"
+           "max_bindings_per_uid = " +
+           std::to_string(per_uid) + "\n";
+}
+const std::string two_per_user = fake_rule(2);
 
 daemon::Peer user(uid_t uid) {
     daemon::Peer p;
@@ -142,15 +141,7 @@ daemon::Peer user(uid_t uid) {
     return p;
 }
 
-const char *many_per_user = R"([[rule]]
-name = "fake"
-any_caller = true
-netdevs = ["nic0"]
-max_region = "1MiB"
-flows = ["udp * -> *:*"]
-iommu = "any"
-max_bindings_per_uid = 16
-)";
+const std::string many_per_user = fake_rule(16);
 
 // This test process as a holder: pid, start time and a pidfd, as the bus side identifies one.
 daemon::Peer this_process(uid_t uid) {
@@ -175,7 +166,7 @@ class BindingManagerTest : public ::testing::Test {
         : rig(std::string("core-") +
               ::testing::UnitTest::GetInstance()->current_test_info()->name()) {}
 
-    std::unique_ptr<daemon::BindingManager> make(const char *policy = two_per_user) {
+    std::unique_ptr<daemon::BindingManager> make(const std::string &policy = two_per_user) {
         auto m = rig.manager(driver, parse_or_fail(policy), &events);
         m->start();
         return m;
@@ -330,15 +321,7 @@ TEST_F(BindingManagerTest, GrantsInFlightCountAgainstTheQuota) {
     m->shutdown();
 }
 
-const char *hundred_per_user = R"([[rule]]
-name = "fake"
-any_caller = true
-netdevs = ["nic0"]
-max_region = "1MiB"
-flows = ["udp * -> *:*"]
-iommu = "any"
-max_bindings_per_uid = 100
-)";
+const std::string hundred_per_user = fake_rule(100);
 
 // The bindings' bound in all (live and in flight, every uid): the caller that reaches it gets
 // LimitsExceeded, journaled and coalesced, before anything is taken; nobody's binding is touched,
