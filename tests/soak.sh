@@ -7,7 +7,9 @@
 # The runs share a compiler cache (ccache, in the work dir) for the top-level build only, so
 # each run after the first spends its minutes on the suite, not on recompiling what the last
 # one compiled; the suite's own builds (packaging.build_deb, fuzz.build) compile in full every
-# run, as on CI. --no-ccache turns that off.
+# run, as on CI. --no-ccache turns that off. Every run's clone lies at the same path (the work
+# dir's clone/, removed between runs): compile lines carry the source dir (KNOD_SOURCE_DIR), so
+# a clone at a new path would miss the cache for every test target.
 #
 #   tests/soak.sh [-n N] [--no-hog] [--skip-vm] [--no-ccache] [--keep]
 #     -n N       runs (default 5)
@@ -45,7 +47,8 @@ head=$(git -C "$repo" rev-parse HEAD) # every run tests this commit, whatever la
 echo "soak: $runs run(s) of scripts/run-tests.sh on ${head:0:12}, $([ -n "$hog" ] && echo with || echo without) a CPU hog on $(nproc) core(s); logs in $work"
 green=0
 for i in $(seq "$runs"); do
-    clone=$work/run$i
+    clone=$work/clone
+    rm -rf "$clone"
     git clone -q "$repo" "$clone" && git -C "$clone" checkout -q "$head"
     [ -n "$hog" ] && { stress-ng --cpu "$(nproc)" --quiet & hog_pid=$!; }
     start=$SECONDS
@@ -62,7 +65,7 @@ for i in $(seq "$runs"); do
         echo "  no test ran; the log's end:"
         tail -20 "$work/run$i.log" | sed 's/^/  /'
     fi
-    [ -n "$keep" ] || rm -rf "$clone"
+    if [ -n "$keep" ]; then mv "$clone" "$work/run$i"; else rm -rf "$clone"; fi
 done
 echo
 echo "soak: $green of $runs run(s) green"
