@@ -134,11 +134,13 @@ TEST(UntrustedInput, RequestsRefusedBeforeThePolicyIsAskedAreJournaled) {
     std::string detail = sb.sql("SELECT detail FROM events WHERE decision='invalid-request'");
     EXPECT_NE(detail.find(R"(no\\x1b[2Jsuch)"), std::string::npos) << detail;
     EXPECT_EQ(detail.find('\x1b'), std::string::npos) << "raw escape in the journal";
-    // The other two as a count once the window closes.
+    // The other two as counts once the window closes: one count of 2, or two of 1 when the
+    // calls straddled a window (a loaded machine makes each client start take longer than the
+    // 1 s window). What must hold is that every refusal is accounted for, not the split.
     EXPECT_TRUE(eventually(
         [&] {
-            return sb.sql("SELECT json_extract(detail, '$.count') FROM events WHERE "
-                          "kind='refusals-coalesced' AND uid=65534") == "2";
+            return sb.sql("SELECT total(json_extract(detail, '$.count')) FROM events WHERE "
+                          "kind='refusals-coalesced' AND uid=65534") == "2.0";
         },
         5000))
         << sb.sql("SELECT kind, decision, reason FROM events");
