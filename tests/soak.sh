@@ -61,6 +61,9 @@ for i in $(seq "$runs"); do
     echo "== run $i of $runs: $([ "$rc" -eq 0 ] && echo green || echo "RED (exit $rc)"), $((took / 60)) min $((took % 60)) s"
     if [ -f "$clone/build/ctest-last.log" ]; then
         bash "$repo/scripts/ctest-summary.sh" "$clone/build/ctest-last.log"
+        # The failed and timed-out tests of this run (not the skipped), for the tally below.
+        sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (\(Failed\|Timeout\|Exception\|Not Run\)).*/\1/p' \
+            "$clone/build/ctest-last.log" >"$work/run$i.failed"
     else
         echo "  no test ran; the log's end:"
         tail -20 "$work/run$i.log" | sed 's/^/  /'
@@ -69,5 +72,10 @@ for i in $(seq "$runs"); do
 done
 echo
 echo "soak: $green of $runs run(s) green"
+# A test that failed in several runs is a pattern, not bad luck: the tally says which.
+if cat "$work"/run*.failed 2>/dev/null | grep -q .; then
+    echo "soak: failures by test (runs it failed in):"
+    cat "$work"/run*.failed | sort | uniq -c | sort -rn | awk '{printf "  %d of '"$runs"'  %s\n", $1, $2}'
+fi
 echo "soak: the runs' logs are in $work"
 [ "$green" -eq "$runs" ]
