@@ -40,7 +40,9 @@ Result<std::vector<gid_t>> peer_groups(int fd) {
             groups.resize(len / sizeof(gid_t));
             break;
         }
-        if (errno != ERANGE || len / sizeof(gid_t) > max_groups)
+        // Only a larger size the kernel asked for is tried: the loop cannot go round for ever.
+        if (errno != ERANGE || len / sizeof(gid_t) > max_groups ||
+            len / sizeof(gid_t) <= groups.size())
             return system_error(Errc::denied, errno, "cannot read the socket's groups");
         groups.resize(len / sizeof(gid_t));
     }
