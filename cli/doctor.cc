@@ -2,10 +2,14 @@
 // kernel parameters and configuration, ROCm) with pass/warn/fail and the fix for each check.
 // The same report as the daemon's GetHostReport; reads sysfs and /proc, no daemon needed.
 #include "cli/commands.h"
+#include "host/caller_identity.h"
 #include "host/report.h"
 #include "knod/json.h"
 
+#include <systemd/sd-bus.h>
+
 #include <iostream>
+#include <string_view>
 
 namespace knod::cli {
 namespace {
@@ -14,8 +18,42 @@ struct Options {
     host::HostPaths paths;
     std::string host_root;
     host::PairSelection pairs;
+    std::string bus_address; // empty: the system bus
     bool json = false;
 };
+
+// Whether the bus sends ProcessFD in GetConnectionCredentials, asked about this very
+// connection; nullopt when the bus cannot be reached or asked.
+std::optional<bool> bus_sends_pidfd(const std::string &address) {
+    sd_bus *bus = nullptr;
+    int r = 0;
+    if (address.empty()) {
+        r = sd_bus_open_system(&bus);
+    } else if ((r = sd_bus_new(&bus)) >= 0 && (r = sd_bus_set_address(bus, address.c_str())) >= 0 &&
+               (r = sd_bus_set_bus_client(bus, 1)) >= 0) {
+        r = sd_bus_start(bus);
+    }
+    const char *me = nullptr;
+    sd_bus_message *reply = nullptr;
+    std::optional<bool> found;
+    if (r >= 0 && sd_bus_get_unique_name(bus, &me) >= 0 &&
+        sd_bus_call_method(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                           "org.freedesktop.DBus", "GetConnectionCredentials", nullptr, &reply, "s",
+                           me) >= 0 &&
+        sd_bus_message_enter_container(reply, 'a', "{sv}") > 0) {
+        found = false;
+        while (sd_bus_message_enter_container(reply, 'e', "sv") > 0) {
+            const char *key = nullptr;
+            if (sd_bus_message_read(reply, "s", &key) < 0 || sd_bus_message_skip(reply, "v") < 0 ||
+                sd_bus_message_exit_container(reply) < 0)
+                break;
+            if (std::string_view(key) == "ProcessFD") found = true;
+        }
+    }
+    sd_bus_message_unref(reply);
+    sd_bus_flush_close_unref(bus);
+    return found;
+}
 
 void print_text(const host::HostReport &r) {
     std::cout << "GPUs:";
@@ -53,6 +91,10 @@ int run(Options o) {
         std::cerr << "knod-policy doctor: " << report.error().message << "\n";
         return exit_usage;
     }
+    // The running kernel and bus, not a fixture's: only for this host.
+    if (o.host_root.empty())
+        report->checks.push_back(host::caller_identity_check(host::kernel_has_peer_pidfd(),
+                                                             bus_sends_pidfd(o.bus_address)));
     if (o.json)
         std::cout << knod::dump_json(report->to_json(), 2) << "\n";
     else
@@ -80,6 +122,9 @@ Runner add_doctor(CLI::App &app) {
         ->capture_default_str();
     cmd->add_option("--rocm-root", o->paths.rocm, "ROCm's install directory")
         ->capture_default_str();
+    cmd->add_option("--bus-address", o->bus_address,
+                    "the bus knod-policyd serves, asked whether it sends callers' pidfds "
+                    "(caller.identity; default: the system bus)");
     cmd->add_flag("--json", o->json, "print the report as JSON (as GetHostReport's \"host\")");
     cmd->footer(
         "Every check prints pass, info, warn or fail, with the fix under each one that is "

@@ -29,6 +29,7 @@ struct Options {
     std::string bytes = "0";
     std::uint32_t held_bindings = 0;
     std::string held_bytes = "0";
+    bool unproven = false;
     bool json = false;
 };
 
@@ -78,7 +79,8 @@ int report(const policy::Decision &d, const policy::Caller &c, GroupsSource grou
               {"unit", c.unit},
               {"user_unit", c.user_unit},
               {"cgroup", c.cgroup},
-              {"executable", c.executable}}},
+              {"executable", c.executable},
+              {"process_proven", c.process_proven}}},
             {"gpu",
              {{"names", gpu.names},
               {"host_gpu",
@@ -110,6 +112,10 @@ int report(const policy::Decision &d, const policy::Caller &c, GroupsSource grou
                   << (c.user_unit.empty() ? "" : ", user unit " + quote_untrusted(c.user_unit))
                   << "\n";
         std::cout << "exe:      " << or_none(c.executable, "--exe") << "\n";
+        std::cout << "process:  "
+                  << (c.process_proven ? "proven (the bus's ProcessFD, or the client attested it)"
+                                       : "not proven: a pid only (--unproven)")
+                  << "\n";
         std::string names;
         for (auto &n : gpu.names)
             names += (names.empty() ? "" : ", ") + n;
@@ -174,6 +180,10 @@ Runner add_explain(CLI::App &app) {
     cmd->add_option("--bytes", o->bytes, "region size: bytes or e.g. 64MiB")->required();
     cmd->add_option("--held-bindings", o->held_bindings, "bindings the uid already holds (quotas)");
     cmd->add_option("--held-bytes", o->held_bytes, "region bytes the uid already holds (quotas)");
+    cmd->add_flag("--unproven", o->unproven,
+                  "decide as for a caller the daemon knows by its pid alone (a bus without "
+                  "ProcessFD and a client that did not attest): allow rules naming units, "
+                  "user units, cgroups or executables do not match it, deny rules naming them do");
     cmd->add_flag("--json", o->json, "print the decision as JSON");
     cmd->footer("Example:\n  knod-policy explain --policy "
                 "/usr/share/doc/knod-policy/examples/policy.example.toml --user 1000 \\\n"
@@ -210,6 +220,7 @@ Runner add_explain(CLI::App &app) {
         req.caller.user_unit =
             o->user_unit.empty() ? policy::user_unit_of(o->cgroup) : o->user_unit;
         req.caller.executable = o->exe;
+        req.caller.process_proven = !o->unproven;
         req.netdev = o->netdev;
         auto gpu =
             resolve_gpu(o->gpus, o->host_root.empty() ? host::HostPaths{}

@@ -1,4 +1,5 @@
 #include "cli/host_lint.h"
+#include "host/caller_identity.h"
 
 #include "host/gpu_inventory.h"
 #include "host/netdev_inventory.h"
@@ -81,6 +82,8 @@ std::vector<policy::Diagnostic> host_warnings(const policy::Policy &p,
             gpu_names.push_back(n);
     std::error_code ec;
     bool iommu = !fs::is_empty(fs::path(paths.sysfs) / "kernel/iommu_groups", ec) && !ec;
+    // Only the running kernel can be asked; a fixture tree says nothing about it.
+    bool provable = !paths.live() || host::kernel_has_peer_pidfd();
 
     for (auto &r : p.rules) {
         auto rule = "rule " + quote_untrusted(r.name) + ": ";
@@ -116,6 +119,13 @@ std::vector<policy::Diagnostic> host_warnings(const policy::Policy &p,
                 r.where, rule + "iommu = " + quote_untrusted(policy::to_string(r.iommu)) +
                              ", but this host has no IOMMU: the devmem and knod drivers can never "
                              "grant it (knod-policy doctor says how to enable one)"));
+        if (!provable && (!r.units.empty() || !r.user_units.empty() || !r.cgroups.empty() ||
+                          !r.executables.empty()))
+            out.push_back(warn(r.where, rule + "names units, user_units, cgroups or executables, "
+                                               "which only a proven process matches, and this "
+                                               "kernel (no SO_PEERPIDFD: Linux < 6.5) proves none: "
+                                               "it can never grant (knod-policy doctor, "
+                                               "caller.identity)"));
     }
     return out;
 }

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
@@ -177,11 +178,42 @@ std::string Client::address_tried(const std::string &address) {
 }
 
 Client::Client(Client &&o) noexcept
-    : bus_(std::exchange(o.bus_, nullptr)), ends_(std::move(o.ends_)) {}
+    : bus_(std::exchange(o.bus_, nullptr)), ends_(std::move(o.ends_)), proof_(std::move(o.proof_)) {
+}
 Client &Client::operator=(Client &&o) noexcept {
     std::swap(bus_, o.bus_);
     std::swap(ends_, o.ends_);
+    std::swap(proof_, o.proof_);
     return *this;
+}
+
+Result<std::string> Client::attest() {
+    if (!proof_.empty()) return proof_;
+    // The kernel stamps both ends with this process's credentials and pidfd (unix(7)); the
+    // daemon checks that it is the process the bus names and that it still runs. The pair is
+    // closed on return: only its credentials travel.
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return make_error(Errc::io,
+                          std::string("AttestProcess: socketpair: ") + std::strerror(errno));
+    Reply reply;
+    int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "AttestProcess",
+                               &reply.e, &reply.m, "h", pair[0]);
+    ::close(pair[0]);
+    ::close(pair[1]);
+    if (r < 0) {
+        Error e = bus_failure(reply.e, r, "AttestProcess");
+        // An answer, not an outage: an older daemon, or one that refused the proof.
+        if (sd_bus_error_has_name(&reply.e, SD_BUS_ERROR_UNKNOWN_METHOD) ||
+            e.code == Errc::denied || e.code == Errc::unsupported)
+            proof_ = "pid-only";
+        return e;
+    }
+    const char *proof = nullptr;
+    if (sd_bus_message_read(reply.m, "s", &proof) < 0 || !proof || !*proof)
+        return make_error(Errc::io, "AttestProcess: unexpected reply");
+    proof_ = proof;
+    return proof_;
 }
 Client::~Client() {
     ends_.reset(); // the filter's slot holds a reference on the bus: drop it first
@@ -233,6 +265,7 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
                                                const std::string &mode, int region_fd,
                                                std::uint64_t offset, std::uint64_t length,
                                                const std::vector<std::string> &flows) {
+    (void)attest(); // refused or unreachable: the request says so itself
     sd_bus_message *call = nullptr;
     int r = sd_bus_message_new_method_call(bus_, &call, service_name, manager_path,
                                            manager_interface, "RequestBinding");
@@ -265,11 +298,13 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
 }
 
 Result<void> Client::activate(const std::string &id, const std::vector<std::uint8_t> &key) {
+    (void)attest();
     Reply reply;
     return call_with_key(bus_, id, "Activate", key, reply);
 }
 
 Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std::uint8_t> &key) {
+    (void)attest();
     Reply reply;
     if (auto r = call_with_key(bus_, id, "Renew", key, reply); !r) return r.error();
     std::uint64_t until = 0;
@@ -324,6 +359,7 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
 
 Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
                                                const std::vector<std::uint8_t> &key) {
+    (void)attest();
     Reply reply;
     if (auto r = call_with_key(bus_, id, "RxNotifier", key, reply); !r) return r.error();
     int fd = -1;

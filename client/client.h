@@ -142,6 +142,14 @@ class Client {
     // A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping): the baseline benchmarks
     // compare against.
     Result<void> ping();
+    // Proves to the daemon that this process is the one that made the connection
+    // (Manager.AttestProcess with one end of a fresh socketpair), so that rules naming units,
+    // cgroups or executables can match it on a bus that sends no ProcessFD (dbus-daemon 1.14).
+    // Asked once per connection, before the first call whose answer depends on who calls
+    // (request, activate, renew, notifier); the answer is kept: "bus-pidfd" (the bus already
+    // proved it), "attested", or "pid-only" once the daemon refused or does not know the call.
+    // A failure to reach the daemon is returned and asked again next time.
+    Result<std::string> attest();
 
   private:
     struct Ends; // the end signals received so far
@@ -150,6 +158,7 @@ class Client {
     Result<void> drain();
     sd_bus *bus_ = nullptr;
     std::unique_ptr<Ends> ends_;
+    std::string proof_; // attest()'s answer; empty until the daemon gave one
 };
 
 } // namespace knod::client

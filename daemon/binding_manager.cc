@@ -224,7 +224,8 @@ std::string BindingManager::handoff_of(const Binding &b, const std::string &driv
                          {"exe", hex(b.owner.executable)},
                          {"cgroup", hex(b.owner.cgroup)},
                          {"unit", hex(b.owner.unit)},
-                         {"user_unit", hex(b.owner.user_unit)}};
+                         {"user_unit", hex(b.owner.user_unit)},
+                         {"process_proof", to_string(b.owner.process_proof)}};
     nlohmann::json region{{"device", b.region_id.device},
                           {"inode", b.region_id.inode},
                           {"offset", b.region_id.offset},
@@ -327,6 +328,9 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
         b.owner.cgroup = unhex(o.at("cgroup"));
         b.owner.unit = unhex(o.at("unit"));
         b.owner.user_unit = unhex(o.at("user_unit"));
+        // Absent in records of builds before #32: what they knew rested on the pid alone.
+        if (auto proof = o.find("process_proof"); proof != o.end())
+            b.owner.process_proof = parse_process_proof(proof->get<std::string>());
         auto &r = j.at("region");
         b.region_id = {r.at("device").get<std::uint64_t>(), r.at("inode").get<std::uint64_t>(),
                        r.at("offset").get<std::uint64_t>(), r.at("length").get<std::uint64_t>()};
@@ -608,6 +612,7 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
                           {"unit", escape_untrusted(caller.unit)},
                           {"user_unit", escape_untrusted(caller.user_unit)},
                           {"gids", caller.gids},
+                          {"process_proof", to_string(caller.process_proof)},
                           {"policy", policy_.digest}};
     decision.detail = knod::dump_json(detail);
     if (!d.granted()) {

@@ -40,7 +40,8 @@ Metrics::Metrics() : start_us_(journal::now_us()) {
         requests_[d] = 0;
     for (const char *k :
          {journal::kind::denied, journal::kind::activate_refused, journal::kind::rate_limited,
-          "renew-refused", journal::kind::reload_refused, journal::kind::revoke_refused})
+          "renew-refused", journal::kind::reload_refused, journal::kind::revoke_refused,
+          journal::kind::attest_refused})
         refusals_[k] = 0;
     for (int r = 0; r <= static_cast<int>(EndReason::link_removed); ++r)
         ends_[to_string(static_cast<EndReason>(r))] = 0;

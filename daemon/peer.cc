@@ -1,4 +1,5 @@
 #include "daemon/peer.h"
+#include "daemon/process_attestation.h"
 #include "knod/system_error.h"
 
 #include "policy/cgroup_unit.h"
@@ -134,22 +135,59 @@ std::vector<gid_t> groups_from_status(const std::string &status) {
     return gids;
 }
 
+const char *to_string(ProcessProof p) {
+    switch (p) {
+    case ProcessProof::attested:
+        return "attested";
+    case ProcessProof::bus_pidfd:
+        return "bus-pidfd";
+    case ProcessProof::pid_only:
+        break;
+    }
+    return "pid-only";
+}
+
+ProcessProof parse_process_proof(std::string_view text) {
+    if (text == "attested") return ProcessProof::attested;
+    if (text == "bus-pidfd") return ProcessProof::bus_pidfd;
+    return ProcessProof::pid_only;
+}
+
 Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t>> bus_gids,
-                           std::string bus_name, const std::string &proc_root) {
+                           std::string bus_name, const ProvenProcess &proven,
+                           const std::string &proc_root) {
     if (pid <= 0) return make_error(Errc::denied, "the bus did not vouch for the caller's pid");
     Peer p;
     p.uid = uid;
     p.pid = pid;
     p.bus_name = std::move(bus_name);
-    int fd = pidfd_open(pid);
-    // Only ESRCH means the caller is gone; a full fd table is the daemon's problem, said so.
-    if (fd < 0 && errno != ESRCH)
-        return system_error(Errc::denied, errno,
-                            "cannot identify caller process " + std::to_string(pid));
-    if (fd < 0)
-        return make_error(Errc::denied, "caller process " + std::to_string(pid) +
-                                            " is gone: " + std::strerror(errno));
-    p.pidfd = std::make_shared<UniqueFd>(fd);
+    bool is_proven =
+        proven.proof != ProcessProof::pid_only && proven.pidfd && proven.pidfd->valid();
+    if (is_proven) {
+        // The process that proved itself must be the caller now: alive, at the bus's pid.
+        auto now = pidfd_pid(proven.pidfd->get());
+        // Out of fds, say, is the daemon's trouble, named as such; only the kernel's -1 (or
+        // another pid) means the process is gone.
+        if (!now && now.error().code != Errc::not_found) return now.error();
+        if (!now || *now != pid || !still_running(proven.pidfd->get()))
+            return make_error(Errc::denied,
+                              "the process that made this connection (pid " + std::to_string(pid) +
+                                  ") has exited: a connection speaks only for the process that "
+                                  "proved itself on it; connect again from the calling process");
+        p.pidfd = proven.pidfd;
+        p.process_proof = proven.proof;
+    } else {
+        int fd = pidfd_open(pid);
+        // Only ESRCH means the caller is gone; a full fd table is the daemon's problem, said so.
+        if (fd < 0 && errno != ESRCH)
+            return system_error(Errc::denied, errno,
+                                "cannot identify caller process " + std::to_string(pid));
+        if (fd < 0)
+            return make_error(Errc::denied, "caller process " + std::to_string(pid) +
+                                                " is gone: " + std::strerror(errno));
+        p.pidfd = std::make_shared<UniqueFd>(fd);
+    }
+    int fd = p.pidfd->get();
     std::string dir = proc_root + "/" + std::to_string(pid);
     auto changed = [&] {
         return make_error(Errc::denied, "caller process " + std::to_string(pid) +
@@ -181,16 +219,16 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     p.user_unit = policy::user_unit_of(p.cgroup);
     if (bus_gids) {
         // The bus vouched for the supplementary groups (as they were when the process
-        // connected); the effective gid comes from the process.
+        // connected); the effective gid comes from the process, when it is proven to be it.
         p.gids = std::move(*bus_gids);
-        if (auto gid = status_numbers(status, "Gid:"); gid && gid->size() >= 2)
+        if (auto gid = status_numbers(status, "Gid:"); is_proven && gid && gid->size() >= 2)
             p.gids.push_back(static_cast<gid_t>((*gid)[1]));
         std::sort(p.gids.begin(), p.gids.end());
         p.gids.erase(std::unique(p.gids.begin(), p.gids.end()), p.gids.end());
         p.gids_from_bus = true;
-    } else {
+    } else if (is_proven) {
         p.gids = std::move(groups);
-    }
+    } // else: a pid alone vouches for no group
     return p;
 }
 
@@ -251,6 +289,7 @@ policy::Caller Peer::caller() const {
     c.user_unit = user_unit;
     c.cgroup = cgroup;
     c.executable = executable;
+    c.process_proven = process_proof != ProcessProof::pid_only;
     return c;
 }
 

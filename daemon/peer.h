@@ -7,6 +7,14 @@
 //
 // Groups are the process's own (what it could use on a file), never the user database's: the
 // bus's UnixGroupIDs when it sends them, otherwise /proc/PID/status (Gid: effective, Groups:).
+//
+// The pid itself is the weak point (issue #32): dbus-daemon 1.14 took it at connect(2), and the
+// process that connected may have exited and its pid gone to another. So a caller is `proven`
+// only when a pidfd of the very process that connected is at hand, the bus's (ProcessFD) or
+// one the client attested (daemon/process_attestation.h), and that process is still running;
+// everything read from /proc is then about it. Otherwise the caller is known by its pid only:
+// its unit, cgroup and executable may be another process's, and the policy engine does not let
+// them grant anything (policy::Caller::process_proven), and its groups are the bus's alone.
 #pragma once
 
 #include "daemon/keys/key_authority.h"
@@ -19,9 +27,26 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace knod::daemon {
+
+// How the daemon knows that the process behind the bus's pid is the one that connected.
+enum class ProcessProof {
+    pid_only,  // nothing but the pid: units, cgroups and executables prove nothing
+    attested,  // the client passed a socketpair end it made (AttestProcess)
+    bus_pidfd, // the bus sent a pidfd of the connecting process (ProcessFD)
+};
+const char *to_string(ProcessProof p);
+// "pid-only", "attested" or "bus-pidfd"; anything else is pid_only (the weakest).
+ProcessProof parse_process_proof(std::string_view text);
+
+// A pidfd of the process that made a connection, and how the daemon came by it.
+struct ProvenProcess {
+    std::shared_ptr<UniqueFd> pidfd;
+    ProcessProof proof = ProcessProof::pid_only;
+};
 
 struct Peer {
     uid_t uid = 0;
@@ -35,15 +60,21 @@ struct Peer {
     std::string cgroup;
     std::string unit;      // the system manager's unit (policy::system_unit_of)
     std::string user_unit; // the user manager's unit (policy::user_unit_of)
+    ProcessProof process_proof = ProcessProof::pid_only;
 
     keys::Holder holder() const { return {pid, start_time}; }
     policy::Caller caller() const; // for the policy engine, with names from NSS
 };
 
-// `bus_gids`: the supplementary groups the bus vouched for, or nullopt when it sent none (then
-// /proc/PID/status gives them). The process's effective gid is added either way.
+// `bus_gids`: the supplementary groups the bus vouched for, or nullopt when it sent none.
+// `proven`: the connection's proven process, if any. Proven, the process is read through its
+// pidfd (the pid cannot change hands while it runs), and its groups are the bus's and its
+// effective gid, or /proc/PID/status's. Proven but exited: Errc::denied (a connection speaks
+// only for the process that proved itself on it). Unproven: the bus's groups only, none
+// without them. Errc::denied too when the caller is gone or changed while being read.
 Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t>> bus_gids,
-                           std::string bus_name, const std::string &proc_root = "/proc");
+                           std::string bus_name, const ProvenProcess &proven = {},
+                           const std::string &proc_root = "/proc");
 
 // The groups line of /proc/PID/status and its effective gid, as a set ("Gid:" and "Groups:").
 std::vector<gid_t> groups_from_status(const std::string &status);

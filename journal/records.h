@@ -26,6 +26,8 @@ inline constexpr const char *activate_refused = "activate-refused";
 // invalid-policy: the policy would not load). Coalesced per uid and kind like every refusal.
 inline constexpr const char *reload_refused = "reload-refused";
 inline constexpr const char *revoke_refused = "revoke-refused";
+// AttestProcess refused (decision not-proven): the socket did not prove the caller's process.
+inline constexpr const char *attest_refused = "attest-refused";
 inline constexpr const char *rate_limited = "rate-limited"; // a call over the per-uid rate limit
 // How many refusals of one uid and kind were counted, not journaled one by one, in a window.
 inline constexpr const char *coalesced = "refusals-coalesced";

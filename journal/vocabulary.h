@@ -27,6 +27,7 @@ inline const std::vector<std::string> &known_kinds() {
                                                "renew-refused",
                                                kind::reload_refused,
                                                kind::revoke_refused,
+                                               kind::attest_refused,
                                                kind::rate_limited,
                                                kind::coalesced,
                                                kind::adopted,
@@ -51,12 +52,14 @@ inline const std::vector<std::string> &known_decisions() {
                                                "journal-unavailable",
                                                "not-authorized",
                                                "invalid-policy",
+                                               "not-proven",
                                                kind::denied,
                                                kind::rate_limited,
                                                kind::activate_refused,
                                                "renew-refused",
                                                kind::reload_refused,
-                                               kind::revoke_refused};
+                                               kind::revoke_refused,
+                                               kind::attest_refused};
     return v;
 }
 

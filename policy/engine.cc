@@ -41,6 +41,12 @@ bool in_group(const Principal &p, const Caller &c) {
     return std::find(c.group_names.begin(), c.group_names.end(), p.name) != c.group_names.end();
 }
 
+// Conditions only a process can prove, not the connection's kernel credentials.
+bool names_process(const Rule &r) {
+    return !r.units.empty() || !r.user_units.empty() || !r.cgroups.empty() ||
+           !r.executables.empty();
+}
+
 std::string human_bytes(std::uint64_t b) {
     static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
@@ -75,18 +81,27 @@ std::string mismatch(const Rule &rule, const Request &r) {
     if (!rule.groups.empty() && std::none_of(rule.groups.begin(), rule.groups.end(),
                                              [&](auto &p) { return in_group(p, c); }))
         return "caller is in none of groups [" + join_principals(rule.groups) + "]";
-    if (!rule.units.empty() && !any_glob(rule.units, c.unit))
-        return "caller unit " + quote_untrusted(c.unit, 256) + " matches none of [" +
-               join(rule.units) + "]";
-    if (!rule.user_units.empty() && !any_glob(rule.user_units, c.user_unit))
-        return "caller user unit " + quote_untrusted(c.user_unit, 256) + " matches none of [" +
-               join(rule.user_units) + "]";
-    if (!rule.cgroups.empty() && !any_glob(rule.cgroups, c.cgroup))
-        return "caller cgroup " + quote_untrusted(c.cgroup, 256) + " matches none of [" +
-               join(rule.cgroups) + "]";
-    if (!rule.executables.empty() && !any_glob(rule.executables, c.executable))
-        return "caller executable " + quote_untrusted(c.executable, 256) + " matches none of [" +
-               join(rule.executables) + "]";
+    if (names_process(rule) && !c.process_proven) {
+        // Fail closed both ways: a deny rule is not escaped by showing another process's unit.
+        if (rule.action == Action::allow)
+            return "caller's process is not proven (the bus gave only a pid, which another "
+                   "process may have taken since the caller connected): rules naming units, "
+                   "user_units, cgroups or executables match only a process the bus (ProcessFD) "
+                   "or the client library (AttestProcess) proved";
+    } else {
+        if (!rule.units.empty() && !any_glob(rule.units, c.unit))
+            return "caller unit " + quote_untrusted(c.unit, 256) + " matches none of [" +
+                   join(rule.units) + "]";
+        if (!rule.user_units.empty() && !any_glob(rule.user_units, c.user_unit))
+            return "caller user unit " + quote_untrusted(c.user_unit, 256) + " matches none of [" +
+                   join(rule.user_units) + "]";
+        if (!rule.cgroups.empty() && !any_glob(rule.cgroups, c.cgroup))
+            return "caller cgroup " + quote_untrusted(c.cgroup, 256) + " matches none of [" +
+                   join(rule.cgroups) + "]";
+        if (!rule.executables.empty() && !any_glob(rule.executables, c.executable))
+            return "caller executable " + quote_untrusted(c.executable, 256) +
+                   " matches none of [" + join(rule.executables) + "]";
+    }
     if (!rule.netdevs.empty() && !any_glob(rule.netdevs, r.netdev))
         return "netdev " + quote_untrusted(r.netdev) + " is not one of [" + join(rule.netdevs) +
                "]";

@@ -21,6 +21,13 @@ struct Caller {
     std::string user_unit; // the user manager's unit (sd_pid_get_user_unit), if any
     std::string cgroup;    // cgroup v2 path
     std::string executable;
+    // Whether the process these were read from is proven to be the one that made the
+    // connection: the bus sent its pidfd (ProcessFD), or the client attested it (AttestProcess),
+    // and it was still running when read. Otherwise they rest on the pid the bus took at
+    // connect(2), which another process may have taken since (docs/threat-model.md, "Caller
+    // identity"). An unproven caller matches no allow rule that names units, user_units,
+    // cgroups or executables, and every deny rule that names them counts them as matching.
+    bool process_proven = false;
 };
 
 struct Request {

@@ -20,6 +20,8 @@ packages=(
   chromium python3-pil
   # the Python package's tests (tests/python) under /usr/bin/python3
   python3-pytest python3-numpy
+  # a caller that speaks D-Bus itself and does not attest its process (issue #32)
+  python3-dbus
   # running: a private bus, namespaces, the journal by hand
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
   # journal files written from export format (audit verify against the system journal's copies)
@@ -59,4 +61,7 @@ for unit in prometheus prometheus-node-exporter; do
     [ -x "/etc/init.d/$unit" ] && "/etc/init.d/$unit" stop >/dev/null 2>&1 || true
   fi
 done
+# dbus-broker 37 from bookworm-backports, unpacked under /var/cache/knod-policy (not installed),
+# for the tests of a bus that sends each caller's pidfd (issue #32).
+bash "$(dirname "$0")/fetch-dbus-broker.sh"
 echo "install-deps: all packages present" >&2

@@ -5,6 +5,7 @@
 // in it when its process holds that gid.
 #pragma once
 
+#include "daemon/peer.h"
 #include "policy/policy.h"
 
 #include <sys/types.h>
@@ -30,6 +31,9 @@ struct Credentials {
     std::vector<gid_t> gids;
     std::string sender;
     std::optional<std::vector<gid_t>> bus_gids; // UnixGroupIDs, when the bus sent them
+    // A pidfd of the process that made the connection: the bus's ProcessFD, or one the client
+    // attested (AttestProcess). Empty: the connection is known by its pid only.
+    daemon::ProvenProcess process;
 };
 
 class Authorizer {

@@ -4,6 +4,7 @@
 #include "daemon/bus/guard.h"
 #include "daemon/host_report.h"
 #include "daemon/metrics.h"
+#include "daemon/process_attestation.h"
 #include "daemon/request_limits.h"
 #include "protocol/names.h"
 
@@ -265,6 +266,10 @@ const sd_bus_vtable manager_vtable[] = {
     // Anyone: binding signals are unicast; this asks for those about the bindings the caller
     // may list (its own uid's; all for auditors and admins) until its connection closes.
     SD_BUS_METHOD("Subscribe", "", "", BusService::subscribe, SD_BUS_VTABLE_UNPRIVILEGED),
+    // Anyone: one end of a socketpair the caller just made proves that the process at the bus's
+    // pid is the one that connected (daemon/process_attestation.h); once per connection.
+    SD_BUS_METHOD_WITH_NAMES("AttestProcess", "h", SD_BUS_PARAM(socket), "s", SD_BUS_PARAM(proof),
+                             BusService::attest_process, SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_SIGNAL_WITH_NAMES("BindingCreated", "os", SD_BUS_PARAM(binding) SD_BUS_PARAM(id), 0),
     SD_BUS_SIGNAL_WITH_NAMES("BindingReleased", "oss",
                              SD_BUS_PARAM(binding) SD_BUS_PARAM(id) SD_BUS_PARAM(reason), 0),
@@ -384,35 +389,85 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
     return {};
 }
 
+namespace {
+
+// What the bus vouches for about a connection: GetConnectionCredentials, read here rather than
+// through sd_bus_query_sender_creds because Debian 12's sd-bus (252) does not know ProcessFD
+// (SD_BUS_CREDS_PIDFD is systemd v256). One synchronous round trip per connection, as sd-bus's
+// own query was. Keys this build does not use are skipped.
+Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
+    MessagePtr reply;
+    sd_bus_error e = SD_BUS_ERROR_NULL;
+    sd_bus_message *raw = nullptr;
+    int r = sd_bus_call_method(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                               "org.freedesktop.DBus", "GetConnectionCredentials", &e, &raw, "s",
+                               sender);
+    sd_bus_error_free(&e);
+    reply.reset(raw);
+    if (r < 0) return make_error(Errc::denied, "the bus did not vouch for the caller");
+    Credentials c;
+    bool have_uid = false, have_pid = false;
+    int pidfd = -1;
+    std::uint32_t u = 0;
+    if (sd_bus_message_enter_container(raw, 'a', "{sv}") < 0)
+        return make_error(Errc::denied, "the bus's credentials are unreadable");
+    while ((r = sd_bus_message_enter_container(raw, 'e', "sv")) > 0) {
+        const char *key = nullptr;
+        if (sd_bus_message_read(raw, "s", &key) < 0) break;
+        std::string_view k(key);
+        if (k == "UnixUserID" && sd_bus_message_read(raw, "v", "u", &u) >= 0) {
+            c.uid = u;
+            have_uid = true;
+        } else if (k == "ProcessID" && sd_bus_message_read(raw, "v", "u", &u) >= 0) {
+            c.pid = static_cast<pid_t>(u);
+            have_pid = u > 0 && u <= static_cast<std::uint32_t>(INT32_MAX);
+        } else if (k == "ProcessFD" && sd_bus_message_read(raw, "v", "h", &pidfd) >= 0) {
+            // The message owns it; ours is a copy.
+            pidfd = ::fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
+        } else if (k == "UnixGroupIDs" && sd_bus_message_enter_container(raw, 'v', "au") > 0) {
+            const void *gids = nullptr;
+            std::size_t size = 0;
+            if (sd_bus_message_read_array(raw, 'u', &gids, &size) >= 0)
+                c.bus_gids =
+                    std::vector<gid_t>(static_cast<const gid_t *>(gids),
+                                       static_cast<const gid_t *>(gids) + size / sizeof(gid_t));
+            sd_bus_message_exit_container(raw);
+        } else if (sd_bus_message_skip(raw, "v") < 0) {
+            break;
+        }
+        if (sd_bus_message_exit_container(raw) < 0) break;
+    }
+    UniqueFd process(pidfd);
+    if (!have_uid) return make_error(Errc::denied, "the bus did not give the caller's uid");
+    if (!have_pid) c.pid = 0;
+    // The bus's pidfd proves the process only while that process still holds the bus's pid.
+    if (process.valid() && have_pid) {
+        auto at = daemon::pidfd_pid(process.get());
+        if (at && *at == c.pid && daemon::still_running(process.get()))
+            c.process = {std::make_shared<UniqueFd>(std::move(process)),
+                         daemon::ProcessProof::bus_pidfd};
+    }
+    c.sender = sender;
+    return c;
+}
+
+} // namespace
+
 Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     const char *sender_name = sd_bus_message_get_sender(m);
-    if (sender_name) {
-        auto hit = connections_.find(sender_name);
-        if (hit != connections_.end() && hit->second.creds) return *hit->second.creds;
-    }
-    sd_bus_creds *raw = nullptr;
-    int r =
-        sd_bus_query_sender_creds(m,
-                                  SD_BUS_CREDS_EUID | SD_BUS_CREDS_PID |
-                                      SD_BUS_CREDS_SUPPLEMENTARY_GIDS | SD_BUS_CREDS_UNIQUE_NAME,
-                                  &raw);
-    if (r < 0) return make_error(Errc::denied, "the bus did not vouch for the caller");
-    CredsPtr creds(raw);
-    Credentials c;
-    if (sd_bus_creds_get_euid(creds.get(), &c.uid) < 0)
-        return make_error(Errc::denied, "the bus did not give the caller's uid");
-    const gid_t *gids = nullptr;
-    int n = sd_bus_creds_get_supplementary_gids(creds.get(), &gids);
-    if (n >= 0) c.bus_gids = std::vector<gid_t>(gids, gids + n);
-    if (sd_bus_creds_get_pid(creds.get(), &c.pid) < 0) c.pid = 0;
-    c.sender = sender_name ? sender_name : "";
+    if (!sender_name || sender_name[0] != ':')
+        return make_error(Errc::denied, "the bus did not name the caller's connection");
+    auto hit = connections_.find(sender_name);
+    if (hit != connections_.end() && hit->second.creds) return *hit->second.creds;
+    auto asked = ask_bus(bus_, sender_name);
+    if (!asked) return asked.error();
+    Credentials c = std::move(*asked);
     // The groups for visibility and admin checks: the process's, read once per connection (as
     // the bus's own are a snapshot taken when it connected). Grants read them afresh (peer()).
     // A process that cannot be identified holds no group for us (and is not remembered).
-    auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender);
+    auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender, c.process);
     if (!process) return c;
     c.gids = std::move(process->gids);
-    if (c.sender.empty()) return c;
     // Remembered only once there is room for it: a refused caller leaves nothing behind.
     auto entry = remember(c.sender, c.uid, c.pid, m);
     if (!entry) return entry.error();
@@ -479,7 +534,8 @@ void BusService::journal_refused_request(sd_bus_message *m, const daemon::Reques
         who.uid = c->uid;
         who.pid = c->pid;
         who.bus_name = c->sender;
-        if (auto p = daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender)) who = *p;
+        if (auto p = daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender, c->process))
+            who = *p;
     }
     manager_->refuse_request(who, args, why);
 }
@@ -487,7 +543,7 @@ void BusService::journal_refused_request(sd_bus_message *m, const daemon::Reques
 Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     auto c = credentials(m);
     if (!c) return c.error();
-    return daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender);
+    return daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender, c->process);
 }
 
 Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
@@ -646,7 +702,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
-        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name, {}};
+        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name, {}, {}};
         auto done = reply_when_done(m);
         auto asked = s->authorizer_.check_admin(
             c, s->manager_->policy().settings,
@@ -857,6 +913,42 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
         }
         it->second.subscriber = Subscriber{*c, {}, false}; // decided at the next signal
         return sd_bus_reply_method_return(m, "");
+    });
+}
+
+int BusService::attest_process(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("AttestProcess", err, [&]() -> int {
+        auto *s = service(self);
+        int socket = -1;
+        int r = sd_bus_message_read(m, "h", &socket);
+        if (r < 0) return r;
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        // Not rate-limited: the SDK calls it once per connection, before its first request,
+        // and a proven connection's further calls only read what is held.
+        auto it = s->connections_.find(c->sender);
+        if (it == s->connections_.end() || !it->second.creds)
+            return fail(err, make_error(Errc::denied, "the caller's connection or process could "
+                                                      "not be identified"));
+        // Proven once, proven for the connection's life: its process is pinned by the pidfd.
+        daemon::ProvenProcess &held = it->second.creds->process;
+        if (held.proof == daemon::ProcessProof::pid_only) {
+            auto attested = daemon::attest_socketpair_end(socket, c->uid, c->pid);
+            if (!attested) {
+                daemon::Peer who;
+                who.uid = c->uid;
+                who.pid = c->pid;
+                who.bus_name = c->sender;
+                s->manager_->refuse_action(journal::kind::attest_refused, who, "not-proven",
+                                           attested.error().message);
+                return fail(err, attested.error());
+            }
+            held = {std::make_shared<UniqueFd>(std::move(attested->pidfd)),
+                    daemon::ProcessProof::attested};
+            // A subscriber's copy of the credentials too.
+            if (it->second.subscriber) it->second.subscriber->creds.process = held;
+        }
+        return sd_bus_reply_method_return(m, "s", daemon::to_string(held.proof));
     });
 }
 

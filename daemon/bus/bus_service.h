@@ -64,6 +64,7 @@ class BusService : public daemon::BindingEvents {
     static int host_report(sd_bus_message *m, void *self, sd_bus_error *err);
     static int metrics(sd_bus_message *m, void *self, sd_bus_error *err);
     static int subscribe(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int attest_process(sd_bus_message *m, void *self, sd_bus_error *err);
     static int activate(sd_bus_message *m, void *self, sd_bus_error *err);
     static int renew(sd_bus_message *m, void *self, sd_bus_error *err);
     static int rx_notifier(sd_bus_message *m, void *self, sd_bus_error *err);

@@ -79,9 +79,31 @@ py 'import json,sys; d=json.load(open(sys.argv[1])); assert d["rule"]=="no-nobod
 # Without --user: the invoking user, named before anything else; under sudo, SUDO_UID.
 run "$cli" explain --policy "$work/gpu.toml" --netdev eth2 --gpu sim0 --bytes 4096 --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000'
 head -1 "$work/out" | grep -q "^caller:   uid $(id -u) .*\[you\]" && sed -n 2p "$work/out" | grep -q "^unit:     -  (none; --unit or --cgroup)" &&
-    sed -n 3p "$work/out" | grep -q "^exe:      -  (none; --exe)" && sed -n 4p "$work/out" | grep -q "^gpu:      sim0" &&
-    ok "explain prints the evaluated caller (uid, groups, unit, executable) and the GPU first" ||
+    sed -n 3p "$work/out" | grep -q "^exe:      -  (none; --exe)" &&
+    sed -n 4p "$work/out" | grep -q "^process:  proven" && sed -n 5p "$work/out" | grep -q "^gpu:      sim0" &&
+    ok "explain prints the evaluated caller (uid, groups, unit, executable, process proof) and the GPU first" ||
     { not_ok "explain caller header (exit $rc)"; cat "$work/out"; }
+
+# --unproven: a caller known by its pid alone is granted by no rule naming a unit (issue #32).
+cat >"$work/unit.toml" <<'EOF'
+[[rule]]
+name = "inference"
+units = ["inference@*.service"]
+netdevs = ["eth2"]
+gpus = ["sim0"]
+max_region = "1MiB"
+flows = ["udp 10.0.0.0/24:* -> 10.0.0.2:5000"]
+iommu = "any"
+EOF
+run "$cli" explain --policy "$work/unit.toml" --unit inference@1.service --netdev eth2 --gpu sim0 \
+    --bytes 4096 --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000'
+granted=$rc
+run "$cli" explain --policy "$work/unit.toml" --unit inference@1.service --netdev eth2 --gpu sim0 \
+    --bytes 4096 --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000' --unproven
+[ "$granted" -eq 0 ] && [ "$rc" -eq 1 ] && grep -q "^process:  not proven" "$work/out" &&
+    grep -q "inference (.*): caller's process is not proven" "$work/out" &&
+    ok "explain --unproven: a units rule grants a proven caller only, and says why" ||
+    { not_ok "explain --unproven (exit $granted, then $rc)"; cat "$work/out"; }
 if [ "$(id -u)" -eq 0 ]; then
     run env SUDO_UID=65534 "$cli" explain --policy "$work/gpu.toml" --netdev eth2 --gpu sim0 --bytes 4096 \
         --flow 'udp 10.0.0.1:* -> 10.0.0.2:5000' --json

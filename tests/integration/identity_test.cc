@@ -6,8 +6,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <systemd/sd-bus.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -141,6 +145,7 @@ class TestCgroup {
             ::rmdir(it->c_str());
     }
     bool ok() const { return !dir_.empty(); }
+    const std::string &dir() const { return dir_; }
     // A prefix that moves the process into this cgroup, then runs the rest as `uid`.
     std::vector<std::string> enter_as(uid_t uid) const {
         std::vector<std::string> argv = {
@@ -363,4 +368,193 @@ TEST_F(IdentityTest, AuditorsOfTheStateDirsGroupReadTheLiveJournal) {
         EXPECT_NE(out.out.find("Permission denied"), std::string::npos) << out.out;
     }
     EXPECT_EQ(s.stop_daemon(SIGTERM), 0);
+}
+
+namespace {
+
+// Writes `text` to a file (a /proc/sys knob, cgroup.procs); whether it was taken.
+bool write_file(const std::string &path, const std::string &text) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    return ok;
+}
+
+// The recycled-pid attack of issue #32, played for real. A process of `uid` outside the unit
+// connects to the bus (the bus takes its pid from SO_PEERCRED at connect(2)), forks a child that
+// keeps the socket, and exits. The test then forks, with /proc/sys/kernel/ns_last_pid set just
+// below the attacker's pid, a process of the same uid that joins the unit's cgroup: the
+// attacker's pid now names a process of the unit. The child finishes the bus handshake on the
+// inherited socket, tries to attest with a socketpair of its own, and asks for a binding.
+// Returns what the child saw ("attest: ..." and "request: ..." lines), or "" when the pid could
+// not be recycled (another process on the machine took it each time).
+std::string recycled_pid_attack(const Sandbox &s, const std::string &unit_cgroup, uid_t uid,
+                                const std::string &flow) {
+    std::string bus_path = s.dir() + "/bus";
+    int go[2], result[2], connected[2];
+    if (pipe2(go, O_CLOEXEC) != 0 || pipe2(result, O_CLOEXEC) != 0 ||
+        pipe2(connected, O_CLOEXEC) != 0)
+        return "";
+    pid_t attacker = fork();
+    if (attacker == 0) {
+        if (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) _exit(1);
+        int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::snprintf(a.sun_path, sizeof a.sun_path, "%s", bus_path.c_str());
+        if (sock < 0 || ::connect(sock, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) _exit(1);
+        if (fork() == 0) { // the child that inherits the connection
+            char c;
+            if (::read(go[0], &c, 1) != 1) _exit(1);
+            std::string said;
+            sd_bus *bus = nullptr;
+            if (sd_bus_new(&bus) < 0 || sd_bus_set_fd(bus, sock, sock) < 0 ||
+                sd_bus_set_bus_client(bus, 1) < 0 || sd_bus_start(bus) < 0) {
+                said = "bus: cannot finish the handshake\n";
+            } else {
+                auto call = [&](const char *member, auto &&...args) {
+                    sd_bus_error e = SD_BUS_ERROR_NULL;
+                    sd_bus_message *reply = nullptr;
+                    int r =
+                        sd_bus_call_method(bus, "org.knod.Policy1", "/org/knod/Policy1",
+                                           "org.knod.Policy1.Manager", member, &e, &reply, args...);
+                    std::string out = r >= 0 ? "ok"
+                                             : std::string(e.name ? e.name : "?") + ": " +
+                                                   (e.message ? e.message : "");
+                    sd_bus_error_free(&e);
+                    sd_bus_message_unref(reply);
+                    return out;
+                };
+                int pair[2];
+                socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair);
+                said += "attest: " + call("AttestProcess", "h", pair[0]) + "\n";
+                int region = make_region(4096);
+                said += "request: " +
+                        call("RequestBinding", "ssshttas", "knodsim0", "sim0", "rx-only", region,
+                             std::uint64_t{0}, std::uint64_t{4096}, 1, flow.c_str()) +
+                        "\n";
+            }
+            (void)!::write(result[1], said.data(), said.size());
+            _exit(0);
+        }
+        (void)!::write(connected[1], "c", 1);
+        _exit(0); // the pid the bus took is free once the test reaps this process
+    }
+    close(connected[1]);
+    char c;
+    bool made = ::read(connected[0], &c, 1) == 1;
+    close(connected[0]);
+    int status = 0;
+    waitpid(attacker, &status, 0);
+    // The inheriting child has its ends; the processes forked below must not hold them (the
+    // result's end of file comes when the child exits).
+    close(go[0]);
+    close(result[1]);
+    pid_t unit_process = -1;
+    for (int attempt = 0; made && attempt < 100 && unit_process < 0; ++attempt) {
+        int ready[2];
+        if (pipe2(ready, O_CLOEXEC) != 0) break;
+        write_file("/proc/sys/kernel/ns_last_pid", std::to_string(attacker - 1));
+        pid_t p = fork();
+        if (p == 0) {
+            close(ready[0]);
+            close(go[1]);
+            close(result[0]);
+            if (getpid() != attacker) _exit(0);
+            // Into the unit, then as the attacker's uid, and wait (until killed).
+            if (!write_file(unit_cgroup + "/cgroup.procs", "0") || setresgid(uid, uid, uid) != 0 ||
+                setresuid(uid, uid, uid) != 0)
+                _exit(1);
+            (void)!::write(ready[1], "r", 1);
+            for (;;)
+                pause();
+        }
+        close(ready[1]);
+        bool joined = p == attacker && ::read(ready[0], &c, 1) == 1;
+        close(ready[0]);
+        if (joined) {
+            unit_process = p;
+        } else if (p > 0) {
+            kill(p, SIGKILL);
+            waitpid(p, nullptr, 0);
+        }
+    }
+    std::string said;
+    if (unit_process > 0) (void)!::write(go[1], "g", 1);
+    close(go[1]); // without the byte the child reads end of file and exits
+    said = read_all(result[0]);
+    close(result[0]);
+    if (unit_process > 0) {
+        kill(unit_process, SIGKILL);
+        waitpid(unit_process, nullptr, 0);
+    }
+    return unit_process > 0 ? said : std::string();
+}
+
+} // namespace
+
+// Issue #32, failure 1: a connection made by a process outside the unit, whose pid a process of
+// the unit then took, is not that unit's caller. Before the fix the daemon read the unit off
+// the recycled pid and granted; now the connection is known by a pid only (dbus-daemon 1.14
+// sends no ProcessFD), its own attestation names another process, and the unit rule does not
+// match. An honest process of the unit, through the SDK (which attests), is granted.
+TEST_F(IdentityTest, ARecycledPidDoesNotPassForTheUnitThatTookIt) {
+    std::string root = cgroup2_root();
+    if (root.empty() || ::access((root + "/cgroup.procs").c_str(), W_OK) != 0)
+        GTEST_SKIP() << "no writable cgroup v2 hierarchy";
+    if (::access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+        GTEST_SKIP() << "/proc/sys/kernel/ns_last_pid is not writable here";
+    std::string tag = std::to_string(getpid());
+    TestCgroup unit(root, "system.slice/inference@recycled" + tag + ".service");
+    ASSERT_TRUE(unit.ok());
+    Sandbox s(sim_rule("inference", "units = [\"inference@*.service\"]", 5000));
+    std::string said = recycled_pid_attack(s, unit.dir(), nobody, flow_5000);
+    if (said.empty()) GTEST_SKIP() << "the attacker's pid went to another process 100 times";
+    EXPECT_NE(said.find("attest: org.knod.Policy1.Error.Denied"), std::string::npos)
+        << "a socketpair of the inheriting child names the child, not the bus's pid: " << said;
+    EXPECT_NE(said.find("request: org.knod.Policy1.Error.Denied"), std::string::npos) << said;
+    EXPECT_NE(said.find("not proven"), std::string::npos) << said;
+    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "0");
+    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-denied' AND "
+                    "json_extract(detail, '$.process_proof') = 'pid-only'"),
+              "1");
+    // The attestation's refusal is journaled too (alone, or counted in a coalesced row).
+    EXPECT_EQ(s.sql("SELECT count(*) > 0 FROM events WHERE kind = 'attest-refused' OR (kind = "
+                    "'refusals-coalesced' AND decision = 'attest-refused')"),
+              "1");
+    Output honest = request_once(s, unit.enter_as(nobody), flow_5000);
+    EXPECT_TRUE(starts_with(honest.out, "ok"))
+        << "the unit's own process, attested: " << honest.out;
+    EXPECT_EQ(s.sql("SELECT json_extract(detail, '$.process_proof') FROM events WHERE kind = "
+                    "'request-granted'"),
+              "attested");
+}
+
+// Issue #32 on a bus that sends ProcessFD (dbus-broker 37 from bookworm-backports): the bus's
+// pidfd proves an honest process of the unit (journaled as bus-pidfd), and the recycled-pid
+// attack is refused: the connection's pidfd names the attacker that exited, not the process of
+// the unit that took its pid.
+TEST_F(IdentityTest, OnDbusBrokerTheBussPidfdDecidesWhoCalls) {
+    std::string root = cgroup2_root();
+    if (root.empty() || ::access((root + "/cgroup.procs").c_str(), W_OK) != 0)
+        GTEST_SKIP() << "no writable cgroup v2 hierarchy";
+    if (auto why = dbus_broker_missing(); !why.empty()) GTEST_SKIP() << why;
+    std::string tag = std::to_string(getpid());
+    TestCgroup unit(root, "system.slice/inference@broker" + tag + ".service");
+    ASSERT_TRUE(unit.ok());
+    Sandbox s(sim_rule("inference", "units = [\"inference@*.service\"]", 5000), {}, 0, true,
+              BusKind::dbus_broker);
+    Output honest = request_once(s, unit.enter_as(nobody), flow_5000);
+    EXPECT_TRUE(starts_with(honest.out, "ok")) << honest.out;
+    EXPECT_EQ(s.sql("SELECT json_extract(detail, '$.process_proof') FROM events WHERE kind = "
+                    "'request-granted'"),
+              "bus-pidfd");
+    if (::access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+        GTEST_SKIP() << "/proc/sys/kernel/ns_last_pid is not writable here";
+    std::string said = recycled_pid_attack(s, unit.dir(), nobody, flow_5000);
+    if (said.empty()) GTEST_SKIP() << "the attacker's pid went to another process 100 times";
+    EXPECT_NE(said.find("request: org.knod.Policy1.Error.Denied"), std::string::npos) << said;
+    EXPECT_NE(said.find("not proven"), std::string::npos) << said;
+    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "1");
 }

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -634,21 +635,26 @@ TEST(ResourceFailures, AFullFdTableIsNamedAndTheDaemonRecovers) {
     auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
     ASSERT_TRUE(g.ok()) << g.error().message;
     pid_t daemon = sb.daemon_pid();
-    auto open_fds = [&] {
-        std::size_t n = 0;
-        for ([[maybe_unused]] auto &e :
-             fs::directory_iterator("/proc/" + std::to_string(daemon) + "/fd"))
+    // The lowest fd number the daemon has free: the kernel gives a new fd that number, so a
+    // soft limit there makes the next open fail (a count of open fds would leave room in the
+    // gaps below it, and a call that opens one fd at a time could fit in a gap for ever).
+    auto lowest_free_fd = [&] {
+        std::set<long> used;
+        for (auto &e : fs::directory_iterator("/proc/" + std::to_string(daemon) + "/fd"))
+            used.insert(std::stol(e.path().filename().string()));
+        long n = 0;
+        while (used.count(n))
             ++n;
-        return n;
+        return static_cast<rlim_t>(n);
     };
     struct rlimit before {};
     ASSERT_EQ(prlimit(daemon, RLIMIT_NOFILE, nullptr, &before), 0);
-    // Its soft limit at the fds it holds: the next one it opens fails (a transient fd of its
+    // Its soft limit at its lowest free fd: the next one it opens fails (a transient fd of its
     // own can make room once, so a renewal is tried until one meets the limit).
     Result<std::uint64_t> renewed = std::uint64_t{0};
     EXPECT_TRUE(eventually([&] {
         struct rlimit full = before;
-        full.rlim_cur = open_fds();
+        full.rlim_cur = lowest_free_fd();
         if (prlimit(daemon, RLIMIT_NOFILE, &full, nullptr) != 0) return false;
         renewed = c.renew(g->id, g->key);
         return !renewed.ok();

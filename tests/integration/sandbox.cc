@@ -53,8 +53,19 @@ std::vector<std::string> as_uid(uid_t uid, std::vector<std::string> argv) {
 
 } // namespace
 
+std::string dbus_broker_missing() {
+    const char *dir = getenv("KNOD_DBUS_BROKER_DIR");
+    std::string launcher = std::string(dir ? dir : "/var/cache/knod-policy/dbus-broker") +
+                           "/usr/bin/dbus-broker-launch";
+    if (::access(launcher.c_str(), X_OK) != 0)
+        return "no " + launcher + " (scripts/fetch-dbus-broker.sh fetches it)";
+    if (::access("/usr/bin/systemd-socket-activate", X_OK) != 0)
+        return "no systemd-socket-activate (package systemd)";
+    return {};
+}
+
 Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args,
-                 uid_t daemon_uid, bool start)
+                 uid_t daemon_uid, bool start, BusKind bus)
     : daemon_args_(std::move(daemon_args)), daemon_uid_(daemon_uid) {
     char tmpl[] = "/tmp/knod-test.XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
@@ -80,10 +91,15 @@ Sandbox::Sandbox(const std::string &policy_text, std::vector<std::string> daemon
             throw std::runtime_error("chown " + state_dir_);
     }
     std::ofstream(dir_ + "/bus.conf") << conf;
-    bus_pid_ = spawn({"dbus-daemon", "--config-file=" + dir_ + "/bus.conf", "--nofork"}, -1, -1,
-                     dir_ + "/bus.log");
+    if (bus == BusKind::dbus_broker)
+        bus_pid_ = spawn({KNOD_SOURCE_DIR "/tests/tools/dbus-broker-bus.sh", dir_ + "/bus.conf",
+                          dir_ + "/bus", dir_},
+                         -1, -1, dir_ + "/bus.log");
+    else
+        bus_pid_ = spawn({"dbus-daemon", "--config-file=" + dir_ + "/bus.conf", "--nofork"}, -1, -1,
+                         dir_ + "/bus.log");
     if (!eventually([&] { return fs::exists(dir_ + "/bus"); }))
-        throw std::runtime_error("dbus-daemon did not start: " + slurp(dir_ + "/bus.log"));
+        throw std::runtime_error("the bus did not start: " + slurp(dir_ + "/bus.log"));
     setenv("DBUS_SYSTEM_BUS_ADDRESS", address().c_str(), 1);
     try {
         if (start) start_daemon();

@@ -20,13 +20,20 @@ struct Output {
     std::string out;
 };
 
+// Which bus the sandbox runs: Debian 12's dbus-daemon 1.14 (no ProcessFD), or dbus-broker 37
+// (ProcessFD; unpacked by scripts/fetch-dbus-broker.sh, run by tests/tools/dbus-broker-bus.sh).
+enum class BusKind { dbus_daemon, dbus_broker };
+
+// Whether dbus-broker can be run here (it was fetched); why not otherwise.
+std::string dbus_broker_missing();
+
 class Sandbox {
   public:
     // `daemon_uid` != 0: the daemon runs as that uid with exactly the capabilities the shipped
     // unit grants (AmbientCapabilities), in a state dir that uid owns, as under systemd.
     // `start`: start the daemon now (otherwise call start_daemon()).
     explicit Sandbox(const std::string &policy_text, std::vector<std::string> daemon_args = {},
-                     uid_t daemon_uid = 0, bool start = true);
+                     uid_t daemon_uid = 0, bool start = true, BusKind bus = BusKind::dbus_daemon);
     ~Sandbox();
 
     const std::string &dir() const { return dir_; }

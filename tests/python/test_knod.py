@@ -2,6 +2,9 @@
 import fcntl
 import os
 import secrets
+import subprocess
+import sys
+import textwrap
 
 import numpy
 import pytest
@@ -257,3 +260,58 @@ def test_only_the_key_holder_gets_the_notifier(client):
             capture_output=True, text=True)
         assert out.returncode != 0
         assert "key refused" in out.stderr
+
+
+def test_a_process_of_a_unit_is_granted_by_a_units_rule_only_when_proven():
+    """Issue #32: a `units` rule grants a process only once its identity is more than a pid. The
+    package (through the C library) attests its process on each connection, so a real process
+    of a real unit's cgroup, of a user no other rule names, is granted; a hand-written D-Bus
+    call from the same process (python3-dbus, which does not attest) is refused as unproven."""
+    # Where cgroup v2 is mounted: /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host.
+    root = next((line.split()[4] for line in open("/proc/self/mountinfo")
+                 if " - cgroup2 " in line), "")
+    if not root or not os.access(os.path.join(root, "cgroup.procs"), os.W_OK):
+        pytest.skip("no writable cgroup v2 hierarchy")
+    unit = os.path.join(root, "system.slice", f"knodpy-unit-{os.getpid()}.service")
+    os.makedirs(unit, exist_ok=True)
+    uid = int(os.environ["KNOD_TEST_NOBODY_UID"])
+    code = f"""
+        import os, knod
+        b = knod.register_buffer(knod.SimBuffer(4096), flows={flow(7001)!r}, netdev={NETDEV!r})
+        print("granted", b.rule)
+        b.release()
+        try:
+            import dbus
+        except ImportError:
+            print("no python3-dbus")
+            raise SystemExit(0)
+        bus = dbus.bus.BusConnection(os.environ["DBUS_SYSTEM_BUS_ADDRESS"])
+        mgr = dbus.Interface(bus.get_object("org.knod.Policy1", "/org/knod/Policy1"),
+                             "org.knod.Policy1.Manager")
+        region = os.memfd_create("r", os.MFD_ALLOW_SEALING)
+        os.ftruncate(region, 4096)
+        import fcntl
+        fcntl.fcntl(region, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        try:
+            mgr.RequestBinding({NETDEV!r}, "sim0", "rx-only", dbus.types.UnixFd(region),
+                               dbus.UInt64(0), dbus.UInt64(4096), [{flow(7002)!r}])
+            print("unproven granted")
+        except dbus.exceptions.DBusException as e:
+            print("unproven", e.get_dbus_name(), e.get_dbus_message())
+        """
+    argv = ["sh", "-c", f"echo $$ > '{unit}/cgroup.procs' && exec \"$@\"", "sh",
+            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            sys.executable, "-c", textwrap.dedent(code)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        os.rmdir(unit)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "granted unit-py", p.stdout
+    proof = journal("SELECT json_extract(detail, '$.process_proof') FROM events WHERE "
+                    "kind = 'request-granted' AND rule = 'unit-py'")
+    assert proof.splitlines() == ["attested"]
+    if lines[1] != "no python3-dbus":
+        assert lines[1].startswith("unproven org.knod.Policy1.Error.Denied"), p.stdout
+        assert "not proven" in lines[1], p.stdout

@@ -117,7 +117,7 @@ TEST(CgroupUnit, IdentifyPeerReadsOnlyTheUnifiedLine) {
     copy("cgroup", "9:name=systemd:/user.slice/user-1000.slice/user@1000.service/"
                    "a0::/system.slice/inference@evil.service\n"
                    "0::/user.slice/user-1000.slice/user@1000.service/app.slice\n");
-    auto peer = knod::daemon::identify_peer(geteuid(), getpid(), std::nullopt, ":1.1", root);
+    auto peer = knod::daemon::identify_peer(geteuid(), getpid(), std::nullopt, ":1.1", {}, root);
     std::filesystem::remove_all(root);
     ASSERT_TRUE(peer) << peer.error().message;
     EXPECT_EQ(peer->cgroup, "/user.slice/user-1000.slice/user@1000.service/app.slice");
@@ -174,7 +174,7 @@ TEST(CgroupUnit, IdentifyPeerRefusesAnotherEffectiveUid) {
     std::ofstream(dir + "/status")
         << "Name:\tx\nUid:\t0\t" << geteuid() + 1 << "\t0\t0\nGid:\t0\t0\n";
     std::ofstream(dir + "/cgroup") << "0::/\n";
-    auto peer = knod::daemon::identify_peer(geteuid(), getpid(), std::nullopt, ":1.1", root);
+    auto peer = knod::daemon::identify_peer(geteuid(), getpid(), std::nullopt, ":1.1", {}, root);
     std::filesystem::remove_all(root);
     EXPECT_FALSE(peer);
 }

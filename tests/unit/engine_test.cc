@@ -18,6 +18,7 @@ Request request(std::uint32_t uid, const char *netdev, const char *flow, std::ui
     r.caller.uid = uid;
     r.caller.user = uid == 1000 ? "alice" : "";
     r.caller.gids = {uid};
+    r.caller.process_proven = true; // as the daemon sees an SDK client (AttestProcess)
     r.netdev = netdev;
     r.gpu_names = {"0000:c1:00.0", "/dev/dri/renderD128"};
     r.region_bytes = bytes;
@@ -192,4 +193,56 @@ flows = ["any * -> *"]
     Decision d = decide(p, r, {});
     EXPECT_EQ(d.verdict, Verdict::deny);
     EXPECT_NE(d.misses[0].why_not.find("executable"), std::string::npos);
+}
+
+// Issue #32: a caller known only by the pid the bus took at connect(2) (dbus-daemon 1.14, a
+// client that did not attest) may be another process that took that pid since. Its unit,
+// cgroup and executable are then not evidence: allow rules naming them never match, deny rules
+// naming them always do; users and groups (the connection's kernel credentials) still decide.
+TEST(Engine, AnUnprovenProcessMatchesNoAllowRuleNamingWhatOnlyAProcessCanProve) {
+    Policy p = policy_of(R"(
+[[rule]]
+name = "no-batch"
+action = "deny"
+units = ["batch@*.service"]
+flows = ["any * -> *"]
+
+[[rule]]
+name = "inference"
+units = ["inference@*.service"]
+max_region = 4096
+flows = ["any * -> *"]
+
+[[rule]]
+name = "lab-users"
+users = [1000]
+max_region = 4096
+flows = ["any * -> *"]
+)");
+    Request r = request(1000, "eth2", "udp * -> *:1", 1);
+    r.caller.unit = "inference@7.service";
+    EXPECT_EQ(decide(p, r, {}).rule, "inference");
+    r.caller.process_proven = false;
+    Decision d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::deny) << "an unproven caller meets the deny rule";
+    EXPECT_EQ(d.rule, "no-batch");
+    p.rules.erase(p.rules.begin());
+    d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::allow) << d.reason;
+    EXPECT_EQ(d.rule, "lab-users") << "users still match an unproven caller";
+    ASSERT_EQ(d.misses.size(), 1u);
+    EXPECT_NE(d.misses[0].why_not.find("not proven"), std::string::npos) << d.misses[0].why_not;
+    for (const char *cond : {"cgroups = [\"/system.slice/*\"]", "executables = [\"/usr/*\"]",
+                             "user_units = [\"*\"]"}) {
+        Policy q = policy_of(("[[rule]]\nname = \"r\"\n" + std::string(cond) +
+                              "\nmax_region = 4096\nflows = [\"any * -> *\"]\n")
+                                 .c_str());
+        r.caller.cgroup = "/system.slice/x.service";
+        r.caller.executable = "/usr/bin/python3";
+        r.caller.user_unit = "x.service";
+        EXPECT_EQ(decide(q, r, {}).verdict, Verdict::deny) << cond;
+        r.caller.process_proven = true;
+        EXPECT_EQ(decide(q, r, {}).verdict, Verdict::allow) << cond;
+        r.caller.process_proven = false;
+    }
 }

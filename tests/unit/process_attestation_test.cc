@@ -1,9 +1,12 @@
 // A socketpair end as proof of the process that made it (daemon/process_attestation.h), on this
 // test's own processes and the running kernel.
+#include "daemon/peer.h"
 #include "daemon/process_attestation.h"
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -165,4 +168,58 @@ TEST(ProcessAttestation, APidfdSaysItsProcessUntilItExits) {
     auto gone = pidfd_pid(pidfd.get());
     ASSERT_FALSE(gone);
     EXPECT_EQ(gone.error().code, Errc::not_found);
+}
+
+// identify_peer with a proven process: read through that process while it runs at the bus's
+// pid; refused once it exited (a connection speaks only for the process that proved itself on
+// it), and refused for another pid. Unproven, the pid alone vouches for no group.
+TEST(ProcessAttestation, AProvenConnectionSpeaksOnlyWhileItsProcessRuns) {
+    using knod::daemon::identify_peer;
+    using knod::daemon::ProcessProof;
+    int ready[2];
+    ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
+    pid_t child = ::fork();
+    if (child == 0) {
+        (void)!::write(ready[1], "r", 1);
+        for (;;)
+            ::pause();
+    }
+    ::close(ready[1]);
+    char c;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+    ::close(ready[0]);
+    knod::daemon::ProvenProcess proven{
+        std::make_shared<UniqueFd>(static_cast<int>(::syscall(SYS_pidfd_open, child, 0))),
+        ProcessProof::attested};
+    ASSERT_TRUE(proven.pidfd->valid());
+    auto peer = identify_peer(::geteuid(), child, std::nullopt, ":1.7", proven);
+    ASSERT_TRUE(peer) << peer.error().message;
+    EXPECT_EQ(peer->process_proof, ProcessProof::attested);
+    EXPECT_TRUE(peer->caller().process_proven);
+    EXPECT_FALSE(peer->gids.empty()) << "a proven process's own groups";
+    auto other = identify_peer(::geteuid(), ::getpid(), std::nullopt, ":1.7", proven);
+    EXPECT_FALSE(other) << "the proven process is not the one at the bus's pid";
+    auto unproven = identify_peer(::geteuid(), child, std::nullopt, ":1.7");
+    ASSERT_TRUE(unproven) << unproven.error().message;
+    EXPECT_EQ(unproven->process_proof, ProcessProof::pid_only);
+    EXPECT_FALSE(unproven->caller().process_proven);
+    EXPECT_TRUE(unproven->gids.empty()) << "no bus groups and a pid alone: no group at all";
+    auto with_bus_groups = identify_peer(::geteuid(), child, std::vector<gid_t>{4242}, ":1.7");
+    ASSERT_TRUE(with_bus_groups);
+    EXPECT_EQ(with_bus_groups->gids, std::vector<gid_t>{4242}) << "the bus's groups only";
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    auto gone = identify_peer(::geteuid(), child, std::nullopt, ":1.7", proven);
+    ASSERT_FALSE(gone);
+    EXPECT_EQ(gone.error().code, Errc::denied);
+    EXPECT_NE(gone.error().message.find("has exited"), std::string::npos) << gone.error().message;
+}
+
+TEST(ProcessAttestation, ProofsReadBackAsTheWeakestWhenUnknown) {
+    using knod::daemon::parse_process_proof;
+    using knod::daemon::ProcessProof;
+    for (ProcessProof p : {ProcessProof::pid_only, ProcessProof::attested, ProcessProof::bus_pidfd})
+        EXPECT_EQ(parse_process_proof(knod::daemon::to_string(p)), p);
+    for (const char *t : {"", "ATTESTED", "bus-pidfd ", "proven", "attested\n"})
+        EXPECT_EQ(parse_process_proof(t), ProcessProof::pid_only) << t;
 }
