@@ -203,9 +203,11 @@ Result<std::string> Client::attest() {
     ::close(pair[1]);
     if (r < 0) {
         Error e = bus_failure(reply.e, r, "AttestProcess");
-        // An answer, not an outage: an older daemon, or one that refused the proof.
+        // An answer for this daemon's life, not an outage: an older daemon, or a kernel
+        // without SO_PEERPIDFD. A refusal is asked again next time (a restarted daemon may
+        // say otherwise).
         if (sd_bus_error_has_name(&reply.e, SD_BUS_ERROR_UNKNOWN_METHOD) ||
-            e.code == Errc::denied || e.code == Errc::unsupported)
+            e.code == Errc::unsupported)
             proof_ = "pid-only";
         return e;
     }
@@ -264,7 +266,8 @@ Result<void> Client::subscribe() {
 Result<GrantedBinding> Client::request_binding(const std::string &netdev, const std::string &gpu,
                                                const std::string &mode, int region_fd,
                                                std::uint64_t offset, std::uint64_t length,
-                                               const std::vector<std::string> &flows) {
+                                               const std::vector<std::string> &flows,
+                                               bool retried) {
     (void)attest(); // refused or unreachable: the request says so itself
     sd_bus_message *call = nullptr;
     int r = sd_bus_message_new_method_call(bus_, &call, service_name, manager_path,
@@ -280,6 +283,13 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
         (r = sd_bus_message_append_strv(call, const_cast<char **>(strv.data()))) >= 0)
         r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
     sd_bus_message_unref(call);
+    // A daemon that restarted since this connection attested has forgotten it: attest again
+    // and ask once more.
+    if (r < 0 && !retried && sd_bus_error_has_name(&reply.e, bus::error::denied) &&
+        reply.e.message && std::strstr(reply.e.message, "process is not proven")) {
+        proof_.clear();
+        return request_binding(netdev, gpu, mode, region_fd, offset, length, flows, true);
+    }
     if (r < 0) return bus_failure(reply.e, r, "RequestBinding");
     ends_->trust_sender_of(reply.m);
     const char *path = nullptr, *key_id = nullptr;

@@ -92,7 +92,8 @@ class Client {
     Result<GrantedBinding> request_binding(const std::string &netdev, const std::string &gpu,
                                            const std::string &mode, int region_fd,
                                            std::uint64_t offset, std::uint64_t length,
-                                           const std::vector<std::string> &flows);
+                                           const std::vector<std::string> &flows,
+                                           bool retried = false); // retried: once, re-attested
     Result<void> activate(const std::string &id, const std::vector<std::uint8_t> &key);
     // Extends the binding's key by the policy's key lifetime from now (long jobs call it before
     // Expires); returns the new expiry in microseconds since the epoch.

@@ -218,11 +218,11 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     p.unit = policy::system_unit_of(p.cgroup);
     p.user_unit = policy::user_unit_of(p.cgroup);
     if (bus_gids) {
-        // The bus vouched for the supplementary groups (as they were when the process
-        // connected); the effective gid comes from the process, when it is proven to be it.
+        // The bus vouched for the groups as they were when the process connected (dbus-daemon
+        // and dbus-broker include the primary gid). Not the process's groups of now: a
+        // proven process may since have exec'd a setgid program while a child holds the
+        // connection.
         p.gids = std::move(*bus_gids);
-        if (auto gid = status_numbers(status, "Gid:"); is_proven && gid && gid->size() >= 2)
-            p.gids.push_back(static_cast<gid_t>((*gid)[1]));
         std::sort(p.gids.begin(), p.gids.end());
         p.gids.erase(std::unique(p.gids.begin(), p.gids.end()), p.gids.end());
         p.gids_from_bus = true;

@@ -68,8 +68,8 @@ struct Peer {
 
 // `bus_gids`: the supplementary groups the bus vouched for, or nullopt when it sent none.
 // `proven`: the connection's proven process, if any. Proven, the process is read through its
-// pidfd (the pid cannot change hands while it runs), and its groups are the bus's and its
-// effective gid, or /proc/PID/status's. Proven but exited: Errc::denied (a connection speaks
+// pidfd (the pid cannot change hands while it runs); its groups are the bus's, or without them
+// /proc/PID/status's. Proven but exited: Errc::denied (a connection speaks
 // only for the process that proved itself on it). Unproven: the bus's groups only, none
 // without them. Errc::denied too when the caller is gone or changed while being read.
 Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t>> bus_gids,

@@ -34,6 +34,9 @@ struct Credentials {
     // A pidfd of the process that made the connection: the bus's ProcessFD, or one the client
     // attested (AttestProcess). Empty: the connection is known by its pid only.
     daemon::ProvenProcess process;
+    // The bus sent a pidfd of the connecting process, and that process has exited: the
+    // connection can never be proven (AttestProcess is refused).
+    bool connector_gone = false;
 };
 
 class Authorizer {

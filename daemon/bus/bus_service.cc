@@ -8,6 +8,7 @@
 #include "daemon/request_limits.h"
 #include "protocol/names.h"
 
+#include "knod/system_error.h"
 #include "knod/untrusted.h"
 #include <fcntl.h>
 
@@ -391,6 +392,10 @@ Result<void> BusService::start(daemon::BindingManager &manager) {
 
 namespace {
 
+Error daemon_side(int err, const std::string &what) {
+    return system_error(Errc::io, err, what);
+}
+
 // What the bus vouches for about a connection: GetConnectionCredentials, read here rather than
 // through sd_bus_query_sender_creds because Debian 12's sd-bus (252) does not know ProcessFD
 // (SD_BUS_CREDS_PIDFD is systemd v256). One synchronous round trip per connection, as sd-bus's
@@ -407,7 +412,8 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
     if (r < 0) return make_error(Errc::denied, "the bus did not vouch for the caller");
     Credentials c;
     bool have_uid = false, have_pid = false;
-    int pidfd = -1;
+    int pidfd = -1, dup_errno = 0;
+    bool sent_pidfd = false;
     std::uint32_t u = 0;
     if (sd_bus_message_enter_container(raw, 'a', "{sv}") < 0)
         return make_error(Errc::denied, "the bus's credentials are unreadable");
@@ -423,7 +429,9 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
             have_pid = u > 0 && u <= static_cast<std::uint32_t>(INT32_MAX);
         } else if (k == "ProcessFD" && sd_bus_message_read(raw, "v", "h", &pidfd) >= 0) {
             // The message owns it; ours is a copy.
+            sent_pidfd = true;
             pidfd = ::fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
+            if (pidfd < 0) dup_errno = errno;
         } else if (k == "UnixGroupIDs" && sd_bus_message_enter_container(raw, 'v', "au") > 0) {
             const void *gids = nullptr;
             std::size_t size = 0;
@@ -440,12 +448,19 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
     UniqueFd process(pidfd);
     if (!have_uid) return make_error(Errc::denied, "the bus did not give the caller's uid");
     if (!have_pid) c.pid = 0;
+    if (sent_pidfd && !process.valid())
+        return daemon_side(dup_errno, "cannot keep the bus's pidfd of the caller");
     // The bus's pidfd proves the process only while that process still holds the bus's pid.
+    // Otherwise the bus has said that the process that connected is gone: nothing the
+    // connection presents later (AttestProcess) may stand in for it.
     if (process.valid() && have_pid) {
         auto at = daemon::pidfd_pid(process.get());
+        if (!at && at.error().code == Errc::out_of_resources) return at.error();
         if (at && *at == c.pid && daemon::still_running(process.get()))
             c.process = {std::make_shared<UniqueFd>(std::move(process)),
                          daemon::ProcessProof::bus_pidfd};
+        else
+            c.connector_gone = true;
     }
     c.sender = sender;
     return c;
@@ -702,7 +717,7 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
-        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name, {}, {}};
+        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name, {}, {}, false};
         auto done = reply_when_done(m);
         auto asked = s->authorizer_.check_admin(
             c, s->manager_->policy().settings,
@@ -933,7 +948,12 @@ int BusService::attest_process(sd_bus_message *m, void *self, sd_bus_error *err)
         // Proven once, proven for the connection's life: its process is pinned by the pidfd.
         daemon::ProvenProcess &held = it->second.creds->process;
         if (held.proof == daemon::ProcessProof::pid_only) {
-            auto attested = daemon::attest_socketpair_end(socket, c->uid, c->pid);
+            auto attested =
+                it->second.creds->connector_gone
+                    ? Result<daemon::AttestedProcess>(make_error(
+                          Errc::denied, "the bus says the process that made this connection has "
+                                        "exited; connect again from the calling process"))
+                    : daemon::attest_socketpair_end(socket, c->uid, c->pid);
             if (!attested) {
                 daemon::Peer who;
                 who.uid = c->uid;

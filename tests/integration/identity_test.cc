@@ -554,6 +554,10 @@ TEST_F(IdentityTest, OnDbusBrokerTheBussPidfdDecidesWhoCalls) {
         GTEST_SKIP() << "/proc/sys/kernel/ns_last_pid is not writable here";
     std::string said = recycled_pid_attack(s, unit.dir(), nobody, flow_5000);
     if (said.empty()) GTEST_SKIP() << "the attacker's pid went to another process 100 times";
+    EXPECT_NE(said.find("attest: org.knod.Policy1.Error.Denied: the bus says the process that "
+                        "made this connection has exited"),
+              std::string::npos)
+        << "a connection whose connector the bus saw exit can never be attested: " << said;
     EXPECT_NE(said.find("request: org.knod.Policy1.Error.Denied"), std::string::npos) << said;
     EXPECT_NE(said.find("not proven"), std::string::npos) << said;
     EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "1");
