@@ -419,7 +419,7 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
         return make_error(Errc::denied, "the bus's credentials are unreadable");
     while ((r = sd_bus_message_enter_container(raw, 'e', "sv")) > 0) {
         const char *key = nullptr;
-        if (sd_bus_message_read(raw, "s", &key) < 0) break;
+        if ((r = sd_bus_message_read(raw, "s", &key)) < 0) break;
         std::string_view k(key);
         if (k == "UnixUserID" && sd_bus_message_read(raw, "v", "u", &u) >= 0) {
             c.uid = u;
@@ -429,6 +429,10 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
             have_pid = u > 0 && u <= static_cast<std::uint32_t>(INT32_MAX);
         } else if (k == "ProcessFD" && sd_bus_message_read(raw, "v", "h", &pidfd) >= 0) {
             // The message owns it; ours is a copy.
+            if (sent_pidfd) { // a second one: not a bus we understand
+                r = -EBADMSG;
+                break;
+            }
             sent_pidfd = true;
             pidfd = ::fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
             if (pidfd < 0) dup_errno = errno;
@@ -440,12 +444,14 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
                     std::vector<gid_t>(static_cast<const gid_t *>(gids),
                                        static_cast<const gid_t *>(gids) + size / sizeof(gid_t));
             sd_bus_message_exit_container(raw);
-        } else if (sd_bus_message_skip(raw, "v") < 0) {
+        } else if ((r = sd_bus_message_skip(raw, "v")) < 0) {
             break;
         }
-        if (sd_bus_message_exit_container(raw) < 0) break;
+        if ((r = sd_bus_message_exit_container(raw)) < 0) break;
     }
     UniqueFd process(pidfd);
+    // Half a dict is no answer: a missing UnixGroupIDs would silently change whose groups count.
+    if (r < 0) return make_error(Errc::denied, "the bus's credentials are unreadable");
     if (!have_uid) return make_error(Errc::denied, "the bus did not give the caller's uid");
     if (!have_pid) c.pid = 0;
     if (sent_pidfd && !process.valid())
