@@ -1,5 +1,4 @@
 #include "daemon/peer.h"
-#include "daemon/process_attestation.h"
 #include "knod/system_error.h"
 
 #include "policy/cgroup_unit.h"
@@ -164,12 +163,9 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     bool is_proven =
         proven.proof != ProcessProof::pid_only && proven.pidfd && proven.pidfd->valid();
     if (is_proven) {
-        // The process that proved itself must be the caller now: alive, at the bus's pid.
-        auto now = pidfd_pid(proven.pidfd->get());
-        // Out of fds, say, is the daemon's trouble, named as such; only the kernel's -1 (or
-        // another pid) means the process is gone.
-        if (!now && now.error().code != Errc::not_found) return now.error();
-        if (!now || *now != pid || !still_running(proven.pidfd->get()))
+        // The process that proved itself must be the caller now: the process at this pid when
+        // it proved itself (a process keeps its pid while it runs, no /proc read needed), alive.
+        if (proven.pid != pid || !still_running(proven.pidfd->get()))
             return make_error(Errc::denied,
                               "the process that made this connection (pid " + std::to_string(pid) +
                                   ") has exited: a connection speaks only for the process that "

@@ -46,6 +46,7 @@ ProcessProof parse_process_proof(std::string_view text);
 struct ProvenProcess {
     std::shared_ptr<UniqueFd> pidfd;
     ProcessProof proof = ProcessProof::pid_only;
+    pid_t pid = 0; // where the process was when it proved itself; it keeps it while it runs
 };
 
 struct Peer {

@@ -1,6 +1,7 @@
 #include "daemon/process_attestation.h"
 
 #include "daemon/peer.h"
+#include "host/caller_identity.h"
 #include "knod/system_error.h"
 
 #include <fcntl.h>
@@ -17,8 +18,6 @@
 namespace knod::daemon {
 namespace {
 
-// SO_PEERPIDFD (Linux 6.5) is not in Debian 12's headers; its number is the kernel's ABI.
-constexpr int so_peerpidfd = 77;
 // SO_PEERGROUPS answers ERANGE with the size it needs; no process has more than NGROUPS_MAX.
 constexpr std::size_t max_groups = 65536;
 
@@ -102,7 +101,7 @@ Result<AttestedProcess> attest_socketpair_end(int socket, uid_t bus_uid, pid_t b
     AttestedProcess out;
     int pidfd = -1;
     len = sizeof pidfd;
-    if (::getsockopt(socket, SOL_SOCKET, so_peerpidfd, &pidfd, &len) != 0) {
+    if (::getsockopt(socket, SOL_SOCKET, host::so_peerpidfd, &pidfd, &len) != 0) {
         if (errno == ENOPROTOOPT)
             return make_error(Errc::unsupported,
                               "this kernel has no SO_PEERPIDFD (Linux 6.5 or later has)");

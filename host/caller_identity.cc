@@ -8,7 +8,6 @@
 namespace knod::host {
 
 bool kernel_has_peer_pidfd() {
-    constexpr int so_peerpidfd = 77; // not in Debian 12's headers; the kernel's ABI number
     int pair[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return false;
     int pidfd = -1;

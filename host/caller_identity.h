@@ -10,6 +10,10 @@
 
 namespace knod::host {
 
+// SO_PEERPIDFD (Linux 6.5): a pidfd of a unix socket's peer. Not in Debian 12's headers; the
+// number is the kernel's ABI.
+inline constexpr int so_peerpidfd = 77;
+
 // Whether the running kernel answers SO_PEERPIDFD (Linux 6.5 and later) on a socketpair of
 // this process: without it neither the bus nor a client can hand the daemon a caller's pidfd.
 bool kernel_has_peer_pidfd();

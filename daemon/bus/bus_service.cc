@@ -464,7 +464,7 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
         if (!at && at.error().code == Errc::out_of_resources) return at.error();
         if (at && *at == c.pid && daemon::still_running(process.get()))
             c.process = {std::make_shared<UniqueFd>(std::move(process)),
-                         daemon::ProcessProof::bus_pidfd};
+                         daemon::ProcessProof::bus_pidfd, c.pid};
         else
             c.connector_gone = true;
     }
@@ -970,7 +970,7 @@ int BusService::attest_process(sd_bus_message *m, void *self, sd_bus_error *err)
                 return fail(err, attested.error());
             }
             held = {std::make_shared<UniqueFd>(std::move(attested->pidfd)),
-                    daemon::ProcessProof::attested};
+                    daemon::ProcessProof::attested, attested->pid};
             // A subscriber's copy of the credentials too.
             if (it->second.subscriber) it->second.subscriber->creds.process = held;
         }

@@ -190,7 +190,7 @@ TEST(ProcessAttestation, AProvenConnectionSpeaksOnlyWhileItsProcessRuns) {
     ::close(ready[0]);
     knod::daemon::ProvenProcess proven{
         std::make_shared<UniqueFd>(static_cast<int>(::syscall(SYS_pidfd_open, child, 0))),
-        ProcessProof::attested};
+        ProcessProof::attested, child};
     ASSERT_TRUE(proven.pidfd->valid());
     auto peer = identify_peer(::geteuid(), child, std::nullopt, ":1.7", proven);
     ASSERT_TRUE(peer) << peer.error().message;
