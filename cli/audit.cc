@@ -429,6 +429,14 @@ Result<SystemJournalPart> read_system_journal(const Options &o, journal::Databas
     return part;
 }
 
+nlohmann::json snapshot_json(const journal::VerifyReport &r) {
+    if (!r.snapshot) return nullptr;
+    return {{"at", format_time(r.snapshot->at_us)},
+            {"at_us", r.snapshot->at_us},
+            {"live", r.snapshot->live},
+            {"through_event", r.anchor_seq}};
+}
+
 int verify(const Options &o) {
     if (!o.export_file.empty()) return verify_export_file(o.export_file, o.allow_gaps, o.json);
     bool tty = !o.json && isatty(STDERR_FILENO);
@@ -466,8 +474,9 @@ int verify(const Options &o) {
     if (tty) std::cerr << "\n";
     if (!report) return fail(o, "verify", report.error());
     if (system->copies) {
-        auto check = journal::check_anchor_copies(opened->db(), o.db, *system->copies,
-                                                  o.allow_pruned_anchor, retention_us);
+        auto check = journal::check_anchor_copies(
+            opened->db(), o.db, *system->copies, o.allow_pruned_anchor, retention_us,
+            report->snapshot ? std::optional(report->snapshot->at_us) : std::nullopt);
         if (!check) return fail(o, "verify", check.error());
         system->check = std::move(*check);
     }
@@ -485,6 +494,7 @@ int verify(const Options &o) {
             sys->newest ? nlohmann::json(format_time(sys->newest->at_us)) : nlohmann::json();
         sys_json["first_bad_event"] = sys->bad_seq;
         sys_json["problem"] = sys->problem;
+        sys_json["newer_than_snapshot"] = sys->newer_than_snapshot;
     } else {
         sys_json["note"] = system->note;
     }
@@ -508,6 +518,7 @@ int verify(const Options &o) {
                              {"sessions_not_covered", report->sessions_not_covered},
                              {"policies_checked", report->policies_checked},
                              {"chain_intact", report->chain_intact},
+                             {"snapshot", snapshot_json(*report)},
                              {"system_journal", sys_json}},
                          2)
                   << "\n";
@@ -532,6 +543,11 @@ int verify(const Options &o) {
                                 " was pruned (accepted: --allow-pruned-anchor); the "
                                 "chain head is not compared\n");
         print_tables(*report);
+        if (report->snapshot)
+            std::cout << "snapshot: a copy of " << quote_untrusted(report->snapshot->live)
+                      << " the daemon published at " << format_time(report->snapshot->at_us)
+                      << ", through event " << report->anchor_seq
+                      << "; what the daemon journaled after that is not in it\n";
     } else if (report->chain_intact) { // a table beside the chain contradicts it
         std::cout << "FAILED: "
                   << (report->first_bad_seq
@@ -562,6 +578,9 @@ int verify(const Options &o) {
         if (sys->newest)
             std::cout << "; newest: event " << sys->newest->seq << " at "
                       << format_time(sys->newest->at_us);
+        if (sys->newer_than_snapshot)
+            std::cout << "; " << sys->newer_than_snapshot
+                      << " came after the snapshot was taken (in the live journal, not here)";
         else
             std::cout << " (none found for this journal)";
         std::cout << "\n";
@@ -697,6 +716,7 @@ Runner add_audit(CLI::App &app) {
                   "input or an unreadable journal, with the reason.");
 
     return [=]() -> int {
+        if (o->export_file.empty()) read_snapshot_if_live_unreadable(o->db);
         if (sessions->parsed()) return list_sessions(*o);
         if (events->parsed()) return list_events(*o);
         if (show_cmd->parsed()) return show(*o);

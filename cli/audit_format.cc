@@ -1,10 +1,14 @@
 #include "cli/audit_format.h"
 
 #include "journal/export.h"
+#include "journal/snapshot.h"
 #include "policy/parser.h"
+
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <ctime>
+#include <iostream>
 #include <string_view>
 
 namespace knod::cli {
@@ -17,6 +21,23 @@ const std::vector<std::string> event_columns = {
     "event_id", "journal_id", "seq",   "time",   "at_us",     "host",     "machine_id",
     "kind",     "session",    "uid",   "pid",    "rule",      "decision", "reason",
     "netdev",   "gpu",        "flows", "detail", "prev_hash", "hash"};
+
+void read_snapshot_if_live_unreadable(std::string &db) {
+    auto snapshot = journal::snapshot_instead(db);
+    if (!snapshot) return;
+    struct stat st {};
+    std::string when;
+    if (::stat(snapshot->c_str(), &st) == 0)
+        when = " (written " +
+               format_time(static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000 +
+                           st.st_mtim.tv_nsec / 1000) +
+               ")";
+    std::cerr << "knod-policy: " << db << " is the daemon's alone; reading its published snapshot "
+              << *snapshot << when
+              << ", which trails it by up to the daemon's --snapshot-interval "
+                 "(docs/audit.md, \"Reading as an auditor\")\n";
+    db = *snapshot;
+}
 
 std::string format_time(std::optional<std::int64_t> us) {
     if (!us) return {};

@@ -15,6 +15,11 @@ namespace knod::cli {
 
 // "2026-11-29T16:31:37Z" from microseconds since the epoch; "" for none.
 std::string format_time(std::optional<std::int64_t> us);
+
+// `db` (a --db) replaced by the published snapshot beside it when `db` is the daemon's own
+// (unreadable: EACCES) and the snapshot is readable (journal/snapshot.h); says so on stderr,
+// with the snapshot's age, so no one mistakes it for the live journal.
+void read_snapshot_if_live_unreadable(std::string &db);
 // Accepts "now", relative ages ("90s", "15m", "2h", "7d", with or without a leading '-'), and
 // UTC dates "2026-11-29", "2026-11-29T10:00[:00][Z]" (a space may replace the T).
 std::optional<std::int64_t> parse_time(const std::string &text, std::int64_t now_us);

@@ -152,7 +152,11 @@ Runner add_audit_policy(CLI::App &audit) {
                 "order, \"# file: PATH\" on a line of its own, then the file. `audit verify` "
                 "checks each stored text against its digest.\nExit codes: 0 ok; 2 an unknown "
                 "digest, bad usage or an unreadable journal.");
-    return [cmd, o]() -> int { return cmd->parsed() ? run(*o) : -1; };
+    return [cmd, o]() -> int {
+        if (!cmd->parsed()) return -1;
+        read_snapshot_if_live_unreadable(o->db);
+        return run(*o);
+    };
 }
 
 } // namespace knod::cli

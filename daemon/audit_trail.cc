@@ -42,6 +42,7 @@ AuditTrail::~AuditTrail() {
 }
 
 void AuditTrail::close() {
+    snapshots_.reset();
     journal_.reset();
 }
 
@@ -68,6 +69,16 @@ journal::Journal *AuditTrail::journal() {
     auto j = journal::Journal::open(config_.journal_path);
     if (!j) return nullptr;
     journal_ = std::move(*j);
+    if (config_.snapshot_interval.count() > 0 && !snapshots_) {
+        auto publisher =
+            journal::SnapshotPublisher::open(config_.journal_path, config_.snapshot_mode);
+        if (publisher)
+            snapshots_ =
+                std::make_unique<SnapshotThread>(std::move(*publisher), config_.snapshot_interval);
+        else
+            std::cerr << "knod-policyd: no snapshot for the auditors: " << publisher.error().message
+                      << std::endl;
+    }
     std::error_code ec;
     auto absolute = std::filesystem::absolute(config_.journal_path, ec);
     std::string path = ec ? config_.journal_path : absolute.lexically_normal().string();
@@ -75,6 +86,7 @@ journal::Journal *AuditTrail::journal() {
     journal_->set_commit_listener([this, last = std::make_shared<std::atomic<std::int64_t>>(0),
                                    journal_id = journal_->identity().journal_id,
                                    path](std::int64_t seq, const journal::Hash &head) {
+        if (snapshots_) snapshots_->note_commit();
         std::int64_t now = journal::now_us();
         if (!sinks_ || now - last->load() < 1000000) return;
         last->store(now);
@@ -138,7 +150,17 @@ std::string AuditTrail::journal_problem() const {
             " WAL frame(s) from the database (the WAL grows until it ends; see docs/audit.md, "
             "\"Reading a live journal\")");
     if (!pending_.empty()) add(std::to_string(pending_.size()) + " record(s) waiting for the disk");
+    if (snapshots_)
+        if (auto snap = snapshots_->status(); !snap.failing.empty())
+            add("the auditors' snapshot is not being published (since " +
+                std::to_string((journal::now_us() - snap.failing_since_us) / 1000000) +
+                " s; it ends at event " + std::to_string(snap.seq) + "): " + snap.failing);
     return problem;
+}
+
+std::optional<SnapshotStatus> AuditTrail::snapshot_status() const {
+    if (!snapshots_) return std::nullopt;
+    return snapshots_->status();
 }
 
 void AuditTrail::record(journal::Event e) {
@@ -282,6 +304,9 @@ void AuditTrail::finish(journal::Event last) {
     record_coalesced(journal::now_us(), true);
     record(std::move(last));
     report_unwritten(flush_pending_now());
+    // The auditors read the stopped daemon's journal through the snapshot: it ends where the
+    // journal ends.
+    if (snapshots_) snapshots_->publish_now();
 }
 
 void AuditTrail::report_unwritten(const Result<void> &flushed) const {

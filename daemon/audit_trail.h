@@ -6,6 +6,7 @@
 
 #include "daemon/refusal_coalescer.h"
 #include "daemon/sinks/sinks.h"
+#include "daemon/snapshot_thread.h"
 #include "journal/records.h"
 #include "knod/result.h"
 #include "policy/policy.h"
@@ -41,6 +42,11 @@ struct AuditConfig {
     // Retention, applied at start and hourly: events older than this, beyond this many.
     std::optional<std::chrono::seconds> retain_age;
     std::optional<std::int64_t> retain_events;
+    // The auditors' snapshot (journal/snapshot.h), published at most this often after the
+    // head moved; none when zero. Its files get `snapshot_mode` (0640 where the state dir's
+    // group reads it); the snapshot dir must exist (daemon/state_dir.h).
+    std::chrono::milliseconds snapshot_interval{0};
+    mode_t snapshot_mode = 0600;
 };
 
 class AuditTrail {
@@ -107,6 +113,8 @@ class AuditTrail {
     // anchor advances; otherwise why not ("anchor not advancing: ...: no space left on the
     // device (ENOSPC); 3 failed write(s)").
     std::string journal_problem() const;
+    // The auditors' snapshot: what was last published (nullopt: no snapshot is published).
+    std::optional<SnapshotStatus> snapshot_status() const;
 
   private:
     struct PendingEnd {
@@ -132,6 +140,8 @@ class AuditTrail {
     const policy::Policy &policy_;
     Post post_;
     std::unique_ptr<journal::Journal> journal_;
+    // Declared after the journal: stopped first, while the journal it copies still stands.
+    std::unique_ptr<SnapshotThread> snapshots_;
     RefusalCoalescer refusals_;
     std::deque<Pending> pending_;
     // The outcome of the kept record being retried now (pending_.front()); null when none is.

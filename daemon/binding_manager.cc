@@ -104,9 +104,9 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                BindingEvents &events, Post post)
     : config_(std::move(config)), driver_(driver), keys_(std::move(keys)),
       policy_(std::move(policy)), events_(events), post_(post),
-      audit_(
-          {config_.journal_path, config_.refusal_window, config_.retain_age, config_.retain_events},
-          policy_, std::move(post)),
+      audit_({config_.journal_path, config_.refusal_window, config_.retain_age,
+              config_.retain_events, config_.snapshot_interval, config_.snapshot_mode},
+             policy_, std::move(post)),
       limiter_(config_.requests_per_second, config_.request_burst),
       host_(config_.host.sysfs, config_.host.proc) {
     // A policy built without the parser still gets the digest of the text it carries.

@@ -113,6 +113,9 @@ struct ManagerConfig {
     // Retention, applied at start and hourly: events older than this, beyond this many.
     std::optional<std::chrono::seconds> retain_age;
     std::optional<std::int64_t> retain_events;
+    // The auditors' snapshot of the journal (AuditConfig): how often, and its files' mode.
+    std::chrono::milliseconds snapshot_interval{0};
+    mode_t snapshot_mode = 0600;
     // Where isolation checks and the host report read the host (fixture trees in tests).
     host::HostPaths host;
 };

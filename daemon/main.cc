@@ -50,6 +50,7 @@ struct Options {
     bool linux_audit = true;
     std::string retain;
     std::int64_t retain_events = 0;
+    int snapshot_interval = 10;
     std::string keep_bindings = "auto";
     knod::host::HostPaths host;
     knod::bus::CallerLimits limits;
@@ -250,6 +251,12 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
     app.add_option("--retain", o.retain,
                    "prune journal events older than this (e.g. 180d); default: keep all");
     app.add_option("--retain-events", o.retain_events, "keep at most this many journal events");
+    app.add_option("--snapshot-interval", o.snapshot_interval,
+                   "seconds: publish the auditors' copy of the journal (STATE_DIR/snapshot/) at "
+                   "most this often after it changed (and at stop); 0: publish none (then only "
+                   "root reads the journal)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 86400));
     app.add_option("--sysfs-root", o.host.sysfs,
                    "read sysfs here: IOMMU groups, PCI, /sys/class/knod (tests use fixture trees)")
         ->capture_default_str();
@@ -390,13 +397,15 @@ std::optional<int> Daemon::build(Options &o) {
         return 1;
     }
     state_lock_.emplace(std::move(*state_lock));
-    // The journal is for the auditors too (the state dir's group; knod-audit when packaged),
-    // the key secret for the daemon alone.
+    // The live journal and the key secret are the daemon's alone: a reader of a WAL database
+    // can lock bytes of its -shm that every commit needs (#33). The auditors (the state dir's
+    // group; knod-audit when packaged) read the snapshot the daemon publishes instead.
     auto state_files = knod::daemon::check_state_files(o.state_dir,
-                                                       {{"journal.db", 0640},
-                                                        {"journal.db-wal", 0640},
-                                                        {"journal.db-shm", 0640},
-                                                        {"journal.db.anchor", 0640},
+                                                       {{"journal.db", 0600},
+                                                        {"journal.db-wal", 0600},
+                                                        {"journal.db-shm", 0600},
+                                                        {"journal.db.anchor", 0600},
+                                                        {"journal.db.snapshot-work", 0600},
                                                         {"key-secret", 0600},
                                                         {"daemon.lock", 0600}},
                                                        "journal.db");
@@ -406,6 +415,12 @@ std::optional<int> Daemon::build(Options &o) {
     }
     for (auto &note : *state_files)
         std::cerr << "knod-policyd: " << note << "\n";
+    auto snapshot_mode = o.snapshot_interval > 0 ? knod::daemon::prepare_snapshot_dir(o.state_dir)
+                                                 : knod::Result<mode_t>(mode_t{0600});
+    if (!snapshot_mode) {
+        std::cerr << "knod-policyd: refusing to start: " << snapshot_mode.error().message << "\n";
+        return exit_config;
+    }
     auto keys = knod::keys::KeyAuthority::open(o.state_dir + "/key-secret");
     if (!keys) {
         std::cerr << "knod-policyd: " << keys.error().message << "\n";
@@ -484,6 +499,8 @@ std::optional<int> Daemon::build(Options &o) {
         config.retain_age = *age;
     }
     if (o.retain_events > 0) config.retain_events = o.retain_events;
+    config.snapshot_interval = std::chrono::seconds(o.snapshot_interval);
+    config.snapshot_mode = *snapshot_mode;
     config.host = o.host;
     std::vector<std::unique_ptr<knod::sinks::Sink>> sink_list;
     if (o.journald) sink_list.push_back(std::make_unique<knod::sinks::JournaldSink>());

@@ -131,4 +131,41 @@ Result<std::vector<std::string>> check_state_files(const std::string &dir,
     return notes;
 }
 
+Result<mode_t> prepare_snapshot_dir(const std::string &dir) {
+    struct stat state {};
+    if (::stat(dir.c_str(), &state) != 0)
+        return make_error(Errc::io, "state dir " + dir + ": " + std::strerror(errno));
+    bool group_reads = (state.st_mode & (S_IRGRP | S_IXGRP)) == (S_IRGRP | S_IXGRP);
+    std::string snapshots = dir + "/snapshot";
+    mode_t dir_mode = group_reads ? 0750 : 0700;
+    if (::mkdir(snapshots.c_str(), dir_mode) != 0 && errno != EEXIST)
+        return make_error(Errc::io, "cannot create the snapshot dir " + snapshots + ": " +
+                                        std::strerror(errno));
+    if (auto checked = prepare_state_dir(snapshots); !checked) return std::move(checked).error();
+    // Its group is the state dir's (a setgid state dir gives it that, and its setgid bit, at
+    // mkdir; a dir made before gets it here), so the auditors who may enter the state dir read
+    // the snapshot and no one else does. chmod only when the bits differ: a daemon not in the
+    // group would lose the setgid bit by it, and its files the group.
+    struct stat st {};
+    if (::stat(snapshots.c_str(), &st) != 0)
+        return make_error(Errc::io, "stat " + snapshots + ": " + std::strerror(errno));
+    // Setgid where the group reads: each new file (the copy, its anchor) takes the group.
+    mode_t want = dir_mode | (group_reads ? S_ISGID : 0);
+    if ((st.st_mode & 07777) != want && ::chmod(snapshots.c_str(), want) != 0)
+        return make_error(Errc::io, "chmod " + snapshots + ": " + std::strerror(errno));
+    if (group_reads && st.st_gid != state.st_gid &&
+        ::chown(snapshots.c_str(), static_cast<uid_t>(-1), state.st_gid) != 0)
+        return make_error(Errc::io, "the snapshot dir " + snapshots + " belongs to group " +
+                                        group_name(st.st_gid) + ", not the state dir's " +
+                                        group_name(state.st_gid) + ": " + std::strerror(errno) +
+                                        "; fix: chgrp " + group_name(state.st_gid) + " " +
+                                        snapshots);
+    mode_t file_mode = group_reads ? 0640 : 0600;
+    auto files = check_state_files(snapshots, {{"journal.db", file_mode},
+                                               {"journal.db-journal", file_mode},
+                                               {"journal.db.anchor", file_mode}});
+    if (!files) return std::move(files).error();
+    return file_mode;
+}
+
 } // namespace knod::daemon

@@ -33,4 +33,11 @@ Result<std::vector<std::string>> check_state_files(const std::string &dir,
                                                    const std::vector<StateFile> &files,
                                                    const std::string &create_name = {});
 
+// The auditors' snapshot dir, `dir`/snapshot (journal/snapshot.h): created when absent, and
+// checked as the state dir is (a directory of the daemon's user, not a link, written by no
+// one else). Where the state dir lets its group in (2750 knod-policy:knod-audit, packaged), the
+// snapshot dir is 0750 of that group and its files 0640; otherwise 0700 and 0600. Returns the
+// files' mode; their modes and owner are checked as check_state_files() does.
+Result<mode_t> prepare_snapshot_dir(const std::string &dir);
+
 } // namespace knod::daemon

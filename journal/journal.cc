@@ -195,39 +195,16 @@ class Journal::Writer {
         return (*st)->run();
     }
 
-    // The head goes beside the database after each commit: written to a temporary file and
-    // renamed, not synced (a crash can only leave it behind the database, which verify accepts).
-    // The temporary file has a fresh name and is created with O_EXCL (mkostemp), so nothing
-    // planted in the directory is ever followed or truncated; rename replaces a link, never
-    // its target.
-    // A failure (a full disk, the fd limit) is returned, for run() to count and show: the
-    // anchor must not stop advancing in silence.
+    // The head goes beside the database after each commit (write_anchor_file: a fresh
+    // temporary file renamed over, not synced). A failure (a full disk, the fd limit) is
+    // returned, for run() to count and show: the anchor must not stop advancing in silence.
     Result<void> write_anchor() {
         if (anchor_.empty()) return {};
-        std::string text =
+        return write_anchor_file(
+            anchor_,
             knod::dump_json(nlohmann::json{{"seq", head_seq_}, {"hash", to_hex(head_hash_)}}) +
-            "\n";
-        std::string tmp = anchor_ + ".XXXXXX";
-        int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-        if (fd < 0) return system_error(Errc::io, errno, "write the anchor " + anchor_);
-        (void)::fchmod(fd, anchor_mode_); // mkostemp makes 0600
-        ssize_t n = ::write(fd, text.data(), text.size());
-        int write_err = n < 0 ? errno : ENOSPC; // a short write of a few bytes: the disk is full
-        bool written = n == static_cast<ssize_t>(text.size());
-        if (::close(fd) != 0 && written) {
-            written = false;
-            write_err = errno;
-        }
-        if (!written) {
-            ::unlink(tmp.c_str());
-            return system_error(Errc::io, write_err, "write the anchor " + anchor_);
-        }
-        if (std::rename(tmp.c_str(), anchor_.c_str()) != 0) {
-            int err = errno;
-            ::unlink(tmp.c_str());
-            return system_error(Errc::io, err, "rename the anchor into place " + anchor_);
-        }
-        return {};
+                "\n",
+            anchor_mode_);
     }
 
     Writer(Database db, Statement insert_event)

@@ -1,10 +1,18 @@
 #include "journal/records.h"
 
 #include "knod/hex.h"
+#include "knod/system_error.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <openssl/evp.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 
 namespace knod::journal {
 namespace {
@@ -57,6 +65,30 @@ std::string to_hex(const Hash &h) {
 
 std::string anchor_path(const std::string &journal_path) {
     return journal_path + ".anchor";
+}
+
+Result<void> write_anchor_file(const std::string &path, const std::string &text, mode_t mode) {
+    std::string tmp = path + ".XXXXXX";
+    int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+    if (fd < 0) return system_error(Errc::io, errno, "write the anchor " + path);
+    (void)::fchmod(fd, mode); // mkostemp makes 0600
+    ssize_t n = ::write(fd, text.data(), text.size());
+    int write_err = n < 0 ? errno : ENOSPC; // a short write of a few bytes: the disk is full
+    bool written = n == static_cast<ssize_t>(text.size());
+    if (::close(fd) != 0 && written) {
+        written = false;
+        write_err = errno;
+    }
+    if (!written) {
+        ::unlink(tmp.c_str());
+        return system_error(Errc::io, write_err, "write the anchor " + path);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        int err = errno;
+        ::unlink(tmp.c_str());
+        return system_error(Errc::io, err, "rename the anchor into place " + path);
+    }
+    return {};
 }
 
 std::int64_t now_us() {

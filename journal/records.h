@@ -1,6 +1,10 @@
 // What the journal stores: sessions and chained events.
 #pragma once
 
+#include "knod/result.h"
+
+#include <sys/types.h>
+
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -103,6 +107,11 @@ std::int64_t now_us();
 
 // Where the chain head is kept outside the database, so that a truncated tail shows.
 std::string anchor_path(const std::string &journal_path);
+// Writes an anchor file (`text`, the whole JSON) at `path` with `mode`: to a temporary file of
+// a fresh name made with O_EXCL (nothing planted is followed or truncated), then renamed over
+// (a link is replaced, never its target). Not synced: a crash can only leave it behind the
+// database, which verify accepts. A short write is ENOSPC.
+Result<void> write_anchor_file(const std::string &path, const std::string &text, mode_t mode);
 
 // A journal's write figures (Journal::stats()).
 struct JournalStats {

@@ -133,7 +133,8 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &db_path,
                                                const std::vector<AnchorCopy> &copies,
                                                bool allow_pruned,
-                                               std::optional<std::int64_t> retention_us) {
+                                               std::optional<std::int64_t> retention_us,
+                                               std::optional<std::int64_t> snapshot_at_us) {
     if (sqlite3_get_autocommit(db.get()))
         if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
     auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
@@ -163,7 +164,10 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
             (c.seq == check.newest->seq && c.at_us > check.newest->at_us))
             check.newest = c;
         if (c.seq > *last) {
-            if (!beyond || c.seq > beyond->seq) beyond = &c;
+            if (snapshot_at_us && c.at_us >= *snapshot_at_us)
+                ++check.newer_than_snapshot;
+            else if (!beyond || c.seq > beyond->seq)
+                beyond = &c;
             continue;
         }
         Statement *q = &*st;
@@ -209,7 +213,9 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
         check.ok = false;
         check.bad_seq = beyond->seq;
         check.problem = "the system journal recorded event " + std::to_string(beyond->seq) +
-                        " of this journal as its head, but the journal ends at event " +
+                        " of this journal as its head" +
+                        (snapshot_at_us ? " before this snapshot was taken" : "") + ", but the " +
+                        (snapshot_at_us ? "snapshot" : "journal") + " ends at event " +
                         std::to_string(*last) +
                         ": its tail was removed (truncated, or rolled back with its anchor)";
     } else if (rewritten) {

@@ -45,6 +45,9 @@ struct SystemJournalCheck {
     std::optional<AnchorCopy> newest;     // the copy with the highest seq
     std::int64_t bad_seq = 0;             // the event a failing copy names
     std::string problem;
+    // A snapshot: copies past its end that journald received after it was taken (not in it,
+    // as expected), and the newest of them.
+    std::int64_t newer_than_snapshot = 0;
 };
 
 // Compares each copy with the journal `db` (read-only, one snapshot: begun here unless the
@@ -59,9 +62,14 @@ struct SystemJournalCheck {
 // unless `retention_us` (--retention AGE) and the prune that removed it (the first checkpoint at
 // or above its seq) came at least that long after journald received the copy (its earliest, if
 // several): the event was written no later than the copy, so it was at least that old.
+// `snapshot_at_us`: `db` is a published snapshot taken then (VerifyReport::snapshot): a copy
+// past its end that journald received at or after that time is counted in
+// newer_than_snapshot, not a failure; one received before it is (the daemon sends a head only
+// after committing it, so the snapshot, whose read began later, must hold that event).
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &name,
                                                const std::vector<AnchorCopy> &copies,
                                                bool allow_pruned = false,
-                                               std::optional<std::int64_t> retention_us = {});
+                                               std::optional<std::int64_t> retention_us = {},
+                                               std::optional<std::int64_t> snapshot_at_us = {});
 
 } // namespace knod::journal

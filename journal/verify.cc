@@ -33,10 +33,12 @@ bool to_hash(const std::string &blob, Hash &out) {
 struct Anchor {
     std::int64_t seq = 0;
     std::string hash;
+    std::optional<SnapshotMark> snapshot;
 };
 
-// The anchor file as the daemon writes it: {"seq": N, "hash": "<64 hex digits>"}. Absent is
-// nullopt; anything else that is not exactly that is an error naming the file.
+// The anchor file as the daemon writes it: {"seq": N, "hash": "<64 hex digits>"}, and for a
+// published snapshot "snapshot": {"at_us": N, "live": "<path>"} (journal/snapshot.h). Absent
+// is nullopt; anything else that is not exactly that is an error naming the file.
 Result<std::optional<Anchor>> read_anchor(const std::string &path) {
     auto bad = [&](const std::string &why) {
         return make_error(Errc::corrupt, "the anchor file " + path + " is malformed: " + why);
@@ -60,7 +62,18 @@ Result<std::optional<Anchor>> read_anchor(const std::string &path) {
     if (h.size() != 64 || !std::all_of(h.begin(), h.end(),
                                        [](char c) { return std::isxdigit(c) && !std::isupper(c); }))
         return bad("\"hash\" is not 64 lowercase hex digits");
-    return std::optional<Anchor>(Anchor{seq->get<std::int64_t>(), h});
+    Anchor out{seq->get<std::int64_t>(), h, std::nullopt};
+    if (auto mark = j.find("snapshot"); mark != j.end()) {
+        if (!mark->is_object()) return bad("\"snapshot\" is not an object");
+        auto at = mark->find("at_us");
+        auto live = mark->find("live");
+        if (at == mark->end() || !at->is_number_integer() || at->get<std::int64_t>() < 0)
+            return bad("\"snapshot\".\"at_us\" is not a time in microseconds");
+        if (live == mark->end() || !live->is_string())
+            return bad("\"snapshot\".\"live\" is not a path");
+        out.snapshot = SnapshotMark{at->get<std::int64_t>(), live->get<std::string>()};
+    }
+    return std::optional<Anchor>(std::move(out));
 }
 
 // Checkpoints left by retention: the last pruned event's seq -> its hash. A row of other types
@@ -273,6 +286,7 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
 
     VerifyReport report;
     report.total_events = *total;
+    if (anchor) report.snapshot = anchor->snapshot;
     Hash prev{};
     std::int64_t expected = 1;
     std::map<std::int64_t, PruneRecord> prunes; // by checkpoint: those the chain vouches for

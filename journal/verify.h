@@ -5,6 +5,7 @@
 #pragma once
 
 #include "journal/reader.h"
+#include "journal/snapshot.h"
 #include "knod/result.h"
 
 #include <cstdint>
@@ -33,6 +34,10 @@ struct VerifyReport {
     std::int64_t sessions_checked = 0;     // rows that match the values their events carry
     std::int64_t sessions_not_covered = 0; // opened by an older build: the chain has no values
     std::int64_t policies_checked = 0;     // stored policy texts that match their digests
+    // Set when the anchor says the file is a published snapshot (journal/snapshot.h): the live
+    // journal went on after it, so heads the system journal received after `at_us` and beyond
+    // the copy's end are expected (check_anchor_copies' `snapshot_at_us`).
+    std::optional<SnapshotMark> snapshot;
 };
 
 // How verify treats the anchor beside the journal.

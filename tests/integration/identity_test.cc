@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -212,7 +213,7 @@ TEST_F(IdentityTest, DaemonWithTheUnitsCapabilitiesServesOtherUsers) {
     struct stat st {};
     ASSERT_EQ(::stat(s.journal().c_str(), &st), 0);
     EXPECT_EQ(st.st_uid, daemon_uid);
-    EXPECT_EQ(st.st_mode & 0777, 0640u); // the state dir's group (the auditors) may read it
+    EXPECT_EQ(st.st_mode & 0777, 0600u); // the daemon's alone: auditors read snapshot/ (#33)
 }
 
 namespace {
@@ -278,9 +279,9 @@ TEST_F(IdentityTest, StateDirNotTheDaemonsOwnIsRefused) {
     EXPECT_NE(err.find("journal.db belongs to"), std::string::npos) << err;
 }
 
-// Failure 12: the daemon's own journal left world-readable is tightened to 0640 (its group, the
-// auditors, may read it), its key secret left group-readable to 0600 (and said so); a link
-// planted at the anchor's old temporary path is never followed.
+// Failure 12: the daemon's own journal left world-readable is tightened to 0600 (the auditors
+// read the published snapshot, #33), its key secret left group-readable to 0600 (and said so); a
+// link planted at the anchor's old temporary path is never followed.
 TEST_F(IdentityTest, StateFilesArePrivateAndLinksAreNotFollowed) {
     Sandbox s(sim_policy);
     s.stop_daemon(SIGTERM);
@@ -295,11 +296,11 @@ TEST_F(IdentityTest, StateFilesArePrivateAndLinksAreNotFollowed) {
     s.start_daemon();
     struct stat st {};
     ASSERT_EQ(::stat(s.journal().c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0640u);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
     ASSERT_EQ(::stat(secret.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
     std::string log = slurp(s.dir() + "/daemon.log");
-    EXPECT_NE(log.find("journal.db had mode 0664; tightened to 0640"), std::string::npos) << log;
+    EXPECT_NE(log.find("journal.db had mode 0664; tightened to 0600"), std::string::npos) << log;
     EXPECT_NE(log.find("key-secret had mode 0640; tightened to 0600"), std::string::npos) << log;
     // Journal writes move the anchor.
     for (int i = 0; i < 3; ++i)
@@ -308,22 +309,24 @@ TEST_F(IdentityTest, StateFilesArePrivateAndLinksAreNotFollowed) {
     EXPECT_EQ(slurp(precious), "keep me\n");
     ASSERT_EQ(::lstat(anchor.c_str(), &st), 0);
     EXPECT_TRUE(S_ISREG(st.st_mode));
-    EXPECT_EQ(st.st_mode & 0777, 0640u); // as the journal
+    EXPECT_EQ(st.st_mode & 0777, 0600u); // as the journal
     ASSERT_EQ(::lstat(s.state_dir().c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
-// #16 item 5: the packaged layout. The state dir is 2750 daemon:auditors (tmpfiles.d); the
-// journal's files take its group and are 0640, so an auditor reads the live journal (WAL, with
-// a -shm it may only read); the key secret stays the daemon's alone; someone outside the group
-// cannot read the journal and is told so (exit 2).
-TEST_F(IdentityTest, AuditorsOfTheStateDirsGroupReadTheLiveJournal) {
+// #16 item 5 and #33 item 4: the packaged layout. The state dir is 2750 daemon:auditors
+// (tmpfiles.d). The live journal is the daemon's alone (0600: a reader of a WAL database can
+// lock bytes of its -shm that every commit needs); the daemon publishes a snapshot in
+// snapshot/ (0750 dir, 0640 files, the auditors' group), and an auditor's `audit` given the
+// live journal reads that, saying so; someone outside the group reads neither (exit 2).
+TEST_F(IdentityTest, AuditorsOfTheStateDirsGroupReadThePublishedSnapshot) {
     struct passwd *pw = getpwnam("daemon");
     if (!pw) GTEST_SKIP() << "no 'daemon' account to run the daemon as";
     const uid_t daemon_uid = pw->pw_uid;
     const gid_t auditors = 4260;
     const uid_t auditor = 4261, outsider = 4262;
-    Sandbox s(sim_policy, {"--linux-audit=false"}, daemon_uid, /*start=*/false);
+    Sandbox s(sim_policy, {"--linux-audit=false", "--snapshot-interval=1"}, daemon_uid,
+              /*start=*/false);
     ASSERT_EQ(::chown(s.state_dir().c_str(), daemon_uid, auditors), 0);
     ASSERT_EQ(::chmod(s.state_dir().c_str(), 02750), 0);
     s.start_daemon();
@@ -334,12 +337,27 @@ TEST_F(IdentityTest, AuditorsOfTheStateDirsGroupReadTheLiveJournal) {
     for (const char *suffix : {"", "-wal", "-shm", ".anchor"}) {
         struct stat st {};
         ASSERT_EQ(::stat((db + suffix).c_str(), &st), 0) << suffix;
-        EXPECT_EQ(st.st_mode & 0777, 0640u) << suffix;
-        EXPECT_EQ(st.st_gid, auditors) << suffix;
+        EXPECT_EQ(st.st_mode & 0777, 0600u) << suffix;
     }
     struct stat st {};
     ASSERT_EQ(::stat((s.state_dir() + "/key-secret").c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
+    std::string snapshot = s.state_dir() + "/snapshot/journal.db";
+    // The snapshot catches up with the live journal (at most a second after its last commit).
+    EXPECT_TRUE(eventually([&] {
+        return slurp(snapshot + ".anchor").find("\"snapshot\"") != std::string::npos &&
+               nlohmann::json::parse(slurp(snapshot + ".anchor"), nullptr, false).value("seq", 0) ==
+                   nlohmann::json::parse(slurp(db + ".anchor"), nullptr, false).value("seq", -1);
+    })) << slurp(snapshot + ".anchor")
+        << " vs " << slurp(db + ".anchor");
+    ASSERT_EQ(::stat((s.state_dir() + "/snapshot").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0750u);
+    EXPECT_EQ(st.st_gid, auditors);
+    for (const char *suffix : {"", ".anchor"}) {
+        ASSERT_EQ(::stat((snapshot + suffix).c_str(), &st), 0) << suffix;
+        EXPECT_EQ(st.st_mode & 0777, 0640u) << suffix;
+        EXPECT_EQ(st.st_gid, auditors) << suffix;
+    }
 
     auto audit = [&](uid_t uid, bool member, const std::string &sub) {
         std::vector<std::string> argv{"setpriv",
@@ -357,8 +375,12 @@ TEST_F(IdentityTest, AuditorsOfTheStateDirsGroupReadTheLiveJournal) {
     for (std::string sub : {"verify --no-system-journal", "sessions", "events"}) {
         auto out = audit(auditor, true, sub);
         EXPECT_EQ(out.status, 0) << sub << ": " << out.out;
+        EXPECT_NE(out.out.find("reading its published snapshot " + snapshot), std::string::npos)
+            << out.out;
         if (sub.rfind("verify", 0) == 0) {
             EXPECT_NE(out.out.find("matches the head kept outside the database"), std::string::npos)
+                << out.out;
+            EXPECT_NE(out.out.find("snapshot: a copy of '" + db + "'"), std::string::npos)
                 << out.out;
         }
         out = audit(outsider, false, sub);
@@ -367,6 +389,11 @@ TEST_F(IdentityTest, AuditorsOfTheStateDirsGroupReadTheLiveJournal) {
         EXPECT_NE(out.out.find("cannot read the journal"), std::string::npos) << out.out;
         EXPECT_NE(out.out.find("Permission denied"), std::string::npos) << out.out;
     }
+    // The auditor's sessions are the daemon's: three grants, in the copy.
+    auto listed = audit(auditor, true, "sessions --json");
+    EXPECT_EQ(nlohmann::json::parse(listed.out.substr(listed.out.find('[')), nullptr, false).size(),
+              3u)
+        << listed.out;
     EXPECT_EQ(s.stop_daemon(SIGTERM), 0);
 }
 

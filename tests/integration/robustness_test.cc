@@ -623,6 +623,128 @@ TEST(StateDirLock, AnAuditorsLockCannotStopTheDaemon) {
     waitpid(holder, nullptr, 0);
 }
 
+namespace {
+
+// A program left running in the background whose first line (stdout and stderr) is waited
+// for; killed when the object goes. For a process that takes a lock and keeps it.
+class Background {
+  public:
+    explicit Background(const std::vector<std::string> &argv) {
+        int out[2];
+        if (pipe2(out, O_CLOEXEC) != 0) return;
+        pid_ = fork();
+        if (pid_ == 0) {
+            dup2(out[1], 1);
+            dup2(out[1], 2);
+            exec_argv(argv);
+        }
+        close(out[1]);
+        bool ended = false;
+        eventually([&] {
+            pollfd p{out[0], POLLIN, 0};
+            if (poll(&p, 1, 100) <= 0) return false;
+            char c;
+            while (!ended) {
+                ssize_t n = read(out[0], &c, 1);
+                if (n <= 0 || c == '\n')
+                    ended = true;
+                else
+                    line_ += c;
+            }
+            return true;
+        });
+        close(out[0]);
+    }
+    ~Background() { stop(); }
+    Background(const Background &) = delete;
+    Background &operator=(const Background &) = delete;
+    void stop() {
+        if (pid_ <= 0) return;
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+    }
+    const std::string &line() const { return line_; }
+
+  private:
+    pid_t pid_ = -1;
+    std::string line_;
+};
+
+// Asks for a binding of the sim NIC on `flow` and releases it: "ok", or the refusal.
+std::string grant_and_release(client::Client &c, int region) {
+    auto g = c.request_binding("knodsim0", "sim0", "rx-only", region, 0, 4096, {flow});
+    if (!g.ok()) return g.error().message;
+    (void)c.release(g->id);
+    return "ok";
+}
+
+} // namespace
+
+// #33 item 4: a member of the state dir's group read the live journal, so it could open its
+// -shm and hold a read lock on SQLite's WAL write-lock byte (offset 120): every commit then
+// waited the busy timeout (5 s) and failed, and every grant was refused with
+// JournalUnavailable. The live files are now the daemon's alone; the auditor reads the
+// published snapshot, and holding that (a long read transaction) delays only the snapshot,
+// which `status` then names, until the reader lets go.
+TEST(StateDirLock, AnAuditorsLocksCannotStopGrants) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    Sandbox sb(sim_policy, {"--snapshot-interval=1"}, 0, /*start=*/false);
+    const gid_t auditors = 4254;
+    ASSERT_EQ(mkdir(sb.state_dir().c_str(), 0750), 0);
+    ASSERT_EQ(chown(sb.state_dir().c_str(), 0, auditors), 0);
+    sb.start_daemon();
+    auto c = sb.client();
+    int fd = make_region(4096);
+    auto grant = [&] { return grant_and_release(c, fd); };
+    ASSERT_EQ(grant(), "ok");
+    const std::string shm = sb.journal() + "-shm";
+    ASSERT_TRUE(eventually([&] { return fs::exists(shm); }));
+    // The auditor's lock holder: says "locked" and keeps the lock (until killed), or why not.
+    const std::string lock_byte = "import fcntl, os, sys, time\n"
+                                  "try:\n"
+                                  "    fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                                  "    fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 120)\n"
+                                  "except OSError as e:\n"
+                                  "    print('cannot:', e, flush=True); sys.exit(0)\n"
+                                  "print('locked', flush=True)\n"
+                                  "time.sleep(600)\n";
+    Background shm_lock({"setpriv", "--reuid=5", "--regid=5",
+                         "--groups=" + std::to_string(auditors), "/usr/bin/python3", "-c",
+                         lock_byte, shm});
+    EXPECT_NE(shm_lock.line().find("cannot: [Errno 13] Permission denied"), std::string::npos)
+        << "the auditor's lock on the journal's -shm: " << shm_lock.line();
+    for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(grant(), "ok") << "grant " << i << " with the auditor's lock attempt";
+
+    // The auditor holds the published snapshot in a read transaction.
+    const std::string snapshot = sb.state_dir() + "/snapshot/journal.db";
+    ASSERT_TRUE(eventually([&] { return fs::exists(snapshot + ".anchor"); }));
+    const std::string hold_snapshot =
+        "import sqlite3, sys, time\n"
+        "db = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True,"
+        " isolation_level=None)\n"
+        "db.execute('BEGIN')\n"
+        "print('locked', db.execute('SELECT count(*) FROM events').fetchone()[0], flush=True)\n"
+        "time.sleep(600)\n";
+    Background reader({"setpriv", "--reuid=5", "--regid=5", "--groups=" + std::to_string(auditors),
+                       "/usr/bin/python3", "-c", hold_snapshot, snapshot});
+    ASSERT_EQ(reader.line().rfind("locked", 0), 0u) << reader.line();
+    for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(grant(), "ok") << "grant " << i << " while the snapshot is held";
+    EXPECT_TRUE(eventually([&] {
+        auto st = c.status();
+        return st.ok() && st->journal_problem.find(
+                              "the auditors' snapshot is not being published") != std::string::npos;
+    })) << (c.status().ok() ? c.status()->journal_problem : "no status");
+    reader.stop();
+    EXPECT_TRUE(eventually([&] {
+        auto st = c.status();
+        return st.ok() && st->journal_problem.empty();
+    })) << c.status()->journal_problem;
+    close(fd);
+}
+
 // #33 item 5: at its fd limit the daemon told live callers "process N is gone" (any
 // pidfd_open failure was the caller's exit) and logged nothing. Now the caller gets
 // OutOfResources naming EMFILE, `status` counts it, and the daemon serves again once the limit
@@ -698,11 +820,7 @@ TEST(ResourceFailures, AnAnchorThatCannotBeWrittenIsCountedAndShown) {
     sb.start_daemon();
     auto c = sb.client();
     int fd = make_region(4096);
-    auto grant = [&] {
-        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096, {flow});
-        if (g.ok()) (void)c.release(g->id);
-        return g.ok();
-    };
+    auto grant = [&] { return grant_and_release(c, fd) == "ok"; };
     ASSERT_TRUE(grant());
     ASSERT_TRUE(c.status().ok());
     EXPECT_EQ(c.status()->journal_problem, "");

@@ -168,22 +168,35 @@ else
         'wait_until 60 "the revocation by uid 61003 in the journal" revoked_by_ops'
 fi
 
-# Auditors (#16 item 5): knod-audit members read the live journal (WAL, the daemon writing it)
-# read-only; anyone else is told they cannot read it (exit 2); nobody but the daemon reads the
-# key secret.
+# Auditors (#16 item 5, #33 item 4): the live journal is the daemon's alone (a reader of a WAL
+# database could lock bytes of its -shm that every commit needs); knod-audit members read the
+# snapshot the daemon publishes in snapshot/, which `audit` given the live journal reads
+# instead, saying so; anyone else is told they cannot read it (exit 2); nobody but the daemon
+# reads the key secret.
 db=/var/lib/knod-policy/journal.db
+snap=/var/lib/knod-policy/snapshot/journal.db
 as_auditor() { setpriv --reuid=knodt-user --regid=knodt-user --groups=knod-audit "$@"; }
-check "the live journal's files are 0640 knod-policy:knod-audit" \
-    '[ "$(stat -c "%a %U %G" "$db" "$db-wal" "$db-shm" "$db.anchor" | sort -u)" = "640 knod-policy knod-audit" ]' ||
+check "the live journal's files are 0600 knod-policy" \
+    '[ "$(stat -c "%a %U" "$db" "$db-wal" "$db-shm" "$db.anchor" | sort -u)" = "600 knod-policy" ]' ||
     ls -la /var/lib/knod-policy
+published() { [ -s "$snap.anchor" ]; }
+check "the daemon published the auditors' snapshot" 'wait_until 60 "the snapshot" published' ||
+    ls -la /var/lib/knod-policy /var/lib/knod-policy/snapshot
+check "the snapshot dir is 2750 and its files 0640, knod-policy:knod-audit" \
+    '[ "$(stat -c "%a %U %G" /var/lib/knod-policy/snapshot)" = "2750 knod-policy knod-audit" ] &&
+     [ "$(stat -c "%a %U %G" "$snap" "$snap.anchor" | sort -u)" = "640 knod-policy knod-audit" ]' ||
+    ls -la /var/lib/knod-policy/snapshot
 check "the key secret is 0600 knod-policy" '[ "$(stat -c "%a %U" /var/lib/knod-policy/key-secret)" = "600 knod-policy" ]'
 for sub in verify sessions events; do
     as_auditor knod-policy audit $sub --db "$db" >"$work/out" 2>&1
-    check "a knod-audit member runs audit $sub on the live journal" '[ $? -eq 0 ]' || cat "$work/out"
+    check "a knod-audit member runs audit $sub on the live journal's snapshot" \
+        '[ $? -eq 0 ] && grep -q "reading its published snapshot $snap" "$work/out"' || cat "$work/out"
     as_user knodt-user knod-policy audit $sub --db "$db" >"$work/out" 2>&1
     check "a non-member's audit $sub: exit 2, cannot read the journal" \
         '[ $? -eq 2 ] && grep -q "cannot read the journal $db: Permission denied" "$work/out"' || cat "$work/out"
 done
+check "a knod-audit member cannot open the live -shm (whose locks stop commits)" \
+    '[ -e "$db-shm" ] && ! as_auditor sh -c ": <\"\$0\"" "$db-shm" 2>/dev/null'
 as_auditor knod-policy audit verify --db "$db" >"$work/out" 2>&1
 check "the auditor's verify compares the anchor too" 'grep -q "^anchor: event [0-9]* matches" "$work/out"' || cat "$work/out"
 as_auditor cat /var/lib/knod-policy/key-secret >/dev/null 2>&1

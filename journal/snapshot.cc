@@ -1,0 +1,165 @@
+#include "journal/snapshot.h"
+
+#include "journal/records.h"
+#include "journal/sqlite.h"
+#include "knod/json.h"
+#include "knod/system_error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+
+namespace knod::journal {
+namespace {
+
+// Copies every page of `from` into `to` in one step: one read transaction on `from` (its
+// snapshot stays consistent while the daemon commits meanwhile, WAL), one write transaction
+// on `to` (its readers wait for it, or it waits for them at most `to`'s busy timeout).
+Result<void> copy_pages(Database &from, Database &to, const std::string &what) {
+    sqlite3_backup *b = sqlite3_backup_init(to.get(), "main", from.get(), "main");
+    if (!b) return to.error("copy " + what);
+    int rc = sqlite3_backup_step(b, -1);
+    int finished = sqlite3_backup_finish(b);
+    if (rc == SQLITE_DONE) rc = finished;
+    if (rc == SQLITE_DONE || rc == SQLITE_OK) return {};
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED)
+        return make_error(Errc::unavailable,
+                          "copy " + what + ": a reader holds its lock (SQLITE_BUSY); the last " +
+                              "published copy stays as it was");
+    return to.error("copy " + what);
+}
+
+// A file of ours, created when absent (O_EXCL, never through a link) with `mode`, and given
+// `mode` when it has another.
+Result<void> own_file(const std::string &path, mode_t mode) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) return system_error(Errc::io, errno, "open " + path);
+    struct stat st {};
+    Result<void> out;
+    if (::fstat(fd, &st) != 0)
+        out = system_error(Errc::io, errno, "stat " + path);
+    else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+        out = make_error(Errc::denied, path + " is not a regular file of the daemon's user");
+    else if ((st.st_mode & 07777) != mode && ::fchmod(fd, mode) != 0)
+        out = system_error(Errc::io, errno, "chmod " + path);
+    ::close(fd);
+    return out;
+}
+
+} // namespace
+
+std::string snapshot_dir(const std::string &live_path) {
+    auto parent = std::filesystem::path(live_path).parent_path();
+    return (parent.empty() ? std::filesystem::path(".") : parent).string() + "/snapshot";
+}
+
+std::string snapshot_path(const std::string &live_path) {
+    return snapshot_dir(live_path) + "/" + std::filesystem::path(live_path).filename().string();
+}
+
+std::optional<std::string> snapshot_instead(const std::string &path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+        ::close(fd);
+        return std::nullopt;
+    }
+    if (errno != EACCES) return std::nullopt;
+    std::string snapshot = snapshot_path(path);
+    if (::access(snapshot.c_str(), R_OK) != 0) return std::nullopt;
+    return snapshot;
+}
+
+SnapshotPublisher::SnapshotPublisher(std::string live, std::string dir, mode_t mode,
+                                     std::chrono::milliseconds busy_wait)
+    : live_(std::move(live)), dir_(std::move(dir)), mode_(mode), busy_wait_(busy_wait) {
+    published_ = dir_ + "/" + std::filesystem::path(live_).filename().string();
+    // Beside the live journal, where only the daemon may create files; never in the snapshot
+    // dir, whose readers could lock it while it is written.
+    work_ = live_ + ".snapshot-work";
+}
+
+Result<SnapshotPublisher> SnapshotPublisher::open(std::string live_path, mode_t mode,
+                                                  std::chrono::milliseconds busy_wait) {
+    std::string dir = snapshot_dir(live_path);
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+        return make_error(Errc::denied, "the snapshot dir " + dir +
+                                            " is missing or not a directory of the daemon's "
+                                            "user");
+    return SnapshotPublisher(std::move(live_path), std::move(dir), mode & 0640, busy_wait);
+}
+
+Result<Published> SnapshotPublisher::publish() {
+    auto started = std::chrono::steady_clock::now();
+    Published out;
+    // A fresh work file each time, 0600, made before SQLite (which would create it 0644 less
+    // the umask) opens it; whatever an interrupted publication left goes first.
+    for (const char *suffix : {"", "-journal"}) {
+        std::string stale = work_ + suffix;
+        if (::unlink(stale.c_str()) != 0 && errno != ENOENT)
+            return system_error(Errc::io, errno, "remove " + stale);
+    }
+    int fd = ::open(work_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return system_error(Errc::io, errno, "create " + work_);
+    ::close(fd);
+    Hash head{};
+    {
+        auto work = Database::open(work_, SQLITE_OPEN_READWRITE);
+        if (!work) return std::move(work).error().context("snapshot");
+        {
+            auto live =
+                Database::open(file_uri(live_, "mode=ro"), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+            if (!live) return std::move(live).error().context("snapshot");
+            out.at_us = now_us();
+            if (auto r = copy_pages(*live, *work, live_); !r) return r.error();
+        }
+        // The copy says "WAL" as its source did; a rollback journal needs no -shm, so a reader
+        // with read access alone opens it.
+        if (auto r = work->exec("PRAGMA journal_mode=DELETE"); !r)
+            return std::move(r).error().context("snapshot " + work_);
+        auto last = work->prepare("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1");
+        if (!last) return std::move(last).error().context("snapshot " + work_);
+        auto row = last->step();
+        if (!row) return std::move(row).error().context("snapshot " + work_);
+        if (*row) {
+            out.seq = last->int64(0);
+            std::string h = last->blob(1);
+            if (h.size() != head.size())
+                return make_error(Errc::corrupt, "snapshot: the last event has a malformed hash");
+            std::copy(h.begin(), h.end(), head.begin());
+        }
+    }
+    if (auto r = own_file(published_, mode_); !r) return r.error();
+    {
+        auto work =
+            Database::open(file_uri(work_, "mode=ro"), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+        if (!work) return std::move(work).error().context("snapshot");
+        auto published = Database::open(published_, SQLITE_OPEN_READWRITE);
+        if (!published) return std::move(published).error().context("snapshot");
+        sqlite3_busy_timeout(published->get(), static_cast<int>(busy_wait_.count()));
+        if (auto r = copy_pages(*work, *published, published_); !r) return r.error();
+    }
+    ::unlink(work_.c_str());
+    if (out.seq > 0) {
+        auto anchor = nlohmann::json{{"seq", out.seq},
+                                     {"hash", to_hex(head)},
+                                     {"snapshot", {{"at_us", out.at_us}, {"live", live_}}}};
+        if (auto r =
+                write_anchor_file(anchor_path(published_), knod::dump_json(anchor) + "\n", mode_);
+            !r)
+            return r.error();
+    }
+    struct stat st {};
+    if (::stat(published_.c_str(), &st) == 0) out.bytes = st.st_size;
+    out.took = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - started);
+    return out;
+}
+
+} // namespace knod::journal
