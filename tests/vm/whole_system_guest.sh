@@ -6,7 +6,10 @@
 # Phases: A. the shipped unit, untouched, on a host with nothing to drive (#17 item 8);
 # B. the sim drop-in (item 9, 10): sessions, polkit, reload, restart, a user-chosen unit name;
 # C. the hardened unit with a drop-in that only selects --driver=devmem, on a virtio-net NIC,
-# with a real udmabuf dma-buf: refused before the kernel is asked (no PCI parent).
+# with a real udmabuf dma-buf: refused before the kernel is asked (no PCI parent);
+# D. chain heads leave the node through systemd-journal-upload to a systemd-journal-remote, and
+# `audit verify --system-journal-dir` on what it collected finds a rollback of the database
+# together with its anchor (#35).
 set -uo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export SYSTEMD_COLORS=0 SYSTEMD_PAGER=
@@ -263,7 +266,7 @@ check "the daemon runs as knod-policy with exactly the unit's capabilities and a
     '[ "$(awk "/^CapEff/{print \$2}" /proc/$pid/status)" = 000000c020081000 ] &&
      [ "$(awk "/^Seccomp:/{print \$2}" /proc/$pid/status)" = 2 ] &&
      [ "$(stat -c %U /proc/$pid)" = knod-policy ]' || grep -E "^(Uid|Cap|Seccomp)" /proc/$pid/status
-start_holder h5 7 --udmabuf hold-active "$nic" "$gpu" 1048576 "tcp 10.0.2.2:* -> 10.0.2.15:5201"
+start_holder h6 7 --udmabuf hold-active "$nic" "$gpu" 1048576 "tcp 10.0.2.2:* -> 10.0.2.15:5201"
 exec 7>&-
 wait "${holders[-1]}"
 # virtio-net's parent is a virtio device, not a PCI function: on 6.12 a bind-rx for it logs a
@@ -272,7 +275,7 @@ wait "${holders[-1]}"
 # one; igb needs QEMU 8), so no request is granted here: the kernel's own bind-rx answers are
 # asserted in vm.devmem.
 check "a udmabuf RequestBinding on $nic is refused before the kernel is asked (DriverFailure: not a PCI function)" \
-    'grep -q "DriverFailure.*virtio" "$work/h5.out"' || cat "$work/h5.out"
+    'grep -q "DriverFailure.*virtio" "$work/h6.out"' || cat "$work/h6.out"
 check "the refusal is journaled (request-denied, driver-failure)" \
     'wait_grep virtio events /var/lib/knod-policy/journal.db --kind request-denied --decision driver-failure' ||
     events /var/lib/knod-policy/journal.db
@@ -286,6 +289,77 @@ check "a knod-audit member verifies the journal (knod-policy audit verify)" '[ $
 as knodt-user knod-policy audit verify >"$work/out" 2>&1
 check "a non-member cannot read it (exit 2)" '[ $? -eq 2 ]' || cat "$work/out"
 timeout 60 systemctl stop $unit
+
+# --- D. chain heads leave the node (#35) ------------------------------------------------------
+note "phase D: chain heads shipped by systemd-journal-upload to systemd-journal-remote"
+# The collector: Debian's systemd-journal-remote, socket-activated on 19532, over plain HTTP on
+# the loopback (it stands in for the fleet's collector host; a fleet uses --listen-https with its
+# certificates: docs/audit.md, "A fleet"). The uploader: Debian's systemd-journal-upload unit,
+# configured only by journal-upload.conf, as an admin would.
+mkdir -p /etc/systemd/system/systemd-journal-remote.service.d
+cat >/etc/systemd/system/systemd-journal-remote.service.d/knodt-http.conf <<'DROPIN'
+[Service]
+ExecStart=
+ExecStart=/lib/systemd/systemd-journal-remote --listen-http=-3 --output=/var/log/journal/remote/
+DROPIN
+printf '[Upload]\nURL=http://127.0.0.1:19532\n' >/etc/systemd/journal-upload.conf
+rm -f $dropins/devmem.conf
+cp "$([ -f /mnt/host/sim.conf ] && echo /mnt/host/sim.conf || echo /usr/share/doc/knod-policy/examples/sim.conf)" \
+    $dropins/sim.conf
+systemctl daemon-reload
+timeout 60 systemctl start systemd-journal-remote.socket systemd-journal-upload.service
+check "systemd-journal-upload runs, shipping to systemd-journal-remote" \
+    '[ "$(systemctl show -P ActiveState systemd-journal-upload)" = active ]' ||
+    journalctl -b -u systemd-journal-upload -u systemd-journal-remote --no-pager | tail -20
+timeout 90 systemctl start $unit
+remote=/var/log/journal/remote
+# The highest chain head of the sim's journal the collector holds (0: none yet).
+remote_head() {
+    journalctl -D $remote -o export KNOD_JOURNAL_PATH=$simdb 2>/dev/null |
+        sed -n 's/^KNOD_SEQ=//p' | sort -n | tail -1 | grep . || echo 0
+}
+remote_past() { [ "$(remote_head)" -gt "$1" ]; }
+anchor_seq() { sed -n 's/.*"seq": *\([0-9]*\).*/\1/p' "$1"; }
+wait_for() { # SECONDS COMMAND...: until the command succeeds
+    local end=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        [ $SECONDS -ge "$end" ] && return 1
+        sleep 0.2
+    done
+}
+session() { # PORT: a grant and its release, as knodt-user: commits that move the chain head
+    start_holder "d$1" 7 hold knodsim0 sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:$1"
+    as knodt-user "$client" release "$(holder_id "d$1")" >/dev/null 2>&1
+    exec 7>&-
+}
+session 5010
+check "the collector receives the daemon's chain heads (journal-anchor records)" \
+    'wait_for 120 remote_past 0' || journalctl -D $remote --no-pager | tail -5
+# The copy a rollback would restore: database and anchor of the stopped daemon, as root.
+timeout 60 systemctl stop $unit
+cp $simdb "$work/old.db" && cp $simdb.anchor "$work/old.db.anchor"
+old=$(anchor_seq "$work/old.db.anchor")
+timeout 90 systemctl start $unit
+session 5011
+session 5012
+check "heads past the copy reach the collector (beyond event ${old:-?})" \
+    '[ -n "$old" ] && wait_for 120 remote_past "$old"' || note "remote head $(remote_head)"
+timeout 60 systemctl stop $unit
+cp $simdb "$work/now.db" && cp $simdb.anchor "$work/now.db.anchor"
+knod-policy audit verify --db "$work/now.db" --system-journal-dir $remote >"$work/out" 2>&1
+check "audit verify of the node's journal against the collected heads: ok" \
+    '[ $? -eq 0 ] && grep -q "^system journal: [1-9][0-9]* chain-head record(s) in .* match" "$work/out"' ||
+    cat "$work/out"
+# The rollback: database and anchor together, back to the copy. Its own anchor agrees with it
+# (the documented limit of a keyless chain); the collected heads do not.
+knod-policy audit verify --db "$work/old.db" --no-system-journal >"$work/out" 2>&1
+check "the rolled-back journal with its own anchor verifies alone (the limit heads off the node close)" \
+    '[ $? -eq 0 ]' || cat "$work/out"
+knod-policy audit verify --db "$work/old.db" --system-journal-dir $remote >"$work/out" 2>&1
+check "against the collected heads the rollback is found (exit 1: its tail was removed)" \
+    '[ $? -eq 1 ] && grep -q "its tail was removed (truncated, or rolled back with its anchor)" "$work/out"' ||
+    cat "$work/out"
 
 note "done: $n checks, $failed failed"
 if [ "$failed" -gt 0 ]; then
