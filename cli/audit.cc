@@ -42,7 +42,8 @@ struct Options {
     std::string export_file; // verify --export
     bool allow_gaps = false;
     bool allow_pruned_anchor = false;
-    std::string retention; // verify --retention AGE: the node prunes only events this old
+    bool as_snapshot = false; // verify: take the anchor's snapshot mark wherever the file lies
+    std::string retention;    // verify --retention AGE: the node prunes only events this old
     // The chain-head copies in the system journal: checked where readable unless
     // --no-system-journal; required (exit 2 when unreadable) when asked for by name.
     bool system_journal = false, no_system_journal = false;
@@ -429,12 +430,23 @@ Result<SystemJournalPart> read_system_journal(const Options &o, journal::Databas
     return part;
 }
 
-nlohmann::json snapshot_json(const journal::VerifyReport &r) {
-    if (!r.snapshot) return nullptr;
-    return {{"at", format_time(r.snapshot->at_us)},
-            {"at_us", r.snapshot->at_us},
-            {"live", r.snapshot->live},
-            {"through_event", r.anchor_seq}};
+// The copy's last event (0: none checked).
+std::int64_t last_event(const journal::VerifyReport &r) {
+    return r.events_checked > 0 ? std::max<std::int64_t>(r.first_seq, 1) + r.events_checked - 1 : 0;
+}
+
+// Whether the anchor's snapshot mark is taken (VerifyReport::snapshot_mark).
+bool taken_as_snapshot(const Options &o, const journal::VerifyReport &r) {
+    return r.snapshot_mark && (o.as_snapshot || journal::at_snapshot_path(o.db, *r.snapshot_mark));
+}
+
+nlohmann::json snapshot_json(const Options &o, const journal::VerifyReport &r) {
+    if (!r.snapshot_mark) return nullptr;
+    return {{"taken", taken_as_snapshot(o, r)},
+            {"at", format_time(r.snapshot_mark->at_us)},
+            {"at_us", r.snapshot_mark->at_us},
+            {"live", r.snapshot_mark->live},
+            {"through_event", last_event(r)}};
 }
 
 int verify(const Options &o) {
@@ -476,7 +488,8 @@ int verify(const Options &o) {
     if (system->copies) {
         auto check = journal::check_anchor_copies(
             opened->db(), o.db, *system->copies, o.allow_pruned_anchor, retention_us,
-            report->snapshot ? std::optional(report->snapshot->at_us) : std::nullopt);
+            taken_as_snapshot(o, *report) ? std::optional(report->snapshot_mark->at_us)
+                                          : std::nullopt);
         if (!check) return fail(o, "verify", check.error());
         system->check = std::move(*check);
     }
@@ -518,7 +531,7 @@ int verify(const Options &o) {
                              {"sessions_not_covered", report->sessions_not_covered},
                              {"policies_checked", report->policies_checked},
                              {"chain_intact", report->chain_intact},
-                             {"snapshot", snapshot_json(*report)},
+                             {"snapshot", snapshot_json(o, *report)},
                              {"system_journal", sys_json}},
                          2)
                   << "\n";
@@ -543,11 +556,18 @@ int verify(const Options &o) {
                                 " was pruned (accepted: --allow-pruned-anchor); the "
                                 "chain head is not compared\n");
         print_tables(*report);
-        if (report->snapshot)
-            std::cout << "snapshot: a copy of " << quote_untrusted(report->snapshot->live)
-                      << " the daemon published at " << format_time(report->snapshot->at_us)
-                      << ", through event " << report->anchor_seq
-                      << "; what the daemon journaled after that is not in it\n";
+        if (taken_as_snapshot(o, *report))
+            std::cout << "snapshot: a copy of " << quote_untrusted(report->snapshot_mark->live)
+                      << " the daemon published at " << format_time(report->snapshot_mark->at_us)
+                      << ", through event " << last_event(*report)
+                      << "; what it journaled after that is not in it (root verifies the live "
+                         "journal for that)\n";
+        else if (report->snapshot_mark)
+            std::cout << "snapshot: the anchor says this is a snapshot of "
+                      << quote_untrusted(report->snapshot_mark->live)
+                      << ", but it is not where the daemon publishes one (that journal's "
+                         "snapshot/): read as a whole journal (--as-snapshot for a snapshot "
+                         "copied elsewhere)\n";
     } else if (report->chain_intact) { // a table beside the chain contradicts it
         std::cout << "FAILED: "
                   << (report->first_bad_seq
@@ -578,11 +598,11 @@ int verify(const Options &o) {
         if (sys->newest)
             std::cout << "; newest: event " << sys->newest->seq << " at "
                       << format_time(sys->newest->at_us);
+        else
+            std::cout << " (none found for this journal)";
         if (sys->newer_than_snapshot)
             std::cout << "; " << sys->newer_than_snapshot
                       << " came after the snapshot was taken (in the live journal, not here)";
-        else
-            std::cout << " (none found for this journal)";
         std::cout << "\n";
     } else {
         std::cout << "FAILED: system journal: " << sys->problem << "\n"
@@ -671,6 +691,12 @@ Runner add_audit(CLI::App &app) {
         "system-journal record of a pruned event is accepted when the prune that removed it "
         "shows it was (the prune in the chain; a record's journald time)");
     retention->type_name("AGE")->excludes(verify_cmd->get_option("--allow-pruned-anchor"));
+    verify_cmd->add_flag(
+        "--as-snapshot", o->as_snapshot,
+        "the file is a snapshot the daemon published, copied elsewhere: take its anchor's word on "
+        "when it was taken, so chain heads the system journal received after that are newer "
+        "than the copy, not a lost tail (where the daemon publishes it, STATE_DIR/snapshot/, "
+        "this is the default; a mark on any other file is only a claim)");
     auto *sys_on = verify_cmd->add_flag(
         "--system-journal", o->system_journal,
         "compare the chain-head records the daemon sent to the system journal (default: where "

@@ -42,8 +42,9 @@ AuditTrail::~AuditTrail() {
 }
 
 void AuditTrail::close() {
-    snapshots_.reset();
+    // The journal first: its writer's last commits still tell the snapshot thread.
     journal_.reset();
+    snapshots_.reset();
 }
 
 void AuditTrail::set_sinks(sinks::SinkQueue *sinks) {

@@ -139,9 +139,10 @@ class AuditTrail {
     AuditConfig config_;
     const policy::Policy &policy_;
     Post post_;
-    std::unique_ptr<journal::Journal> journal_;
-    // Declared after the journal: stopped first, while the journal it copies still stands.
+    // Declared before the journal, so it outlives the journal's writer thread, whose commit
+    // listener tells it (close() keeps the same order).
     std::unique_ptr<SnapshotThread> snapshots_;
+    std::unique_ptr<journal::Journal> journal_;
     RefusalCoalescer refusals_;
     std::deque<Pending> pending_;
     // The outcome of the kept record being retried now (pending_.front()); null when none is.

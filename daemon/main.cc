@@ -421,6 +421,12 @@ std::optional<int> Daemon::build(Options &o) {
         std::cerr << "knod-policyd: refusing to start: " << snapshot_mode.error().message << "\n";
         return exit_config;
     }
+    // Publishing off: a copy an earlier run left would go on being read as the journal.
+    if (o.snapshot_interval == 0)
+        for (const char *name : {"journal.db", "journal.db.anchor", "journal.db-journal"})
+            if (std::string stale = o.state_dir + "/snapshot/" + name; ::unlink(stale.c_str()) == 0)
+                std::cerr << "knod-policyd: --snapshot-interval 0: removed the old snapshot file "
+                          << stale << "\n";
     auto keys = knod::keys::KeyAuthority::open(o.state_dir + "/key-secret");
     if (!keys) {
         std::cerr << "knod-policyd: " << keys.error().message << "\n";

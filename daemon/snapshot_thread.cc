@@ -46,12 +46,15 @@ void SnapshotThread::publish_locked(std::unique_lock<std::mutex> &lock) {
     publishing_ = true;
     dirty_ = false;
     lock.unlock();
+    auto started = std::chrono::steady_clock::now();
     auto published = publisher_.publish();
+    auto ended = std::chrono::steady_clock::now();
     lock.lock();
     publishing_ = false;
-    auto took = published ? published->took : std::chrono::microseconds(0);
-    next_ = std::chrono::steady_clock::now() +
-            std::max<std::chrono::steady_clock::duration>(interval_, took * 10);
+    // A failed attempt counts too: a reader who holds the copy must not make the daemon copy
+    // the journal into the work file more often than a successful publication would.
+    next_ =
+        ended + std::max<std::chrono::steady_clock::duration>(interval_, (ended - started) * 10);
     if (published) {
         ++status_.published;
         status_.seq = published->seq;

@@ -46,7 +46,7 @@ class SnapshotThread {
     std::chrono::milliseconds interval_;
     mutable std::mutex mu_;
     std::condition_variable wake_;
-    bool dirty_ = true; // the first publication comes at start
+    bool dirty_ = false; // the first commit (daemon-start) brings the first publication
     bool stopping_ = false;
     bool publishing_ = false;
     std::chrono::steady_clock::time_point next_{};

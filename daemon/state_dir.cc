@@ -151,8 +151,18 @@ Result<mode_t> prepare_snapshot_dir(const std::string &dir) {
         return make_error(Errc::io, "stat " + snapshots + ": " + std::strerror(errno));
     // Setgid where the group reads: each new file (the copy, its anchor) takes the group.
     mode_t want = dir_mode | (group_reads ? S_ISGID : 0);
-    if ((st.st_mode & 07777) != want && ::chmod(snapshots.c_str(), want) != 0)
-        return make_error(Errc::io, "chmod " + snapshots + ": " + std::strerror(errno));
+    if ((st.st_mode & 07777) != want) {
+        if (::chmod(snapshots.c_str(), want) != 0 || ::stat(snapshots.c_str(), &st) != 0)
+            return make_error(Errc::io, "chmod " + snapshots + ": " + std::strerror(errno));
+        // A user outside the dir's group cannot set its setgid bit: chmod drops it in silence,
+        // and the snapshot's files would then take the daemon's group, which auditors lack.
+        if ((st.st_mode & 07777) != want)
+            return make_error(Errc::denied, "the snapshot dir " + snapshots + " has mode " +
+                                                octal(st.st_mode) + ", not " + octal(want) +
+                                                " (the daemon's user may not set the setgid bit "
+                                                "of a group it is not in); fix, as root: chmod " +
+                                                octal(want) + " " + snapshots);
+    }
     if (group_reads && st.st_gid != state.st_gid &&
         ::chown(snapshots.c_str(), static_cast<uid_t>(-1), state.st_gid) != 0)
         return make_error(Errc::io, "the snapshot dir " + snapshots + " belongs to group " +

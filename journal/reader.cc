@@ -353,11 +353,24 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
         struct stat s {};
         return ::stat(p.c_str(), &s) == 0;
     };
+    // The database header's read and write versions (bytes 18 and 19): 1 for a rollback journal,
+    // 2 for WAL. A rollback-journal file is read under SQLite's own locks (a shared lock needs
+    // read access only): the daemon's published snapshot is rewritten in place while auditors
+    // read it (journal/snapshot.h), and a reader that took no lock would see half a copy.
+    auto rollback_mode = [&] {
+        unsigned char header[20] = {};
+        int hfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (hfd < 0) return false;
+        bool whole = ::pread(hfd, header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
+        ::close(hfd);
+        return whole && header[18] == 1 && header[19] == 1;
+    };
     std::shared_ptr<PrivateCopy> copy;
     std::string open_path = path, query = "mode=ro";
     if (!exists(path + "-wal")) {
-        // A copy (or a cleanly closed journal): immutable, nothing is written beside it.
-        query += "&immutable=1";
+        // A copy (or a cleanly closed journal) of a WAL database: immutable, so SQLite writes
+        // no -shm beside it.
+        if (!rollback_mode()) query += "&immutable=1";
     } else if (!exists(path + "-shm")) {
         // Committed events may sit in the -wal only; immutable would ignore them. Read both from
         // a private copy, where SQLite may create its -shm.

@@ -75,6 +75,18 @@ std::optional<std::string> snapshot_instead(const std::string &path) {
     return snapshot;
 }
 
+bool at_snapshot_path(const std::string &path, const SnapshotMark &mark) {
+    if (mark.live.empty()) return false;
+    std::error_code ec;
+    auto here = std::filesystem::canonical(path, ec);
+    if (ec) return false;
+    auto published = std::filesystem::weakly_canonical(snapshot_path(mark.live), ec);
+    if (ec) return false;
+    auto live = std::filesystem::weakly_canonical(mark.live, ec);
+    if (ec) return false;
+    return here == published && here != live;
+}
+
 SnapshotPublisher::SnapshotPublisher(std::string live, std::string dir, mode_t mode,
                                      std::chrono::milliseconds busy_wait)
     : live_(std::move(live)), dir_(std::move(dir)), mode_(mode), busy_wait_(busy_wait) {
@@ -143,6 +155,11 @@ Result<Published> SnapshotPublisher::publish() {
         auto published = Database::open(published_, SQLITE_OPEN_READWRITE);
         if (!published) return std::move(published).error().context("snapshot");
         sqlite3_busy_timeout(published->get(), static_cast<int>(busy_wait_.count()));
+        // TRUNCATE, not DELETE: the rollback journal stays one file, cut to nothing after each
+        // commit. A deleted one that a reader of the dir's group had opened would keep its
+        // blocks (a copy's size per publication) until that reader let go.
+        if (auto r = published->exec("PRAGMA journal_mode=TRUNCATE"); !r)
+            return std::move(r).error().context("snapshot " + published_);
         if (auto r = copy_pages(*work, *published, published_); !r) return r.error();
     }
     ::unlink(work_.c_str());

@@ -47,6 +47,13 @@ std::string snapshot_path(const std::string &live_path);
 // why not).
 std::optional<std::string> snapshot_instead(const std::string &path);
 
+// Whether `path` is where the daemon publishes the snapshot of `mark.live` (snapshot_path()),
+// and not the live journal itself: only there is an anchor's snapshot mark the daemon's word
+// (the dir is written by the daemon's account alone). A mark on any other file is a claim its
+// writer could add to a rolled-back live journal to pass the system journal's newer heads off
+// as "after the snapshot". Compares canonical paths; false when either cannot be resolved.
+bool at_snapshot_path(const std::string &path, const SnapshotMark &mark);
+
 struct Published {
     std::int64_t seq = 0;   // the copy's last event (0: the journal had none)
     std::int64_t at_us = 0; // SnapshotMark::at_us

@@ -286,7 +286,7 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
 
     VerifyReport report;
     report.total_events = *total;
-    if (anchor) report.snapshot = anchor->snapshot;
+    if (anchor) report.snapshot_mark = anchor->snapshot;
     Hash prev{};
     std::int64_t expected = 1;
     std::map<std::int64_t, PruneRecord> prunes; // by checkpoint: those the chain vouches for

@@ -34,10 +34,11 @@ struct VerifyReport {
     std::int64_t sessions_checked = 0;     // rows that match the values their events carry
     std::int64_t sessions_not_covered = 0; // opened by an older build: the chain has no values
     std::int64_t policies_checked = 0;     // stored policy texts that match their digests
-    // Set when the anchor says the file is a published snapshot (journal/snapshot.h): the live
-    // journal went on after it, so heads the system journal received after `at_us` and beyond
-    // the copy's end are expected (check_anchor_copies' `snapshot_at_us`).
-    std::optional<SnapshotMark> snapshot;
+    // What the anchor claims when it says the file is a published snapshot (journal/snapshot.h).
+    // A claim only: anyone who can write the anchor can add it. Take it (check_anchor_copies'
+    // `snapshot_at_us`) where at_snapshot_path() says the file lies where the daemon publishes,
+    // or where the auditor says so (audit verify --as-snapshot).
+    std::optional<SnapshotMark> snapshot_mark;
 };
 
 // How verify treats the anchor beside the journal.

@@ -51,6 +51,10 @@ mkdir -m 0700 "$state"
         # Anchor first, then the database: the anchor is never ahead of the copy (docs/audit.md).
         [ "$i" -eq 2 ] && { cp "$KNOD_STATE_DIR/journal.db.anchor" "$work/old.db.anchor" &&
             sqlite3 "$KNOD_STATE_DIR/journal.db" ".backup $work/old.db" || exit 1; }
+        # The snapshot for the auditors as it is then, copied off (anchor first, too).
+        [ "$i" -eq 2 ] && { mkdir -p "$work/copied" &&
+            cp "$KNOD_STATE_DIR/snapshot/journal.db.anchor" "$work/copied/journal.db.anchor" &&
+            sqlite3 "$KNOD_STATE_DIR/snapshot/journal.db" ".backup $work/copied/journal.db" || exit 1; }
         sleep 1.2
     done
     "$cli" status --json >"$work/status.json"' - "$cli" "$work" >"$work/sandbox.log" 2>&1
@@ -72,6 +76,19 @@ n=$(grep -c '^KNOD_SEQ=' "$work/records")
 [ "$rc" -eq 0 ] && grep -q "^system journal: [0-9]* chain-head record(s) in the system journal match; newest: event" "$work/out" &&
     ok "audit verify reads the local system journal by default and its records match" || { not_ok "verify intact (exit $rc)"; cat "$work/out"; }
 
+# The auditors' snapshot (#33): the daemon's last one, where it publishes, verifies as a
+# snapshot; the one copied off halfway is a whole journal that lost its tail unless the auditor
+# says it is a snapshot (--as-snapshot), and then the newer heads are counted, not a failure.
+"$cli" audit verify --db "$state/snapshot/journal.db" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 0 ] && grep -q "^snapshot: a copy of '$state/journal.db' the daemon published at" "$work/out" &&
+    ok "the published snapshot verifies as one against journald's records" || { not_ok "snapshot (exit $rc)"; cat "$work/out"; }
+"$cli" audit verify --db "$work/copied/journal.db" >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 1 ] && grep -q "it is not where the daemon publishes one" "$work/out" &&
+    ok "a snapshot copied elsewhere is read as a whole journal: its missing tail fails" || { not_ok "copied snapshot (exit $rc)"; cat "$work/out"; }
+"$cli" audit verify --db "$work/copied/journal.db" --as-snapshot >"$work/out" 2>&1; rc=$?
+[ "$rc" -eq 0 ] && grep -q "came after the snapshot was taken" "$work/out" &&
+    ok "with --as-snapshot the heads journald received after it are newer, not a lost tail" || { not_ok "--as-snapshot (exit $rc)"; cat "$work/out"; }
+
 # Database and anchor rolled back together to the copy taken halfway.
 rm -f "$state/journal.db-wal" "$state/journal.db-shm"
 cp "$work/old.db" "$state/journal.db" && cp "$work/old.db.anchor" "$state/journal.db.anchor"
@@ -80,6 +97,17 @@ cp "$work/old.db" "$state/journal.db" && cp "$work/old.db.anchor" "$state/journa
 "$cli" audit verify --db "$state/journal.db" >"$work/out" 2>&1; rc=$?
 [ "$rc" -eq 1 ] && grep -q "FAILED: system journal: the system journal recorded event" "$work/out" &&
     ok "the rollback is caught through journald's records (exit 1)" || { not_ok "rollback (exit $rc)"; cat "$work/out"; }
+# The same rollback with its anchor marked as a snapshot taken at the epoch: a claim, not taken
+# for the live journal (or any file but the named journal's snapshot/journal.db).
+for live in "$state/journal.db" /elsewhere/journal.db; do
+    py 'import json, sys
+a = json.load(open(sys.argv[1]))
+a["snapshot"] = {"at_us": 0, "live": sys.argv[2]}
+open(sys.argv[1], "w").write(json.dumps(a))' "$state/journal.db.anchor" "$live"
+    "$cli" audit verify --db "$state/journal.db" >"$work/out" 2>&1; rc=$?
+    [ "$rc" -eq 1 ] && grep -q "FAILED: system journal: the system journal recorded event" "$work/out" &&
+        ok "a forged snapshot mark naming $live does not hide the rollback" || { not_ok "forged mark $live (exit $rc)"; cat "$work/out"; }
+done
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

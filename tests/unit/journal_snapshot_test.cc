@@ -2,6 +2,7 @@
 // readable without the live journal's -shm, published without ever waiting on its readers for
 // longer than the busy wait, and verified as a snapshot (its anchor says when it was taken).
 #include "journal/journal.h"
+#include "journal/reader.h"
 #include "journal/snapshot.h"
 #include "journal/system_journal.h"
 #include "journal/verify.h"
@@ -98,8 +99,13 @@ TEST_F(JournalSnapshotTest, APublishedCopyVerifiesAndNeedsNoShm) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_TRUE(r->ok) << r->problem;
     EXPECT_TRUE(r->anchor_checked);
-    ASSERT_TRUE(r->snapshot.has_value());
-    EXPECT_EQ(r->snapshot->at_us, published->at_us);
+    ASSERT_TRUE(r->snapshot_mark.has_value());
+    EXPECT_EQ(r->snapshot_mark->at_us, published->at_us);
+    EXPECT_TRUE(at_snapshot_path(pub.path(), *r->snapshot_mark));
+    // The rollback journal is kept, cut to nothing (TRUNCATE): a reader holding a deleted one
+    // open would keep a copy's size of disk per publication.
+    ASSERT_EQ(::stat((pub.path() + "-journal").c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, 0);
     EXPECT_EQ(r->events_checked, head);
 
     // The live journal goes on; the next publication catches up in place.
@@ -143,6 +149,43 @@ TEST_F(JournalSnapshotTest, AReaderOfTheCopyDelaysOnlyTheCopy) {
     auto r = verify_chain(pub.path());
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_TRUE(r->ok) << r->problem;
+}
+
+// The auditor's own reader (ReadOnlyJournal, as every `audit` command opens a file) holds the
+// copy's shared lock while it reads, so a publication waits for it instead of rewriting pages
+// under it (a reader without locks saw half a copy: "tampered").
+TEST_F(JournalSnapshotTest, TheAuditorsReaderLocksTheCopyItReads) {
+    append(2);
+    auto pub = publisher();
+    ASSERT_TRUE(pub.publish().ok());
+    auto reader = ReadOnlyJournal::open(pub.path());
+    ASSERT_TRUE(reader.ok()) << reader.error().message;
+    ASSERT_TRUE(reader->db().exec("BEGIN").ok());
+    ASSERT_EQ(reader->db().scalar("SELECT count(*) FROM events").value(), 2);
+    append(3);
+    auto blocked = pub.publish();
+    ASSERT_FALSE(blocked.ok()) << "published under a reader's open transaction";
+    EXPECT_EQ(blocked.error().code, Errc::unavailable);
+    ASSERT_TRUE(reader->db().exec("COMMIT").ok());
+    EXPECT_TRUE(pub.publish().ok());
+}
+
+// A snapshot mark is the daemon's word only where the daemon publishes (the named journal's
+// snapshot/): one added to the live journal's anchor, or to a file anywhere else, is a claim
+// (a rolled-back journal marked as a snapshot would pass its lost tail off as "newer").
+TEST_F(JournalSnapshotTest, ASnapshotMarkCountsOnlyWhereTheDaemonPublishes) {
+    append(1);
+    auto pub = publisher();
+    ASSERT_TRUE(pub.publish().ok());
+    EXPECT_TRUE(at_snapshot_path(pub.path(), {1, live_}));
+    EXPECT_FALSE(at_snapshot_path(live_, {1, live_})) << "the live journal itself";
+    EXPECT_FALSE(at_snapshot_path(live_, {1, "/elsewhere/journal.db"}));
+    EXPECT_FALSE(at_snapshot_path(live_, {1, ""}));
+    fs::copy_file(pub.path(), dir_ / "copied.db");
+    EXPECT_FALSE(at_snapshot_path((dir_ / "copied.db").string(), {1, live_}));
+    // A link to the published copy is the published copy.
+    fs::create_symlink(pub.path(), dir_ / "link.db");
+    EXPECT_TRUE(at_snapshot_path((dir_ / "link.db").string(), {1, live_}));
 }
 
 // The system journal keeps heads the daemon sent after the snapshot was taken: those are
