@@ -149,6 +149,17 @@ Result<mode_t> prepare_snapshot_dir(const std::string &dir) {
     struct stat st {};
     if (::stat(snapshots.c_str(), &st) != 0)
         return make_error(Errc::io, "stat " + snapshots + ": " + std::strerror(errno));
+    // The group first: chmod by a user outside the dir's group drops a setgid bit it sets.
+    if (group_reads && st.st_gid != state.st_gid) {
+        if (::chown(snapshots.c_str(), static_cast<uid_t>(-1), state.st_gid) != 0)
+            return make_error(Errc::io, "the snapshot dir " + snapshots + " belongs to group " +
+                                            group_name(st.st_gid) + ", not the state dir's " +
+                                            group_name(state.st_gid) + ": " + std::strerror(errno) +
+                                            "; fix: chgrp " + group_name(state.st_gid) + " " +
+                                            snapshots);
+        if (::stat(snapshots.c_str(), &st) != 0)
+            return make_error(Errc::io, "stat " + snapshots + ": " + std::strerror(errno));
+    }
     // Setgid where the group reads: each new file (the copy, its anchor) takes the group.
     mode_t want = dir_mode | (group_reads ? S_ISGID : 0);
     if ((st.st_mode & 07777) != want) {
@@ -163,13 +174,6 @@ Result<mode_t> prepare_snapshot_dir(const std::string &dir) {
                                                 "of a group it is not in); fix, as root: chmod " +
                                                 octal(want) + " " + snapshots);
     }
-    if (group_reads && st.st_gid != state.st_gid &&
-        ::chown(snapshots.c_str(), static_cast<uid_t>(-1), state.st_gid) != 0)
-        return make_error(Errc::io, "the snapshot dir " + snapshots + " belongs to group " +
-                                        group_name(st.st_gid) + ", not the state dir's " +
-                                        group_name(state.st_gid) + ": " + std::strerror(errno) +
-                                        "; fix: chgrp " + group_name(state.st_gid) + " " +
-                                        snapshots);
     mode_t file_mode = group_reads ? 0640 : 0600;
     auto files = check_state_files(snapshots, {{"journal.db", file_mode},
                                                {"journal.db-journal", file_mode},

@@ -1,5 +1,7 @@
 #include "journal/reader.h"
 
+#include "journal/snapshot.h"
+
 #include "journal/migrations.h"
 #include "knod/json.h"
 #include "knod/regular_file.h"
@@ -354,9 +356,7 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
         return ::stat(p.c_str(), &s) == 0;
     };
     // The database header's read and write versions (bytes 18 and 19): 1 for a rollback journal,
-    // 2 for WAL. A rollback-journal file is read under SQLite's own locks (a shared lock needs
-    // read access only): the daemon's published snapshot is rewritten in place while auditors
-    // read it (journal/snapshot.h), and a reader that took no lock would see half a copy.
+    // 2 for WAL.
     auto rollback_mode = [&] {
         unsigned char header[20] = {};
         int hfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -367,10 +367,24 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
     };
     std::shared_ptr<PrivateCopy> copy;
     std::string open_path = path, query = "mode=ro";
+    bool locked = false;
     if (!exists(path + "-wal")) {
-        // A copy (or a cleanly closed journal) of a WAL database: immutable, so SQLite writes
-        // no -shm beside it.
-        if (!rollback_mode()) query += "&immutable=1";
+        // The daemon's published snapshot is rewritten in place while auditors read it
+        // (journal/snapshot.h): it is read under SQLite's shared lock, which needs read access
+        // only. Only there: with locks SQLite also opens a -journal beside the file, and in a
+        // directory someone else may write that could be a FIFO (an open that never returns) or
+        // a link to a device. Anything else (a copy, a cleanly closed journal) is immutable, so
+        // nothing beside it is opened or written.
+        locked = rollback_mode() && published_snapshot_of(path).has_value();
+        if (locked) {
+            struct stat j {};
+            if (::lstat((path + "-journal").c_str(), &j) == 0 && !S_ISREG(j.st_mode))
+                return make_error(Errc::corrupt, "cannot read the journal " + path + ": " + path +
+                                                     "-journal is " + file_kind(j.st_mode) +
+                                                     ", not a rollback journal");
+        } else {
+            query += "&immutable=1";
+        }
     } else if (!exists(path + "-shm")) {
         // Committed events may sit in the -wal only; immutable would ignore them. Read both from
         // a private copy, where SQLite may create its -shm.
@@ -401,7 +415,20 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
         std::chrono::steady_clock::now() + std::chrono::seconds(audit_time_budget_s());
     if (auto h = harden(*db, budget.get()); !h)
         return std::move(h).error().context("cannot open the journal " + path);
-    if (auto c = check_objects(*db, path); !c) return c.error();
+    if (auto c = check_objects(*db, path); !c) {
+        struct stat j {};
+        if (locked && ::stat((path + "-journal").c_str(), &j) == 0 && j.st_size > 0)
+            return make_error(Errc::unavailable,
+                              "cannot read the journal " + path +
+                                  ": an unfinished write is left "
+                                  "beside it (" +
+                                  path +
+                                  "-journal, a publication the daemon did "
+                                  "not finish); the daemon rolls it back at its next publication: "
+                                  "retry then (" +
+                                  c.error().message + ")");
+        return c.error();
+    }
     return ReadOnlyJournal(std::move(copy), std::move(budget), std::move(uri), std::move(*db));
 }
 

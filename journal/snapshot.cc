@@ -75,16 +75,29 @@ std::optional<std::string> snapshot_instead(const std::string &path) {
     return snapshot;
 }
 
-bool at_snapshot_path(const std::string &path, const SnapshotMark &mark) {
-    if (mark.live.empty()) return false;
+std::optional<std::string> published_snapshot_of(const std::string &path) {
+    namespace fs = std::filesystem;
     std::error_code ec;
-    auto here = std::filesystem::canonical(path, ec);
-    if (ec) return false;
-    auto published = std::filesystem::weakly_canonical(snapshot_path(mark.live), ec);
-    if (ec) return false;
-    auto live = std::filesystem::weakly_canonical(mark.live, ec);
-    if (ec) return false;
-    return here == published && here != live;
+    fs::path named = fs::absolute(path, ec).lexically_normal();
+    if (ec || fs::canonical(named, ec) != named || ec) return std::nullopt; // a link on the way
+    fs::path dir = named.parent_path();
+    if (dir.filename() != "snapshot") return std::nullopt;
+    fs::path live = dir.parent_path() / named.filename();
+    struct stat d {
+    }, f{}, l{};
+    if (::lstat(dir.c_str(), &d) != 0 || !S_ISDIR(d.st_mode) || (d.st_mode & (S_IWGRP | S_IWOTH)))
+        return std::nullopt;
+    if (::lstat(named.c_str(), &f) != 0 || !S_ISREG(f.st_mode) || f.st_uid != d.st_uid)
+        return std::nullopt;
+    if (::lstat(live.c_str(), &l) != 0 || !S_ISREG(l.st_mode) || l.st_uid != d.st_uid ||
+        (l.st_dev == f.st_dev && l.st_ino == f.st_ino))
+        return std::nullopt;
+    return live.string();
+}
+
+bool at_snapshot_path(const std::string &path, const SnapshotMark &mark) {
+    auto live = published_snapshot_of(path);
+    return live && *live == mark.live;
 }
 
 SnapshotPublisher::SnapshotPublisher(std::string live, std::string dir, mode_t mode,
@@ -98,6 +111,11 @@ SnapshotPublisher::SnapshotPublisher(std::string live, std::string dir, mode_t m
 
 Result<SnapshotPublisher> SnapshotPublisher::open(std::string live_path, mode_t mode,
                                                   std::chrono::milliseconds busy_wait) {
+    // The mark names the live journal by its absolute path: verify compares it with where the
+    // snapshot lies (published_snapshot_of), from any working directory.
+    std::error_code ec;
+    auto absolute = std::filesystem::absolute(live_path, ec).lexically_normal();
+    if (!ec) live_path = absolute.string();
     std::string dir = snapshot_dir(live_path);
     struct stat st {};
     if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())

@@ -47,11 +47,18 @@ std::string snapshot_path(const std::string &live_path);
 // why not).
 std::optional<std::string> snapshot_instead(const std::string &path);
 
-// Whether `path` is where the daemon publishes the snapshot of `mark.live` (snapshot_path()),
-// and not the live journal itself: only there is an anchor's snapshot mark the daemon's word
-// (the dir is written by the daemon's account alone). A mark on any other file is a claim its
-// writer could add to a rolled-back live journal to pass the system journal's newer heads off
-// as "after the snapshot". Compares canonical paths; false when either cannot be resolved.
+// The live journal `path` is a published snapshot of, judged by the file system alone, never by
+// anything its anchor says: `path` names, with no symbolic link on the way, DIR/snapshot/NAME,
+// where the snapshot dir is a directory no one but its owner may write, and DIR/NAME is a
+// different regular file of that same owner (the daemon's account, which writes both). Only
+// there is a snapshot mark the daemon's word, and only there do auditors read a file that is
+// rewritten while they read it. Nullopt otherwise (a copy elsewhere, a link, a lookalike).
+std::optional<std::string> published_snapshot_of(const std::string &path);
+
+// Whether an anchor's snapshot mark on `path` is the daemon's word: `path` is a published
+// snapshot (published_snapshot_of) of exactly the journal the mark names. A mark anywhere else
+// is a claim whoever wrote the anchor could add to a rolled-back live journal, to pass the
+// system journal's newer heads off as "after the snapshot".
 bool at_snapshot_path(const std::string &path, const SnapshotMark &mark);
 
 struct Published {

@@ -183,9 +183,49 @@ TEST_F(JournalSnapshotTest, ASnapshotMarkCountsOnlyWhereTheDaemonPublishes) {
     EXPECT_FALSE(at_snapshot_path(live_, {1, ""}));
     fs::copy_file(pub.path(), dir_ / "copied.db");
     EXPECT_FALSE(at_snapshot_path((dir_ / "copied.db").string(), {1, live_}));
-    // A link to the published copy is the published copy.
+    // Judged by where the file lies, never by the mark: a link (to the copy, or a "snapshot"
+    // link to the live journal's own dir) could stand anywhere.
     fs::create_symlink(pub.path(), dir_ / "link.db");
-    EXPECT_TRUE(at_snapshot_path((dir_ / "link.db").string(), {1, live_}));
+    EXPECT_FALSE(at_snapshot_path((dir_ / "link.db").string(), {1, live_}));
+    fs::create_directories(dir_ / "x");
+    fs::create_symlink("..", dir_ / "x" / "snapshot");
+    EXPECT_FALSE(at_snapshot_path((dir_ / "x" / "snapshot" / "journal.db").string(),
+                                  {1, (dir_ / "x" / "journal.db").string()}))
+        << "the live journal, reached through a snapshot link";
+    // A journal that itself lies in a dir named snapshot, with a mark naming a journal that
+    // does not exist beside the dir.
+    fs::create_directories(dir_ / "y" / "snapshot");
+    fs::copy_file(live_, dir_ / "y" / "snapshot" / "journal.db");
+    EXPECT_FALSE(at_snapshot_path((dir_ / "y" / "snapshot" / "journal.db").string(),
+                                  {1, (dir_ / "y" / "journal.db").string()}));
+    // The mark must name the very journal beside the snapshot dir.
+    EXPECT_FALSE(at_snapshot_path(pub.path(), {1, (dir_ / "other.db").string()}));
+    EXPECT_EQ(published_snapshot_of(pub.path()), live_);
+}
+
+// Where the auditor reads under locks (the published copy), a -journal beside it that is not a
+// regular file is refused at once: SQLite would open a FIFO there and wait for ever, or a link
+// to a device. Anywhere else the file is read immutable and nothing beside it is opened.
+TEST_F(JournalSnapshotTest, AJournalBesideTheCopyThatIsNotAFileIsRefused) {
+    append(1);
+    auto pub = publisher();
+    ASSERT_TRUE(pub.publish().ok());
+    std::string side = pub.path() + "-journal";
+    fs::remove(side);
+    ASSERT_EQ(::mkfifo(side.c_str(), 0600), 0);
+    auto r = ReadOnlyJournal::open(pub.path());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("-journal is a FIFO, not a rollback journal"),
+              std::string::npos)
+        << r.error().message;
+    // The same bytes elsewhere: a copy, read immutable, never touching what lies beside it.
+    fs::create_directories(dir_ / "copy");
+    fs::copy_file(pub.path(), dir_ / "copy" / "journal.db");
+    std::string copied_side = (dir_ / "copy" / "journal.db-journal").string();
+    ASSERT_EQ(::mkfifo(copied_side.c_str(), 0600), 0);
+    auto c = ReadOnlyJournal::open((dir_ / "copy" / "journal.db").string());
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c->db().scalar("SELECT count(*) FROM events").value(), 1);
 }
 
 // The system journal keeps heads the daemon sent after the snapshot was taken: those are
