@@ -12,9 +12,11 @@ Everything goes through libknod-client.so.1 (the C API, loaded with ctypes); not
 D-Bus protocol is in Python. A Client and its Bindings are for one thread at a time (a lock
 enforces it). Byte counts are bytes, times microseconds since the Unix epoch, timeouts ms.
 """
+from __future__ import annotations
+
 import ctypes
 import threading
-from collections import namedtuple
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 from . import _capi
 from ._errors import (BindingEnded, BusError, Denied, DriverFailure, Error, ExportUnavailable,
@@ -27,17 +29,27 @@ from ._errors import KNOD_ERR_TIMEOUT as _TIMEOUT
 from .buffers import DmaBuf, SimBuffer
 
 __all__ = [
-    "Client", "Binding", "Counters", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
+    "Client", "Binding", "Counters", "Buffer", "Flows", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
     "default_client", "library_version", "Error", "Denied", "InvalidArgument", "NoSuchBinding",
     "QuotaExceeded", "LimitsExceeded", "OutOfResources", "IsolationViolation", "DriverFailure",
     "JournalUnavailable", "InvalidPolicy", "FlowConflict", "Failed", "Unavailable", "BindingEnded",
     "BusError", "ExportUnavailable",
 ]
 
-Counters = namedtuple("Counters", "rx_bytes rx_packets dropped_packets")
+class Counters(NamedTuple):
+    """A binding's counters, from the daemon: bytes and packets that landed, packets dropped."""
+    rx_bytes: int
+    rx_packets: int
+    dropped_packets: int
 
 
-def library_version():
+# What a binding can cover: a SimBuffer (the sim), a DmaBuf (a GPU's dma-buf export), or a
+# dma-buf fd (an int, with a length).
+Buffer = Union[SimBuffer, DmaBuf, int]
+Flows = Union[str, Sequence[str]]
+
+
+def library_version() -> str:
     """The loaded libknod-client's version string."""
     return _capi.text(_capi.lib().knod_version())
 
@@ -123,7 +135,7 @@ class Client:
     """A connection to knod-policyd. `address`: a D-Bus address; None means the system bus
     (DBUS_SYSTEM_BUS_ADDRESS is honoured). Raises knod.Unavailable when there is no bus."""
 
-    def __init__(self, address=None):
+    def __init__(self, address: Optional[str] = None) -> None:
         self._lib = _capi.lib()
         self._lock = threading.RLock()
         handle = ctypes.c_void_p()
@@ -131,8 +143,9 @@ class Client:
               ctypes.byref(handle))
         self._handle = handle.value
 
-    def request_binding(self, buffer, flows, *, netdev="knodsim0", gpu="sim0", mode="rx-only",
-                        offset=None, length=None):
+    def request_binding(self, buffer: Buffer, flows: Flows, *, netdev: str = "knodsim0",
+                        gpu: str = "sim0", mode: str = "rx-only", offset: Optional[int] = None,
+                        length: Optional[int] = None) -> Binding:
         """Asks for a binding of `netdev` to `buffer` for `flows` (a flow spec or a list); the
         Binding is granted but inactive until activate(). Raises knod.Denied (.rule: the
         deciding rule, None for a default deny), knod.QuotaExceeded, knod.FlowConflict, ..."""
@@ -147,7 +160,7 @@ class Client:
                   ctypes.byref(out))
         return Binding(self, out.value, buffer)
 
-    def register_buffer(self, buffer, flows, **kw):
+    def register_buffer(self, buffer: Buffer, flows: Flows, **kw: Any) -> Binding:
         """The article's register_buffer: request_binding(), then activate() (a grant whose
         activation fails is released). The returned Binding releases on `with` exit."""
         b = self.request_binding(buffer, flows, **kw)
@@ -158,17 +171,17 @@ class Client:
             raise
         return b
 
-    def close(self):
+    def close(self) -> None:
         """Drops this handle; the connection closes once its bindings are freed too."""
         with self._lock:
             if self._handle:
                 self._lib.knod_client_unref(self._handle)
                 self._handle = None
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self):
@@ -180,7 +193,7 @@ class Binding:
     """A granted binding; as a context manager it releases on exit. Attributes: id, key_id,
     rule (the granting rule), length (region bytes)."""
 
-    def __init__(self, client, handle, buffer):
+    def __init__(self, client: Client, handle: int, buffer: Buffer) -> None:
         self._client, self._handle, self._lib = client, handle, client._lib
         self._buffer = buffer  # kept alive while bound
         self._seen = 0
@@ -195,12 +208,12 @@ class Binding:
             raise ValueError(f"binding {self.id} is closed")
         return self._handle
 
-    def activate(self):
+    def activate(self) -> None:
         """Presents the key: data starts to land in the buffer."""
         with self._client._lock:
             _call(self._lib.knod_binding_activate, self._live())
 
-    def wait_for_data(self, timeout_ms=100, seen=None):
+    def wait_for_data(self, timeout_ms: int = 100, seen: Optional[int] = None) -> Optional[int]:
         """Waits until RxBytes passes `seen` (default: what the last call returned) for at most
         `timeout_ms`; returns the new RxBytes, or None if nothing came. Raises
         knod.BindingEnded (.reason) if the binding ended."""
@@ -224,14 +237,14 @@ class Binding:
         self._seen = rx.value
         return rx.value
 
-    def counters(self):
+    def counters(self) -> Counters:
         """Counters(rx_bytes, rx_packets, dropped_packets), from the daemon."""
         v = [ctypes.c_uint64() for _ in range(3)]
         with self._client._lock:
             _call(self._lib.knod_binding_counters, self._live(), *map(ctypes.byref, v))
         return Counters(*(x.value for x in v))
 
-    def renew(self):
+    def renew(self) -> int:
         """Extends the key by the policy's key lifetime from now; returns the new expiry
         (microseconds since the epoch)."""
         until = ctypes.c_uint64()
@@ -239,7 +252,7 @@ class Binding:
             _call(self._lib.knod_binding_renew, self._live(), ctypes.byref(until))
         return until.value
 
-    def release(self):
+    def release(self) -> None:
         """Ends the binding (end reason "release"); again, or after it ended, does nothing."""
         with self._client._lock:
             _call(self._lib.knod_binding_release, self._live())
@@ -255,18 +268,18 @@ class Binding:
         return (_capi.text(reason.value) if ended.value else None), bool(revoked.value)
 
     @property
-    def end_reason(self):
+    def end_reason(self) -> Optional[str]:
         """Why the binding ended ("release", "expire", "revoke: <why>", "process-exit", ...),
         as the daemon told this connection (or "release" after this handle released it);
         None while it lives. Still answers after close()."""
         return self._end()[0]
 
     @property
-    def revoked(self):
+    def revoked(self) -> bool:
         """Whether it ended by someone or something other than its holder."""
         return self._end()[1]
 
-    def close(self):
+    def close(self) -> None:
         """Releases the binding if still held and frees the handle."""
         with self._client._lock:
             if self._handle:
@@ -281,10 +294,10 @@ class Binding:
                 self._lib.knod_binding_free(self._handle)
                 self._handle = None
 
-    def __enter__(self):
+    def __enter__(self) -> Binding:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if not self._handle:
             return
         try:
@@ -297,7 +310,7 @@ class Binding:
         if getattr(self, "_handle", None):
             self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<knod.Binding {self.id} rule={self.rule!r}>"
 
 
@@ -305,7 +318,7 @@ _default = None
 _default_lock = threading.Lock()
 
 
-def default_client():
+def default_client() -> Client:
     """The module's own Client on the system bus, made on first use."""
     global _default
     with _default_lock:
@@ -314,8 +327,9 @@ def default_client():
         return _default
 
 
-def register_buffer(buffer, nbytes=None, *, flows, netdev="knodsim0", gpu="sim0", offset=None,
-                    client=None):
+def register_buffer(buffer: Buffer, nbytes: Optional[int] = None, *, flows: Flows,
+                    netdev: str = "knodsim0", gpu: str = "sim0", offset: Optional[int] = None,
+                    client: Optional[Client] = None) -> Binding:
     """The article's knod.register_buffer(buffer, nbytes): binds `buffer` (a SimBuffer, a
     DmaBuf, or a dma-buf fd with nbytes) for `flows` and activates it; returns the Binding
     handle (a context manager that releases)."""
@@ -323,7 +337,7 @@ def register_buffer(buffer, nbytes=None, *, flows, netdev="knodsim0", gpu="sim0"
         buffer, flows, netdev=netdev, gpu=gpu, offset=offset, length=nbytes)
 
 
-def wait_for_data(handle, timeout_ms=100):
+def wait_for_data(handle: Binding, timeout_ms: int = 100) -> Optional[int]:
     """The article's knod.wait_for_data(handle, timeout_ms): the new RxBytes once more data has
     landed, or None after timeout_ms."""
     return handle.wait_for_data(timeout_ms)

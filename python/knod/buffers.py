@@ -1,5 +1,7 @@
 """Receive buffers a binding can cover: a dma-buf (GPU memory) or, for the sim driver, a sealed
 memfd mapped into this process."""
+from __future__ import annotations
+
 import fcntl
 import mmap
 import os
@@ -15,7 +17,7 @@ class SimBuffer(mmap.mmap):
     close() unmaps and closes the fd (views must be gone first: mmap's BufferError otherwise).
     """
 
-    def __new__(cls, nbytes):
+    def __new__(cls, nbytes: int) -> SimBuffer:
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"SimBuffer needs a positive byte count, not {nbytes!r}")
         fd = os.memfd_create("knod-sim-buffer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -30,25 +32,26 @@ class SimBuffer(mmap.mmap):
         self._fd = fd
         return self
 
-    def __init__(self, nbytes):  # mmap has no __init__ of its own to call
+    def __init__(self, nbytes: int) -> None:  # mmap has no __init__ of its own to call
         pass
 
-    def fileno(self):
+    def fileno(self) -> int:
         """The memfd (the region the daemon is handed); it stays this buffer's."""
         return self._fd
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
+        """The buffer's size in bytes."""
         return len(self)
 
-    def close(self):
+    def close(self) -> None:
         if not self.closed:
             super().close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<knod.SimBuffer {len(self) if not self.closed else 'closed'} bytes fd={self._fd}>"
 
 
@@ -56,24 +59,24 @@ class DmaBuf:
     """A dma-buf fd and the byte range of it to bind: what knod.gpu's export helpers return,
     or one made by hand from any exporter. `owned`: close() closes the fd."""
 
-    def __init__(self, fd, offset, length, owned=True):
+    def __init__(self, fd: int, offset: int, length: int, owned: bool = True) -> None:
         if fd < 0 or offset < 0 or length <= 0:
             raise ValueError(f"bad dma-buf range fd={fd} offset={offset} length={length}")
         self.fd, self.offset, self.length, self.owned = fd, offset, length, owned
 
-    def fileno(self):
+    def fileno(self) -> int:
         return self.fd
 
-    def close(self):
+    def close(self) -> None:
         if self.owned and self.fd >= 0:
             os.close(self.fd)
         self.fd = -1
 
-    def __enter__(self):
+    def __enter__(self) -> DmaBuf:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<knod.DmaBuf fd={self.fd} offset={self.offset} length={self.length}>"

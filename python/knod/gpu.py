@@ -25,8 +25,11 @@ length its size): for devmem, export exactly a page-aligned buffer of whole page
 Environment: KNOD_CUDA_LIBRARY, KNOD_HIP_LIBRARY, KNOD_HSA_LIBRARY name the library file to
 load instead of the default names (for a runtime in an unusual place, and for tests).
 """
+from __future__ import annotations
+
 import ctypes
 import os
+from typing import Any, Optional
 
 from ._errors import ExportUnavailable
 from .buffers import DmaBuf
@@ -71,7 +74,7 @@ def _cuda_check(cu, rc, call):
     raise ExportUnavailable(f"CUDA {call} failed: {text or 'error ' + str(rc)}", code=rc)
 
 
-def cuda_export_dmabuf(ptr, nbytes):
+def cuda_export_dmabuf(ptr: int, nbytes: int) -> DmaBuf:
     """A DmaBuf for `nbytes` of CUDA device memory at `ptr` (an int, as tensor.data_ptr())."""
     start, size, offset = _page_range(ptr, nbytes)
     cu = _load("KNOD_CUDA_LIBRARY", ["libcuda.so.1"], "the CUDA driver",
@@ -100,7 +103,7 @@ def cuda_export_dmabuf(ptr, nbytes):
     return DmaBuf(fd.value, offset, nbytes)
 
 
-def hip_export_dmabuf(ptr, nbytes):
+def hip_export_dmabuf(ptr: int, nbytes: int) -> DmaBuf:
     """A DmaBuf for `nbytes` of HIP (ROCm) device memory at `ptr`."""
     start, size, offset = _page_range(ptr, nbytes)
     hip_names = ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"]
@@ -143,7 +146,7 @@ def hip_export_dmabuf(ptr, nbytes):
     return DmaBuf(fd.value, off.value, nbytes)
 
 
-def export_dmabuf(tensor, runtime=None):
+def export_dmabuf(tensor: Any, runtime: Optional[str] = None) -> DmaBuf:
     """A DmaBuf for a GPU tensor's bytes. `runtime`: "cuda" or "hip"; by default HIP for a
     ROCm build of torch, else CUDA."""
     if not callable(getattr(tensor, "data_ptr", None)):
