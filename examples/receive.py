@@ -4,8 +4,10 @@
     handle = knod.register_buffer(buffer, nbytes, flows=...)   # request_binding + activate
     knod.wait_for_data(handle, timeout_ms=100)                   # RxBytes, or None
 
-The "VRAM buffer" is a knod.SimBuffer (a sealed memfd) for the sim driver; on hardware it is
-a dma-buf, e.g. knod.gpu.export_dmabuf(tensor). numpy sees the bytes land.
+The buffer is a torch tensor, as in the article, allocated where the sim driver's NIC writes
+(knod.sim_tensor: a sealed memfd standing in for VRAM; the article's one change); without torch,
+or with --numpy, a numpy array over a knod.SimBuffer. On hardware it is a GPU tensor bound
+through its dma-buf, knod.gpu.export_dmabuf(tensor). buffer.sum().item() shows what landed.
 
     receive.py --netdev knodsim0 --flow 'udp 10.99.0.0/24:* -> 10.99.0.2:5000' --packets 3
 
@@ -30,10 +32,20 @@ def main():
     p.add_argument("--packets", type=int, default=1, help="stop after this many packets")
     p.add_argument("--timeout-ms", type=int, default=10000,
                    help="give up after this long without data")
+    p.add_argument("--numpy", action="store_true", help="a numpy array, even where torch is")
     a = p.parse_args()
 
-    buffer = knod.SimBuffer(a.bytes)
-    tensor = numpy.frombuffer(buffer, dtype=numpy.uint8)  # a view: no copy
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and not a.numpy:
+        buffer = knod.sim_tensor(a.bytes)  # the article: torch.empty(..., device="cuda")
+        raw = buffer.numpy()  # the same memory, for printing the bytes
+    else:
+        buffer = raw = numpy.frombuffer(knod.SimBuffer(a.bytes), dtype=numpy.uint8)
+    print(f"buffer: a {type(buffer).__module__.split('.')[0]} {tuple(buffer.shape)} "
+          f"{buffer.dtype} in a knod sim buffer", flush=True)
     try:
         handle = knod.register_buffer(buffer, a.bytes, flows=a.flow, netdev=a.netdev, gpu=a.gpu)
     except knod.Error as e:
@@ -61,9 +73,10 @@ def main():
             return 3
         # Bytes and packets from one reading: a wake-up's RxBytes can predate the packet count.
         c = handle.counters()
-        data = bytes(tensor[: min(c.rx_bytes, a.bytes)]).decode(errors="backslashreplace")
+        data = bytes(raw[: min(c.rx_bytes, a.bytes)]).decode(errors="backslashreplace")
         print(f"buffer holds {c.rx_bytes} byte(s) from {c.rx_packets} packet(s): \"{data}\"",
               flush=True)
+        print(f"buffer.sum().item() = {buffer.sum().item()}", flush=True)
     print(f"released {handle.id} ({handle.end_reason})", flush=True)
     return 0
 

@@ -18,8 +18,9 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
   # the audit report's page, rendered and measured by its test
   chromium python3-pil
-  # the Python package's tests (tests/python) under /usr/bin/python3
-  python3-pytest python3-numpy
+  # the Python package's tests (tests/python) under /usr/bin/python3, and the article's example
+  # with a real tensor (Debian's CPU-only torch 1.13; the main job and python.knod use it)
+  python3-pytest python3-numpy python3-torch
   # a caller that speaks D-Bus itself and does not attest its process (issue #32)
   python3-dbus
   # running: a private bus, namespaces, the journal by hand

@@ -3,10 +3,14 @@
 The article's example, on this package::
 
     import knod
-    buf = knod.SimBuffer(4096)                  # or a dma-buf: knod.gpu.export_dmabuf(tensor)
-    with knod.register_buffer(buf, flows="udp 10.99.0.0/24:* -> 10.99.0.2:5000") as handle:
+    buffer = knod.sim_tensor(4096)   # a torch tensor the sim's NIC writes (on a GPU:
+                                     # knod.gpu.export_dmabuf(tensor))
+    with knod.register_buffer(buffer, flows="udp 10.99.0.0/24:* -> 10.99.0.2:5000") as handle:
         rx = knod.wait_for_data(handle, timeout_ms=100)   # RxBytes, or None after 100 ms
+        print(buffer.sum().item())
     # leaving the block releases the binding
+
+numpy works the same way (numpy.frombuffer(knod.SimBuffer(4096), dtype=numpy.uint8)).
 
 Everything goes through libknod-client.so.1 (the C API, loaded with ctypes); nothing of the
 D-Bus protocol is in Python. A Client and its Bindings are for one thread at a time (a lock
@@ -15,6 +19,7 @@ enforces it). Byte counts are bytes, times microseconds since the Unix epoch, ti
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any, NamedTuple, Optional, Sequence, Union
 
@@ -26,10 +31,10 @@ from ._errors import (BindingEnded, BusError, Denied, DriverFailure, Error, Expo
 from ._errors import BY_CODE as _BY_CODE
 from ._errors import KNOD_ERR_ENDED as _ENDED
 from ._errors import KNOD_ERR_TIMEOUT as _TIMEOUT
-from .buffers import DmaBuf, SimBuffer
+from .buffers import DmaBuf, SimBuffer, sim_region
 
 __all__ = [
-    "Client", "Binding", "Counters", "Buffer", "Flows", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
+    "Client", "Binding", "Counters", "Buffer", "Flows", "sim_tensor", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
     "default_client", "library_version", "Error", "Denied", "InvalidArgument", "NoSuchBinding",
     "QuotaExceeded", "LimitsExceeded", "OutOfResources", "IsolationViolation", "DriverFailure",
     "JournalUnavailable", "InvalidPolicy", "FlowConflict", "Failed", "Unavailable", "BindingEnded",
@@ -43,9 +48,10 @@ class Counters(NamedTuple):
     dropped_packets: int
 
 
-# What a binding can cover: a SimBuffer (the sim), a DmaBuf (a GPU's dma-buf export), or a
-# dma-buf fd (an int, with a length).
-Buffer = Union[SimBuffer, DmaBuf, int]
+# What a binding can cover: a SimBuffer (the sim), a DmaBuf (a GPU's dma-buf export), a
+# dma-buf fd (an int, with a length), or a torch tensor or numpy array whose memory lies in a
+# SimBuffer (knod.sim_tensor, SimBuffer.tensor(), numpy.frombuffer(sim_buffer)).
+Buffer = Union[SimBuffer, DmaBuf, int, Any]
 Flows = Union[str, Sequence[str]]
 
 
@@ -113,6 +119,47 @@ def _region(buffer, offset, length):
     return fd, off, n
 
 
+def _array_memory(obj):
+    """(address, bytes, contiguous, device) of a torch tensor or numpy array; None for anything
+    else. Neither package is imported here: an object of one was made by it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return (obj.data_ptr(), obj.numel() * obj.element_size(), obj.is_contiguous(),
+                obj.device.type)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.ndarray):
+        return obj.ctypes.data, obj.nbytes, bool(obj.flags["C_CONTIGUOUS"]), "cpu"
+    return None
+
+
+def _array_region(array, offset, length):
+    """(fd, offset, length) of the SimBuffer bytes a CPU tensor or array views."""
+    address, nbytes, contiguous, device = _array_memory(array)
+    kind = type(array).__module__.split(".")[0] + "." + type(array).__name__
+    if device != "cpu":
+        raise TypeError(f"a {device} tensor is bound through its dma-buf: pass "
+                        "knod.gpu.export_dmabuf(tensor) (and keep it open while bound)")
+    if offset is not None:
+        raise ValueError(f"offset= is for a SimBuffer or a DmaBuf; a {kind} is bound where it "
+                         "lies (slice it instead)")
+    if not contiguous:
+        raise ValueError(f"this {kind} is not contiguous: the NIC writes one byte range; bind a "
+                         "contiguous one (the whole sim tensor, or a slice along its first "
+                         "dimension)")
+    if nbytes == 0:
+        raise ValueError(f"this {kind} has no bytes to bind")
+    found = sim_region(address, nbytes)
+    if found is None:
+        raise TypeError(f"this {kind}'s memory is not in a knod sim buffer: allocate it with "
+                        "knod.sim_tensor(n) or knod.SimBuffer(n).tensor() (numpy: "
+                        "numpy.frombuffer(knod.SimBuffer(n))); a GPU tensor is bound through "
+                        "knod.gpu.export_dmabuf(tensor)")
+    sim, start = found
+    if length is not None:
+        _integer("length", length, 1, nbytes)
+    return sim.fileno(), start, nbytes if length is None else length
+
+
 def _region_unchecked(buffer, offset, length):
     if isinstance(buffer, DmaBuf):
         off = buffer.offset if offset is None else offset
@@ -120,6 +167,8 @@ def _region_unchecked(buffer, offset, length):
     if isinstance(buffer, SimBuffer):
         off = 0 if offset is None else _integer("offset", offset, 0, _U64)
         return buffer.fileno(), off, (len(buffer) - off) if length is None else length
+    if _array_memory(buffer) is not None:
+        return _array_region(buffer, offset, length)
     if isinstance(buffer, int) and not isinstance(buffer, bool):
         if length is None:
             raise ValueError("a bare fd needs length=")
@@ -127,8 +176,9 @@ def _region_unchecked(buffer, offset, length):
     if hasattr(buffer, "data_ptr"):
         raise TypeError("a GPU tensor is bound through a dma-buf: pass "
                         "knod.gpu.export_dmabuf(tensor) (and keep it open while bound)")
-    raise TypeError(f"cannot bind a {type(buffer).__name__}: pass a knod.SimBuffer, a "
-                    "knod.DmaBuf or a dma-buf fd with length=")
+    raise TypeError(f"cannot bind a {type(buffer).__name__}: pass a knod.SimBuffer, a tensor "
+                    "or array in one (knod.sim_tensor), a knod.DmaBuf or a dma-buf fd with "
+                    "length=")
 
 
 class Client:
@@ -293,6 +343,7 @@ class Binding:
                     pass
                 self._lib.knod_binding_free(self._handle)
                 self._handle = None
+                self._buffer = None  # no longer bound: its memory may go
 
     def __enter__(self) -> Binding:
         return self
@@ -314,6 +365,19 @@ class Binding:
         return f"<knod.Binding {self.id} rule={self.rule!r}>"
 
 
+def sim_tensor(n: int, dtype: Any = None) -> Any:
+    """A torch tensor of `n` elements (torch.uint8 unless `dtype`) in a new knod.SimBuffer: what
+    the sim driver's NIC writes into, standing in for a GPU tensor. Its memory stays mapped for
+    as long as the tensor (or any view of it) lives; register_buffer(tensor) binds it, and a
+    slice along its first dimension binds that slice."""
+    import torch
+
+    dtype = torch.uint8 if dtype is None else dtype
+    _integer("n", n, 1, _U64)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return SimBuffer(n * itemsize).tensor(dtype)
+
+
 _default = None
 _default_lock = threading.Lock()
 
@@ -330,9 +394,10 @@ def default_client() -> Client:
 def register_buffer(buffer: Buffer, nbytes: Optional[int] = None, *, flows: Flows,
                     netdev: str = "knodsim0", gpu: str = "sim0", offset: Optional[int] = None,
                     client: Optional[Client] = None) -> Binding:
-    """The article's knod.register_buffer(buffer, nbytes): binds `buffer` (a SimBuffer, a
-    DmaBuf, or a dma-buf fd with nbytes) for `flows` and activates it; returns the Binding
-    handle (a context manager that releases)."""
+    """The article's knod.register_buffer(buffer, nbytes): binds `buffer` (a SimBuffer, a torch
+    tensor or numpy array in one, a DmaBuf, or a dma-buf fd with nbytes) for `flows` and
+    activates it; returns the Binding handle (a context manager that releases). `nbytes`:
+    the first that many bytes (default: all of the buffer)."""
     return (client or default_client()).register_buffer(
         buffer, flows, netdev=netdev, gpu=gpu, offset=offset, length=nbytes)
 

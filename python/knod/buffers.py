@@ -5,6 +5,13 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import weakref
+from typing import Any, Optional, Tuple
+
+
+# Every SimBuffer not yet collected: a tensor or array handed to register_buffer() is bound by
+# finding the SimBuffer whose mapping holds its memory.
+_live: "weakref.WeakSet[SimBuffer]" = weakref.WeakSet()
 
 
 class SimBuffer(mmap.mmap):
@@ -30,6 +37,8 @@ class SimBuffer(mmap.mmap):
             os.close(fd)
             raise
         self._fd = fd
+        self._address = _mapping_address(self)
+        _live.add(self)
         return self
 
     def __init__(self, nbytes: int) -> None:  # mmap has no __init__ of its own to call
@@ -51,8 +60,47 @@ class SimBuffer(mmap.mmap):
             os.close(self._fd)
             self._fd = -1
 
+    def tensor(self, dtype: Any = None) -> Any:
+        """A torch tensor over the whole buffer (torch.uint8 unless `dtype`; the size must be a
+        multiple of its element size), sharing its memory: the bytes the daemon writes appear
+        in it, and knod.register_buffer(tensor) binds this buffer. The tensor holds the buffer's
+        export (through numpy), so close() raises BufferError while it or any view of it lives:
+        the memory cannot be unmapped under a tensor."""
+        import numpy
+        import torch
+
+        dtype = torch.uint8 if dtype is None else dtype
+        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        if len(self) % np_dtype.itemsize:
+            raise ValueError(f"{len(self)} bytes are not a whole number of {dtype} elements "
+                             f"({np_dtype.itemsize} bytes each)")
+        return torch.from_numpy(numpy.frombuffer(self, dtype=np_dtype))
+
     def __repr__(self) -> str:
         return f"<knod.SimBuffer {len(self) if not self.closed else 'closed'} bytes fd={self._fd}>"
+
+
+def _mapping_address(buf: mmap.mmap) -> int:
+    """Where `buf` is mapped in this process (a transient export of its buffer)."""
+    import ctypes
+
+    probe = ctypes.c_char.from_buffer(buf)
+    try:
+        return ctypes.addressof(probe)
+    finally:
+        del probe
+
+
+def sim_region(address: int, nbytes: int) -> Optional[Tuple[SimBuffer, int]]:
+    """The live SimBuffer whose mapping holds [address, address + nbytes), and the offset of
+    `address` in it; None when no SimBuffer does."""
+    for buf in list(_live):
+        if buf.closed:
+            continue
+        start = buf._address
+        if start <= address and address + nbytes <= start + len(buf):
+            return buf, address - start
+    return None
 
 
 class DmaBuf:

@@ -349,3 +349,96 @@ def test_python_m_knod_points_at_the_examples():
     v = subprocess.run([sys.executable, "-m", "knod", "--version"], capture_output=True,
                        text=True, timeout=60)
     assert v.returncode == 0 and v.stdout.startswith("libknod-client "), (v.stdout, v.stderr)
+
+
+def test_a_sim_tensor_is_registered_and_its_sum_shows_the_bytes_that_landed(client):
+    """#36: the article's listing with a torch tensor, allocated in a sim buffer."""
+    torch = pytest.importorskip("torch")
+    buffer = knod.sim_tensor(4096)
+    assert buffer.dtype == torch.uint8 and buffer.shape == (4096,)
+    payload = secrets.token_hex(16).encode()
+    with knod.register_buffer(buffer, flows=flow(5150), netdev=NETDEV, client=client) as handle:
+        assert handle.length == 4096
+        sim_send(5150, payload.decode(), count=2)
+        assert eventually(lambda: (handle.wait_for_data(200, seen=0) or 0) >= 2 * len(payload))
+        assert buffer.sum().item() == 2 * sum(payload)
+        assert bytes(buffer[: 2 * len(payload)].numpy()) == payload * 2
+    # A slice along the first dimension binds that slice; a wider dtype works the same.
+    words = knod.sim_tensor(256, dtype=torch.int32)
+    with knod.register_buffer(words[64:128], flows=flow(5151), netdev=NETDEV,
+                              client=client) as handle:
+        assert handle.length == 64 * 4
+        sim_send(5151, "abcd", count=1)
+        assert eventually(lambda: (handle.wait_for_data(200, seen=0) or 0) >= 4)
+        assert words[64].item() == int.from_bytes(b"abcd", "little")
+        assert words[:64].sum().item() == 0
+
+
+def test_a_sim_tensors_memory_cannot_be_unmapped_under_it():
+    torch = pytest.importorskip("torch")
+    buf = knod.SimBuffer(4096)
+    t = buf.tensor()
+    view = t[10:20]
+    with pytest.raises(BufferError):
+        buf.close()
+    t[10] = 7  # still mapped
+    assert view[0].item() == 7
+    del t, view
+    buf.close()
+    assert buf.closed
+    assert knod.sim_tensor(8, dtype=torch.float32).numel() == 8
+
+
+def test_tensors_and_arrays_that_cannot_be_bound_are_refused_naming_the_fix(client):
+    torch = pytest.importorskip("torch")
+    plain = torch.zeros(4096, dtype=torch.uint8)  # memory torch allocated, not a sim buffer
+    with pytest.raises(TypeError, match="knod.sim_tensor"):
+        client.request_binding(plain, flow(5152), netdev=NETDEV)
+    sim = knod.sim_tensor(4096)
+    with pytest.raises(ValueError, match="not contiguous"):
+        client.request_binding(sim[::2], flow(5152), netdev=NETDEV)
+    with pytest.raises(ValueError, match="offset="):
+        client.request_binding(sim, flow(5152), netdev=NETDEV, offset=8)
+    with pytest.raises(ValueError, match="no bytes"):
+        client.request_binding(sim[:0], flow(5152), netdev=NETDEV)
+    with pytest.raises(ValueError, match="out of range"):
+        client.request_binding(sim[:16], flow(5152), netdev=NETDEV, length=17)
+    with pytest.raises(TypeError, match="not in a knod sim buffer"):
+        client.request_binding(numpy.zeros(64, dtype=numpy.uint8), flow(5152), netdev=NETDEV)
+    # numpy over a sim buffer binds as the tensor does.
+    buf = knod.SimBuffer(4096)
+    arr = numpy.frombuffer(buf, dtype=numpy.uint8)[128:256]
+    with client.request_binding(arr, flow(5152), netdev=NETDEV) as b:
+        assert b.length == 128
+    del arr
+    buf.close()
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_the_articles_example_prints_the_sum_of_what_landed(kind):
+    """examples/receive.py (the main job's Python part): a torch tensor in a sim buffer, or a
+    numpy array with --numpy (what runs where torch is absent); buffer.sum().item() is the sum
+    of the bytes sent."""
+    if kind == "torch":
+        pytest.importorskip("torch")
+    port = 5153 if kind == "torch" else 5154
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "receive.py")
+    argv = [sys.executable, example, "--netdev", NETDEV, "--bytes", "4096", "--flow", flow(port),
+            "--packets", "2", "--timeout-ms", "20000"] + (["--numpy"] if kind == "numpy" else [])
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("activated"):
+                break
+        assert any(f"buffer: a {kind} (4096,)" in l for l in lines), lines
+        payload = secrets.token_hex(8)
+        sim_send(port, payload, count=2)
+        out, _ = p.communicate(timeout=60)
+        lines += out.splitlines()
+    finally:
+        p.kill()
+    assert p.returncode == 0, lines
+    assert f"buffer.sum().item() = {2 * sum(payload.encode())}" in lines, lines
+    assert any(l.startswith("buffer holds 32 byte(s) from 2 packet(s)") for l in lines), lines
