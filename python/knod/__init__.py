@@ -19,6 +19,7 @@ enforces it). Byte counts are bytes, times microseconds since the Unix epoch, ti
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 from typing import Any, NamedTuple, Optional, Sequence, Union
@@ -132,6 +133,30 @@ def _array_memory(obj):
     return None
 
 
+def _gpu_tensor(obj):
+    """Whether `obj` is a GPU tensor (torch's CUDA or ROCm device type: "cuda")."""
+    device = getattr(getattr(obj, "device", None), "type", None)
+    return device == "cuda" and callable(getattr(obj, "data_ptr", None))
+
+
+def _export_whole(tensor, offset, length):
+    """The dma-buf of a GPU tensor's memory (knod.gpu.export_dmabuf), and the DmaBuf of all of
+    it to bind: devmem binds whole dma-bufs (the NIC fills any page of it), so the region is
+    the dma-buf's size (llseek to its end), not the tensor's bytes within it."""
+    if offset is not None or length is not None:
+        raise ValueError("offset= and length= are for a SimBuffer or a DmaBuf; a GPU tensor is "
+                         "bound as the whole dma-buf of its memory")
+    from . import gpu
+
+    exported = gpu.export_dmabuf(tensor)
+    try:
+        whole = os.lseek(exported.fd, 0, os.SEEK_END)
+    except OSError:
+        exported.close()
+        raise
+    return exported, DmaBuf(exported.fd, 0, whole, owned=False)
+
+
 def _array_region(array, offset, length):
     """(fd, offset, length) of the SimBuffer bytes a CPU tensor or array views."""
     address, nbytes, contiguous, device = _array_memory(array)
@@ -199,16 +224,26 @@ class Client:
         """Asks for a binding of `netdev` to `buffer` for `flows` (a flow spec or a list); the
         Binding is granted but inactive until activate(). Raises knod.Denied (.rule: the
         deciding rule, None for a default deny), knod.QuotaExceeded, knod.FlowConflict, ..."""
-        fd, off, n = _region(buffer, offset, length)
-        if isinstance(flows, str):
-            flows = [flows]
-        specs = (ctypes.c_char_p * max(1, len(flows)))(*[_text("a flow", f) for f in flows])
-        out = ctypes.c_void_p()
-        with self._lock:
-            _call(self._lib.knod_request_binding, self._handle, _text("netdev", netdev),
-                  _text("gpu", gpu), _text("mode", mode), fd, off, n, specs, len(flows),
-                  ctypes.byref(out))
-        return Binding(self, out.value, buffer)
+        exported = None
+        region = buffer
+        if _gpu_tensor(buffer):  # exported for the caller; the Binding closes it
+            exported, region = _export_whole(buffer, offset, length)
+            offset = length = None
+        try:
+            fd, off, n = _region(region, offset, length)
+            if isinstance(flows, str):
+                flows = [flows]
+            specs = (ctypes.c_char_p * max(1, len(flows)))(*[_text("a flow", f) for f in flows])
+            out = ctypes.c_void_p()
+            with self._lock:
+                _call(self._lib.knod_request_binding, self._handle, _text("netdev", netdev),
+                      _text("gpu", gpu), _text("mode", mode), fd, off, n, specs, len(flows),
+                      ctypes.byref(out))
+        except BaseException:
+            if exported is not None:
+                exported.close()
+            raise
+        return Binding(self, out.value, buffer, exported)
 
     def register_buffer(self, buffer: Buffer, flows: Flows, **kw: Any) -> Binding:
         """The article's register_buffer: request_binding(), then activate() (a grant whose
@@ -241,11 +276,14 @@ class Client:
 
 class Binding:
     """A granted binding; as a context manager it releases on exit. Attributes: id, key_id,
-    rule (the granting rule), length (region bytes)."""
+    rule (the granting rule), length (region bytes), dmabuf (for a GPU tensor: the DmaBuf
+    exported for it, closed with the binding; else None)."""
 
-    def __init__(self, client: Client, handle: int, buffer: Buffer) -> None:
+    def __init__(self, client: Client, handle: int, buffer: Buffer,
+                 dmabuf: Optional[DmaBuf] = None) -> None:
         self._client, self._handle, self._lib = client, handle, client._lib
         self._buffer = buffer  # kept alive while bound
+        self.dmabuf = dmabuf
         self._seen = 0
         self._final_end = (None, False)
         self.id = _capi.text(self._lib.knod_binding_id(handle))
@@ -344,6 +382,8 @@ class Binding:
                 self._lib.knod_binding_free(self._handle)
                 self._handle = None
                 self._buffer = None  # no longer bound: its memory may go
+                if self.dmabuf is not None:
+                    self.dmabuf.close()
 
     def __enter__(self) -> Binding:
         return self

@@ -87,12 +87,23 @@ STUBS = r"""
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 static void log_call(const char *what, uintptr_t p, size_t n, int type) {
     FILE *f = fopen(getenv("STUB_LOG"), "w");
     if (f) { fprintf(f, "%s %lx %zx %d\n", what, (unsigned long)p, n, type); fclose(f); }
 }
-static int fd(void) { return memfd_create("stub-dmabuf", MFD_CLOEXEC); }
+/* STUB_SIZED: a sealed memfd of the exported size, which the sim driver takes as a region. */
+static int fd_of(size_t n) {
+    int f = memfd_create("stub-dmabuf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (f >= 0 && getenv("STUB_SIZED") && (ftruncate(f, (off_t)n) != 0 ||
+                                           fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK) != 0)) {
+        close(f);
+        return -1;
+    }
+    return f;
+}
 int cuInit(unsigned f) { (void)f; return 0; }
 int cuGetErrorName(int e, const char **s) { (void)e; *s = "CUDA_ERROR_STUB"; return 0; }
 int cuPointerGetAttribute(void *data, int attr, unsigned long long p) {
@@ -103,14 +114,14 @@ int cuDeviceGetAttribute(int *v, int attr, int dev) {
 }
 int cuMemGetHandleForAddressRange(int *h, unsigned long long p, size_t n, int t,
                                   unsigned long long fl) {
-    (void)fl; log_call("cuda", (uintptr_t)p, n, t); *h = fd(); return 0;
+    (void)fl; log_call("cuda", (uintptr_t)p, n, t); *h = fd_of(n); return 0;
 }
 int hipMemGetHandleForAddressRange(int *h, void *p, size_t n, int t, unsigned long long fl) {
-    (void)fl; log_call("hip", (uintptr_t)p, n, t); *h = fd(); return 0;
+    (void)fl; log_call("hip", (uintptr_t)p, n, t); *h = fd_of(n); return 0;
 }
 int hsa_init(void) { return 0; }
 int hsa_amd_portable_export_dmabuf(const void *p, size_t n, int *h, uint64_t *off) {
-    log_call("hsa", (uintptr_t)p, n, 0); *h = fd(); *off = (uintptr_t)p & 4095; return 0;
+    log_call("hsa", (uintptr_t)p, n, 0); *h = fd_of(n); *off = (uintptr_t)p & 4095; return 0;
 }
 """
 
@@ -163,3 +174,45 @@ def test_hip_export_with_hip_and_with_hsa_on_older_rocm(stub, monkeypatch):
         assert (buf.offset, buf.length) == (8, page)
         what, start, size, _ = log.read_text().split()
         assert (what, int(start, 16), int(size, 16)) == ("hsa", ptr, page)
+
+
+class _CudaTensor:
+    """Shaped like a torch CUDA tensor, for the stand-in driver: device.type "cuda", a device
+    pointer, bytes."""
+
+    class device:
+        type = "cuda"
+
+    def __init__(self, ptr, nbytes):
+        self._ptr, self.nbytes = ptr, nbytes
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def test_a_gpu_tensor_is_exported_for_the_caller_and_bound_whole(stub, monkeypatch, client):
+    """#36: register_buffer(cuda_tensor) exports its dma-buf itself (the stand-in CUDA driver
+    hands out a sealed memfd of the exported pages), binds the whole dma-buf (devmem binds whole
+    dma-bufs: the region is its size, not the tensor's bytes), and closes it with the binding."""
+    from conftest import NETDEV, eventually, flow, sim_send
+
+    lib, log = stub
+    monkeypatch.setenv("KNOD_CUDA_LIBRARY", str(lib))
+    monkeypatch.setenv("STUB_DMABUF", "1")
+    monkeypatch.setenv("STUB_SIZED", "1")
+    page = os.sysconf("SC_PAGE_SIZE")
+    tensor = _CudaTensor(0x7F0000000000 + page + 100, 3000)
+    with client.register_buffer(tensor, flow(5160), netdev=NETDEV) as b:
+        assert b.dmabuf is not None and b.dmabuf.fd >= 0
+        assert b.length == page  # the whole exported range, one page here
+        assert log.read_text().split()[0] == "cuda"
+        sim_send(5160, "gpu-bytes", count=1)
+        assert eventually(lambda: (b.wait_for_data(200, seen=0) or 0) >= len("gpu-bytes"))
+        assert os.pread(b.dmabuf.fd, 9, 0) == b"gpu-bytes"
+    assert b.dmabuf.fd == -1  # closed with the binding
+    with pytest.raises(ValueError, match="whole dma-buf"):
+        client.request_binding(tensor, flow(5161), netdev=NETDEV, length=100)
+    # An export that fails is the caller's error, and no binding is asked for.
+    monkeypatch.delenv("STUB_DMABUF")
+    with pytest.raises(knod.ExportUnavailable, match="cannot export dma-bufs"):
+        client.request_binding(tensor, flow(5161), netdev=NETDEV)
