@@ -3,6 +3,7 @@
 #include "knod/client.h"
 
 #include "client/client.h"
+#include "client/devmem_rx.h"
 #include "client/refusal.h"
 #include "protocol/names.h"
 
@@ -39,6 +40,12 @@ struct knod_binding {
     // none, an older daemon) waits poll RxBytes.
     std::optional<knod::client::Client::RxNotifier> notifier;
     bool notifier_asked = false;
+};
+
+struct knod_devmem_rx {
+    knod::client::DevmemReceiver receiver;
+    // Fragments of the last recvmsg the caller had no room for, handed out first.
+    std::vector<knod::client::DevmemFragment> pending;
 };
 
 namespace {
@@ -375,6 +382,84 @@ void knod_binding_free(knod_binding *b) {
     knod_client *owner = b->owner;
     delete b;
     unref(owner);
+}
+
+knod_errc knod_devmem_rx_new(int tcp_fd, knod_devmem_rx **out, knod_error **error) {
+    return guarded(error, [&] {
+        if (!out) return missing(error, "out");
+        if (tcp_fd < 0)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        "the TCP socket fd " + std::to_string(tcp_fd) + " is negative");
+        *out = new knod_devmem_rx{knod::client::DevmemReceiver(tcp_fd), {}};
+        return KNOD_OK;
+    });
+}
+
+void knod_devmem_rx_free(knod_devmem_rx *rx) {
+    delete rx;
+}
+
+knod_errc knod_devmem_rx_wait(knod_devmem_rx *rx, int timeout_ms, knod_error **error) {
+    return guarded(error, [&] {
+        if (!rx) return missing(error, "rx");
+        if (!rx->pending.empty()) return KNOD_OK;
+        auto ready = rx->receiver.wait_for_data(timeout_ms < 0 ? -1 : timeout_ms);
+        if (!ready) return fail(error, KNOD_ERR_IO, ready.error().message);
+        if (!*ready)
+            return fail(error, KNOD_ERR_TIMEOUT,
+                        "nothing to receive within " + std::to_string(timeout_ms) + " ms");
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_devmem_rx_receive(knod_devmem_rx *rx, uint8_t *linear, size_t linear_size,
+                                 size_t *linear_bytes, knod_devmem_fragment *fragments,
+                                 size_t max_fragments, size_t *n_fragments, knod_error **error) {
+    return guarded(error, [&] {
+        if (!rx) return missing(error, "rx");
+        if (!linear_bytes) return missing(error, "linear_bytes");
+        if (!n_fragments) return missing(error, "n_fragments");
+        if (!linear && linear_size) return missing(error, "linear");
+        if (!fragments && max_fragments) return missing(error, "fragments");
+        *linear_bytes = 0;
+        *n_fragments = 0;
+        if (rx->pending.empty()) {
+            auto got = rx->receiver.receive(std::span<std::uint8_t>(linear, linear_size));
+            if (!got) {
+                knod_errc code = got.error().code == Errc::unavailable ? KNOD_ERR_TIMEOUT
+                                 : got.error().code == Errc::corrupt   ? KNOD_ERR_FAILED
+                                                                       : KNOD_ERR_IO;
+                return fail(error, code, got.error().message);
+            }
+            *linear_bytes = got->linear_bytes;
+            rx->pending = std::move(got->fragments);
+        }
+        std::size_t n = std::min(max_fragments, rx->pending.size());
+        for (std::size_t i = 0; i < n; ++i) {
+            const auto &f = rx->pending[i];
+            fragments[i] = knod_devmem_fragment{f.offset, f.size, f.token, f.dmabuf_id};
+        }
+        rx->pending.erase(rx->pending.begin(),
+                          rx->pending.begin() + static_cast<std::ptrdiff_t>(n));
+        *n_fragments = n;
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_devmem_rx_release(knod_devmem_rx *rx, const knod_devmem_fragment *fragments,
+                                 size_t n, knod_error **error) {
+    return guarded(error, [&] {
+        if (!rx) return missing(error, "rx");
+        if (!fragments && n) return missing(error, "fragments");
+        std::vector<knod::client::DevmemFragment> list;
+        list.reserve(n);
+        for (std::size_t i = 0; i < n; ++i)
+            list.push_back({fragments[i].offset, fragments[i].size, fragments[i].token,
+                            fragments[i].dmabuf_id});
+        if (auto r = rx->receiver.release(list); !r)
+            return fail(error, KNOD_ERR_IO, r.error().message);
+        return KNOD_OK;
+    });
 }
 
 } // extern "C"

@@ -22,7 +22,7 @@ import ctypes
 import os
 import sys
 import threading
-from typing import Any, NamedTuple, Optional, Sequence, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Union
 
 from . import _capi
 from ._errors import (BindingEnded, BusError, Denied, DriverFailure, Error, ExportUnavailable,
@@ -35,7 +35,8 @@ from ._errors import KNOD_ERR_TIMEOUT as _TIMEOUT
 from .buffers import DmaBuf, SimBuffer, sim_region
 
 __all__ = [
-    "Client", "Binding", "Counters", "Buffer", "Flows", "sim_tensor", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
+    "Client", "Binding", "Counters", "Buffer", "Flows", "sim_tensor", "DevmemReceiver",
+    "Fragment", "Received", "SimBuffer", "DmaBuf", "register_buffer", "wait_for_data",
     "default_client", "library_version", "Error", "Denied", "InvalidArgument", "NoSuchBinding",
     "QuotaExceeded", "LimitsExceeded", "OutOfResources", "IsolationViolation", "DriverFailure",
     "JournalUnavailable", "InvalidPolicy", "FlowConflict", "Failed", "Unavailable", "BindingEnded",
@@ -418,6 +419,95 @@ def sim_tensor(n: int, dtype: Any = None) -> Any:
     return SimBuffer(n * itemsize).tensor(dtype)
 
 
+class Fragment(NamedTuple):
+    """Payload the NIC placed in the dma-buf: `size` bytes at byte `offset` of it. `token` is
+    what release() gives back to the NIC."""
+    offset: int
+    size: int
+    token: int
+    dmabuf_id: int
+
+
+class Received(NamedTuple):
+    """One receive on a devmem socket: fragments in the dma-buf, in stream order, and the bytes
+    the NIC could not place there (copied as by recv). Both empty: the peer closed."""
+    fragments: List[Fragment]
+    linear: bytes
+
+
+class DevmemReceiver:
+    """Receives on a devmem binding (Linux device-memory TCP): the NIC writes the payload of the
+    binding's TCP flows into the dma-buf, and the holder's own TCP socket `sock` (a socket or
+    its fd; it stays the caller's) says where. Fragments stay the holder's until release():
+    the NIC cannot reuse their memory, so a holder that never releases stops its own flow.
+    Kernel interface: Documentation/networking/devmem.rst (Linux 6.12)."""
+
+    def __init__(self, sock: Any) -> None:
+        fd = sock if isinstance(sock, int) else sock.fileno()
+        self._lib = _capi.lib()
+        if not hasattr(self._lib, "knod_devmem_rx_new"):
+            raise Unavailable("the loaded libknod-client has no devmem receive (it is older "
+                              "than knod.DevmemReceiver): upgrade libknod-client1",
+                              code=11)
+        self._sock = sock  # kept open while received from
+        handle = ctypes.c_void_p()
+        _call(self._lib.knod_devmem_rx_new, _integer("the socket fd", fd, 0, _INT),
+              ctypes.byref(handle))
+        self._handle = handle.value
+
+    def _live(self) -> int:
+        if not self._handle:
+            raise ValueError("this DevmemReceiver is closed")
+        return self._handle
+
+    def wait(self, timeout_ms: int = 100) -> bool:
+        """Whether receive() will not block (fragments, bytes, or the peer's close) within
+        `timeout_ms` (< 0: wait for ever); on the socket alone, with no daemon round trip."""
+        err = ctypes.c_void_p()
+        code = self._lib.knod_devmem_rx_wait(self._live(), max(-1, int(timeout_ms)),
+                                             ctypes.byref(err))
+        if code == _TIMEOUT:
+            self._lib.knod_error_free(err.value)
+            return False
+        if code != 0:
+            _raise(code, err.value)
+        return True
+
+    def receive(self, linear_size: int = 65536, max_fragments: int = 256) -> Received:
+        """One recvmsg(MSG_SOCK_DEVMEM) (blocks on a blocking socket). Fragments beyond
+        `max_fragments` come with the next call, first."""
+        linear_size = _integer("linear_size", linear_size, 0, _INT)
+        max_fragments = _integer("max_fragments", max_fragments, 0, 1 << 20)
+        linear = ctypes.create_string_buffer(max(1, linear_size))
+        frags = (_capi.DevmemFragment * max(1, max_fragments))()
+        nbytes, nfrags = ctypes.c_size_t(), ctypes.c_size_t()
+        _call(self._lib.knod_devmem_rx_receive, self._live(), linear, linear_size,
+              ctypes.byref(nbytes), frags, max_fragments, ctypes.byref(nfrags))
+        return Received([Fragment(f.offset, f.size, f.token, f.dmabuf_id)
+                         for f in frags[: nfrags.value]], linear.raw[: nbytes.value])
+
+    def release(self, fragments: Sequence[Fragment]) -> None:
+        """Gives the fragments' buffers back to the NIC (SO_DEVMEM_DONTNEED)."""
+        arr = (_capi.DevmemFragment * max(1, len(fragments)))(
+            *[_capi.DevmemFragment(f.offset, f.size, f.token, f.dmabuf_id) for f in fragments])
+        _call(self._lib.knod_devmem_rx_release, self._live(), arr, len(fragments))
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None):
+            self._lib.knod_devmem_rx_free(self._handle)
+            self._handle = None
+            self._sock = None
+
+    def __enter__(self) -> DevmemReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 _default = None
 _default_lock = threading.Lock()
 
@@ -442,7 +532,12 @@ def register_buffer(buffer: Buffer, nbytes: Optional[int] = None, *, flows: Flow
         buffer, flows, netdev=netdev, gpu=gpu, offset=offset, length=nbytes)
 
 
-def wait_for_data(handle: Binding, timeout_ms: int = 100) -> Optional[int]:
-    """The article's knod.wait_for_data(handle, timeout_ms): the new RxBytes once more data has
-    landed, or None after timeout_ms."""
+def wait_for_data(handle: Union[Binding, DevmemReceiver],
+                  timeout_ms: int = 100) -> Union[int, Received, None]:
+    """The article's knod.wait_for_data(handle, timeout_ms), on each backend: for a Binding
+    (every driver: the daemon's counters), the new RxBytes once more data has landed; for a
+    DevmemReceiver (devmem: the holder's socket), what one receive got. None after
+    timeout_ms."""
+    if isinstance(handle, DevmemReceiver):
+        return handle.receive() if handle.wait(timeout_ms) else None
     return handle.wait_for_data(timeout_ms)

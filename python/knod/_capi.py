@@ -15,6 +15,16 @@ c_char_pp = ctypes.POINTER(ctypes.c_char_p)
 c_void_pp = ctypes.POINTER(ctypes.c_void_p)
 u64p = ctypes.POINTER(ctypes.c_uint64)
 intp = ctypes.POINTER(ctypes.c_int)
+sizep = ctypes.POINTER(ctypes.c_size_t)
+
+
+class DevmemFragment(ctypes.Structure):
+    """struct knod_devmem_fragment."""
+    _fields_ = [("offset", ctypes.c_uint64), ("size", ctypes.c_uint32),
+                ("token", ctypes.c_uint32), ("dmabuf_id", ctypes.c_uint32)]
+
+
+fragp = ctypes.POINTER(DevmemFragment)
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
@@ -45,7 +55,18 @@ _PROTOTYPES = {
     "knod_binding_rule": (ctypes.c_char_p, [ctypes.c_void_p]),
     "knod_binding_length": (ctypes.c_uint64, [ctypes.c_void_p]),
     "knod_binding_free": (None, [ctypes.c_void_p]),
+    # Since the devmem receive loop (#36); an older library lacks them (knod.DevmemReceiver
+    # says so).
+    "knod_devmem_rx_new": (ctypes.c_int, [ctypes.c_int, c_void_pp, c_void_pp]),
+    "knod_devmem_rx_free": (None, [ctypes.c_void_p]),
+    "knod_devmem_rx_wait": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, c_void_pp]),
+    "knod_devmem_rx_receive": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, sizep, fragp, ctypes.c_size_t, sizep,
+         c_void_pp]),
+    "knod_devmem_rx_release": (ctypes.c_int, [ctypes.c_void_p, fragp, ctypes.c_size_t, c_void_pp]),
 }
+OPTIONAL = {name for name in _PROTOTYPES if name.startswith("knod_devmem_rx_")}
 
 
 def lib():
@@ -61,6 +82,8 @@ def lib():
                     f"cannot load {path} ({e}); install the libknod-client1 package "
                     "or set KNOD_CLIENT_LIBRARY to the library's path") from None
             for name, (restype, argtypes) in _PROTOTYPES.items():
+                if name in OPTIONAL and not hasattr(handle, name):
+                    continue
                 fn = getattr(handle, name)
                 fn.restype = restype
                 fn.argtypes = argtypes

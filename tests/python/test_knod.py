@@ -326,7 +326,7 @@ def test_the_public_api_is_typed_and_says_so():
 
     assert (pathlib.Path(knod.__file__).parent / "py.typed").is_file()
     callables = [getattr(knod, n) for n in knod.__all__ if inspect.isfunction(getattr(knod, n))]
-    for cls in (knod.Client, knod.Binding, knod.SimBuffer, knod.DmaBuf):
+    for cls in (knod.Client, knod.Binding, knod.SimBuffer, knod.DmaBuf, knod.DevmemReceiver):
         callables += [m for n, m in vars(cls).items()
                       if inspect.isfunction(m) and (not n.startswith("_") or n == "__init__")]
     callables += [knod.gpu.export_dmabuf, knod.gpu.cuda_export_dmabuf, knod.gpu.hip_export_dmabuf]
@@ -442,3 +442,35 @@ def test_the_articles_example_prints_the_sum_of_what_landed(kind):
     assert p.returncode == 0, lines
     assert f"buffer.sum().item() = {2 * sum(payload.encode())}" in lines, lines
     assert any(l.startswith("buffer holds 32 byte(s) from 2 packet(s)") for l in lines), lines
+
+
+def test_devmem_receive_from_python_on_a_loopback_stream():
+    """#36: knod.DevmemReceiver over the C API on the live kernel's TCP (no devmem NIC here: the
+    stream comes back as linear bytes, no fragment); wait_for_data on it; release of a token the
+    socket never had names what the kernel freed; the peer's close is an empty Received."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    peer = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    with knod.DevmemReceiver(conn) as rx:
+        assert rx.wait(50) is False  # nothing sent yet
+        assert knod.wait_for_data(rx, timeout_ms=50) is None
+        peer.sendall(b"devmem-linear")
+        assert rx.wait(30000)
+        got = knod.wait_for_data(rx, timeout_ms=30000)
+        assert got == knod.Received([], b"devmem-linear")
+        with pytest.raises(knod.Error, match="freed 0 of 1|Protocol not available"):
+            rx.release([knod.Fragment(0, 100, 12345, 0)])
+        rx.release([])
+        with pytest.raises(ValueError):
+            rx.receive(linear_size=-1)
+        peer.close()
+        assert rx.wait(30000)
+        assert rx.receive() == knod.Received([], b"")
+    with pytest.raises(ValueError, match="closed"):
+        rx.wait(0)
+    conn.close()
+    server.close()

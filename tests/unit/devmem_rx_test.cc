@@ -3,6 +3,7 @@
 // and the socket calls against the live kernel on a loopback TCP connection (no devmem NIC here:
 // readable data comes back linear, unknown tokens are not freed).
 #include "client/devmem_rx.h"
+#include "tests/unit/loopback_tcp.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -139,24 +140,13 @@ TEST(DevmemRx, TokensAreBatchedWithinTheKernelsLimits) {
 // linear bytes; releasing a token the socket never had frees nothing (or the kernel has no
 // SO_DEVMEM_DONTNEED at all).
 TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
-    int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(server, 0);
-    sockaddr_in at{};
-    at.sin_family = AF_INET;
-    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(bind(server, reinterpret_cast<sockaddr *>(&at), sizeof at), 0);
-    socklen_t len = sizeof at;
-    ASSERT_EQ(getsockname(server, reinterpret_cast<sockaddr *>(&at), &len), 0);
-    ASSERT_EQ(listen(server, 1), 0);
-    int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_EQ(connect(client, reinterpret_cast<sockaddr *>(&at), sizeof at), 0);
-    int conn = accept(server, nullptr, nullptr);
-    ASSERT_GE(conn, 0);
+    knod::test::LoopbackTcp tcp;
+    int conn = tcp.conn;
     DevmemReceiver rx(conn);
     auto idle = rx.wait_for_data(50);
     ASSERT_TRUE(idle) << idle.error().message;
     EXPECT_FALSE(*idle) << "nothing was sent yet";
-    ASSERT_EQ(send(client, "hello", 5, 0), 5);
+    ASSERT_EQ(send(tcp.peer, "hello", 5, 0), 5);
     auto ready = rx.wait_for_data(5000);
     ASSERT_TRUE(ready) << ready.error().message;
     EXPECT_TRUE(*ready);
@@ -181,14 +171,12 @@ TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
     EXPECT_NE(all.error().message.find(" of 300 buffers"), std::string::npos)
         << "every batch was tried: " << all.error().message;
     EXPECT_TRUE(rx.release({})) << "nothing to release";
-    close(client);
+    tcp.close_peer();
     ready = rx.wait_for_data(5000);
     ASSERT_TRUE(ready && *ready) << "the peer's close wakes the wait";
     got = rx.receive(linear);
     ASSERT_TRUE(got);
     EXPECT_EQ(got->bytes(), 0u) << "the peer closed";
-    close(conn);
-    close(server);
     auto closed = DevmemReceiver(1 << 20).wait_for_data(0); // no such fd
     EXPECT_FALSE(closed) << "a closed fd is an error, not a timeout";
 }

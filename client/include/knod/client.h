@@ -134,6 +134,41 @@ KNOD_API uint64_t knod_binding_length(const knod_binding *binding);
 /* Frees the handle; a binding still held is released first (errors ignored). */
 KNOD_API void knod_binding_free(knod_binding *binding);
 
+/* Receiving on a devmem binding (Linux device-memory TCP, Documentation/networking/devmem.rst):
+ * the NIC writes the payload of the binding's TCP flows into the holder's dma-buf, and the
+ * holder's own TCP socket (connected or accepted) says where it landed instead of handing over
+ * the bytes. A receiver reads one socket; it does not own the fd. */
+typedef struct knod_devmem_rx knod_devmem_rx;
+/* `size` payload bytes at byte `offset` of the dma-buf; `token` is what release gives back. */
+typedef struct knod_devmem_fragment {
+    uint64_t offset;
+    uint32_t size;
+    uint32_t token;
+    uint32_t dmabuf_id;
+} knod_devmem_fragment;
+
+KNOD_API knod_errc knod_devmem_rx_new(int tcp_fd, knod_devmem_rx **out, knod_error **error);
+KNOD_API void knod_devmem_rx_free(knod_devmem_rx *rx);
+/* Waits up to `timeout_ms` (< 0: for ever) until a receive will not block (fragments, linear
+ * bytes, or the peer's close), on the socket alone (no daemon round trip). KNOD_ERR_TIMEOUT
+ * when the time ran out. */
+KNOD_API knod_errc knod_devmem_rx_wait(knod_devmem_rx *rx, int timeout_ms, knod_error **error);
+/* One recvmsg(MSG_SOCK_DEVMEM): stores up to `max_fragments` fragments, in stream order, and
+ * their count in *n_fragments; bytes the NIC could not place in the dma-buf (SCM_DEVMEM_LINEAR,
+ * or a socket that is not devmem) are copied into `linear` (up to `linear_size`), their count
+ * in *linear_bytes. Fragments beyond `max_fragments` are kept and handed out by the next calls
+ * first (with no new recvmsg). Zero fragments and zero bytes: the peer closed the stream.
+ * KNOD_ERR_TIMEOUT on a non-blocking socket with nothing to read. Fragments stay the holder's
+ * until released: the NIC cannot reuse their memory. */
+KNOD_API knod_errc knod_devmem_rx_receive(knod_devmem_rx *rx, uint8_t *linear, size_t linear_size,
+                                          size_t *linear_bytes, knod_devmem_fragment *fragments,
+                                          size_t max_fragments, size_t *n_fragments,
+                                          knod_error **error);
+/* Gives the fragments' buffers back to the NIC (SO_DEVMEM_DONTNEED, in batches within the
+ * kernel's limits). An error names how many of them the kernel freed. */
+KNOD_API knod_errc knod_devmem_rx_release(knod_devmem_rx *rx, const knod_devmem_fragment *fragments,
+                                          size_t n, knod_error **error);
+
 #ifdef __cplusplus
 }
 #endif
