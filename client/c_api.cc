@@ -419,8 +419,12 @@ knod_errc knod_devmem_rx_receive(knod_devmem_rx *rx, uint8_t *linear, size_t lin
         if (!rx) return missing(error, "rx");
         if (!linear_bytes) return missing(error, "linear_bytes");
         if (!n_fragments) return missing(error, "n_fragments");
-        if (!linear && linear_size) return missing(error, "linear");
-        if (!fragments && max_fragments) return missing(error, "fragments");
+        if (!linear) return missing(error, "linear");
+        if (!fragments) return missing(error, "fragments");
+        // With no room for either, "nothing" would read as the peer's close.
+        if (linear_size == 0 || max_fragments == 0)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        "linear_size and max_fragments must be at least 1");
         *linear_bytes = 0;
         *n_fragments = 0;
         if (rx->pending.empty()) {

@@ -140,22 +140,20 @@ def _gpu_tensor(obj):
     return device == "cuda" and callable(getattr(obj, "data_ptr", None))
 
 
-def _export_whole(tensor, offset, length):
-    """The dma-buf of a GPU tensor's memory (knod.gpu.export_dmabuf), and the DmaBuf of all of
-    it to bind: devmem binds whole dma-bufs (the NIC fills any page of it), so the region is
-    the dma-buf's size (llseek to its end), not the tensor's bytes within it."""
+def _export_tensor(tensor, offset, length):
+    """The dma-buf of a GPU tensor's pages (knod.gpu.export_dmabuf), and the DmaBuf of the
+    tensor's own bytes in it to bind: never the neighbours' bytes on its pages (a caching
+    allocator puts other tensors there). devmem binds only whole dma-bufs, so there a tensor must
+    start on a page and fill whole pages (the daemon refuses anything else, saying so)."""
     if offset is not None or length is not None:
         raise ValueError("offset= and length= are for a SimBuffer or a DmaBuf; a GPU tensor is "
-                         "bound as the whole dma-buf of its memory")
+                         "bound where it lies (slice it instead)")
+    if callable(getattr(tensor, "is_contiguous", None)) and not tensor.is_contiguous():
+        raise ValueError("this GPU tensor is not contiguous: the NIC writes one byte range")
     from . import gpu
 
     exported = gpu.export_dmabuf(tensor)
-    try:
-        whole = os.lseek(exported.fd, 0, os.SEEK_END)
-    except OSError:
-        exported.close()
-        raise
-    return exported, DmaBuf(exported.fd, 0, whole, owned=False)
+    return exported, DmaBuf(exported.fd, exported.offset, exported.length, owned=False)
 
 
 def _array_region(array, offset, length):
@@ -228,7 +226,7 @@ class Client:
         exported = None
         region = buffer
         if _gpu_tensor(buffer):  # exported for the caller; the Binding closes it
-            exported, region = _export_whole(buffer, offset, length)
+            exported, region = _export_tensor(buffer, offset, length)
             offset = length = None
         try:
             fd, off, n = _region(region, offset, length)
@@ -443,16 +441,25 @@ class DevmemReceiver:
     Kernel interface: Documentation/networking/devmem.rst (Linux 6.12)."""
 
     def __init__(self, sock: Any) -> None:
-        fd = sock if isinstance(sock, int) else sock.fileno()
+        fd = sock if isinstance(sock, int) and not isinstance(sock, bool) else sock.fileno()
         self._lib = _capi.lib()
         if not hasattr(self._lib, "knod_devmem_rx_new"):
             raise Unavailable("the loaded libknod-client has no devmem receive (it is older "
                               "than knod.DevmemReceiver): upgrade libknod-client1",
                               code=11)
-        self._sock = sock  # kept open while received from
+        # One call at a time: close() during a blocked receive() in another thread would free
+        # the C handle under it.
+        self._lock = threading.Lock()
+        self._handle = None
+        # A dup of its own: the caller may close its socket (and the number be reused) while
+        # this receiver lives.
+        self._fd = os.dup(_integer("the socket fd", fd, 0, _INT))
         handle = ctypes.c_void_p()
-        _call(self._lib.knod_devmem_rx_new, _integer("the socket fd", fd, 0, _INT),
-              ctypes.byref(handle))
+        try:
+            _call(self._lib.knod_devmem_rx_new, self._fd, ctypes.byref(handle))
+        except BaseException:
+            os.close(self._fd)
+            raise
         self._handle = handle.value
 
     def _live(self) -> int:
@@ -463,9 +470,10 @@ class DevmemReceiver:
     def wait(self, timeout_ms: int = 100) -> bool:
         """Whether receive() will not block (fragments, bytes, or the peer's close) within
         `timeout_ms` (< 0: wait for ever); on the socket alone, with no daemon round trip."""
+        timeout_ms = max(-1, _integer("timeout_ms", timeout_ms, -(2**31), _INT))
         err = ctypes.c_void_p()
-        code = self._lib.knod_devmem_rx_wait(self._live(), max(-1, int(timeout_ms)),
-                                             ctypes.byref(err))
+        with self._lock:
+            code = self._lib.knod_devmem_rx_wait(self._live(), timeout_ms, ctypes.byref(err))
         if code == _TIMEOUT:
             self._lib.knod_error_free(err.value)
             return False
@@ -476,27 +484,40 @@ class DevmemReceiver:
     def receive(self, linear_size: int = 65536, max_fragments: int = 256) -> Received:
         """One recvmsg(MSG_SOCK_DEVMEM) (blocks on a blocking socket). Fragments beyond
         `max_fragments` come with the next call, first."""
-        linear_size = _integer("linear_size", linear_size, 0, _INT)
-        max_fragments = _integer("max_fragments", max_fragments, 0, 1 << 20)
-        linear = ctypes.create_string_buffer(max(1, linear_size))
-        frags = (_capi.DevmemFragment * max(1, max_fragments))()
+        # At least one of each: with no room, "nothing" would read as the peer's close.
+        linear_size = _integer("linear_size", linear_size, 1, _INT)
+        max_fragments = _integer("max_fragments", max_fragments, 1, 1 << 20)
+        linear = ctypes.create_string_buffer(linear_size)
+        frags = (_capi.DevmemFragment * max_fragments)()
         nbytes, nfrags = ctypes.c_size_t(), ctypes.c_size_t()
-        _call(self._lib.knod_devmem_rx_receive, self._live(), linear, linear_size,
-              ctypes.byref(nbytes), frags, max_fragments, ctypes.byref(nfrags))
+        with self._lock:
+            _call(self._lib.knod_devmem_rx_receive, self._live(), linear, linear_size,
+                  ctypes.byref(nbytes), frags, max_fragments, ctypes.byref(nfrags))
         return Received([Fragment(f.offset, f.size, f.token, f.dmabuf_id)
-                         for f in frags[: nfrags.value]], linear.raw[: nbytes.value])
+                         for f in frags[: nfrags.value]], ctypes.string_at(linear, nbytes.value))
 
     def release(self, fragments: Sequence[Fragment]) -> None:
         """Gives the fragments' buffers back to the NIC (SO_DEVMEM_DONTNEED)."""
+        u32 = 2**32 - 1
         arr = (_capi.DevmemFragment * max(1, len(fragments)))(
-            *[_capi.DevmemFragment(f.offset, f.size, f.token, f.dmabuf_id) for f in fragments])
-        _call(self._lib.knod_devmem_rx_release, self._live(), arr, len(fragments))
+            *[_capi.DevmemFragment(_integer("a fragment's offset", f.offset, 0, _U64),
+                                   _integer("a fragment's size", f.size, 0, u32),
+                                   _integer("a fragment's token", f.token, 0, u32),
+                                   _integer("a fragment's dmabuf_id", f.dmabuf_id, 0, u32))
+              for f in fragments])
+        with self._lock:
+            _call(self._lib.knod_devmem_rx_release, self._live(), arr, len(fragments))
 
     def close(self) -> None:
-        if getattr(self, "_handle", None):
-            self._lib.knod_devmem_rx_free(self._handle)
-            self._handle = None
-            self._sock = None
+        """Frees the receiver and its dup of the socket (after any call in flight)."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            if self._handle:
+                self._lib.knod_devmem_rx_free(self._handle)
+                self._handle = None
+                os.close(self._fd)
 
     def __enter__(self) -> DevmemReceiver:
         return self

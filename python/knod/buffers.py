@@ -37,6 +37,9 @@ class SimBuffer(mmap.mmap):
             os.close(fd)
             raise
         self._fd = fd
+        # The memfd is ours, not mmap's (it maps a dup): closed with the buffer, or when the
+        # buffer is collected (a sim_tensor() whose tensor went), never left open.
+        self._close_fd = weakref.finalize(self, os.close, fd)
         self._address = _mapping_address(self)
         _live.add(self)
         return self
@@ -57,8 +60,13 @@ class SimBuffer(mmap.mmap):
         if not self.closed:
             super().close()
         if self._fd >= 0:
-            os.close(self._fd)
+            self._close_fd()
             self._fd = -1
+
+    def resize(self, newsize: int) -> None:
+        """Refused: the region the daemon was handed has this size (sealed against shrinking),
+        and a moved mapping would no longer be where bound tensors say it is."""
+        raise OSError("a SimBuffer cannot be resized: make a new one")
 
     def tensor(self, dtype: Any = None) -> Any:
         """A torch tensor over the whole buffer (torch.uint8 unless `dtype`; the size must be a
@@ -70,11 +78,12 @@ class SimBuffer(mmap.mmap):
         import torch
 
         dtype = torch.uint8 if dtype is None else dtype
-        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-        if len(self) % np_dtype.itemsize:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        if len(self) % itemsize:
             raise ValueError(f"{len(self)} bytes are not a whole number of {dtype} elements "
-                             f"({np_dtype.itemsize} bytes each)")
-        return torch.from_numpy(numpy.frombuffer(self, dtype=np_dtype))
+                             f"({itemsize} bytes each)")
+        # Bytes first, then a view as `dtype`: also for types numpy lacks (bfloat16).
+        return torch.from_numpy(numpy.frombuffer(self, dtype=numpy.uint8)).view(dtype)
 
     def __repr__(self) -> str:
         return f"<knod.SimBuffer {len(self) if not self.closed else 'closed'} bytes fd={self._fd}>"

@@ -192,8 +192,8 @@ class _CudaTensor:
 
 def test_a_gpu_tensor_is_exported_for_the_caller_and_bound_whole(stub, monkeypatch, client):
     """#36: register_buffer(cuda_tensor) exports its dma-buf itself (the stand-in CUDA driver
-    hands out a sealed memfd of the exported pages), binds the whole dma-buf (devmem binds whole
-    dma-bufs: the region is its size, not the tensor's bytes), and closes it with the binding."""
+    hands out a sealed memfd of the exported pages), binds the tensor's own bytes in it (never
+    the neighbours' on its pages), and closes it with the binding."""
     from conftest import NETDEV, eventually, flow, sim_send
 
     lib, log = stub
@@ -204,13 +204,14 @@ def test_a_gpu_tensor_is_exported_for_the_caller_and_bound_whole(stub, monkeypat
     tensor = _CudaTensor(0x7F0000000000 + page + 100, 3000)
     with client.register_buffer(tensor, flow(5160), netdev=NETDEV) as b:
         assert b.dmabuf is not None and b.dmabuf.fd >= 0
-        assert b.length == page  # the whole exported range, one page here
+        assert b.length == 3000  # the tensor's bytes, at offset 100 of the exported page
         assert log.read_text().split()[0] == "cuda"
         sim_send(5160, "gpu-bytes", count=1)
         assert eventually(lambda: (b.wait_for_data(200, seen=0) or 0) >= len("gpu-bytes"))
-        assert os.pread(b.dmabuf.fd, 9, 0) == b"gpu-bytes"
+        assert os.pread(b.dmabuf.fd, 9, 100) == b"gpu-bytes"
+        assert os.pread(b.dmabuf.fd, 100, 0) == bytes(100)  # the neighbour's bytes untouched
     assert b.dmabuf.fd == -1  # closed with the binding
-    with pytest.raises(ValueError, match="whole dma-buf"):
+    with pytest.raises(ValueError, match="where it lies"):
         client.request_binding(tensor, flow(5161), netdev=NETDEV, length=100)
     # An export that fails is the caller's error, and no binding is asked for.
     monkeypatch.delenv("STUB_DMABUF")

@@ -387,6 +387,21 @@ def test_a_sim_tensors_memory_cannot_be_unmapped_under_it():
     buf.close()
     assert buf.closed
     assert knod.sim_tensor(8, dtype=torch.float32).numel() == 8
+    assert knod.sim_tensor(8, dtype=torch.bfloat16).numel() == 8  # a type numpy lacks
+    with pytest.raises(OSError, match="cannot be resized"):
+        knod.SimBuffer(4096).resize(1 << 20)  # a moved mapping would bind the wrong memfd
+
+
+def test_a_dropped_sim_tensor_leaves_no_fd_open():
+    pytest.importorskip("torch")
+    import gc
+
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        knod.sim_tensor(4096)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before
 
 
 def test_tensors_and_arrays_that_cannot_be_bound_are_refused_naming_the_fix(client):
@@ -465,12 +480,40 @@ def test_devmem_receive_from_python_on_a_loopback_stream():
         with pytest.raises(knod.Error, match="freed 0 of 1|Protocol not available"):
             rx.release([knod.Fragment(0, 100, 12345, 0)])
         rx.release([])
+        for bad in ({"linear_size": 0}, {"linear_size": -1}, {"max_fragments": 0}):
+            with pytest.raises(ValueError):
+                rx.receive(**bad)  # no room for either would read as the peer's close
         with pytest.raises(ValueError):
-            rx.receive(linear_size=-1)
-        peer.close()
-        assert rx.wait(30000)
-        assert rx.receive() == knod.Received([], b"")
+            rx.wait(2**32)
+        with pytest.raises(ValueError):
+            rx.release([knod.Fragment(0, 100, 2**32 + 5, 0)])  # would free token 5
+        # The receiver has a dup of its own: the caller's socket may close.
+        conn.close()
+        peer.sendall(b"after")
+        assert rx.receive() == knod.Received([], b"after")
+        # A receive blocked in one thread; close() from another waits for it, never frees the
+        # handle under it.
+        import threading
+
+        got = []
+        reader = threading.Thread(target=lambda: got.append(rx.receive()))
+        reader.start()
+        assert eventually(rx._lock.locked)  # the reader is inside the C call
+        closer = threading.Thread(target=rx.close)
+        closer.start()
+        peer.sendall(b"late")
+        reader.join(30)
+        closer.join(30)
+        assert got == [knod.Received([], b"late")]
     with pytest.raises(ValueError, match="closed"):
         rx.wait(0)
-    conn.close()
+    # The peer's close, on a fresh receiver: an empty Received.
+    peer2 = socket.create_connection(server.getsockname())
+    conn2, _ = server.accept()
+    with knod.DevmemReceiver(conn2) as rx2:
+        peer2.close()
+        assert rx2.wait(30000)
+        assert rx2.receive() == knod.Received([], b"")
+    conn2.close()
+    peer.close()
     server.close()

@@ -186,6 +186,13 @@ TEST(CApiDevmem, ALoopbackStreamThroughTheCApi) {
     EXPECT_EQ(knod_devmem_rx_receive(rx, linear, sizeof linear, nullptr, frags, 4, &nfrags, &err),
               KNOD_ERR_INVALID_ARGUMENT);
     knod_error_free(err);
+    // No room for either would make "nothing received" look like the peer's close.
+    EXPECT_EQ(knod_devmem_rx_receive(rx, linear, sizeof linear, &nbytes, frags, 0, &nfrags, &err),
+              KNOD_ERR_INVALID_ARGUMENT);
+    knod_error_free(err);
+    EXPECT_EQ(knod_devmem_rx_receive(rx, linear, 0, &nbytes, frags, 4, &nfrags, &err),
+              KNOD_ERR_INVALID_ARGUMENT);
+    knod_error_free(err);
 
     knod_devmem_fragment unknown{0, 100, 12345, 0};
     EXPECT_EQ(knod_devmem_rx_release(rx, &unknown, 1, &err), KNOD_ERR_IO);

@@ -138,7 +138,7 @@ KNOD_API void knod_binding_free(knod_binding *binding);
  * the NIC writes the payload of the binding's TCP flows into the holder's dma-buf, and the
  * holder's own TCP socket (connected or accepted) says where it landed instead of handing over
  * the bytes. A receiver reads one socket; it does not own the fd. */
-typedef struct knod_devmem_rx knod_devmem_rx;
+typedef struct knod_devmem_rx knod_devmem_rx; /* for one thread at a time */
 /* `size` payload bytes at byte `offset` of the dma-buf; `token` is what release gives back. */
 typedef struct knod_devmem_fragment {
     uint64_t offset;
@@ -157,7 +157,8 @@ KNOD_API knod_errc knod_devmem_rx_wait(knod_devmem_rx *rx, int timeout_ms, knod_
  * their count in *n_fragments; bytes the NIC could not place in the dma-buf (SCM_DEVMEM_LINEAR,
  * or a socket that is not devmem) are copied into `linear` (up to `linear_size`), their count
  * in *linear_bytes. Fragments beyond `max_fragments` are kept and handed out by the next calls
- * first (with no new recvmsg). Zero fragments and zero bytes: the peer closed the stream.
+ * first (with no new recvmsg). Zero fragments and zero bytes: the peer closed the stream
+ * (`linear_size` and `max_fragments` must be at least 1, so this is never a lack of room).
  * KNOD_ERR_TIMEOUT on a non-blocking socket with nothing to read. Fragments stay the holder's
  * until released: the NIC cannot reuse their memory. */
 KNOD_API knod_errc knod_devmem_rx_receive(knod_devmem_rx *rx, uint8_t *linear, size_t linear_size,
