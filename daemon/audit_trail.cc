@@ -159,11 +159,6 @@ std::string AuditTrail::journal_problem() const {
     return problem;
 }
 
-std::optional<SnapshotStatus> AuditTrail::snapshot_status() const {
-    if (!snapshots_) return std::nullopt;
-    return snapshots_->status();
-}
-
 void AuditTrail::record(journal::Event e) {
     forward(e);
     // Stopping: everything is written in order, waited for, by the final flush_pending_now();

@@ -113,8 +113,6 @@ class AuditTrail {
     // anchor advances; otherwise why not ("anchor not advancing: ...: no space left on the
     // device (ENOSPC); 3 failed write(s)").
     std::string journal_problem() const;
-    // The auditors' snapshot: what was last published (nullopt: no snapshot is published).
-    std::optional<SnapshotStatus> snapshot_status() const;
 
   private:
     struct PendingEnd {

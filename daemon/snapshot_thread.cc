@@ -56,15 +56,12 @@ void SnapshotThread::publish_locked(std::unique_lock<std::mutex> &lock) {
     next_ =
         ended + std::max<std::chrono::steady_clock::duration>(interval_, (ended - started) * 10);
     if (published) {
-        ++status_.published;
         status_.seq = published->seq;
-        status_.at_us = published->at_us;
         status_.failing.clear();
         status_.failing_since_us = 0;
     } else {
         // Tried again at the next interval whether or not the head moves.
         dirty_ = true;
-        ++status_.failures;
         if (status_.failing.empty()) {
             status_.failing_since_us = journal::now_us();
             std::cerr << "knod-policyd: the auditors' snapshot could not be published: "

@@ -16,11 +16,10 @@
 
 namespace knod::daemon {
 
+// What `status` says of the snapshot (AuditTrail::journal_problem).
 struct SnapshotStatus {
-    std::int64_t seq = 0;   // the last published copy's last event
-    std::int64_t at_us = 0; // when it was taken (realtime); 0: none published yet
-    std::uint64_t published = 0, failures = 0;
-    std::string failing; // why the last publication failed; "" once one succeeds
+    std::int64_t seq = 0; // the last published copy's last event
+    std::string failing;  // why the last publication failed; "" once one succeeds
     std::int64_t failing_since_us = 0;
 };
 

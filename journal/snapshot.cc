@@ -126,7 +126,6 @@ Result<SnapshotPublisher> SnapshotPublisher::open(std::string live_path, mode_t 
 }
 
 Result<Published> SnapshotPublisher::publish() {
-    auto started = std::chrono::steady_clock::now();
     Published out;
     // A fresh work file each time, 0600, made before SQLite (which would create it 0644 less
     // the umask) opens it; whatever an interrupted publication left goes first.
@@ -190,10 +189,6 @@ Result<Published> SnapshotPublisher::publish() {
             !r)
             return r.error();
     }
-    struct stat st {};
-    if (::stat(published_.c_str(), &st) == 0) out.bytes = st.st_size;
-    out.took = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - started);
     return out;
 }
 

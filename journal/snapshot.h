@@ -64,8 +64,6 @@ bool at_snapshot_path(const std::string &path, const SnapshotMark &mark);
 struct Published {
     std::int64_t seq = 0;   // the copy's last event (0: the journal had none)
     std::int64_t at_us = 0; // SnapshotMark::at_us
-    std::int64_t bytes = 0; // the copy's size
-    std::chrono::microseconds took{0};
 };
 
 class SnapshotPublisher {
