@@ -211,16 +211,11 @@ class Journal::Writer {
         : db_(std::move(db)), insert_event_(std::move(insert_event)) {}
 
     Result<void> load_head() {
-        auto st = db_.prepare("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1");
-        if (!st) return st.error();
-        auto row = st->step();
-        if (!row) return row.error();
-        if (*row) {
-            head_seq_ = st->int64(0);
-            std::string h = st->blob(1);
-            if (h.size() != head_hash_.size())
-                return make_error(Errc::corrupt, "last event has a malformed hash");
-            std::copy(h.begin(), h.end(), head_hash_.begin());
+        auto head = read_head(db_);
+        if (!head) return head.error();
+        if (*head) {
+            head_seq_ = (*head)->seq;
+            head_hash_ = (*head)->hash;
         }
         return {};
     }
@@ -234,6 +229,21 @@ class Journal::Writer {
     std::int64_t committed_seq_ = 0, saved_seq_ = 0;
     Hash committed_hash_{}, saved_hash_{};
 };
+
+Result<std::optional<ChainHead>> read_head(Database &db) {
+    auto st = db.prepare("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1");
+    if (!st) return st.error();
+    auto row = st->step();
+    if (!row) return row.error();
+    if (!*row) return std::optional<ChainHead>();
+    ChainHead head;
+    head.seq = st->int64(0);
+    std::string h = st->blob(1);
+    if (h.size() != head.hash.size())
+        return make_error(Errc::corrupt, "last event has a malformed hash");
+    std::copy(h.begin(), h.end(), head.hash.begin());
+    return std::optional<ChainHead>(head);
+}
 
 Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
     auto writer = Writer::open(path);

@@ -27,6 +27,13 @@ namespace knod::journal {
 Result<Database> open_and_migrate(const std::string &path);
 int latest_schema_version();
 
+// The last event's sequence number and hash: the chain head. Nullopt for a journal with no
+// event; Errc::corrupt when its hash is not a hash.
+struct ChainHead {
+    std::int64_t seq = 0;
+    Hash hash{};
+};
+Result<std::optional<ChainHead>> read_head(Database &db);
 
 class Journal {
   public:

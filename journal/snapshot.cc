@@ -1,5 +1,6 @@
 #include "journal/snapshot.h"
 
+#include "journal/journal.h"
 #include "journal/records.h"
 #include "journal/sqlite.h"
 #include "knod/json.h"
@@ -152,16 +153,11 @@ Result<Published> SnapshotPublisher::publish() {
         // with read access alone opens it.
         if (auto r = work->exec("PRAGMA journal_mode=DELETE"); !r)
             return std::move(r).error().context("snapshot " + work_);
-        auto last = work->prepare("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1");
+        auto last = read_head(*work);
         if (!last) return std::move(last).error().context("snapshot " + work_);
-        auto row = last->step();
-        if (!row) return std::move(row).error().context("snapshot " + work_);
-        if (*row) {
-            out.seq = last->int64(0);
-            std::string h = last->blob(1);
-            if (h.size() != head.size())
-                return make_error(Errc::corrupt, "snapshot: the last event has a malformed hash");
-            std::copy(h.begin(), h.end(), head.begin());
+        if (*last) {
+            out.seq = (*last)->seq;
+            head = (*last)->hash;
         }
     }
     if (auto r = own_file(published_, mode_); !r) return r.error();
