@@ -348,22 +348,18 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
         return make_error(Errc::io, "cannot read the journal " + path + ": " + std::strerror(err));
     }
     auto regular = require_regular(fd, path);
+    // The database header's read and write versions (bytes 18 and 19): 1 for a rollback journal,
+    // 2 for WAL.
+    unsigned char header[20] = {};
+    bool rollback_mode =
+        regular && ::pread(fd, header, sizeof header, 0) == static_cast<ssize_t>(sizeof header) &&
+        header[18] == 1 && header[19] == 1;
     ::close(fd);
     if (!regular) return regular.error();
 
     auto exists = [](const std::string &p) {
         struct stat s {};
         return ::stat(p.c_str(), &s) == 0;
-    };
-    // The database header's read and write versions (bytes 18 and 19): 1 for a rollback journal,
-    // 2 for WAL.
-    auto rollback_mode = [&] {
-        unsigned char header[20] = {};
-        int hfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-        if (hfd < 0) return false;
-        bool whole = ::pread(hfd, header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
-        ::close(hfd);
-        return whole && header[18] == 1 && header[19] == 1;
     };
     std::shared_ptr<PrivateCopy> copy;
     std::string open_path = path, query = "mode=ro";
@@ -375,7 +371,7 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
         // directory someone else may write that could be a FIFO (an open that never returns) or
         // a link to a device. Anything else (a copy, a cleanly closed journal) is immutable, so
         // nothing beside it is opened or written.
-        locked = rollback_mode() && published_snapshot_of(path).has_value();
+        locked = rollback_mode && published_snapshot_of(path).has_value();
         if (locked) {
             struct stat j {};
             if (::lstat((path + "-journal").c_str(), &j) == 0 && !S_ISREG(j.st_mode))
