@@ -31,7 +31,7 @@ struct Options {
     std::string db = default_db;
     bool json = false, csv = false;
     std::string since, until, user, netdev, gpu, rule, decision, reason, kind;
-    std::int64_t limit = 0;
+    std::int64_t limit = 0, last = 0;
     std::string session;
     std::string html; // report: write the page here
     std::string format = "jsonl";
@@ -81,8 +81,14 @@ void add_filters(CLI::App *cmd, Options &o, bool events) {
                         "only events after this event id (an export's event_id, "
                         "JOURNAL_ID-SEQ): continues an earlier export");
     }
-    cmd->add_option("--limit", o.limit, "at most this many rows (1 or more)")
-        ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
+    auto *limit =
+        cmd->add_option("--limit", o.limit, "at most this many rows (1 or more), the oldest first")
+            ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
+    cmd->add_option("--last", o.last,
+                    "the N newest rows that match (1 or more), printed oldest first: a page "
+                    "of recent events without reading the whole journal")
+        ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()))
+        ->excludes(limit);
 }
 
 void add_output(CLI::App *cmd, Options &o) {
@@ -147,6 +153,10 @@ Result<journal::Filter> make_filter(const Options &o, bool events) {
     set(o.decision, f.decision);
     set(o.kind, f.kind);
     if (o.limit > 0) f.limit = o.limit;
+    if (o.last > 0) {
+        f.limit = o.last;
+        f.newest = true;
+    }
     return f;
 }
 

@@ -235,6 +235,7 @@ class BindingManager {
     driver::Counters counters(const std::string &id) const { return driver_.counters(id); }
     const driver::Driver &driver() const { return driver_; }
     const host::HostPaths &host_paths() const { return config_.host; }
+    const std::string &journal_path() const { return config_.journal_path; }
     std::size_t max_flows() const { return config_.max_flows; }
     // Copies of every event go here too (journald, Linux audit); optional. A sink that starts
     // or stops failing becomes a sink-failing / sink-recovered event.

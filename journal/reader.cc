@@ -154,6 +154,16 @@ std::string limit_sql(const Filter &f) {
     return f.limit ? " LIMIT " + std::to_string(*f.limit) : std::string();
 }
 
+// `select` ordered by `order` (its column number `position`), limited as the filter says. The
+// newest rows are taken in reverse through the same index, then put back in order: SQLite reads
+// only `limit` rows of the index either way.
+std::string ordered_sql(const std::string &select, const std::string &order, int position,
+                        const Filter &f) {
+    if (!f.newest || !f.limit) return select + " ORDER BY " + order + limit_sql(f);
+    return "SELECT * FROM (" + select + " ORDER BY " + order + " DESC" + limit_sql(f) +
+           ") ORDER BY " + std::to_string(position);
+}
+
 } // namespace
 
 Event event_from_row(const Statement &st) {
@@ -451,8 +461,9 @@ Result<void> JournalReader::sessions(const Filter &f,
     w.add("gpu = ?", f.gpu);
     w.add("rule = ?", f.rule);
     w.add("end_reason = ?", f.reason);
-    auto st = j_.db().prepare(std::string("SELECT ") + session_columns + " FROM sessions" +
-                              w.sql() + " ORDER BY started_us" + limit_sql(f));
+    auto st = j_.db().prepare(
+        ordered_sql(std::string("SELECT ") + session_columns + " FROM sessions" + w.sql(),
+                    "started_us", 13, f));
     if (!st) return st.error();
     w.bind(*st);
     for (;;) {
@@ -479,11 +490,12 @@ Result<void> JournalReader::events(const Filter &f,
     w.add("e.kind = ?", f.kind);
     w.add("e.seq > ?", f.after_seq);
     w.add("e.session_id = ?", f.session);
-    auto st =
-        j_.db().prepare("SELECT e.seq, e.at_us, e.kind, e.session_id, e.uid, e.pid, e.rule, "
-                        "e.decision, e.reason, e.detail, e.prev_hash, e.hash, s.netdev, s.gpu, "
-                        "s.flows FROM events e LEFT JOIN sessions s ON s.id = e.session_id" +
-                        w.sql() + " ORDER BY e.seq" + limit_sql(f));
+    auto st = j_.db().prepare(
+        ordered_sql("SELECT e.seq, e.at_us, e.kind, e.session_id, e.uid, e.pid, e.rule, "
+                    "e.decision, e.reason, e.detail, e.prev_hash, e.hash, s.netdev, s.gpu, "
+                    "s.flows FROM events e LEFT JOIN sessions s ON s.id = e.session_id" +
+                        w.sql(),
+                    "e.seq", 1, f));
     if (!st) return st.error();
     w.bind(*st);
     for (;;) {

@@ -31,6 +31,7 @@ struct Filter {
     std::optional<std::int64_t> after_seq; // events only: those after this one (export --after)
     std::optional<std::string> session;    // events only: of this session (audit show)
     std::optional<std::int64_t> limit;
+    bool newest = false; // with limit: the newest `limit` rows that match, still oldest first
 };
 
 // An event as the audit tools read it: the chained row plus what its session row says, for

@@ -16,8 +16,9 @@ packages=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
-  # the audit report's page, rendered and measured by its test
-  chromium python3-pil
+  # the audit report's page, rendered and measured by its test; the Cockpit page, driven in
+  # Chromium over the DevTools protocol against cockpit-ws (tests/cockpit)
+  chromium python3-pil cockpit-ws cockpit-bridge python3-websocket curl
   # the Python package's tests (tests/python) under /usr/bin/python3, and the article's example
   # with a real tensor (Debian's CPU-only torch 1.13; the main job and python.knod use it)
   python3-pytest python3-numpy python3-torch

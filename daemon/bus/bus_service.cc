@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string_view>
 #include <thread>
@@ -95,6 +96,14 @@ int binding_count(sd_bus_message *m, const BindingManager &mgr) {
 int rules(sd_bus_message *m, const BindingManager &mgr) {
     return sd_bus_message_append(m, "u", static_cast<std::uint32_t>(mgr.policy().rules.size()));
 }
+int policy_digest(sd_bus_message *m, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "s", mgr.policy().digest.c_str());
+}
+int journal_path(sd_bus_message *m, const BindingManager &mgr) {
+    std::error_code ec;
+    auto absolute = std::filesystem::absolute(mgr.journal_path(), ec).lexically_normal();
+    return sd_bus_message_append(m, "s", ec ? mgr.journal_path().c_str() : absolute.c_str());
+}
 int permissive(sd_bus_message *m, const BindingManager &mgr) {
     return sd_bus_message_append(m, "b", mgr.policy().settings.permissive);
 }
@@ -165,6 +174,11 @@ int queues(sd_bus_message *m, const Binding &b, const BindingManager &) {
 int key_id(sd_bus_message *m, const Binding &b, const BindingManager &) {
     return sd_bus_message_append(m, "s", b.key_id.c_str());
 }
+int owner_unit(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    // Read off the holder's cgroup (names a user can choose in its own subtree): escaped.
+    const std::string &unit = b.owner.unit.empty() ? b.owner.user_unit : b.owner.unit;
+    return sd_bus_message_append(m, "s", escape_untrusted(unit, Escape::value, 256).c_str());
+}
 int rule(sd_bus_message *m, const Binding &b, const BindingManager &) {
     return sd_bus_message_append(m, "s", b.rule.c_str());
 }
@@ -223,6 +237,13 @@ const sd_bus_vtable manager_vtable[] = {
     SD_BUS_PROPERTY("BindingCount", "u", BusService::manager_property<get::binding_count>, 0, 0),
     SD_BUS_PROPERTY("Rules", "u", BusService::manager_property<get::rules>, 0, 0),
     SD_BUS_PROPERTY("Permissive", "b", BusService::manager_property<get::permissive>, 0, 0),
+    // The digest of the policy in force, as every decision in the journal names it (a hash
+    // of its text: says which policy, not what it says). Re-read on PolicyReloaded.
+    SD_BUS_PROPERTY("PolicyDigest", "s", BusService::manager_property<get::policy_digest>, 0, 0),
+    // Where the live journal is (absolute): for `knod-policy audit --db` (it reads the
+    // published snapshot beside it when the live file is the daemon's alone).
+    SD_BUS_PROPERTY("JournalPath", "s", BusService::manager_property<get::journal_path>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("JournalAvailable", "b", BusService::manager_property<get::journal_available>,
                     0, 0),
     SD_BUS_PROPERTY("PendingJournalRecords", "t",
@@ -258,6 +279,10 @@ const sd_bus_vtable manager_vtable[] = {
     SD_BUS_METHOD_WITH_NAMES("ReloadPolicy", "", "", "uu",
                              SD_BUS_PARAM(rules) SD_BUS_PARAM(revoked), BusService::reload_policy,
                              SD_BUS_VTABLE_UNPRIVILEGED),
+    // Anyone: whether RevokeBinding and ReloadPolicy would be allowed to the caller now (the
+    // same check, polkit asked without interaction), and why not. Changes nothing.
+    SD_BUS_METHOD_WITH_NAMES("CanManage", "", "", "bs", SD_BUS_PARAM(allowed) SD_BUS_PARAM(reason),
+                             BusService::can_manage, SD_BUS_VTABLE_UNPRIVILEGED),
     // Anyone: the host's inventory is not secret from its own users.
     SD_BUS_METHOD_WITH_NAMES("GetHostReport", "", "", "s", SD_BUS_PARAM(report_json),
                              BusService::host_report, SD_BUS_VTABLE_UNPRIVILEGED),
@@ -292,6 +317,9 @@ const sd_bus_vtable binding_vtable[] = {
     SD_BUS_PROPERTY("OwnerUid", "u", BusService::binding_property<get::owner_uid>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property<get::owner_pid>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    // The holder's systemd unit (system manager's, else user manager's), "" outside any.
+    SD_BUS_PROPERTY("OwnerUnit", "s", BusService::binding_property<get::owner_unit>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property<get::region_size>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
@@ -770,6 +798,26 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
                     call.get(), "uu",
                     static_cast<std::uint32_t>(s->manager_->policy().rules.size()),
                     static_cast<std::uint32_t>(*revoked));
+            });
+        if (!asked) return s->refuse_limit(m, *c, asked.error(), err);
+        return 1; // replied, or will be
+    });
+}
+
+int BusService::can_manage(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("CanManage", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "CanManage"); !t) return fail(err, t.error());
+        std::shared_ptr<sd_bus_message> call = hold_call(m);
+        auto asked =
+            s->authorizer_.check_admin(*c, s->manager_->policy().settings, [call](bool admin) {
+                sd_bus_reply_method_return(
+                    call.get(), "bs", admin,
+                    admin ? ""
+                          : "revoking and reloading need root, the policy's admin group, "
+                            "or polkit action org.knod.policy1.manage (without a password)");
             });
         if (!asked) return s->refuse_limit(m, *c, asked.error(), err);
         return 1; // replied, or will be

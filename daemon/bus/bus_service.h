@@ -61,6 +61,7 @@ class BusService : public daemon::BindingEvents {
     static int list_bindings(sd_bus_message *m, void *self, sd_bus_error *err);
     static int revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err);
     static int reload_policy(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int can_manage(sd_bus_message *m, void *self, sd_bus_error *err);
     static int host_report(sd_bus_message *m, void *self, sd_bus_error *err);
     static int metrics(sd_bus_message *m, void *self, sd_bus_error *err);
     static int subscribe(sd_bus_message *m, void *self, sd_bus_error *err);

@@ -190,6 +190,20 @@ py 'import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==7 and all(x[
 "$cli" audit events --db "$work/j.db" --json --kind request-granted --since 1h --until now >"$work/e.json"
 py 'import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==20 and {x["kind"] for x in r}=={"request-granted"}' "$work/e.json" \
     && ok "audit events --kind --since --until" || not_ok "audit events filters"
+# --last N: the newest N that match, oldest first (the Cockpit page reads recent refusals so).
+"$cli" audit events --db "$work/j.db" --json --last 3 >"$work/last.json"
+py 'import json,sys; r=json.load(open(sys.argv[1])); assert [x["seq"] for x in r]==["38","39","40"] or [x["seq"] for x in r]==[38,39,40], [x["seq"] for x in r]' "$work/last.json" \
+    && ok "audit events --last 3 gives the three newest, oldest first" || { not_ok "audit events --last"; cat "$work/last.json"; }
+"$cli" audit events --db "$work/j.db" --json --last 2 --kind request-granted >"$work/last.json"
+"$cli" audit events --db "$work/j.db" --json --kind request-granted >"$work/all.json"
+py 'import json,sys; r=json.load(open(sys.argv[1])); a=json.load(open(sys.argv[2])); assert r==a[-2:] and len(r)==2, r' "$work/last.json" "$work/all.json" \
+    && ok "audit events --last with a filter: the newest that match" || not_ok "audit events --last --kind"
+"$cli" audit sessions --db "$work/j.db" --json --last 1 >"$work/last.json"
+"$cli" audit sessions --db "$work/j.db" --json >"$work/all.json"
+py 'import json,sys; r=json.load(open(sys.argv[1])); a=json.load(open(sys.argv[2])); assert r==a[-1:], r' "$work/last.json" "$work/all.json" \
+    && ok "audit sessions --last 1 is the newest session" || not_ok "audit sessions --last"
+expect_rc 2 "--last and --limit together are refused" -- "$cli" audit events --db "$work/j.db" --last 2 --limit 2
+expect_rc 2 "--last 0 is refused" -- "$cli" audit events --db "$work/j.db" --last 0
 "$cli" audit events --db "$work/j.db" --json --since 2000-01-01 --until 2000-01-02 >"$work/e0.json"
 py 'import json,sys; assert json.load(open(sys.argv[1]))==[]' "$work/e0.json" && ok "an empty period is an empty array" || not_ok "empty period"
 "$cli" audit export --db "$work/j.db" --format jsonl >"$work/e.jsonl" 2>/dev/null

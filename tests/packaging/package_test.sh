@@ -20,7 +20,7 @@ check() { if eval "$2"; then ok "$1"; else not_ok "$1"; fi; }
 die() { echo "package_test: $*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "needs root (dpkg -i, users, mount namespaces)"
-packages="knod-policy libknod-client1 libknod-client-dev python3-knod"
+packages="knod-policy libknod-client1 libknod-client-dev python3-knod cockpit-knod"
 for p in $packages; do
     if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed'; then
         die "$p is installed on this machine; remove it first (the test installs and purges it)"
@@ -33,7 +33,7 @@ had_render=$(getent group render >/dev/null && echo yes || echo no)
 had_state=$([ -e /var/lib/knod-policy ] && echo yes || echo no)
 had_pins=$([ -e /sys/fs/bpf/knod ] && echo yes || echo no) # tmpfiles.d makes it at install
 cleanup() {
-    dpkg --purge python3-knod libknod-client-dev libknod-client1 knod-policy >/dev/null 2>&1
+    dpkg --purge cockpit-knod python3-knod libknod-client-dev libknod-client1 knod-policy >/dev/null 2>&1
     [ "$had_state" = yes ] || rm -rf /var/lib/knod-policy
     [ "$had_pins" = yes ] || rmdir /sys/fs/bpf/knod 2>/dev/null
     [ "$had_user" = yes ] || userdel knod-policy 2>/dev/null
@@ -64,8 +64,8 @@ grep "^E:" "$work/lintian.log"
 arch=$(dpkg --print-architecture)
 debs=()
 for p in libknod-client1 libknod-client-dev; do debs+=("$work/${p}_0.1.0_$arch.deb"); done
-debs+=("$work/python3-knod_0.1.0_all.deb")
-check "the SDK packages were built (libknod-client1, libknod-client-dev, python3-knod)" \
+debs+=("$work/python3-knod_0.1.0_all.deb" "$work/cockpit-knod_0.1.0_all.deb")
+check "the SDK and Cockpit packages were built (libknod-client1, libknod-client-dev, python3-knod, cockpit-knod)" \
     'ls "${debs[@]}" >/dev/null'
 dpkg -i "$deb" "${debs[@]}" >"$work/install.log" 2>&1
 check "the packages install" '[ $? -eq 0 ]' || cat "$work/install.log"
@@ -96,6 +96,11 @@ for f in /usr/include/knod/client.h /usr/include/knod/client.hpp \
     /usr/share/dbus-1/interfaces/org.knod.Policy1.xml /usr/lib/python3/dist-packages/knod/__init__.py; do
     check "installed: $f" '[ -s "$f" ]'
 done
+for f in manifest.json index.html knod.js knod.css; do
+    check "installed: /usr/share/cockpit/knod/$f" '[ -s "/usr/share/cockpit/knod/$f" ]'
+done
+check "cockpit-bridge finds the installed page" \
+    'cockpit-bridge --packages 2>/dev/null | grep -q "^knod  *GPU offload (knod)  */usr/share/cockpit/knod$"'
 check "libknod-client1 ships only the library (the -dev package the rest)" \
     '[ "$(dpkg -L libknod-client1 | grep -c "\.so")" -eq 2 ] && ! dpkg -L libknod-client1 | grep -q include'
 
@@ -157,9 +162,9 @@ for sub in verify sessions; do
 done
 
 # --- purge ------------------------------------------------------------------------------
-dpkg --purge python3-knod libknod-client-dev libknod-client1 >"$work/purge.log" 2>&1
-check "the SDK packages purge, leaving no file" \
-    '[ $? -eq 0 ] && [ ! -e /usr/include/knod ] && [ ! -e /usr/lib/python3/dist-packages/knod ] && ! ls /usr/lib/*/libknod-client.so* >/dev/null 2>&1' ||
+dpkg --purge cockpit-knod python3-knod libknod-client-dev libknod-client1 >"$work/purge.log" 2>&1
+check "the SDK and Cockpit packages purge, leaving no file" \
+    '[ $? -eq 0 ] && [ ! -e /usr/share/cockpit/knod ] && [ ! -e /usr/include/knod ] && [ ! -e /usr/lib/python3/dist-packages/knod ] && ! ls /usr/lib/*/libknod-client.so* >/dev/null 2>&1' ||
     cat "$work/purge.log"
 dpkg --purge knod-policy >"$work/purge.log" 2>&1
 check "the package purges" '[ $? -eq 0 ]' || cat "$work/purge.log"
