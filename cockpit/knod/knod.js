@@ -75,7 +75,7 @@ function bytes(n) {
         n /= 1024;
         i++;
     }
-    return (i === 0 ? String(n) : n.toFixed(1)) + " " + units[i];
+    return (i === 0 ? String(Math.round(n)) : n.toFixed(1)) + " " + units[i];
 }
 
 function utc(us) {
@@ -131,7 +131,9 @@ function readManager() {
 }
 
 function readCanManage() {
-    return call(MANAGER_PATH, MANAGER, "CanManage").then(([allowed, reason]) => {
+    return call(MANAGER_PATH, MANAGER, "CanManage")
+            .catch(e => [false, "the daemon could not say (" + errorText(e) + "); reload the page to ask again"])
+            .then(([allowed, reason]) => {
         mayManage = !!allowed;
         const why = manageWhy = mayManage ? "" : "Revoke and reload are not available to you: " + reason;
         const note = $("manage-note");
@@ -148,12 +150,14 @@ function readCanManage() {
 
 function reload() {
     setText($("reload-result"), "reloading...");
+    $("reload").disabled = true;
     call(MANAGER_PATH, MANAGER, "ReloadPolicy")
             .then(([rules, revoked]) => {
                 setText($("reload-result"), "reloaded: " + rules + " rule(s), " + revoked + " binding(s) revoked");
                 return readManager();
             })
-            .catch(e => setText($("reload-result"), "not reloaded: " + errorText(e)));
+            .catch(e => setText($("reload-result"), "not reloaded: " + errorText(e)))
+            .finally(() => { $("reload").disabled = !mayManage });
 }
 
 /* --- live bindings -------------------------------------------------------------------------- */
@@ -249,17 +253,22 @@ function idOfPath(path) {
     return path.startsWith(BINDINGS_PREFIX) ? path.slice(BINDINGS_PREFIX.length) : null;
 }
 
-function subscribeSignals() {
-    bus.subscribe({ interface: MANAGER, path: MANAGER_PATH }, (path, iface, signal, args) => {
+// The Manager's signals. Named, so that a test can hand it a forged signal directly (Cockpit's
+// bridge drops most forgeries before they get here; the page must not need that).
+function managerSignal(path, iface, signal, args) {
         if (signal === "BindingCreated") {
             fetchBinding(args[0]);
             readManagerSoon();
         } else if (signal === "BindingReleased" || signal === "BindingRevoked") {
             confirmEnded(args[1], args[2]);
             readManagerSoon();
-        } else if (signal === "PolicyReloaded")
+        } else if (signal === "PolicyReloaded") {
             readManager().then(readCanManage).catch(() => {});
-    });
+        }
+}
+
+function subscribeSignals() {
+    bus.subscribe({ interface: MANAGER, path: MANAGER_PATH }, managerSignal);
     bus.subscribe({ interface: PROPERTIES, member: "PropertiesChanged", path_namespace: MANAGER_PATH },
                   (path, iface, signal, args) => {
                       const b = bindings.get(idOfPath(path));
@@ -287,6 +296,15 @@ function readCounters() {
     call(MANAGER_PATH, OBJECT_MANAGER, "GetManagedObjects")
             .then(([objects]) => {
                 const now = performance.now();
+                // A missed signal (the daemon only logs a lost one) leaves no wrong row for
+                // long: a row whose object is gone is confirmed ended, an object without a row
+                // is fetched.
+                for (const [id, b] of bindings)
+                    if (!(b.path in objects))
+                        confirmEnded(id, "(ended; see the journal)");
+                for (const path in objects)
+                    if (idOfPath(path) !== null && !bindings.has(idOfPath(path)))
+                        fetchBinding(path);
                 for (const path in objects) {
                     const b = bindings.get(idOfPath(path));
                     const ifaces = objects[path];
@@ -303,7 +321,7 @@ function readCounters() {
                     setText(b.cells.expires, remaining(p.Expires));
                 }
             })
-            .catch(() => {})
+            .catch(e => showProblem("Cannot read the bindings' counters: " + errorText(e)))
             .finally(scheduleCounters);
 }
 
@@ -366,6 +384,8 @@ function refreshJournal() {
     if (journalTimer !== null)
         window.clearTimeout(journalTimer);
     journalTimer = window.setTimeout(refreshJournal, JOURNAL_INTERVAL_MS);
+    if (cockpit.hidden)
+        return; // looked at again when the page is shown
     if (!journalPath) {
         journalProblem("The daemon did not say where its journal is.");
         return;
@@ -381,6 +401,7 @@ function refreshJournal() {
                     return;
                 }
                 if (!Array.isArray(events)) {
+                    $("journal-body").replaceChildren();
                     journalProblem(events && events.error ? events.error : "unexpected answer from knod-policy");
                     return;
                 }
@@ -389,14 +410,26 @@ function refreshJournal() {
                 showJournal(events);
             })
             .catch((e, out) => {
-                let text = errorText(e);
+                // knod-policy exits 2 with a JSON error: an object, or the last element of the
+                // array it had begun (a row it could not read).
+                let text = errorText(e), denied = e && e.exit_status === 2 && !out;
                 try {
-                    const j = JSON.parse(out);
+                    let j = JSON.parse(out);
+                    if (Array.isArray(j))
+                        j = j[j.length - 1];
                     if (j && j.error)
                         text = j.error;
+                    denied = /permission denied|cannot read the journal/i.test(text);
                 } catch (x) { /* the message says it */ }
-                journalProblem("The journal cannot be read as you: " + text +
-                               " (auditors are members of the state dir's group; docs/audit.md)");
+                $("journal-body").replaceChildren();
+                journalProblem(denied
+                    ? "The journal cannot be read as you: " + text +
+                      " (auditors are members of the state dir's group; docs/audit.md)"
+                    : "The journal could not be read: " + text);
+                if (denied && journalTimer !== null) { // asking again will not help
+                    window.clearTimeout(journalTimer);
+                    journalTimer = null;
+                }
             });
 }
 
@@ -482,21 +515,38 @@ function start() {
     $("revoke-form").addEventListener("submit", revoke);
     $("revoke-cancel").addEventListener("click", closeRevoke);
     $("journal-refresh").addEventListener("click", refreshJournal);
-    cockpit.addEventListener("visibilitychange", scheduleCounters);
+    cockpit.addEventListener("visibilitychange", () => {
+        scheduleCounters();
+        if (!cockpit.hidden && journalTimer !== null)
+            refreshJournal();
+    });
     countBindings();
     bus.addEventListener("close", (event, options) => {
         showProblem("Lost the system bus: " + cockpit.message(options));
         $("knod").dataset.state = "closed";
     });
+    let daemonOwner;
     bus.addEventListener("owner", (event, owner) => {
         if (owner === null) {
             showProblem("knod-policyd is not running (no owner of org.knod.Policy1 on the system bus).");
             $("knod").dataset.state = "no-daemon";
+        } else if (daemonOwner !== undefined && owner !== daemonOwner) {
+            // A new daemon: its subscriptions and bindings are its own; start over.
+            for (const id of [...bindings.keys()])
+                dropBinding(id, "the daemon restarted");
+            showProblem("");
+            load();
         }
+        daemonOwner = owner;
     });
     // Signals first, then Subscribe, then the list: a binding made meanwhile arrives twice at
     // most (addBinding ignores the second), and none is missed.
     subscribeSignals();
+    load();
+}
+
+function load() {
+    $("knod").dataset.state = "loading";
     call(MANAGER_PATH, MANAGER, "Subscribe")
             .then(readManager)
             .then(readCanManage)

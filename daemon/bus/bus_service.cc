@@ -176,7 +176,8 @@ int key_id(sd_bus_message *m, const Binding &b, const BindingManager &) {
 }
 int owner_unit(sd_bus_message *m, const Binding &b, const BindingManager &) {
     // Read off the holder's cgroup (names a user can choose in its own subtree): escaped.
-    const std::string &unit = b.owner.unit.empty() ? b.owner.user_unit : b.owner.unit;
+    // The user manager's unit is the narrower (the system unit is then user@UID.service).
+    const std::string &unit = b.owner.user_unit.empty() ? b.owner.unit : b.owner.user_unit;
     return sd_bus_message_append(m, "s", escape_untrusted(unit, Escape::value, 256).c_str());
 }
 int rule(sd_bus_message *m, const Binding &b, const BindingManager &) {
@@ -318,7 +319,7 @@ const sd_bus_vtable binding_vtable[] = {
                     SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("OwnerPid", "u", BusService::binding_property<get::owner_pid>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
-    // The holder's systemd unit (system manager's, else user manager's), "" outside any.
+    // The holder's systemd unit (the user manager's if any, else the system manager's), "".
     SD_BUS_PROPERTY("OwnerUnit", "s", BusService::binding_property<get::owner_unit>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property<get::region_size>, 0,

@@ -69,7 +69,9 @@ cp -r "$src/cockpit/knod" "$work/share/cockpit/knod"
 chmod -R a+rX "$work/share"
 
 free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# cockpit-ws for one user, on a free port (another if a neighbour took it first); prints the URL.
+# cockpit-ws for one user, on a free port. The bridge of a local session starts a session bus
+# and an ssh-agent of its own where none is named, which would outlive the test: both named. (another if a neighbour took it first); writes the
+# page's URL to $work/NAME.url. Not in $(...): its pid must reach this shell's cleanup.
 start_ws() {
     local name=$1 port
     shift
@@ -80,23 +82,26 @@ start_ws() {
         setsid setpriv "${@:2}" env -i PATH="$build/cli:/usr/bin:/bin" HOME="$work/$name" \
             XDG_RUNTIME_DIR="$work/$name" XDG_DATA_HOME="$work/share" \
             DBUS_SYSTEM_BUS_ADDRESS="$DBUS_SYSTEM_BUS_ADDRESS" \
+            DBUS_SESSION_BUS_ADDRESS="unix:path=$work/$name/no-session-bus" \
+            SSH_AUTH_SOCK="$work/$name/no-agent" \
             /usr/lib/cockpit/cockpit-ws --address 127.0.0.1 --port "$port" \
             --local-session=cockpit-bridge >"$work/$name.log" 2>&1 &
         local pid=$!
         pids+=("$pid")
         if wait_until 60 "cockpit-ws for $name on port $port" bash -c "kill -0 $pid 2>/dev/null || exit 0; curl -sf -o /dev/null http://127.0.0.1:$port/cockpit/@localhost/knod/manifest.json && echo up >$work/$name.up" &&
             [ -s "$work/$name.up" ]; then
-            echo "http://127.0.0.1:$port/cockpit/@localhost/knod/index.html"
+            echo "http://127.0.0.1:$port/cockpit/@localhost/knod/index.html" >"$work/$name.url"
             return 0
         fi
         cat "$work/$name.log" >&2
     done
     return 1
 }
-admin_url=$(start_ws admin 1 --reuid=1 --regid=1 --groups="$admin_gid") ||
+start_ws admin 1 --reuid=1 --regid=1 --groups="$admin_gid" ||
     { echo "not ok - cockpit-ws did not serve the page for the admin"; exit 1; }
-plain_url=$(start_ws plain 65534 --reuid=65534 --regid=65534 --clear-groups) ||
+start_ws plain 65534 --reuid=65534 --regid=65534 --clear-groups ||
     { echo "not ok - cockpit-ws did not serve the page for the plain user"; exit 1; }
+admin_url=$(cat "$work/admin.url") plain_url=$(cat "$work/plain.url")
 echo "# admin page $admin_url, plain user's page $plain_url"
 
 mkdir -p "$work/chrome"

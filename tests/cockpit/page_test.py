@@ -213,6 +213,15 @@ def admin_session(args, page):
                                   "/usr/bin/python3", "-c", FORGER, binding], capture_output=True, text=True,
                                  env={"DBUS_SYSTEM_BUS_ADDRESS": args.bus})
             assert_true(out.returncode == 0 and out.stdout.startswith("sent"), out.stdout + out.stderr)
+            # Cockpit's bridge drops most of those before the page sees them; the page must not
+            # rely on it: the same forgeries, handed to its signal handler directly.
+            path = "/org/knod/Policy1/bindings/" + binding
+            page.eval(f"""managerSignal('/org/knod/Policy1', 'org.knod.Policy1.Manager', 'BindingRevoked',
+                                        [{js(path)}, {js(binding)}, 'revoke: forged']);
+                          managerSignal('/org/knod/Policy1', 'org.knod.Policy1.Manager', 'BindingReleased',
+                                        [{js(path)}, {js(binding)}, 'release: forged']);
+                          managerSignal('/org/knod/Policy1', 'org.knod.Policy1.Manager', 'BindingCreated',
+                                        ['/org/knod/Policy1/bindings/bforged00000000', 'bforged00000000'])""")
             # A fence: a real binding made after the forgeries appears once the page has handled them.
             fence, fence_line = start_client(args, "hold", args.netdev, "sim0", "4096", FENCE_FLOW)
             try:
@@ -288,9 +297,12 @@ def admin_session(args, page):
 
 
 def plain_session(args, page):
+    # Root's binding, held meanwhile: the plain user must not see it.
+    others, others_line = start_client(args, "hold", args.netdev, "sim0", "4096", FENCE_FLOW)
     page.open(args.plain_url)
     holder, line = start_client(args, "hold", args.netdev, "sim0", "4096", PLAIN_FLOW, uid=args.plain_uid)
     try:
+        assert_true(others_line.startswith("ok "), f"root got no binding: {others_line}")
         binding = line.split()[1] if line.startswith("ok ") else None
 
         def disabled():
@@ -317,6 +329,7 @@ def plain_session(args, page):
         check("plain user: the journal is not shown, and the page says why", no_journal)
     finally:
         stop_client(holder)
+        stop_client(others)
 
 
 def main():
