@@ -87,6 +87,7 @@ nlohmann::json to_json(const Row &r, bool rates) {
         j["rx_bytes"] = d->rx_bytes;
         j["rx_packets"] = d->rx_packets;
         j["dropped_packets"] = d->dropped_packets;
+        j["pod"] = d->pod.empty() ? nlohmann::json() : nlohmann::json(d->pod);
     }
     if (rates) {
         j["rx_bytes_per_s"] = r.rx_bytes_per_s ? nlohmann::json(*r.rx_bytes_per_s) : nullptr;
@@ -181,9 +182,17 @@ void print_frame(const Frame &f, bool rates) {
         }
         rows.push_back(std::move(row));
         std::vector<std::string> extra;
-        if (d)
+        if (d) {
             for (auto &fl : d->flows)
                 extra.push_back("flow " + fl);
+            auto pod = [&](const char *k) {
+                auto it = d->pod.find(k);
+                return it == d->pod.end() ? std::string() : it->second;
+            };
+            if (!d->pod.empty())
+                extra.push_back("pod " + pod("namespace") + "/" + pod("name") +
+                                (pod("uid").empty() ? "" : " (uid " + pod("uid") + ")"));
+        }
         below.push_back(std::move(extra));
     }
     print_table(rows, below);

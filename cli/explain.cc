@@ -31,6 +31,9 @@ struct Options {
     std::string held_bytes = "0";
     bool unproven = false;
     bool json = false;
+    std::string pod; // NAMESPACE/NAME: the caller is in this pod
+    std::string pod_uid;
+    std::vector<std::string> annotations; // KEY=VALUE, keys under knod.io/
 };
 
 // The GPU's names as the daemon's hardware backends see them: a name that is one of this host's
@@ -80,7 +83,12 @@ int report(const policy::Decision &d, const policy::Caller &c, GroupsSource grou
               {"user_unit", c.user_unit},
               {"cgroup", c.cgroup},
               {"executable", c.executable},
-              {"process_proven", c.process_proven}}},
+              {"process_proven", c.process_proven},
+              {"pod", c.pod ? nlohmann::json{{"namespace", c.pod->k8s_namespace},
+                                             {"name", c.pod->name},
+                                             {"uid", c.pod->uid},
+                                             {"annotations", c.pod->annotations}}
+                            : nlohmann::json()}}},
             {"gpu",
              {{"names", gpu.names},
               {"host_gpu",
@@ -116,6 +124,14 @@ int report(const policy::Decision &d, const policy::Caller &c, GroupsSource grou
                   << (c.process_proven ? "proven (the bus's ProcessFD, or the client attested it)"
                                        : "not proven: a pid only (--unproven)")
                   << "\n";
+        // Only with --pod: admin_cli_test reads the header line by line.
+        if (c.pod) {
+            std::string ann;
+            for (auto &[k, v] : c.pod->annotations)
+                ann += (ann.empty() ? "" : ", ") + k + "=" + quote_untrusted(v, 64);
+            std::cout << "pod:      " << quote_untrusted(c.pod->k8s_namespace + "/" + c.pod->name)
+                      << (ann.empty() ? "" : " [" + ann + "]") << "\n";
+        }
         std::string names;
         for (auto &n : gpu.names)
             names += (names.empty() ? "" : ", ") + n;
@@ -184,6 +200,13 @@ Runner add_explain(CLI::App &app) {
                   "decide as for a caller the daemon knows by its pid alone (a bus without "
                   "ProcessFD and a client that did not attest): allow rules naming units, "
                   "user units, cgroups or executables do not match it, deny rules naming them do");
+    cmd->add_option("--pod", o->pod,
+                    "decide for a process of this Kubernetes pod (NAMESPACE/NAME), as the "
+                    "daemon does for a caller in a sandbox knod-cni registered: rules naming "
+                    "k8s_namespaces, k8s_pods or k8s_annotations match only such a caller");
+    cmd->add_option("--pod-uid", o->pod_uid, "the pod's UID (with --pod)");
+    cmd->add_option("--annotation", o->annotations,
+                    "a pod annotation KEY=VALUE (with --pod; keys under knod.io/, repeatable)");
     cmd->add_flag("--json", o->json, "print the decision as JSON");
     cmd->footer("Example:\n  knod-policy explain --policy "
                 "/usr/share/doc/knod-policy/examples/policy.example.toml --user 1000 \\\n"
@@ -221,6 +244,29 @@ Runner add_explain(CLI::App &app) {
             o->user_unit.empty() ? policy::user_unit_of(o->cgroup) : o->user_unit;
         req.caller.executable = o->exe;
         req.caller.process_proven = !o->unproven;
+        if (!o->pod.empty()) {
+            auto slash = o->pod.find('/');
+            if (slash == std::string::npos || slash == 0 || slash + 1 == o->pod.size()) {
+                std::cerr << "knod-policy explain: --pod: NAMESPACE/NAME, e.g. ml-prod/infer-0\n";
+                return exit_usage;
+            }
+            policy::PodIdentity pod{
+                o->pod.substr(0, slash), o->pod.substr(slash + 1), o->pod_uid, {}};
+            for (auto &a : o->annotations) {
+                auto eq = a.find('=');
+                if (eq == std::string::npos || !a.starts_with(policy::pod_annotation_prefix)) {
+                    std::cerr << "knod-policy explain: --annotation: KEY=VALUE with KEY under "
+                              << policy::pod_annotation_prefix << ", not " << quote_untrusted(a, 64)
+                              << "\n";
+                    return exit_usage;
+                }
+                pod.annotations[a.substr(0, eq)] = a.substr(eq + 1);
+            }
+            req.caller.pod = std::move(pod);
+        } else if (!o->annotations.empty() || !o->pod_uid.empty()) {
+            std::cerr << "knod-policy explain: --annotation and --pod-uid need --pod\n";
+            return exit_usage;
+        }
         req.netdev = o->netdev;
         auto gpu =
             resolve_gpu(o->gpus, o->host_root.empty() ? host::HostPaths{}

@@ -468,6 +468,15 @@ Result<BindingDetails> Client::details(const std::string &id) {
         free(*f);
     }
     free(flows);
+    Reply pod;
+    // A daemon from before #34 has no Pod property: no pod.
+    if (sd_bus_get_property(bus_, service_name, path_of(id).c_str(), binding_interface, "Pod",
+                            &pod.e, &pod.m, "a{ss}") >= 0 &&
+        sd_bus_message_enter_container(pod.m, 'a', "{ss}") >= 0) {
+        const char *k = nullptr, *v = nullptr;
+        while (sd_bus_message_read(pod.m, "{ss}", &k, &v) > 0)
+            d.pod[k] = v;
+    }
     return d;
 }
 

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,8 @@ struct BindingDetails {
     std::uint64_t rx_bytes = 0;
     std::uint64_t rx_packets = 0;
     std::uint64_t dropped_packets = 0;
+    // The holder's Kubernetes pod: namespace, name, uid; empty outside a registered pod.
+    std::map<std::string, std::string> pod;
 };
 
 struct BindingCounters {

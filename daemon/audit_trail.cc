@@ -319,10 +319,11 @@ void AuditTrail::tick(std::int64_t now_us) {
     flush_pending_async();
 }
 
-void AuditTrail::refuse(journal::Event e) {
+void AuditTrail::refuse(journal::Event e, bool one_by_one) {
     if (metrics_) metrics_->refused(e.kind, e.decision.value_or(""));
-    // Root's refusals are kept one by one: root could write the journal directly anyway.
-    bool full = !e.uid || *e.uid == 0 ||
+    // The host's root's refusals are kept one by one: it could write the journal directly
+    // anyway. A container's root (uid 0 too) is coalesced like everyone.
+    bool full = !e.uid || one_by_one ||
                 refusals_.admit(static_cast<std::uint32_t>(*e.uid), e.kind, journal::now_us());
     if (full) record(std::move(e)); // otherwise counted; the window's record says how many
 }

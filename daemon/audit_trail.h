@@ -67,8 +67,9 @@ class AuditTrail {
     // A policy load (daemon-start, policy-reload): the event, and the policy's text stored
     // under its digest, in one transaction (now, or kept for when the journal is back).
     void record_load(journal::Event e);
-    // Journals a refusal unless its (uid, kind) already has a record in the current window.
-    void refuse(journal::Event e);
+    // Journals a refusal unless its (uid, kind) already has a record in the current window;
+    // `one_by_one` (the host's root: daemon/peer.h, Peer::host_root) journals each.
+    void refuse(journal::Event e, bool one_by_one = false);
     // Keeps an event to write with the next retry (it already went to the sinks).
     void keep(journal::Event e);
     // Journals a session's end (now, or kept); `durable` runs once it is on disk or kept.

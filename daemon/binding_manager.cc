@@ -59,6 +59,11 @@ Error journal_error(const Error &e) {
                           e.message + ")");
 }
 
+// The pod a caller is in, as grant and end events name it (strings the registry checked).
+nlohmann::json pod_json(const policy::PodIdentity &p) {
+    return {{"namespace", p.k8s_namespace}, {"name", p.name}, {"uid", p.uid}};
+}
+
 // An array of flow specs: exports show it as is (daemons before #16 stored a JSON-encoded string).
 nlohmann::json flows_json(const std::vector<policy::FlowSpec> &flows) {
     nlohmann::json j = nlohmann::json::array();
@@ -414,8 +419,8 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
     return {};
 }
 
-Result<void> BindingManager::throttle(uid_t uid, pid_t pid, const char *method) {
-    if (uid == 0 || limiter_.admit(uid, std::chrono::steady_clock::now())) return {};
+Result<void> BindingManager::throttle(uid_t uid, pid_t pid, bool host_root, const char *method) {
+    if (host_root || limiter_.admit(uid, std::chrono::steady_clock::now())) return {};
     metrics_.rate_limited(method);
     journal::Event e;
     e.kind = journal::kind::rate_limited;
@@ -432,7 +437,7 @@ Result<void> BindingManager::throttle(uid_t uid, pid_t pid, const char *method) 
                                                 " per user, over all its connections; retry later");
 }
 
-Error BindingManager::refuse_limit(uid_t uid, pid_t pid, const char *method,
+Error BindingManager::refuse_limit(uid_t uid, pid_t pid, bool host_root, const char *method,
                                    const std::string &what) {
     metrics_.rate_limited(method);
     journal::Event e;
@@ -441,7 +446,7 @@ Error BindingManager::refuse_limit(uid_t uid, pid_t pid, const char *method,
     e.pid = pid;
     e.reason = std::string(method) + " refused: " + what;
     e.detail = knod::dump_json(nlohmann::json{{"method", method}, {"limit", what}});
-    audit_.refuse(std::move(e));
+    audit_.refuse(std::move(e), host_root);
     return make_error(Errc::limits_exceeded,
                       std::string("limits exceeded: uid ") + std::to_string(uid) + ": " + what);
 }
@@ -477,21 +482,22 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
 // host refused) before the next one takes anything.
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
-    if (auto r = throttle(caller.uid, caller.pid, "RequestBinding"); !r) return r.error();
+    if (auto r = throttle(caller.uid, caller.pid, caller.host_root(), "RequestBinding"); !r)
+        return r.error();
     // The daemon-wide bounds before anything is parsed or taken: a refused caller leaves nothing.
     if (bindings_.size() + inflight_.size() >= config_.max_bindings)
-        return refuse_limit(caller.uid, caller.pid, "RequestBinding",
+        return refuse_limit(caller.uid, caller.pid, caller.host_root(), "RequestBinding",
                             "at most " + std::to_string(config_.max_bindings) +
                                 " bindings (live and in flight) in all; retry later");
     // An abandoned grant (its caller left) still waits for its commit, its reply with it.
     if (inflight_.size() + abandoned_.size() >= config_.max_grants_in_flight)
-        return refuse_limit(caller.uid, caller.pid, "RequestBinding",
+        return refuse_limit(caller.uid, caller.pid, caller.host_root(), "RequestBinding",
                             "at most " + std::to_string(config_.max_grants_in_flight) +
                                 " grants waiting for the journal in all; retry in a moment");
     // A grant takes a region fd and, for a new holder process, a pidfd.
     if (config_.max_caller_fds && caller_fds() + 2 > config_.max_caller_fds)
         return refuse_limit(
-            caller.uid, caller.pid, "RequestBinding",
+            caller.uid, caller.pid, caller.host_root(), "RequestBinding",
             "at most " + std::to_string(config_.max_caller_fds) +
                 " fds held for callers in all (the daemon's fd limit); retry later");
     auto parsed = parse_request(caller, args);
@@ -526,7 +532,7 @@ void BindingManager::refuse_request(const Peer &caller, const RequestArgs &args,
                        {"flow_count", args.flows.size()},
                        {"exe", escape_untrusted(caller.executable)},
                        {"policy", policy_.digest}});
-    audit_.refuse(std::move(e));
+    audit_.refuse(std::move(e), caller.host_root());
 }
 
 // The caller's arguments, checked and read: sizes, mode, flows, the netdev and GPU the driver
@@ -614,9 +620,10 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
                           {"gids", caller.gids},
                           {"process_proof", to_string(caller.process_proof)},
                           {"policy", policy_.digest}};
+    if (caller.pod) detail["pod"] = pod_json(*caller.pod);
     decision.detail = knod::dump_json(detail);
     if (!d.granted()) {
-        audit_.refuse(std::move(decision));
+        audit_.refuse(std::move(decision), caller.host_root());
         // Say why each rule missed, so the caller can act without an admin's help.
         std::string why = d.reason;
         for (std::size_t i = 0; i < d.misses.size() && i < 5; ++i)
@@ -631,7 +638,7 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
         decision.kind = journal::kind::denied;
         decision.decision = "isolation-violation";
         decision.reason = iso.reason;
-        audit_.refuse(std::move(decision));
+        audit_.refuse(std::move(decision), caller.host_root());
         return make_error(Errc::isolation_violation,
                           iso.reason + " (rule '" + d.rule + "' requires iommu = \"" +
                               policy::to_string(d.iommu) + "\"); fix: " + iso.fix);
@@ -647,7 +654,7 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
                           c->binding + " (uid " + std::to_string(c->owner) + ")";
         detail["conflicts_with"] = c->binding;
         decision.detail = knod::dump_json(detail);
-        audit_.refuse(std::move(decision));
+        audit_.refuse(std::move(decision), caller.host_root());
         // Another user's binding is not named: the caller may not see it.
         std::string theirs = c->owner == caller.uid
                                  ? "flow '" + c->held.to_string() + "' of your binding " +
@@ -723,7 +730,7 @@ Result<BindingManager::Prepared> BindingManager::prepare_grant(const Peer &calle
         decision.kind = journal::kind::denied;
         decision.decision = "driver-failure";
         decision.reason = queues.error().message;
-        audit_.refuse(std::move(decision));
+        audit_.refuse(std::move(decision), caller.host_root());
         return make_error(Errc::driver_failure, queues.error().message);
     }
     b.queues = *queues;
@@ -825,7 +832,8 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
 
 Result<void> BindingManager::activate(const std::string &id, const Peer &presenter,
                                       std::span<const std::uint8_t> key) {
-    if (auto r = throttle(presenter.uid, presenter.pid, "Activate"); !r) return r.error();
+    if (auto r = throttle(presenter.uid, presenter.pid, presenter.host_root(), "Activate"); !r)
+        return r.error();
     auto it = bindings_.find(id);
     if (it == bindings_.end())
         return make_error(Errc::not_found, "no binding " + quote_untrusted(id));
@@ -837,7 +845,7 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         e.decision = "key-refused";
         e.reason = ok.error().message;
         audit_.name_policy(e);
-        audit_.refuse(std::move(e));
+        audit_.refuse(std::move(e), presenter.host_root());
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
@@ -848,7 +856,7 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         e.decision = "driver-failure";
         e.reason = escape_untrusted(r.error().message, Escape::message);
         audit_.name_policy(e);
-        audit_.refuse(std::move(e));
+        audit_.refuse(std::move(e), presenter.host_root());
         return make_error(Errc::driver_failure, r.error().message);
     }
     b.state = BindingState::active;
@@ -862,7 +870,8 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
 Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string &id,
                                                                const Peer &presenter,
                                                                std::span<const std::uint8_t> key) {
-    if (auto r = throttle(presenter.uid, presenter.pid, "RxNotifier"); !r) return r.error();
+    if (auto r = throttle(presenter.uid, presenter.pid, presenter.host_root(), "RxNotifier"); !r)
+        return r.error();
     auto it = bindings_.find(id);
     if (it == bindings_.end())
         return make_error(Errc::not_found, "no binding " + quote_untrusted(id));
@@ -879,7 +888,9 @@ Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string
         else if (config_.max_caller_fds && caller_fds() + 1 > config_.max_caller_fds)
             what = "at most " + std::to_string(config_.max_caller_fds) +
                    " fds held for callers in all (the daemon's fd limit); poll RxBytes instead";
-        if (!what.empty()) return refuse_limit(presenter.uid, presenter.pid, "RxNotifier", what);
+        if (!what.empty())
+            return refuse_limit(presenter.uid, presenter.pid, presenter.host_root(), "RxNotifier",
+                                what);
     }
     auto fd = driver_.rx_notifier(id);
     if (!fd) return fd.error();
@@ -912,7 +923,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
         e.session_id = id;
         e.reason = why;
         audit_.name_policy(e);
-        audit_.refuse(std::move(e));
+        audit_.refuse(std::move(e), presenter.host_root());
         return make_error(code, why);
     };
     if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
@@ -947,6 +958,7 @@ void BindingManager::close_session(const Binding &b, EndReason why, const driver
                           {"dropped_packets", c.dropped_packets}};
     // What the driver saw (steering drift): the daemon's own words, bounded like a reason.
     if (!seen.empty()) detail["seen"] = seen.substr(0, limits::reason);
+    if (b.owner.pod) detail["pod"] = pod_json(*b.owner.pod);
     e.detail = knod::dump_json(detail);
     if (why == EndReason::policy_reload) audit_.name_policy(e); // the policy that ended it
     // The journal's own copy of the figures: the journal does not know the driver.
@@ -982,7 +994,8 @@ void BindingManager::release(const std::string &id, const Peer &by, bool privile
     auto it = bindings_.find(id);
     if (it == bindings_.end())
         return done(make_error(Errc::not_found, "no binding " + quote_untrusted(id)));
-    if (!privileged && it->second.owner.uid != by.uid)
+    if (!privileged &&
+        (it->second.owner.uid != by.uid || it->second.owner.pod_sandbox != by.pod_sandbox))
         return done(make_error(Errc::denied, "binding " + id + " belongs to uid " +
                                                  std::to_string(it->second.owner.uid) +
                                                  "; only its owner or an admin may release it"));
@@ -1010,7 +1023,7 @@ void BindingManager::refuse_action(const char *kind, const Peer &by, const std::
     if (binding)
         e.detail = knod::dump_json(nlohmann::json{{"binding", escape_untrusted(*binding)}});
     audit_.name_policy(e); // the policy in force: it names who may administer (admin_group)
-    audit_.refuse(std::move(e));
+    audit_.refuse(std::move(e), by.host_root());
 }
 
 Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
@@ -1089,6 +1102,71 @@ void BindingManager::netdev_gone(const std::string &netdev, EndReason why) {
         if (b.netdev == netdev) ids.push_back(id);
     for (auto &id : ids)
         end_binding(id, why);
+}
+
+Result<void> BindingManager::check_pod(const PodSandbox &sandbox, const PodOffload &wants) {
+    policy::Request req;
+    req.caller.pod = sandbox.pod;
+    req.caller.uid_known = false;
+    req.caller.process_proven = false;
+    req.region_bytes = wants.region_bytes;
+    if (wants.flows.empty() || wants.flows.size() > config_.max_flows)
+        return make_error(Errc::invalid_argument,
+                          std::string(policy::pod_annotation_prefix) + "flows: 1 to " +
+                              std::to_string(config_.max_flows) + " flow specs");
+    for (auto &text : wants.flows) {
+        auto f = policy::parse_flow_spec(text);
+        if (!f)
+            return make_error(Errc::invalid_argument, std::string(policy::pod_annotation_prefix) +
+                                                          "flows: " + f.error().message);
+        req.flows.push_back(*f);
+    }
+    auto netdev = driver_.netdev(wants.netdev);
+    if (!netdev) return netdev.error();
+    auto gpu = driver_.gpu(wants.gpu);
+    if (!gpu) return gpu.error();
+    req.netdev = netdev->name;
+    req.gpu_names = gpu->names;
+    policy::Decision d = policy::decide(policy_, req, {});
+    if (d.granted() && !d.would_deny) return {};
+    journal::Event e;
+    e.kind = journal::kind::pod_refused;
+    e.rule = d.rule.empty() ? std::nullopt : std::optional(d.rule);
+    e.decision = d.would_deny ? "would-deny" : policy::to_string(d.verdict);
+    e.reason = d.reason;
+    nlohmann::json detail{{"pod", pod_json(sandbox.pod)},
+                          {"sandbox", sandbox.container_id},
+                          {"netdev", req.netdev},
+                          {"gpu", gpu->name},
+                          {"region_bytes", wants.region_bytes},
+                          {"flows", flows_json(req.flows)},
+                          {"policy", policy_.digest}};
+    e.detail = knod::dump_json(detail);
+    if (d.would_deny) { // permissive: the pod starts, the journal says it would not have
+        audit_.record(std::move(e));
+        return {};
+    }
+    audit_.refuse(std::move(e));
+    std::string why = d.reason;
+    for (std::size_t i = 0; i < d.misses.size() && i < 5; ++i)
+        why += "; rule '" + d.misses[i].rule + "': " + d.misses[i].why_not;
+    return make_error(Errc::denied, "pod " + sandbox.pod.k8s_namespace + "/" + sandbox.pod.name +
+                                        " asks for offload the policy refuses: " + why);
+}
+
+std::size_t BindingManager::pod_deleted(const std::string &container_id,
+                                        const std::string &ifname) {
+    auto gone = pods_.remove(container_id, ifname);
+    // A pod on several networks keeps its identity until its last registration goes.
+    for (auto &s : gone)
+        for (auto *left : pods_.all())
+            if (left->container_id == container_id && left->netns == s.netns) return 0;
+    std::vector<std::string> ids;
+    for (auto &[id, b] : bindings_)
+        if (!gone.empty() && b.owner.pod && b.owner.pod_sandbox == container_id) ids.push_back(id);
+    for (auto &id : ids)
+        end_binding(id, EndReason::pod_deleted);
+    return ids.size();
 }
 
 void BindingManager::tick(std::int64_t now_us, BootClock::time_point boot_now) {

@@ -12,6 +12,7 @@
 #include "daemon/keys/key_authority.h"
 #include "daemon/metrics.h"
 #include "daemon/peer.h"
+#include "daemon/pod_registry.h"
 #include "daemon/rate_limiter.h"
 #include "host/isolation.h"
 #include "host/paths.h"
@@ -179,11 +180,13 @@ class BindingManager {
     // The per-uid rate limit, for every method (the bus adaptor calls it for those that do not
     // come in here): QuotaExceeded when `uid` has no token left; refusals are journaled,
     // coalesced. Root is not limited: it can stop the daemon or edit the journal anyway.
-    Result<void> throttle(uid_t uid, pid_t pid, const char *method);
+    // `host_root`: Peer::host_root() of the caller (a container's root is limited).
+    Result<void> throttle(uid_t uid, pid_t pid, bool host_root, const char *method);
     // A call refused because its caller reached a bound on what the daemon keeps for it (`what`:
     // which bound, and its value): journaled and coalesced as the rate limit's refusals are
     // (kind rate-limited, detail {"method", "limit"}); the error is LimitsExceeded.
-    Error refuse_limit(uid_t uid, pid_t pid, const char *method, const std::string &what);
+    Error refuse_limit(uid_t uid, pid_t pid, bool host_root, const char *method,
+                       const std::string &what);
     // The owner, or anyone `privileged` (an admin), may release. The data path stops at once;
     // `done` runs once the end is on disk (or kept to write when the disk is back).
     void release(const std::string &id, const Peer &by, bool privileged, Done done);
@@ -212,6 +215,24 @@ class BindingManager {
     void connection_gone(const std::string &bus_name);
     // Ends every binding on a network device that went down or away.
     void netdev_gone(const std::string &netdev, EndReason why);
+    // The pod sandboxes the node's CNI plugin registered (the bus adaptor registers them and
+    // looks callers up in it; daemon/pod_registry.h).
+    PodRegistry &pods() { return pods_; }
+    const PodRegistry &pods() const { return pods_; }
+    // What a pod declares it will ask for (its knod.io/netdev, gpu, flows and region
+    // annotations), checked against the policy when its sandbox is registered, before any of
+    // its processes runs (policy::Caller::uid_known false). A denial is journaled
+    // (pod-refused) and comes back as Denied naming the deciding rule; InvalidArgument for
+    // annotations that do not parse. The caller then does not register the pod.
+    struct PodOffload {
+        std::string netdev, gpu;
+        std::vector<std::string> flows;
+        std::uint64_t region_bytes = 0;
+    };
+    Result<void> check_pod(const PodSandbox &sandbox, const PodOffload &wants);
+    // A pod sandbox was deleted: ends every binding held by a process of it (end reason
+    // pod-deleted) and forgets it. Returns how many bindings ended.
+    std::size_t pod_deleted(const std::string &container_id, const std::string &ifname);
     // Periodic work: expiry, steering drift (Driver::drifted), and retrying journal records
     // that could not be written.
     void tick(std::int64_t now_us, BootClock::time_point boot_now = BootClock::now());
@@ -316,6 +337,7 @@ class BindingManager {
     std::set<std::string> notified_;             // bindings whose holder has a notifier pipe
     RateLimiter limiter_;
     FlowClaims claims_; // flows of live and in-flight bindings, per netdev
+    PodRegistry pods_;
     HandleStore *store_ = nullptr;
     std::unique_ptr<HolderWatch> holders_;
     PolicyLoader loader_;

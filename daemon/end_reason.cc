@@ -26,6 +26,8 @@ const char *to_string(EndReason r) {
         return "link-down";
     case EndReason::link_removed:
         return "link-removed";
+    case EndReason::pod_deleted:
+        return "pod-deleted";
     }
     return "unknown";
 }
@@ -38,6 +40,7 @@ bool is_revocation(EndReason r) {
     case EndReason::steering_drift:
     case EndReason::link_down:
     case EndReason::link_removed:
+    case EndReason::pod_deleted:
         return true;
     default:
         return false;

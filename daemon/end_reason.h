@@ -18,6 +18,7 @@ enum class EndReason {
     steering_drift,
     link_down,    // its netdev went down
     link_removed, // its netdev went away
+    pod_deleted,  // its holder's pod sandbox was deleted (the CNI plugin's DEL)
 };
 
 // The journaled text: "release", "process-exit", "steering-drift", ...

@@ -597,6 +597,10 @@ std::optional<int> Daemon::build(Options &o) {
                 knod::daemon::Peer by;
                 by.uid = si->ssi_uid;
                 by.pid = static_cast<pid_t>(si->ssi_pid);
+                // Only a process allowed to signal the daemon sent it (root, or the daemon's
+                // own user: never a container's, which cannot see it): the host's, as a
+                // refusal record (one by one) goes.
+                by.host_namespaces = true;
                 auto r = l->manager->reload(by, "SIGHUP");
                 log(r ? "policy reloaded; " + std::to_string(*r) + " binding(s) revoked"
                       : "policy reload refused, keeping the old policy:\n" + r.error().message);

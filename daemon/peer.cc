@@ -7,6 +7,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -75,7 +76,33 @@ std::optional<uid_t> effective_uid(const std::string &status) {
     return static_cast<uid_t>((*uids)[1]);
 }
 
+// The namespace at a /proc/.../ns/NAME path, by device and inode.
+std::optional<NamespaceId> namespace_at(const std::string &path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+    return NamespaceId{st.st_dev, st.st_ino};
+}
+
+// The kinds whose difference makes a process contained (a container's): a pid namespace hides
+// the host's processes from it, a user namespace maps its root elsewhere, a cgroup namespace
+// roots its view of the hierarchy. Read once: the daemon's own do not change.
+constexpr const char *contained_kinds[] = {"pid", "user", "cgroup"};
+
+const std::vector<std::optional<NamespaceId>> &own_namespaces() {
+    static const std::vector<std::optional<NamespaceId>> own = [] {
+        std::vector<std::optional<NamespaceId>> v;
+        for (const char *kind : contained_kinds)
+            v.push_back(namespace_at(std::string("/proc/self/ns/") + kind));
+        return v;
+    }();
+    return own;
+}
+
 } // namespace
+
+bool Peer::host_root() const {
+    return uid == 0 && host_namespaces && !pod;
+}
 
 Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root) {
     errno = 0;
@@ -201,6 +228,12 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     if (n > 0) p.executable.assign(exe, static_cast<std::size_t>(n));
     std::string cg = read_file(dir + "/cgroup");
     if (auto path = policy::unified_cgroup_path(cg)) p.cgroup = std::move(*path);
+    if (auto net = namespace_at(dir + "/ns/net")) p.netns = *net;
+    p.host_namespaces = true;
+    for (std::size_t i = 0; i < std::size(contained_kinds); ++i) {
+        auto ns = namespace_at(dir + "/ns/" + contained_kinds[i]);
+        if (!ns || !own_namespaces()[i] || *ns != *own_namespaces()[i]) p.host_namespaces = false;
+    }
     // ... and identity again: the same process, unchanged, and still running (so its pid was
     // not reused by another between the reads).
     auto start_after = process_start_time(pid, proc_root);
@@ -286,6 +319,7 @@ policy::Caller Peer::caller() const {
     c.cgroup = cgroup;
     c.executable = executable;
     c.process_proven = process_proof != ProcessProof::pid_only;
+    c.pod = pod;
     return c;
 }
 

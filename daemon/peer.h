@@ -18,6 +18,7 @@
 #pragma once
 
 #include "daemon/keys/key_authority.h"
+#include "daemon/pod_registry.h"
 #include "knod/result.h"
 #include "knod/unique_fd.h"
 #include "policy/engine.h"
@@ -62,6 +63,23 @@ struct Peer {
     std::string unit;      // the system manager's unit (policy::system_unit_of)
     std::string user_unit; // the user manager's unit (policy::user_unit_of)
     ProcessProof process_proof = ProcessProof::pid_only;
+    // Its network namespace (the pod registry's key), and whether its pid, user and cgroup
+    // namespaces are the daemon's own (false where they could not be read).
+    NamespaceId netns;
+    bool host_namespaces = false;
+    // The registered pod whose sandbox's network namespace it is in (set by whoever holds the
+    // registry: the bus adaptor, from BindingManager::pods()).
+    std::optional<policy::PodIdentity> pod;
+    std::string pod_sandbox; // that sandbox's container id
+
+    // Root with root's exemptions (rate limits, admin and auditor rights, refusals journaled
+    // one by one): uid 0, in the daemon's pid, user and cgroup namespaces, in no pod. A
+    // container's root without a user namespace has uid 0 too, and is not this. Read off the
+    // process at the caller's pid: for a caller not proven (docs/threat-model.md, "Caller
+    // identity") that may be another process, as for its unit.
+    bool host_root() const;
+    // In a registered pod, or in a pid, user or cgroup namespace not the daemon's.
+    bool contained() const { return pod.has_value() || !host_namespaces; }
 
     keys::Holder holder() const { return {pid, start_time}; }
     policy::Caller caller() const; // for the policy engine, with names from NSS

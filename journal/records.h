@@ -32,6 +32,9 @@ inline constexpr const char *reload_refused = "reload-refused";
 inline constexpr const char *revoke_refused = "revoke-refused";
 // AttestProcess refused (decision not-proven): the socket did not prove the caller's process.
 inline constexpr const char *attest_refused = "attest-refused";
+// A pod sandbox whose declared offload request (its knod.io/ annotations) the policy denies,
+// refused at the CNI plugin's ADD: the pod fails to start. detail: pod, sandbox, request.
+inline constexpr const char *pod_refused = "pod-refused";
 inline constexpr const char *rate_limited = "rate-limited"; // a call over the per-uid rate limit
 // How many refusals of one uid and kind were counted, not journaled one by one, in a window.
 inline constexpr const char *coalesced = "refusals-coalesced";

@@ -28,6 +28,7 @@ inline const std::vector<std::string> &known_kinds() {
                                                kind::reload_refused,
                                                kind::revoke_refused,
                                                kind::attest_refused,
+                                               kind::pod_refused,
                                                kind::rate_limited,
                                                kind::coalesced,
                                                kind::adopted,
@@ -59,7 +60,8 @@ inline const std::vector<std::string> &known_decisions() {
                                                "renew-refused",
                                                kind::reload_refused,
                                                kind::revoke_refused,
-                                               kind::attest_refused};
+                                               kind::attest_refused,
+                                               kind::pod_refused};
     return v;
 }
 
@@ -68,7 +70,7 @@ inline const std::vector<std::string> &known_end_reasons() {
     static const std::vector<std::string> v = {"release",      "revoke",         "expire",
                                                "process-exit", "disconnect",     "policy-reload",
                                                "daemon-stop",  "daemon-restart", "steering-drift",
-                                               "link-down",    "link-removed"};
+                                               "link-down",    "link-removed",   "pod-deleted"};
     return v;
 }
 

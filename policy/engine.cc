@@ -47,6 +47,33 @@ bool names_process(const Rule &r) {
            !r.executables.empty();
 }
 
+bool names_pod(const Rule &r) {
+    return !r.k8s_namespaces.empty() || !r.k8s_pods.empty() || !r.k8s_annotations.empty();
+}
+
+// Why a pod rule does not match the caller; empty when it does (or names no pod).
+std::string pod_mismatch(const Rule &rule, const Caller &c) {
+    if (!names_pod(rule)) return {};
+    if (!c.pod)
+        return "caller is in no registered pod: rules naming k8s_namespaces, k8s_pods or "
+               "k8s_annotations match only processes of a pod the node's CNI plugin registered";
+    const PodIdentity &p = *c.pod;
+    if (!rule.k8s_namespaces.empty() && !any_glob(rule.k8s_namespaces, p.k8s_namespace))
+        return "caller's pod namespace " + quote_untrusted(p.k8s_namespace, 256) +
+               " matches none of [" + join(rule.k8s_namespaces) + "]";
+    if (!rule.k8s_pods.empty() && !any_glob(rule.k8s_pods, p.name))
+        return "caller's pod " + quote_untrusted(p.name, 256) + " matches none of [" +
+               join(rule.k8s_pods) + "]";
+    for (auto &[key, value] : rule.k8s_annotations) {
+        auto it = p.annotations.find(key);
+        if (it == p.annotations.end()) return "caller's pod has no annotation " + key;
+        if (it->second != value)
+            return "caller's pod annotation " + key + " is " + quote_untrusted(it->second, 256) +
+                   ", not '" + value + "'";
+    }
+    return {};
+}
+
 std::string human_bytes(std::uint64_t b) {
     static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
@@ -73,14 +100,23 @@ const char *to_string(Verdict v) {
 
 std::string mismatch(const Rule &rule, const Request &r) {
     const Caller &c = r.caller;
-    if (!rule.users.empty() &&
-        std::none_of(rule.users.begin(), rule.users.end(), [&](auto &p) { return is_user(p, c); }))
-        return "caller uid " + std::to_string(c.uid) +
-               (c.user.empty() ? "" : " (" + escape_untrusted(c.user, Escape::value, 64) + ")") +
-               " is not one of users [" + join_principals(rule.users) + "]";
-    if (!rule.groups.empty() && std::none_of(rule.groups.begin(), rule.groups.end(),
-                                             [&](auto &p) { return in_group(p, c); }))
-        return "caller is in none of groups [" + join_principals(rule.groups) + "]";
+    if (!c.uid_known && (!rule.users.empty() || !rule.groups.empty())) {
+        // Fail closed both ways, as for an unproven process below.
+        if (rule.action == Action::allow)
+            return "the pod's uid and groups are not known before its processes run: rules "
+                   "naming users or groups are decided when a process of the pod asks";
+    } else {
+        if (!rule.users.empty() && std::none_of(rule.users.begin(), rule.users.end(),
+                                                [&](auto &p) { return is_user(p, c); }))
+            return "caller uid " + std::to_string(c.uid) +
+                   (c.user.empty() ? ""
+                                   : " (" + escape_untrusted(c.user, Escape::value, 64) + ")") +
+                   " is not one of users [" + join_principals(rule.users) + "]";
+        if (!rule.groups.empty() && std::none_of(rule.groups.begin(), rule.groups.end(),
+                                                 [&](auto &p) { return in_group(p, c); }))
+            return "caller is in none of groups [" + join_principals(rule.groups) + "]";
+    }
+    if (auto why = pod_mismatch(rule, c); !why.empty()) return why;
     if (names_process(rule) && !c.process_proven) {
         // Fail closed both ways: a deny rule is not escaped by showing another process's unit.
         if (rule.action == Action::allow)

@@ -6,12 +6,24 @@
 
 #include <sys/types.h>
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace knod::policy {
 
 // What the daemon knows, from the bus and the kernel, about who is asking.
+// The Kubernetes pod a caller's process runs in, as the node's CNI plugin registered its
+// sandbox (daemon/pod_registry.h) and the kernel placed the process (its network namespace).
+// Annotations: only those under pod_annotation_prefix.
+struct PodIdentity {
+    std::string k8s_namespace;
+    std::string name;
+    std::string uid;
+    std::map<std::string, std::string> annotations;
+};
+
 struct Caller {
     std::uint32_t uid = 0;
     std::string user;                // may be empty when the uid has no name
@@ -28,6 +40,13 @@ struct Caller {
     // identity"). An unproven caller matches no allow rule that names units, user_units,
     // cgroups or executables, and every deny rule that names them counts them as matching.
     bool process_proven = false;
+    // Set when the caller's process is in a registered pod; rules naming k8s_namespaces,
+    // k8s_pods or k8s_annotations match no other caller (allow or deny).
+    std::optional<PodIdentity> pod;
+    // False when a pod's request is checked before any of its processes runs (the CNI
+    // plugin's ADD): its uid and groups are not known yet, so allow rules naming users or
+    // groups do not match it and deny rules naming them do (as for an unproven process).
+    bool uid_known = true;
 };
 
 struct Request {

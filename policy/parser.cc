@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -237,6 +238,33 @@ class FileReader {
         return out;
     }
 
+    // k8s_annotations = { "knod.io/profile" = "inference" }: keys under the project's prefix
+    // (the CNI plugin passes no other annotation), values matched exactly.
+    void read_annotations(const toml::node &node, Rule &rule) {
+        const toml::table *t = node.as_table();
+        if (!t) {
+            error(node.source(), "'k8s_annotations' must be a table of \"" +
+                                     std::string(pod_annotation_prefix) +
+                                     "KEY\" = \"VALUE\" (an inline table: { ... })");
+            return;
+        }
+        for (auto &&[key, value] : *t) {
+            std::string k(key.str());
+            auto v = value.value<std::string>();
+            if (!k.starts_with(pod_annotation_prefix) ||
+                k.size() == std::strlen(pod_annotation_prefix))
+                error(key.source(), "k8s_annotations key '" +
+                                        escape_untrusted(k, Escape::value, 256) +
+                                        "' must start with '" + pod_annotation_prefix +
+                                        "' (the plugin passes no other annotation)");
+            else if (!v)
+                error(value.source(), "k8s_annotations value of '" + k + "' must be a string");
+            else
+                rule.k8s_annotations[k] = *v;
+        }
+        if (t->empty()) error(node.source(), "'k8s_annotations' must not be empty");
+    }
+
     std::vector<Principal> principals(const toml::node &node, std::string_view key) {
         std::vector<Principal> out;
         each_value(node, [&](const toml::node &el) {
@@ -329,6 +357,12 @@ class FileReader {
                 rule.cgroups = strings(node, k);
             } else if (k == "executables") {
                 rule.executables = strings(node, k);
+            } else if (k == "k8s_namespaces") {
+                rule.k8s_namespaces = strings(node, k);
+            } else if (k == "k8s_pods") {
+                rule.k8s_pods = strings(node, k);
+            } else if (k == "k8s_annotations") {
+                read_annotations(node, rule);
             } else if (k == "netdevs") {
                 rule.netdevs = strings(node, k);
             } else if (k == "gpus") {
@@ -393,14 +427,16 @@ class FileReader {
         // said, not fallen into.
         bool names_caller = !rule.users.empty() || !rule.groups.empty() || !rule.units.empty() ||
                             !rule.user_units.empty() || !rule.cgroups.empty() ||
-                            !rule.executables.empty();
+                            !rule.executables.empty() || !rule.k8s_namespaces.empty() ||
+                            !rule.k8s_pods.empty() || !rule.k8s_annotations.empty();
         if (!names_caller && !any_caller)
             error(t.source(), "rule '" + rule.name +
-                                  "' names no caller (users, groups, units, user_units, cgroups "
-                                  "or executables); a rule meant for every caller says "
-                                  "'any_caller = true'");
+                                  "' names no caller (users, groups, units, user_units, cgroups, "
+                                  "executables, k8s_namespaces, k8s_pods or k8s_annotations); a "
+                                  "rule meant for every caller says 'any_caller = true'");
         // "*" names every caller of its kind (one without a unit too): as wide as any_caller.
-        for (auto *globs : {&rule.units, &rule.user_units, &rule.cgroups, &rule.executables})
+        for (auto *globs : {&rule.units, &rule.user_units, &rule.cgroups, &rule.executables,
+                            &rule.k8s_namespaces, &rule.k8s_pods})
             for (auto &g : *globs)
                 if (g.find_first_not_of("*?/") == std::string::npos)
                     warning(t.source(), "rule '" + rule.name + "' has the glob '" + g +
@@ -455,6 +491,13 @@ bool shadows(const Rule &earlier, const Rule &later) {
         !covers(earlier.units, later.units) || !covers(earlier.user_units, later.user_units) ||
         !covers(earlier.cgroups, later.cgroups) ||
         !covers(earlier.executables, later.executables) ||
+        !covers(earlier.k8s_namespaces, later.k8s_namespaces) ||
+        !covers(earlier.k8s_pods, later.k8s_pods) ||
+        !std::all_of(earlier.k8s_annotations.begin(), earlier.k8s_annotations.end(),
+                     [&](auto &kv) {
+                         auto it = later.k8s_annotations.find(kv.first);
+                         return it != later.k8s_annotations.end() && it->second == kv.second;
+                     }) ||
         !covers(earlier.netdevs, later.netdevs) || !covers(earlier.gpus, later.gpus) ||
         !subset(later.modes, earlier.modes))
         return false;

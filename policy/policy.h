@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,19 +41,27 @@ struct Principal {
     friend bool operator==(const Principal &, const Principal &) = default;
 };
 
+// Pod annotations the policy may match carry this prefix; the CNI plugin passes no others.
+inline constexpr const char *pod_annotation_prefix = "knod.io/";
+
 struct Rule {
     std::string name;
     SourceLocation where;
     Action action = Action::allow;
 
     // Who: every listed condition must hold; an empty list means "anyone". The parser refuses
-    // a rule with all six empty unless it says `any_caller = true`.
+    // a rule with all of them empty unless it says `any_caller = true`.
     std::vector<Principal> users;
     std::vector<Principal> groups;        // primary or supplementary
     std::vector<std::string> units;       // globs on the caller's system-manager unit
     std::vector<std::string> user_units;  // globs on its unit under the user's own manager
     std::vector<std::string> cgroups;     // globs on the caller's cgroup path
     std::vector<std::string> executables; // globs on the caller's executable path
+    // Kubernetes: the caller's pod (policy::PodIdentity); a caller in no registered pod matches
+    // no rule that sets one of these.
+    std::vector<std::string> k8s_namespaces;            // globs on the pod's namespace
+    std::vector<std::string> k8s_pods;                  // globs on the pod's name
+    std::map<std::string, std::string> k8s_annotations; // each key = value, exactly
 
     // What: a request must fall inside all of these for the rule to match it.
     std::vector<std::string> netdevs; // globs; empty means any

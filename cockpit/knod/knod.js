@@ -189,7 +189,8 @@ function addBinding(path, props) {
     const b = { path, props, row, sample: null, cells: {} };
     td(row, id, "knod-mono");
     td(row, "uid " + props.OwnerUid + ", pid " + props.OwnerPid);
-    td(row, props.OwnerUnit || "-");
+    const pod = props.Pod && typeof props.Pod === "object" ? props.Pod : {};
+    td(row, pod.name ? "pod " + pod.namespace + "/" + pod.name : props.OwnerUnit || "-");
     td(row, props.Netdev);
     td(row, props.Gpu);
     td(row, props.Rule);

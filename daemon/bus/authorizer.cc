@@ -38,12 +38,17 @@ bool Authorizer::in_group(const Credentials &c, const std::string &group) const 
 }
 
 bool Authorizer::is_auditor(const Credentials &c, const policy::Settings &s) const {
-    return c.uid == 0 || in_group(c, s.admin_group) || in_group(c, s.auditor_group);
+    if (c.contained) return false;
+    return c.host_root || in_group(c, s.admin_group) || in_group(c, s.auditor_group);
 }
 
 Result<void> Authorizer::check_admin(const Credentials &c, const policy::Settings &s,
                                      std::function<void(bool)> done) const {
-    if (c.uid == 0 || in_group(c, s.admin_group)) {
+    if (c.contained) {
+        done(false); // polkit is not asked: it would take a container's root for the host's
+        return {};
+    }
+    if (c.host_root || in_group(c, s.admin_group)) {
         done(true);
         return {};
     }

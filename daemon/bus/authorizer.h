@@ -1,6 +1,9 @@
 // Who may do what. Any local user may request and release its own bindings; the auditor group
 // reads everything; admin calls (revoke, reload) need root, the policy's admin group, or the
-// polkit action org.knod.policy1.manage. Polkit unreachable means denied. A group setting names
+// polkit action org.knod.policy1.manage. Polkit unreachable means denied. A container's
+// process (Credentials::contained) is never an auditor or admin: without a user namespace its
+// uids and gids are the host's numbers, and polkit, which judges by uid, would take its root
+// for the host's. A group setting names
 // a group (resolved through NSS) or, when no group has that name, a numeric gid; the caller is
 // in it when its process holds that gid.
 #pragma once
@@ -37,6 +40,13 @@ struct Credentials {
     // The bus sent a pidfd of the connecting process, and that process has exited: the
     // connection can never be proven (AttestProcess is refused).
     bool connector_gone = false;
+    // From daemon::Peer: root with root's rights (Peer::host_root), and a container's process
+    // (Peer::contained: in a registered pod, or in a pid, user or cgroup namespace not the
+    // daemon's). Unknown (the process could not be read) counts as contained.
+    bool host_root = false;
+    bool contained = true;
+    std::optional<policy::PodIdentity> pod;
+    std::string pod_sandbox;
 };
 
 class Authorizer {

@@ -1,5 +1,6 @@
 #include "daemon/bus/bus_service.h"
 #include "daemon/resource_failures.h"
+#include "policy/parser.h"
 
 #include "daemon/bus/guard.h"
 #include "daemon/host_report.h"
@@ -11,11 +12,16 @@
 #include "knod/system_error.h"
 #include "knod/untrusted.h"
 #include <fcntl.h>
+#include <linux/nsfs.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string_view>
 #include <thread>
 
@@ -66,6 +72,12 @@ std::shared_ptr<sd_bus_message> hold_call(sd_bus_message *m) {
                              "loop's thread; leaked instead"
                           << std::endl;
             }};
+}
+
+// A binding is its owner's: the same uid, and the same pod sandbox or none (a container's root
+// is not the host's, nor one pod's uid 1000 another's).
+bool owns(const Credentials &c, const daemon::Binding &b) {
+    return c.uid == b.owner.uid && c.pod_sandbox == b.owner.pod_sandbox;
 }
 
 // A completion that answers `m` with an empty reply or the error, whenever it runs.
@@ -180,6 +192,16 @@ int owner_unit(sd_bus_message *m, const Binding &b, const BindingManager &) {
     const std::string &unit = b.owner.user_unit.empty() ? b.owner.unit : b.owner.user_unit;
     return sd_bus_message_append(m, "s", escape_untrusted(unit, Escape::value, 256).c_str());
 }
+int pod(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    // The holder's pod as knod-cni registered it (strings the registry checked); {} for none.
+    int r = sd_bus_message_open_container(m, 'a', "{ss}");
+    if (b.owner.pod)
+        for (auto [k, v] :
+             {std::pair{"namespace", &b.owner.pod->k8s_namespace},
+              std::pair{"name", &b.owner.pod->name}, std::pair{"uid", &b.owner.pod->uid}})
+            if (r >= 0) r = sd_bus_message_append(m, "{ss}", k, v->c_str());
+    return r < 0 ? r : sd_bus_message_close_container(m);
+}
 int rule(sd_bus_message *m, const Binding &b, const BindingManager &) {
     return sd_bus_message_append(m, "s", b.rule.c_str());
 }
@@ -284,6 +306,16 @@ const sd_bus_vtable manager_vtable[] = {
     // same check, polkit asked without interaction), and why not. Changes nothing.
     SD_BUS_METHOD_WITH_NAMES("CanManage", "", "", "bs", SD_BUS_PARAM(allowed) SD_BUS_PARAM(reason),
                              BusService::can_manage, SD_BUS_VTABLE_UNPRIVILEGED),
+    // The node's CNI plugin (knod-cni), as the host's root only (checked in the handler; the
+    // bus policy lets no one else send them): a pod sandbox's network namespace (an fd) and
+    // identity; and its deletion, which ends its processes' bindings.
+    SD_BUS_METHOD_WITH_NAMES("RegisterPod", "ssha{ss}a{ss}",
+                             SD_BUS_PARAM(container_id) SD_BUS_PARAM(ifname) SD_BUS_PARAM(netns)
+                                 SD_BUS_PARAM(pod) SD_BUS_PARAM(annotations),
+                             "", "", BusService::register_pod, SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_METHOD_WITH_NAMES("UnregisterPod", "ss", SD_BUS_PARAM(container_id) SD_BUS_PARAM(ifname),
+                             "u", SD_BUS_PARAM(ended), BusService::unregister_pod,
+                             SD_BUS_VTABLE_UNPRIVILEGED),
     // Anyone: the host's inventory is not secret from its own users.
     SD_BUS_METHOD_WITH_NAMES("GetHostReport", "", "", "s", SD_BUS_PARAM(report_json),
                              BusService::host_report, SD_BUS_VTABLE_UNPRIVILEGED),
@@ -321,6 +353,9 @@ const sd_bus_vtable binding_vtable[] = {
                     SD_BUS_VTABLE_PROPERTY_CONST),
     // The holder's systemd unit (the user manager's if any, else the system manager's), "".
     SD_BUS_PROPERTY("OwnerUnit", "s", BusService::binding_property<get::owner_unit>, 0,
+                    SD_BUS_VTABLE_PROPERTY_CONST),
+    // The holder's Kubernetes pod (namespace, name, uid), {} outside any (docs/kubernetes.md).
+    SD_BUS_PROPERTY("Pod", "a{ss}", BusService::binding_property<get::pod>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
     SD_BUS_PROPERTY("RegionSize", "t", BusService::binding_property<get::region_size>, 0,
                     SD_BUS_VTABLE_PROPERTY_CONST),
@@ -517,7 +552,12 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     // A process that cannot be identified holds no group for us (and is not remembered).
     auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender, c.process);
     if (!process) return c;
+    place(*process);
     c.gids = std::move(process->gids);
+    c.host_root = process->host_root();
+    c.contained = process->contained();
+    c.pod = std::move(process->pod);
+    c.pod_sandbox = std::move(process->pod_sandbox);
     // Remembered only once there is room for it: a refused caller leaves nothing behind.
     auto entry = remember(c.sender, c.uid, c.pid, m);
     if (!entry) return entry.error();
@@ -528,7 +568,8 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
 int BusService::refuse_limit(sd_bus_message *m, const Credentials &c, const Error &why,
                              sd_bus_error *err) const {
     const char *method = sd_bus_message_get_member(m);
-    return fail(err, manager_->refuse_limit(c.uid, c.pid, method ? method : "call", why.message));
+    return fail(err, manager_->refuse_limit(c.uid, c.pid, c.host_root, method ? method : "call",
+                                            why.message));
 }
 
 Result<BusService::Connection *> BusService::remember(const std::string &name, uid_t uid, pid_t pid,
@@ -549,7 +590,7 @@ Result<BusService::Connection *> BusService::remember(const std::string &name, u
             what = "at most " + std::to_string(limits_.connections) +
                    " connections are remembered in all; retry later";
         if (mine == 0) connections_of_.erase(uid);
-        if (!what.empty()) return manager_->refuse_limit(uid, pid, method, what);
+        if (!what.empty()) return manager_->refuse_limit(uid, pid, false, method, what);
     }
     auto [it, added] = connections_.emplace(name, Connection{});
     it->second.uid = uid;
@@ -584,8 +625,10 @@ void BusService::journal_refused_request(sd_bus_message *m, const daemon::Reques
         who.uid = c->uid;
         who.pid = c->pid;
         who.bus_name = c->sender;
-        if (auto p = daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender, c->process))
+        if (auto p = daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender, c->process)) {
             who = *p;
+            place(who);
+        }
     }
     manager_->refuse_request(who, args, why);
 }
@@ -593,13 +636,24 @@ void BusService::journal_refused_request(sd_bus_message *m, const daemon::Reques
 Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     auto c = credentials(m);
     if (!c) return c.error();
-    return daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender, c->process);
+    auto p = daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender, c->process);
+    if (p) place(*p);
+    return p;
+}
+
+void BusService::place(daemon::Peer &p) const {
+    p.pod.reset();
+    p.pod_sandbox.clear();
+    if (const daemon::PodSandbox *sb = manager_->pods().by_netns(p.netns)) {
+        p.pod = sb->pod;
+        p.pod_sandbox = sb->container_id;
+    }
 }
 
 Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
     auto c = credentials(m);
     if (!c) return c.error();
-    return manager_->throttle(c->uid, c->pid, method);
+    return manager_->throttle(c->uid, c->pid, c->host_root, method);
 }
 
 bool BusService::visible(const daemon::Binding &b) const {
@@ -607,7 +661,7 @@ bool BusService::visible(const daemon::Binding &b) const {
     if (!m) return true; // our own emissions (InterfacesAdded)
     auto c = credentials(m);
     if (!c) return false;
-    return c->uid == b.owner.uid || authorizer_.is_auditor(*c, manager_->policy().settings);
+    return owns(*c, b) || authorizer_.is_auditor(*c, manager_->policy().settings);
 }
 
 const daemon::Binding *BusService::binding_at(const char *path) const {
@@ -724,7 +778,7 @@ int BusService::list_bindings(sd_bus_message *m, void *self, sd_bus_error *err) 
         MessagePtr reply(reply_raw);
         if ((r = sd_bus_message_open_container(reply.get(), 'a', "(osssssuut)")) < 0) return r;
         for (auto *b : s->manager_->bindings()) {
-            if (!all && b->owner.uid != c->uid) continue;
+            if (!all && !owns(*c, *b)) continue;
             std::string path = binding_path(b->id);
             r = sd_bus_message_append(
                 reply.get(), "(osssssuut)", path.c_str(), b->id.c_str(), b->netdev.c_str(),
@@ -752,7 +806,15 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
-        Credentials c{caller->uid, caller->pid, caller->gids, caller->bus_name, {}, {}, false};
+        Credentials c;
+        c.uid = caller->uid;
+        c.pid = caller->pid;
+        c.gids = caller->gids;
+        c.sender = caller->bus_name;
+        c.host_root = caller->host_root();
+        c.contained = caller->contained();
+        c.pod = caller->pod;
+        c.pod_sandbox = caller->pod_sandbox;
         auto done = reply_when_done(m);
         auto asked = s->authorizer_.check_admin(
             c, s->manager_->policy().settings,
@@ -802,6 +864,154 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
             });
         if (!asked) return s->refuse_limit(m, *c, asked.error(), err);
         return 1; // replied, or will be
+    });
+}
+
+namespace {
+
+// An a{ss} argument, at most `max` entries, each string at most `max_bytes`.
+Result<std::map<std::string, std::string>> read_string_map(sd_bus_message *m, const char *what,
+                                                           std::size_t max, std::size_t max_bytes) {
+    std::map<std::string, std::string> out;
+    if (sd_bus_message_enter_container(m, 'a', "{ss}") < 0)
+        return make_error(Errc::invalid_argument, std::string(what) + ": not a{ss}");
+    const char *k = nullptr, *v = nullptr;
+    int r;
+    while ((r = sd_bus_message_read(m, "{ss}", &k, &v)) > 0) {
+        if (out.size() >= max)
+            return make_error(Errc::invalid_argument,
+                              std::string(what) + ": at most " + std::to_string(max) + " entries");
+        for (auto check :
+             {limits::check_length(what, k, max_bytes), limits::check_length(what, v, max_bytes)})
+            if (!check) return check.error();
+        out[k] = v;
+    }
+    if (r < 0 || sd_bus_message_exit_container(m) < 0)
+        return make_error(Errc::invalid_argument, std::string(what) + ": cannot be read");
+    return out;
+}
+
+// The network namespace an fd refers to; InvalidArgument for anything else.
+Result<daemon::NamespaceId> network_namespace_of(int fd) {
+    int type = ::ioctl(fd, NS_GET_NSTYPE);
+    if (type != CLONE_NEWNET)
+        return make_error(Errc::invalid_argument,
+                          "netns: the fd is not a network namespace (open the sandbox's "
+                          "CNI_NETNS path and pass that)");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0)
+        return make_error(Errc::invalid_argument, "netns: cannot fstat the fd");
+    return daemon::NamespaceId{st.st_dev, st.st_ino};
+}
+
+} // namespace
+
+int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("RegisterPod", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "RegisterPod"); !t) return fail(err, t.error());
+        const char *container = nullptr, *ifname = nullptr;
+        int fd = -1;
+        int r = sd_bus_message_read(m, "ssh", &container, &ifname, &fd);
+        if (r < 0) return r;
+        if (!c->host_root) {
+            auto denied = make_error(Errc::denied, "only the host's root (the node's CNI plugin) "
+                                                   "registers pods; a container's root is not it");
+            daemon::Peer by;
+            by.uid = c->uid;
+            by.pid = c->pid;
+            by.bus_name = c->sender;
+            s->manager_->refuse_action(journal::kind::pod_refused, by, "not-authorized",
+                                       denied.message);
+            return fail(err, denied);
+        }
+        for (auto check : {limits::check_length("container_id", container, 256),
+                           limits::check_length("ifname", ifname, 15)})
+            if (!check) return fail(err, check.error());
+        auto pod = read_string_map(m, "pod", 3, 253);
+        if (!pod) return fail(err, pod.error());
+        auto annotations = read_string_map(m, "annotations", 64, 4096);
+        if (!annotations) return fail(err, annotations.error());
+        auto netns = network_namespace_of(fd);
+        if (!netns) return fail(err, netns.error());
+        struct stat host {};
+        if (::stat("/proc/self/ns/net", &host) == 0 &&
+            daemon::NamespaceId{host.st_dev, host.st_ino} == *netns)
+            return fail(err, make_error(Errc::invalid_argument,
+                                        "netns: that is the host's network namespace (a pod with "
+                                        "hostNetwork is no pod to knod-policyd)"));
+        daemon::PodSandbox sandbox;
+        sandbox.container_id = container;
+        sandbox.ifname = ifname;
+        sandbox.netns = *netns;
+        for (auto &[k, v] : *pod) {
+            if (k == "namespace")
+                sandbox.pod.k8s_namespace = v;
+            else if (k == "name")
+                sandbox.pod.name = v;
+            else if (k == "uid")
+                sandbox.pod.uid = v;
+            else
+                return fail(err, make_error(Errc::invalid_argument,
+                                            "pod: keys are namespace, name and uid, not " +
+                                                quote_untrusted(k, 32)));
+        }
+        sandbox.pod.annotations = *annotations;
+        sandbox.registered_us = journal::now_us();
+        // What the pod declares it will ask for is decided now: a misconfigured pod fails at
+        // its start, in the runtime's own error.
+        auto wants = [&](const char *key) {
+            auto it = annotations->find(std::string(policy::pod_annotation_prefix) + key);
+            return it == annotations->end() ? std::string() : it->second;
+        };
+        if (std::string flows = wants("flows"); !flows.empty()) {
+            daemon::BindingManager::PodOffload o;
+            o.netdev = wants("netdev");
+            o.gpu = wants("gpu");
+            for (std::size_t at = 0; at <= flows.size();) {
+                std::size_t end = std::min(flows.find(',', at), flows.size());
+                std::string one = flows.substr(at, end - at);
+                one.erase(0, one.find_first_not_of(" \t\n"));
+                one.erase(one.find_last_not_of(" \t\n") + 1);
+                if (!one.empty()) o.flows.push_back(one);
+                at = end + 1;
+            }
+            std::string region = wants("region");
+            auto bytes = policy::parse_size(region.empty() ? "4KiB" : region);
+            if (!bytes)
+                return fail(err, make_error(Errc::invalid_argument,
+                                            std::string(policy::pod_annotation_prefix) +
+                                                "region: a size like 64MiB, not " +
+                                                quote_untrusted(region, 32)));
+            o.region_bytes = *bytes;
+            if (auto checked = s->manager_->check_pod(sandbox, o); !checked)
+                return fail(err, checked.error());
+        }
+        if (auto added = s->manager_->pods().add(std::move(sandbox)); !added)
+            return fail(err, added.error());
+        return sd_bus_reply_method_return(m, "");
+    });
+}
+
+int BusService::unregister_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("UnregisterPod", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "UnregisterPod"); !t) return fail(err, t.error());
+        if (!c->host_root)
+            return fail(err, make_error(Errc::denied, "only the host's root (the node's CNI "
+                                                      "plugin) unregisters pods"));
+        const char *container = nullptr, *ifname = nullptr;
+        int r = sd_bus_message_read(m, "ss", &container, &ifname);
+        if (r < 0) return r;
+        for (auto check : {limits::check_length("container_id", container, 256),
+                           limits::check_length("ifname", ifname, 15)})
+            if (!check) return fail(err, check.error());
+        auto ended = s->manager_->pod_deleted(container, ifname);
+        return sd_bus_reply_method_return(m, "u", static_cast<std::uint32_t>(ended));
     });
 }
 
@@ -918,9 +1128,11 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
         daemon::Peer by;
         by.uid = c->uid;
         by.bus_name = c->sender;
+        by.pod = c->pod;
+        by.pod_sandbox = c->pod_sandbox;
         std::string id = id_of(sd_bus_message_get_path(m));
         const daemon::Binding *b = s->manager_->find(id);
-        if (!b || b->owner.uid == c->uid) {
+        if (!b || owns(*c, *b)) {
             s->manager_->release(id, by, false, reply_when_done(m));
             return 1;
         }
@@ -976,7 +1188,8 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
                 what = "at most " + std::to_string(s->limits_.subscriptions) +
                        " subscribed connections in all; retry later";
             if (!what.empty())
-                return fail(err, s->manager_->refuse_limit(c->uid, c->pid, "Subscribe", what));
+                return fail(err, s->manager_->refuse_limit(c->uid, c->pid, c->host_root,
+                                                           "Subscribe", what));
             s->subscriptions_of_[c->uid] += 1;
             if (c->uid != 0) s->unprivileged_subscriptions_ += 1;
             s->subscribers_.insert(c->sender);
@@ -1041,7 +1254,7 @@ std::set<std::string> BusService::entitled(const daemon::Binding &b) {
             sub.groups = groups;
         }
         // The same test as visible(): what ListBindings would show this subscriber.
-        if (sub.sees_all || sub.creds.uid == b.owner.uid) to.insert(name);
+        if (sub.sees_all || owns(sub.creds, b)) to.insert(name);
     }
     return to;
 }

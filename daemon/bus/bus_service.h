@@ -62,6 +62,8 @@ class BusService : public daemon::BindingEvents {
     static int revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err);
     static int reload_policy(sd_bus_message *m, void *self, sd_bus_error *err);
     static int can_manage(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int register_pod(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int unregister_pod(sd_bus_message *m, void *self, sd_bus_error *err);
     static int host_report(sd_bus_message *m, void *self, sd_bus_error *err);
     static int metrics(sd_bus_message *m, void *self, sd_bus_error *err);
     static int subscribe(sd_bus_message *m, void *self, sd_bus_error *err);
@@ -96,6 +98,8 @@ class BusService : public daemon::BindingEvents {
   private:
     Result<Credentials> credentials(sd_bus_message *m) const;
     Result<daemon::Peer> peer(sd_bus_message *m) const;
+    // Puts the pod registered for the peer's network namespace, if any, on it.
+    void place(daemon::Peer &p) const;
     // RequestBinding refused before the core had it (argument sizes, an unidentifiable caller):
     // journaled through the core with whatever identifies the caller.
     void journal_refused_request(sd_bus_message *m, const daemon::RequestArgs &args,

@@ -75,7 +75,7 @@ for f in /usr/sbin/knod-policyd /usr/bin/knod-policy /lib/systemd/system/knod-po
     /usr/lib/sysusers.d/knod-policy.conf /usr/lib/tmpfiles.d/knod-policy.conf \
     /usr/share/man/man8/knod-policyd.8.gz /usr/share/man/man1/knod-policy.1.gz \
     /usr/share/man/man5/knod-policy.toml.5.gz /usr/share/bash-completion/completions/knod-policy \
-    /usr/share/doc/knod-policy/examples/sim.conf; do
+    /usr/share/doc/knod-policy/examples/sim.conf /usr/lib/cni/knod-cni; do
     check "installed: $f" '[ -s "$f" ]'
 done
 check "/etc/knod/policy.toml is a conffile" 'dpkg-query -W -f="\${Conffiles}" knod-policy | grep -q /etc/knod/policy.toml'

@@ -246,3 +246,82 @@ flows = ["any * -> *"]
         r.caller.process_proven = false;
     }
 }
+
+// Issue #34: rules naming a pod's namespace, name or annotations match only callers in a
+// registered pod, allow or deny: a host process never meets a pod's rule, and a pod meets only
+// the rules its own identity fits.
+TEST(Engine, PodRulesMatchOnlyCallersInARegisteredPod) {
+    Policy p = policy_of(R"(
+[[rule]]
+name = "no-batch-pods"
+action = "deny"
+k8s_namespaces = ["batch-*"]
+
+[[rule]]
+name = "inference-pods"
+k8s_namespaces = ["ml-*"]
+k8s_pods = ["infer-*"]
+k8s_annotations = { "knod.io/profile" = "rx", "knod.io/tier" = "gold" }
+max_region = 4096
+flows = ["any * -> *"]
+
+[[rule]]
+name = "anyone-in-a-pod"
+k8s_pods = ["*"]
+max_region = 1
+flows = ["any * -> *"]
+)");
+    Request r = request(0, "eth2", "udp * -> *:1", 4096);
+    Decision d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::deny) << "a host process (root, even) matches no pod rule";
+    EXPECT_TRUE(d.rule.empty()) << d.rule;
+    ASSERT_EQ(d.misses.size(), 3u);
+    for (auto &m : d.misses)
+        EXPECT_NE(m.why_not.find("no registered pod"), std::string::npos) << m.why_not;
+
+    r.caller.pod = PodIdentity{
+        "ml-prod", "infer-7", "5b7c", {{"knod.io/profile", "rx"}, {"knod.io/tier", "gold"}}};
+    d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::allow) << d.reason;
+    EXPECT_EQ(d.rule, "inference-pods");
+
+    r.caller.pod->annotations["knod.io/tier"] = "silver";
+    d = decide(p, r, {});
+    EXPECT_EQ(d.verdict, Verdict::deny) << "an annotation with another value does not match";
+    ASSERT_EQ(d.misses.size(), 3u);
+    EXPECT_NE(d.misses[2].why_not.find("max_region"), std::string::npos)
+        << "the pod matches the last rule's who, not its region: " << d.misses[2].why_not;
+    EXPECT_NE(d.misses[1].why_not.find("knod.io/tier is 'silver'"), std::string::npos)
+        << d.misses[1].why_not;
+
+    r.caller.pod->annotations.erase("knod.io/tier");
+    d = decide(p, r, {});
+    EXPECT_NE(d.misses[1].why_not.find("has no annotation knod.io/tier"), std::string::npos);
+
+    r.caller.pod->k8s_namespace = "batch-nightly";
+    d = decide(p, r, {});
+    EXPECT_EQ(d.rule, "no-batch-pods");
+    EXPECT_EQ(d.verdict, Verdict::deny);
+}
+
+TEST(Engine, PodRuleKeysAreCheckedWhenTheyAreRead) {
+    for (const char *bad :
+         {"k8s_annotations = { \"profile\" = \"rx\" }",
+          "k8s_annotations = { \"knod.io/\" = \"rx\" }", "k8s_annotations = { \"knod.io/p\" = 1 }",
+          "k8s_annotations = {}", "k8s_annotations = [\"knod.io/p=rx\"]", "k8s_pods = [\"\"]"}) {
+        PolicyLoad load = parse_policy_text(("[[rule]]\nname = \"r\"\n" + std::string(bad) +
+                                             "\nmax_region = 4096\nflows = [\"any * -> *\"]\n")
+                                                .c_str(),
+                                            "test.toml");
+        EXPECT_FALSE(load.ok()) << bad;
+    }
+    // A pod key names a caller: no any_caller needed, and not allowed beside it.
+    EXPECT_TRUE(parse_policy_text("[[rule]]\nname = \"r\"\nk8s_namespaces = [\"ml\"]\nmax_region "
+                                  "= 1\nflows = [\"any * -> *\"]\n",
+                                  "t.toml")
+                    .ok());
+    EXPECT_FALSE(parse_policy_text("[[rule]]\nname = \"r\"\nk8s_namespaces = [\"ml\"]\nany_caller "
+                                   "= true\nmax_region = 1\nflows = [\"any * -> *\"]\n",
+                                   "t.toml")
+                     .ok());
+}

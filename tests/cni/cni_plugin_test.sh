@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# knod-cni against a live knod-policyd (issue #34), with real network namespaces standing for
+# pod sandboxes: the plugin as a runtime runs it (CNI_* in the environment, the network config
+# on stdin), processes inside a sandbox's namespace as the pod's, the daemon telling pods apart by
+# that namespace. Run inside scripts/knod-sandbox.sh (the policy: tests/cni/policy.toml).
+# Usage: knod-sandbox.sh --unique-sim --policy tests/cni/policy.toml -- cni_plugin_test.sh \
+#            KNOD_CNI KNOD_POLICY KNOD_TEST_CLIENT POLICY_FILE
+set -u
+cni=$(readlink -f "$1") cli=$(readlink -f "$2") client=$(readlink -f "$3") policy=$(readlink -f "$4")
+. "$(dirname "$0")/../../scripts/wait-lib.sh"
+work=$KNOD_SANDBOX/cni
+mkdir -p "$work"
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok - $*"; }
+not_ok() { failed=$((failed + 1)); echo "not ok - $*"; }
+tag=$(($$ % 100000))
+pod_a=knodpoda$tag pod_b=knodpodb$tag pod_c=knodpodc$tag
+holders=()
+cleanup() {
+    exec {hold_in}>&-
+    for p in "${holders[@]}"; do kill "$p" 2>/dev/null; done
+    for ns in "$pod_a" "$pod_b" "$pod_c"; do ip netns del "$ns" 2>/dev/null; done
+}
+trap cleanup EXIT
+for ns in "$pod_a" "$pod_b" "$pod_c"; do ip netns add "$ns" || { echo "not ok - ip netns add $ns"; exit 1; }; done
+# Holders keep their binding until their stdin closes: a FIFO this shell holds open for writing.
+mkfifo "$work/hold-in"
+exec {hold_in}<>"$work/hold-in"
+flow="udp 10.99.0.1:* -> 10.99.0.2:5100"
+
+# plugin COMMAND CONTAINER NETNS ARGS [ANNOTATIONS_JSON]: run knod-cni as a runtime does.
+plugin() {
+    local command=$1 container=$2 netns=$3 args=$4 annotations=${5:-"{}"}
+    local netns_path=
+    [ -n "$netns" ] && netns_path=/var/run/netns/$netns
+    printf '{"cniVersion":"1.0.0","name":"knod-test","type":"knod-cni","runtimeConfig":{"io.kubernetes.cri.pod-annotations":%s},"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.88.0.7/16"}]}}' \
+        "$annotations" |
+        env CNI_COMMAND="$command" CNI_CONTAINERID="$container" CNI_NETNS="$netns_path" CNI_IFNAME=eth0 \
+            CNI_ARGS="$args" CNI_PATH=/usr/lib/cni "${PLUGIN_PREFIX[@]}" "$cni" >"$work/out" 2>"$work/err"
+    rc=$?
+}
+PLUGIN_PREFIX=()
+k8s() { echo "IgnoreUnknown=1;K8S_POD_NAMESPACE=$1;K8S_POD_NAME=$2;K8S_POD_UID=$3;K8S_POD_INFRA_CONTAINER_ID=x"; }
+json_field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get(sys.argv[2]))' "$work/out" "$1"; }
+
+# --- VERSION and bad input ----------------------------------------------------------------
+env CNI_COMMAND=VERSION "$cni" </dev/null >"$work/out"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert "1.1.0" in d["supportedVersions"] and "1.0.0" in d["supportedVersions"] and "0.4.0" in d["supportedVersions"], d' "$work/out" &&
+    ok "VERSION lists every version up to 1.1.0" || not_ok "VERSION: $(cat "$work/out")"
+echo '{"cniVersion":"9.9.9","name":"x","type":"knod-cni"}' | env CNI_COMMAND=ADD CNI_CONTAINERID=c CNI_NETNS=/var/run/netns/$pod_a CNI_IFNAME=eth0 "$cni" >"$work/out" 2>/dev/null
+[ $? -ne 0 ] && [ "$(json_field code)" = 1 ] && ok "an unsupported cniVersion is error 1 (on stdout, as JSON)" || not_ok "cniVersion 9.9.9: $(cat "$work/out")"
+echo 'not json' | env CNI_COMMAND=ADD CNI_CONTAINERID=c CNI_NETNS=/var/run/netns/$pod_a CNI_IFNAME=eth0 "$cni" >"$work/out" 2>/dev/null
+[ $? -ne 0 ] && [ "$(json_field code)" = 6 ] && ok "a config that is not JSON is error 6" || not_ok "bad JSON: $(cat "$work/out")"
+
+# --- explain --pod: the same decisions without a daemon -----------------------------------------
+ex=("$cli" explain --policy "$policy" --user 0 --netdev "$KNOD_SIM_NETDEV" --gpu sim0 --flow "$flow" --bytes 4096)
+"${ex[@]}" --pod team-a/infer-0 >"$work/out" 2>&1
+[ $? -eq 0 ] && grep -q "^pod:      'team-a/infer-0'" "$work/out" && grep -q "^rule:     team-a-pods" "$work/out" &&
+    ok "explain --pod: a pod of team-a is granted by the namespace rule, and the pod is printed" || { not_ok "explain --pod team-a"; cat "$work/out"; }
+"${ex[@]}" --pod team-b/x --json >"$work/out" 2>&1
+[ $? -eq 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["rule"]=="no-team-b" and d["caller"]["pod"]["namespace"]=="team-b", d' "$work/out" &&
+    ok "explain --pod --json: team-b is denied by its rule" || { not_ok "explain --pod team-b"; cat "$work/out"; }
+"${ex[@]}" >"$work/out" 2>&1
+[ $? -eq 1 ] && grep -q "no registered pod" "$work/out" && ok "explain without --pod: no pod rule matches" || { not_ok "explain no pod"; cat "$work/out"; }
+"${ex[@]}" --pod team-a/x --annotation profile=rx >"$work/out" 2>&1
+[ $? -eq 2 ] && grep -q "knod.io/" "$work/out" && ok "explain --annotation outside knod.io/ is bad usage" || { not_ok "explain --annotation"; cat "$work/out"; }
+
+# --- ADD: two pods, each known by its namespace; prevResult passes through ----------------------
+plugin ADD "sandbox-a-$tag" "$pod_a" "$(k8s team-a infer-0 uid-a-1)" '{"knod.io/profile":"rx","other.io/secret":"x"}'
+[ "$rc" -eq 0 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ips"][0]["address"]=="10.88.0.7/16" and d["interfaces"][0]["name"]=="eth0" and d["cniVersion"]=="1.0.0", d' "$work/out" &&
+    ok "ADD registers the pod and prints prevResult unchanged" || { not_ok "ADD team-a (exit $rc)"; cat "$work/out" "$work/err"; }
+plugin ADD "sandbox-b-$tag" "$pod_b" "$(k8s team-b infer-1 uid-b-1)"
+[ "$rc" -eq 0 ] && ok "ADD of a second pod" || { not_ok "ADD team-b (exit $rc)"; cat "$work/out" "$work/err"; }
+
+# A process in pod A, as uid 0 and as uid 65534: the namespace rule grants both.
+in_pod() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+in_pod "$pod_a" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "$flow" >"$work/a0" 2>&1 <"$work/hold-in" &
+holders+=($!)
+wait_until 60 "pod A's root holder" grep -q "^ok \|^error" "$work/a0"
+grep -q "^ok " "$work/a0" && ok "uid 0 in pod team-a/infer-0 is granted by the namespace rule" || { not_ok "pod A root: $(cat "$work/a0")"; }
+id_a0=$(awk '/^ok /{print $2}' "$work/a0")
+in_pod "$pod_a" setpriv --reuid=65534 --regid=65534 --clear-groups "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5101" >"$work/a1" 2>&1 <"$work/hold-in" &
+holders+=($!)
+wait_until 60 "pod A's nobody holder" grep -q "^ok \|^error" "$work/a1"
+grep -q "^ok " "$work/a1" && ok "another uid in the same pod is granted too" || not_ok "pod A nobody: $(cat "$work/a1")"
+sqlite3 "$KNOD_STATE_DIR/journal.db" "select detail from events where kind='request-granted' and session_id='$id_a0'" >"$work/grant"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pod"]=={"namespace":"team-a","name":"infer-0","uid":"uid-a-1"}, d' "$work/grant" &&
+    ok "the grant event names the pod (namespace, name, UID)" || not_ok "grant detail: $(cat "$work/grant")"
+
+# The same uid on the host, and pod B: no pod rule matches them.
+"$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5102" >"$work/host" 2>&1 </dev/null
+grep -q "Denied" "$work/host" && grep -q "no registered pod" "$work/host" &&
+    ok "root on the host matches no pod rule, and is told why" || not_ok "host root: $(cat "$work/host")"
+in_pod "$pod_b" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5103" >"$work/b" 2>&1 </dev/null
+grep -q "Denied" "$work/b" && grep -q "no-team-b" "$work/b" &&
+    ok "pod team-b/infer-1 is denied by the rule for its namespace" || not_ok "pod B: $(cat "$work/b")"
+
+"$cli" bindings >"$work/table" 2>&1
+grep -A3 "^$id_a0 " "$work/table" | grep -q "^    pod team-a/infer-0 (uid uid-a-1)$" &&
+    ok "bindings (the host's root) shows each binding's pod below it" || { not_ok "bindings pod line"; cat "$work/table"; }
+
+# --- uid 0 in a pod is not the host's root ---------------------------------------------------
+in_pod "$pod_a" "$cli" bindings --json >"$work/list" 2>&1
+python3 -c 'import json,sys; l=json.load(open(sys.argv[1])); assert [b["id"] for b in l]==[sys.argv[2]] and l[0]["pod"]=={"namespace":"team-a","name":"infer-0","uid":"uid-a-1"}, l' "$work/list" "$id_a0" &&
+    ok "root in a pod lists only its own pod's root's bindings (not nobody's, not the host's)" || not_ok "list in pod: $(cat "$work/list")"
+in_pod "$pod_a" "$cli" reload >"$work/reload" 2>&1
+[ $? -eq 1 ] && grep -q "Denied" "$work/reload" && ok "root in a pod may not reload the policy" || not_ok "reload in pod: $(cat "$work/reload")"
+in_pod "$pod_a" "$cli" revoke "$id_a0" --reason test >"$work/revoke" 2>&1
+[ $? -eq 1 ] && ok "root in a pod may not revoke" || not_ok "revoke in pod: $(cat "$work/revoke")"
+PLUGIN_PREFIX=(ip netns exec "$pod_a")
+plugin ADD "sandbox-x-$tag" "$pod_c" "$(k8s kube-system fake uid-x)"
+PLUGIN_PREFIX=()
+[ "$rc" -ne 0 ] && grep -q "host's root" "$work/out" && ok "root in a pod cannot register a pod" || { not_ok "register from a pod (exit $rc)"; cat "$work/out"; }
+PLUGIN_PREFIX=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+plugin ADD "sandbox-y-$tag" "$pod_c" "$(k8s kube-system fake uid-y)"
+PLUGIN_PREFIX=()
+# Refused by the bus (101), or earlier: nobody may not even open another's namespace (4).
+code=$(json_field code)
+[ "$rc" -ne 0 ] && { [ "$code" = 101 ] || [ "$code" = 4 ]; } && ok "a user other than root cannot register a pod (error $code)" || { not_ok "register as nobody (exit $rc)"; cat "$work/out"; }
+"$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5104" >/dev/null 2>&1 </dev/null
+in_pod "$pod_c" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5105" >"$work/c" 2>&1 </dev/null
+grep -q "no registered pod" "$work/c" && ok "a refused registration made no pod of its namespace" || not_ok "pod C: $(cat "$work/c")"
+
+# --- a pod whose declared offload request the policy denies fails at ADD ------------------------
+plugin ADD "sandbox-c-$tag" "$pod_c" "$(k8s team-b trainer uid-c)" \
+    "{\"knod.io/flows\":\"$flow\",\"knod.io/netdev\":\"$KNOD_SIM_NETDEV\",\"knod.io/gpu\":\"sim0\",\"knod.io/region\":\"4KiB\"}"
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 100 ] && grep -q "no-team-b" "$work/out" &&
+    ok "ADD of a pod asking for offload its namespace's rule denies fails, naming the rule" || { not_ok "ADD denied (exit $rc)"; cat "$work/out"; }
+[ "$(sqlite3 "$KNOD_STATE_DIR/journal.db" "select count(*) from events where kind='pod-refused' and rule='no-team-b'")" -ge 1 ] &&
+    ok "the refused pod is journaled (pod-refused, with the rule)" || not_ok "no pod-refused event"
+plugin ADD "sandbox-c-$tag" "$pod_c" "$(k8s team-a trainer uid-c)" \
+    "{\"knod.io/flows\":\"$flow\",\"knod.io/netdev\":\"$KNOD_SIM_NETDEV\",\"knod.io/gpu\":\"sim0\"}"
+[ "$rc" -eq 0 ] && ok "the same request from a pod of an allowed namespace passes ADD" || { not_ok "ADD allowed offload (exit $rc)"; cat "$work/out"; }
+plugin DEL "sandbox-c-$tag" "$pod_c" "$(k8s team-a trainer uid-c)"
+
+# --- DEL ends the pod's bindings as pod-deleted; a second DEL (no netns) succeeds ---------------
+plugin DEL "sandbox-a-$tag" "$pod_a" "$(k8s team-a infer-0 uid-a-1)"
+[ "$rc" -eq 0 ] && [ ! -s "$work/out" ] && ok "DEL succeeds and prints nothing" || { not_ok "DEL (exit $rc)"; cat "$work/out"; }
+ended() { [ "$(sqlite3 "$KNOD_STATE_DIR/journal.db" "select count(*) from sessions where end_reason='pod-deleted'")" = 2 ]; }
+wait_until 60 "both of pod A's sessions to end as pod-deleted" ended && ok "DEL ended both of the pod's bindings (pod-deleted)" || not_ok "sessions after DEL: $(sqlite3 "$KNOD_STATE_DIR/journal.db" 'select id, end_reason from sessions')"
+sqlite3 "$KNOD_STATE_DIR/journal.db" "select detail from events where kind='session-ended' and session_id='$id_a0'" >"$work/end"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pod"]["namespace"]=="team-a", d' "$work/end" &&
+    ok "the end event names the pod" || not_ok "end detail: $(cat "$work/end")"
+(printf '{"cniVersion":"1.0.0","name":"knod-test","type":"knod-cni"}' |
+    env CNI_COMMAND=DEL CNI_CONTAINERID="sandbox-a-$tag" CNI_IFNAME=eth0 CNI_NETNS= "$cni" >"$work/out" 2>&1)
+[ $? -eq 0 ] && ok "a second DEL, without netns or prevResult, succeeds" || { not_ok "second DEL"; cat "$work/out"; }
+in_pod "$pod_a" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5106" >"$work/a2" 2>&1 </dev/null
+grep -q "no registered pod" "$work/a2" && ok "after DEL the namespace is no pod's" || not_ok "after DEL: $(cat "$work/a2")"
+
+# --- no daemon: a pod that asks for nothing starts; one that asks for offload is told to retry ---
+export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/no-bus
+plugin ADD "sandbox-d-$tag" "$pod_b" "$(k8s team-a quiet uid-d)"
+[ "$rc" -eq 0 ] && ok "no daemon: a pod asking for nothing is not blocked" || { not_ok "ADD without daemon (exit $rc)"; cat "$work/out"; }
+plugin ADD "sandbox-e-$tag" "$pod_b" "$(k8s team-a eager uid-e)" "{\"knod.io/flows\":\"$flow\"}"
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 11 ] && ok "no daemon: a pod asking for offload gets 11 (try again later)" || { not_ok "ADD offload without daemon (exit $rc)"; cat "$work/out"; }
+plugin DEL "sandbox-e-$tag" "" ""
+[ "$rc" -eq 0 ] && ok "no daemon: DEL succeeds" || not_ok "DEL without daemon (exit $rc)"
+
+echo "# $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
