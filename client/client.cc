@@ -164,7 +164,11 @@ Result<Client> Client::connect(const std::string &address) {
                                                  address_tried(address) + ": " + std::strerror(-r) +
                                                  " (is dbus running? or give --bus-address)");
     }
-    return Client(bus);
+    Client c(bus);
+    // Proven from the start: root's rights (auditor, admin) and rules naming units need it.
+    // No daemon yet, or one that refuses: each call says so itself, and asks again.
+    (void)c.attest();
+    return c;
 }
 
 std::string Client::address_tried(const std::string &address) {

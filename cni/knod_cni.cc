@@ -9,7 +9,8 @@
 //          fails the sandbox, naming the deciding rule. prevResult is printed unchanged.
 //   DEL    unregisters it; the daemon ends every binding of the pod's processes (pod-deleted).
 //          Succeeds when there is nothing left, and when no daemon runs (nothing to end).
-//   CHECK  succeeds while the daemon answers, or when the pod asked for nothing.
+//   CHECK  registers again (a restarted daemon forgot its sandboxes), as ADD but printing
+//          nothing.
 //   STATUS succeeds: a pod that asks for nothing must never wait for the daemon.
 //   GC     succeeds: DEL forgets each sandbox, and the daemon bounds what it keeps.
 //   VERSION
@@ -25,6 +26,7 @@
 #include "protocol/names.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
@@ -115,6 +117,21 @@ CallResult call(const char *method, const std::function<int(sd_bus_message *)> &
         out.message = std::string("cannot connect to the system bus: ") + std::strerror(-r);
         return out;
     }
+    // Prove this process to the daemon first (AttestProcess with a socketpair end: the kernel
+    // names its maker): only a proven host root may register pods. A refusal is the call's to
+    // report.
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0) {
+        sd_bus_error ae = SD_BUS_ERROR_NULL;
+        sd_bus_message *ar = nullptr;
+        (void)sd_bus_call_method(b.bus, knod::bus::service_name, knod::bus::manager_path,
+                                 knod::bus::manager_interface, "AttestProcess", &ae, &ar, "h",
+                                 pair[0]);
+        sd_bus_error_free(&ae);
+        sd_bus_message_unref(ar);
+        ::close(pair[0]);
+        ::close(pair[1]);
+    }
     sd_bus_message *m = nullptr;
     r = sd_bus_message_new_method_call(b.bus, &m, knod::bus::service_name, knod::bus::manager_path,
                                        knod::bus::manager_interface, method);
@@ -145,7 +162,10 @@ int append_map(sd_bus_message *m, const std::map<std::string, std::string> &valu
     return r < 0 ? r : sd_bus_message_close_container(m);
 }
 
-int add(const json &config, const std::string &version) {
+// ADD, and CHECK (`check`: print nothing): register the sandbox. Registering again is
+// harmless (the same container id and ifname replace their entry), so CHECK also restores a
+// registration a restarted daemon forgot.
+int add(const json &config, const std::string &version, bool check = false) {
     std::string container = env("CNI_CONTAINERID"), netns = env("CNI_NETNS"),
                 ifname = env("CNI_IFNAME");
     if (container.empty() || netns.empty() || ifname.empty())
@@ -180,12 +200,22 @@ int add(const json &config, const std::string &version) {
         // A pod that asked for nothing is never blocked by the daemon being down.
         std::cerr << "knod-cni: " << r.message << " (the pod asks for no offload: started)\n";
     } else if (!r.error_name.empty()) {
-        bool policy = r.error_name == knod::bus::error::denied && offload;
-        return fail(version, {policy ? 100 : 101,
-                              policy ? "knod-policy refuses the pod's offload request"
-                                     : "knod-policyd refused to register the pod",
-                              r.message});
+        // A pod that asked for nothing starts whatever the daemon says (unregistered, its
+        // processes match no allow rule: nothing is lost by letting it start).
+        if (!offload) {
+            std::cerr << "knod-cni: the daemon did not register the pod: " << r.message
+                      << " (it asks for no offload: started)\n";
+        } else {
+            // The policy's verdict (check_pod's message), not a refusal of the caller.
+            bool policy = r.error_name == knod::bus::error::denied &&
+                          r.message.find("the policy refuses") != std::string::npos;
+            return fail(version, {policy ? 100 : 101,
+                                  policy ? "knod-policy refuses the pod's offload request"
+                                         : "knod-policyd refused to register the pod",
+                                  r.message});
+        }
     }
+    if (check) return 0;
     json result = config.contains("prevResult") ? config["prevResult"] : json::object();
     result["cniVersion"] = version;
     std::cout << knod::dump_json(result) << std::endl;
@@ -235,15 +265,7 @@ int main() {
                     {1, "incompatible CNI version " + version, "knod-cni supports 0.3.0 to 1.1.0"});
     if (command == "ADD") return add(config, version);
     if (command == "DEL") return del(version);
-    if (command == "CHECK") {
-        if (!asks_for_offload(annotations_of(config))) return 0;
-        CallResult r = call("CanManage", [](sd_bus_message *) { return 0; });
-        return r.reached ? 0
-                         : fail(version, {11,
-                                          "knod-policyd is unreachable; the pod asks for "
-                                          "offload",
-                                          r.message});
-    }
+    if (command == "CHECK") return add(config, version, true);
     if (command == "STATUS" || command == "GC") return 0;
     return fail(version, {4, "unknown CNI_COMMAND '" + command + "'",
                           "ADD, DEL, CHECK, STATUS, GC or VERSION"});

@@ -419,8 +419,8 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
     return {};
 }
 
-Result<void> BindingManager::throttle(uid_t uid, pid_t pid, bool host_root, const char *method) {
-    if (host_root || limiter_.admit(uid, std::chrono::steady_clock::now())) return {};
+Result<void> BindingManager::throttle(uid_t uid, pid_t pid, bool exempt, const char *method) {
+    if (exempt || limiter_.admit(uid, std::chrono::steady_clock::now())) return {};
     metrics_.rate_limited(method);
     journal::Event e;
     e.kind = journal::kind::rate_limited;
@@ -437,7 +437,7 @@ Result<void> BindingManager::throttle(uid_t uid, pid_t pid, bool host_root, cons
                                                 " per user, over all its connections; retry later");
 }
 
-Error BindingManager::refuse_limit(uid_t uid, pid_t pid, bool host_root, const char *method,
+Error BindingManager::refuse_limit(uid_t uid, pid_t pid, bool exempt, const char *method,
                                    const std::string &what) {
     metrics_.rate_limited(method);
     journal::Event e;
@@ -446,7 +446,7 @@ Error BindingManager::refuse_limit(uid_t uid, pid_t pid, bool host_root, const c
     e.pid = pid;
     e.reason = std::string(method) + " refused: " + what;
     e.detail = knod::dump_json(nlohmann::json{{"method", method}, {"limit", what}});
-    audit_.refuse(std::move(e), host_root);
+    audit_.refuse(std::move(e), exempt);
     return make_error(Errc::limits_exceeded,
                       std::string("limits exceeded: uid ") + std::to_string(uid) + ": " + what);
 }
@@ -482,22 +482,22 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
 // host refused) before the next one takes anything.
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
-    if (auto r = throttle(caller.uid, caller.pid, caller.host_root(), "RequestBinding"); !r)
+    if (auto r = throttle(caller.uid, caller.pid, caller.root_in_host(), "RequestBinding"); !r)
         return r.error();
     // The daemon-wide bounds before anything is parsed or taken: a refused caller leaves nothing.
     if (bindings_.size() + inflight_.size() >= config_.max_bindings)
-        return refuse_limit(caller.uid, caller.pid, caller.host_root(), "RequestBinding",
+        return refuse_limit(caller.uid, caller.pid, caller.root_in_host(), "RequestBinding",
                             "at most " + std::to_string(config_.max_bindings) +
                                 " bindings (live and in flight) in all; retry later");
     // An abandoned grant (its caller left) still waits for its commit, its reply with it.
     if (inflight_.size() + abandoned_.size() >= config_.max_grants_in_flight)
-        return refuse_limit(caller.uid, caller.pid, caller.host_root(), "RequestBinding",
+        return refuse_limit(caller.uid, caller.pid, caller.root_in_host(), "RequestBinding",
                             "at most " + std::to_string(config_.max_grants_in_flight) +
                                 " grants waiting for the journal in all; retry in a moment");
     // A grant takes a region fd and, for a new holder process, a pidfd.
     if (config_.max_caller_fds && caller_fds() + 2 > config_.max_caller_fds)
         return refuse_limit(
-            caller.uid, caller.pid, caller.host_root(), "RequestBinding",
+            caller.uid, caller.pid, caller.root_in_host(), "RequestBinding",
             "at most " + std::to_string(config_.max_caller_fds) +
                 " fds held for callers in all (the daemon's fd limit); retry later");
     auto parsed = parse_request(caller, args);
@@ -532,7 +532,7 @@ void BindingManager::refuse_request(const Peer &caller, const RequestArgs &args,
                        {"flow_count", args.flows.size()},
                        {"exe", escape_untrusted(caller.executable)},
                        {"policy", policy_.digest}});
-    audit_.refuse(std::move(e), caller.host_root());
+    audit_.refuse(std::move(e), caller.root_in_host());
 }
 
 // The caller's arguments, checked and read: sizes, mode, flows, the netdev and GPU the driver
@@ -623,7 +623,7 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
     if (caller.pod) detail["pod"] = pod_json(*caller.pod);
     decision.detail = knod::dump_json(detail);
     if (!d.granted()) {
-        audit_.refuse(std::move(decision), caller.host_root());
+        audit_.refuse(std::move(decision), caller.root_in_host());
         // Say why each rule missed, so the caller can act without an admin's help.
         std::string why = d.reason;
         for (std::size_t i = 0; i < d.misses.size() && i < 5; ++i)
@@ -638,7 +638,7 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
         decision.kind = journal::kind::denied;
         decision.decision = "isolation-violation";
         decision.reason = iso.reason;
-        audit_.refuse(std::move(decision), caller.host_root());
+        audit_.refuse(std::move(decision), caller.root_in_host());
         return make_error(Errc::isolation_violation,
                           iso.reason + " (rule '" + d.rule + "' requires iommu = \"" +
                               policy::to_string(d.iommu) + "\"); fix: " + iso.fix);
@@ -654,7 +654,7 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
                           c->binding + " (uid " + std::to_string(c->owner) + ")";
         detail["conflicts_with"] = c->binding;
         decision.detail = knod::dump_json(detail);
-        audit_.refuse(std::move(decision), caller.host_root());
+        audit_.refuse(std::move(decision), caller.root_in_host());
         // Another user's binding is not named: the caller may not see it.
         std::string theirs = c->owner == caller.uid
                                  ? "flow '" + c->held.to_string() + "' of your binding " +
@@ -730,7 +730,7 @@ Result<BindingManager::Prepared> BindingManager::prepare_grant(const Peer &calle
         decision.kind = journal::kind::denied;
         decision.decision = "driver-failure";
         decision.reason = queues.error().message;
-        audit_.refuse(std::move(decision), caller.host_root());
+        audit_.refuse(std::move(decision), caller.root_in_host());
         return make_error(Errc::driver_failure, queues.error().message);
     }
     b.queues = *queues;
@@ -832,7 +832,7 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
 
 Result<void> BindingManager::activate(const std::string &id, const Peer &presenter,
                                       std::span<const std::uint8_t> key) {
-    if (auto r = throttle(presenter.uid, presenter.pid, presenter.host_root(), "Activate"); !r)
+    if (auto r = throttle(presenter.uid, presenter.pid, presenter.root_in_host(), "Activate"); !r)
         return r.error();
     auto it = bindings_.find(id);
     if (it == bindings_.end())
@@ -845,7 +845,7 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         e.decision = "key-refused";
         e.reason = ok.error().message;
         audit_.name_policy(e);
-        audit_.refuse(std::move(e), presenter.host_root());
+        audit_.refuse(std::move(e), presenter.root_in_host());
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
@@ -856,7 +856,7 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
         e.decision = "driver-failure";
         e.reason = escape_untrusted(r.error().message, Escape::message);
         audit_.name_policy(e);
-        audit_.refuse(std::move(e), presenter.host_root());
+        audit_.refuse(std::move(e), presenter.root_in_host());
         return make_error(Errc::driver_failure, r.error().message);
     }
     b.state = BindingState::active;
@@ -870,7 +870,7 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
 Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string &id,
                                                                const Peer &presenter,
                                                                std::span<const std::uint8_t> key) {
-    if (auto r = throttle(presenter.uid, presenter.pid, presenter.host_root(), "RxNotifier"); !r)
+    if (auto r = throttle(presenter.uid, presenter.pid, presenter.root_in_host(), "RxNotifier"); !r)
         return r.error();
     auto it = bindings_.find(id);
     if (it == bindings_.end())
@@ -889,8 +889,8 @@ Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string
             what = "at most " + std::to_string(config_.max_caller_fds) +
                    " fds held for callers in all (the daemon's fd limit); poll RxBytes instead";
         if (!what.empty())
-            return refuse_limit(presenter.uid, presenter.pid, presenter.host_root(), "RxNotifier",
-                                what);
+            return refuse_limit(presenter.uid, presenter.pid, presenter.root_in_host(),
+                                "RxNotifier", what);
     }
     auto fd = driver_.rx_notifier(id);
     if (!fd) return fd.error();
@@ -923,7 +923,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
         e.session_id = id;
         e.reason = why;
         audit_.name_policy(e);
-        audit_.refuse(std::move(e), presenter.host_root());
+        audit_.refuse(std::move(e), presenter.root_in_host());
         return make_error(code, why);
     };
     if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
@@ -1023,7 +1023,7 @@ void BindingManager::refuse_action(const char *kind, const Peer &by, const std::
     if (binding)
         e.detail = knod::dump_json(nlohmann::json{{"binding", escape_untrusted(*binding)}});
     audit_.name_policy(e); // the policy in force: it names who may administer (admin_group)
-    audit_.refuse(std::move(e), by.host_root());
+    audit_.refuse(std::move(e), by.root_in_host());
 }
 
 Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,

@@ -180,12 +180,12 @@ class BindingManager {
     // The per-uid rate limit, for every method (the bus adaptor calls it for those that do not
     // come in here): QuotaExceeded when `uid` has no token left; refusals are journaled,
     // coalesced. Root is not limited: it can stop the daemon or edit the journal anyway.
-    // `host_root`: Peer::host_root() of the caller (a container's root is limited).
-    Result<void> throttle(uid_t uid, pid_t pid, bool host_root, const char *method);
+    // `exempt`: Peer::root_in_host() of the caller (a container's root is limited).
+    Result<void> throttle(uid_t uid, pid_t pid, bool exempt, const char *method);
     // A call refused because its caller reached a bound on what the daemon keeps for it (`what`:
     // which bound, and its value): journaled and coalesced as the rate limit's refusals are
     // (kind rate-limited, detail {"method", "limit"}); the error is LimitsExceeded.
-    Error refuse_limit(uid_t uid, pid_t pid, bool host_root, const char *method,
+    Error refuse_limit(uid_t uid, pid_t pid, bool exempt, const char *method,
                        const std::string &what);
     // The owner, or anyone `privileged` (an admin), may release. The data path stops at once;
     // `done` runs once the end is on disk (or kept to write when the disk is back).

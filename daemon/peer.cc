@@ -100,8 +100,18 @@ const std::vector<std::optional<NamespaceId>> &own_namespaces() {
 
 } // namespace
 
-bool Peer::host_root() const {
+bool Peer::root_in_host() const {
     return uid == 0 && host_namespaces && !pod;
+}
+
+bool Peer::host_root() const {
+    return root_in_host() && process_proof != ProcessProof::pid_only;
+}
+
+std::string Peer::domain() const {
+    if (pod) return "pod:" + pod_sandbox;
+    if (host_namespaces) return "host";
+    return "ns:" + namespaces;
 }
 
 Result<std::uint64_t> process_start_time(pid_t pid, const std::string &proc_root) {
@@ -228,11 +238,16 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     if (n > 0) p.executable.assign(exe, static_cast<std::size_t>(n));
     std::string cg = read_file(dir + "/cgroup");
     if (auto path = policy::unified_cgroup_path(cg)) p.cgroup = std::move(*path);
-    if (auto net = namespace_at(dir + "/ns/net")) p.netns = *net;
+    if (auto net = namespace_at(dir + "/ns/net")) {
+        p.netns = *net;
+        static const std::optional<NamespaceId> own_net = namespace_at("/proc/self/ns/net");
+        p.host_netns = own_net && *own_net == *net;
+    }
     p.host_namespaces = true;
     for (std::size_t i = 0; i < std::size(contained_kinds); ++i) {
         auto ns = namespace_at(dir + "/ns/" + contained_kinds[i]);
         if (!ns || !own_namespaces()[i] || *ns != *own_namespaces()[i]) p.host_namespaces = false;
+        p.namespaces += (i ? "/" : "") + (ns ? std::to_string(ns->ino) : std::string("?"));
     }
     // ... and identity again: the same process, unchanged, and still running (so its pid was
     // not reused by another between the reads).
@@ -320,6 +335,7 @@ policy::Caller Peer::caller() const {
     c.executable = executable;
     c.process_proven = process_proof != ProcessProof::pid_only;
     c.pod = pod;
+    c.placed = placed();
     return c;
 }
 

@@ -67,17 +67,29 @@ struct Peer {
     // namespaces are the daemon's own (false where they could not be read).
     NamespaceId netns;
     bool host_namespaces = false;
+    bool host_netns = false; // its network namespace is the daemon's
+    std::string namespaces;  // its pid, user and cgroup namespaces' inodes, as one key
     // The registered pod whose sandbox's network namespace it is in (set by whoever holds the
     // registry: the bus adaptor, from BindingManager::pods()).
     std::optional<policy::PodIdentity> pod;
     std::string pod_sandbox; // that sandbox's container id
 
-    // Root with root's exemptions (rate limits, admin and auditor rights, refusals journaled
-    // one by one): uid 0, in the daemon's pid, user and cgroup namespaces, in no pod. A
-    // container's root without a user namespace has uid 0 too, and is not this. Read off the
-    // process at the caller's pid: for a caller not proven (docs/threat-model.md, "Caller
-    // identity") that may be another process, as for its unit.
+    // uid 0 in the daemon's pid, user and cgroup namespaces and in no pod: exempt from what
+    // protects the daemon's load (rate limit, bounds on remembered connections and
+    // subscriptions, refusals coalesced). A container's root without a user namespace has uid 0
+    // too, and is not this. Read off the process at the caller's pid: for a caller not proven
+    // (docs/threat-model.md, "Caller identity") that may be another process since.
+    bool root_in_host() const;
+    // The host's root with root's rights (auditor, admin): root_in_host, and its process
+    // proven (the bus's pidfd, or attested), so that no recycled pid lends them.
     bool host_root() const;
+    // The caller's domain: a bindings' owner is a uid in a domain. "pod:SANDBOX" in a
+    // registered pod, "host" in the daemon's pid, user and cgroup namespaces, else
+    // "ns:PID/USER/CGROUP" (inodes): a container's uid 1000 is not the host's, nor another's.
+    std::string domain() const;
+    // In the daemon's network namespace or a registered pod's: only such a caller can receive
+    // what it could bind, and only it matches allow rules (policy::Caller::placed).
+    bool placed() const { return pod.has_value() || host_netns; }
     // In a registered pod, or in a pid, user or cgroup namespace not the daemon's.
     bool contained() const { return pod.has_value() || !host_namespaces; }
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "knod/result.h"
+#include "knod/unique_fd.h"
 #include "policy/engine.h"
 
 #include <sys/types.h>
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -42,6 +44,10 @@ struct PodSandbox {
     std::string container_id; // the runtime's sandbox id (CNI_CONTAINERID)
     std::string ifname;       // CNI_IFNAME: one sandbox may be registered per network
     NamespaceId netns;
+    // Held while registered: a namespace stays alive (its inode is not handed to a new one)
+    // while an fd refers to it, so a sandbox deleted without a DEL cannot lend its
+    // registration to whoever makes the next namespace.
+    std::shared_ptr<UniqueFd> netns_fd;
     policy::PodIdentity pod;
     std::int64_t registered_us = 0;
 };

@@ -100,6 +100,9 @@ const char *to_string(Verdict v) {
 
 std::string mismatch(const Rule &rule, const Request &r) {
     const Caller &c = r.caller;
+    if (!c.placed && rule.action == Action::allow)
+        return "caller's network namespace is neither the host's nor a registered pod's: it "
+               "could receive nothing it binds, and no allow rule matches it";
     if (!c.uid_known && (!rule.users.empty() || !rule.groups.empty())) {
         // Fail closed both ways, as for an unproven process below.
         if (rule.action == Action::allow)

@@ -47,6 +47,9 @@ struct Caller {
     // plugin's ADD): its uid and groups are not known yet, so allow rules naming users or
     // groups do not match it and deny rules naming them do (as for an unproven process).
     bool uid_known = true;
+    // False for a process in a network namespace that is neither the daemon's nor a registered
+    // pod's (a process that made one of its own): it matches no allow rule; deny rules apply.
+    bool placed = true;
 };
 
 struct Request {

@@ -4,12 +4,13 @@
 # would be). Prints per run its verdict, what did not pass and the ten slowest tests; exits 1
 # when any run failed. Needs root (the suite does). Minutes per run: a build and the suite.
 #
-# The runs share a compiler cache (ccache, in the work dir) for the top-level build only, so
-# each run after the first spends its minutes on the suite, not on recompiling what the last
-# one compiled; the suite's own builds (packaging.build_deb, fuzz.build) compile in full every
-# run, as on CI. --no-ccache turns that off. Every run's clone lies at the same path (the work
-# dir's clone/, removed between runs): compile lines carry the source dir (KNOD_SOURCE_DIR), so
-# a clone at a new path would miss the cache for every test target.
+# The runs share a compiler cache (ccache) for the top-level build only, so each run spends its
+# minutes on the suite, not on recompiling what an earlier one compiled; the suite's own builds
+# (packaging.build_deb, fuzz.build) compile in full every run, as on CI. --no-ccache turns that
+# off. Every run's clone lies at the same path (clone/ under /var/tmp/knod-soak, removed between
+# runs): compile lines carry the source dir (KNOD_SOURCE_DIR), so a clone at a new path would
+# miss the cache for every test target. The cache stays there between soaks (the first run of
+# a later soak is warm too); each soak's logs go to a directory of its own beside it.
 #
 #   tests/soak.sh [-n N] [--no-hog] [--skip-vm] [--no-ccache] [--keep]
 #     -n N       runs (default 5)
@@ -38,8 +39,13 @@ fi
 if [ -n "$ccache" ] && ! command -v ccache >/dev/null; then
     apt-get install -y -qq ccache >/dev/null || { echo "soak: cannot install ccache (try --no-ccache)" >&2; exit 1; }
 fi
-work=$(mktemp -d /var/tmp/knod-soak.XXXXXX)
-chmod 0755 "$work" # the suite's callers of other uids run the clone's programs and modules
+base=/var/tmp/knod-soak
+mkdir -p "$base"
+chmod 0755 "$base" # the suite's callers of other uids run the clone's programs and modules
+exec 9>"$base/lock"
+flock -n 9 || { echo "soak: another soak is running (it holds $base/lock)" >&2; exit 2; }
+work=$(mktemp -d "$base/logs.XXXXXX")
+chmod 0755 "$work"
 hog_pid=
 stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null && wait "$hog_pid" 2>/dev/null; hog_pid=; }
 trap 'stop_hog' EXIT INT TERM
@@ -47,12 +53,12 @@ head=$(git -C "$repo" rev-parse HEAD) # every run tests this commit, whatever la
 echo "soak: $runs run(s) of scripts/run-tests.sh on ${head:0:12}, $([ -n "$hog" ] && echo with || echo without) a CPU hog on $(nproc) core(s); logs in $work"
 green=0
 for i in $(seq "$runs"); do
-    clone=$work/clone
+    clone=$base/clone
     rm -rf "$clone"
     git clone -q "$repo" "$clone" && git -C "$clone" checkout -q "$head"
     [ -n "$hog" ] && { stress-ng --cpu "$(nproc)" --quiet & hog_pid=$!; }
     start=$SECONDS
-    (cd "$clone" && KNOD_SKIP_VM=$skip_vm KNOD_CCACHE_DIR=${ccache:+$work/ccache} bash scripts/run-tests.sh) >"$work/run$i.log" 2>&1
+    (cd "$clone" && KNOD_SKIP_VM=$skip_vm KNOD_CCACHE_DIR=${ccache:+$base/ccache} bash scripts/run-tests.sh) >"$work/run$i.log" 2>&1
     rc=$?
     stop_hog
     took=$((SECONDS - start))

@@ -43,10 +43,12 @@ struct Credentials {
     // From daemon::Peer: root with root's rights (Peer::host_root), and a container's process
     // (Peer::contained: in a registered pod, or in a pid, user or cgroup namespace not the
     // daemon's). Unknown (the process could not be read) counts as contained.
-    bool host_root = false;
+    bool host_root = false;    // Peer::host_root: root's rights (proven)
+    bool root_in_host = false; // Peer::root_in_host: root's exemptions
     bool contained = true;
     std::optional<policy::PodIdentity> pod;
     std::string pod_sandbox;
+    std::string domain; // Peer::domain; empty: unidentified, owns nothing
 };
 
 class Authorizer {

@@ -74,10 +74,11 @@ std::shared_ptr<sd_bus_message> hold_call(sd_bus_message *m) {
             }};
 }
 
-// A binding is its owner's: the same uid, and the same pod sandbox or none (a container's root
-// is not the host's, nor one pod's uid 1000 another's).
+// A binding is its owner's: the same uid in the same domain (Peer::domain: a pod, the host, or
+// a container's namespaces): a container's root is not the host's, nor one pod's uid 1000
+// another's. A caller that could not be identified owns nothing.
 bool owns(const Credentials &c, const daemon::Binding &b) {
-    return c.uid == b.owner.uid && c.pod_sandbox == b.owner.pod_sandbox;
+    return !c.domain.empty() && c.uid == b.owner.uid && c.domain == b.owner.domain();
 }
 
 // A completion that answers `m` with an empty reply or the error, whenever it runs.
@@ -555,11 +556,13 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     place(*process);
     c.gids = std::move(process->gids);
     c.host_root = process->host_root();
+    c.root_in_host = process->root_in_host();
     c.contained = process->contained();
+    c.domain = process->domain();
     c.pod = std::move(process->pod);
     c.pod_sandbox = std::move(process->pod_sandbox);
     // Remembered only once there is room for it: a refused caller leaves nothing behind.
-    auto entry = remember(c.sender, c.uid, c.pid, m);
+    auto entry = remember(c.sender, c.uid, c.pid, m, c.root_in_host);
     if (!entry) return entry.error();
     (*entry)->creds = c;
     return c;
@@ -568,16 +571,16 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
 int BusService::refuse_limit(sd_bus_message *m, const Credentials &c, const Error &why,
                              sd_bus_error *err) const {
     const char *method = sd_bus_message_get_member(m);
-    return fail(err, manager_->refuse_limit(c.uid, c.pid, c.host_root, method ? method : "call",
+    return fail(err, manager_->refuse_limit(c.uid, c.pid, c.root_in_host, method ? method : "call",
                                             why.message));
 }
 
 Result<BusService::Connection *> BusService::remember(const std::string &name, uid_t uid, pid_t pid,
-                                                      sd_bus_message *m) const {
+                                                      sd_bus_message *m, bool exempt) const {
     if (name.empty() || name[0] != ':')
         return make_error(Errc::denied, "the bus did not name the caller's connection");
     if (auto it = connections_.find(name); it != connections_.end()) return &it->second;
-    if (uid != 0 && m) {
+    if (!exempt && m) {
         const char *method = sd_bus_message_get_member(m);
         method = method ? method : "call";
         std::size_t &mine = connections_of_[uid];
@@ -594,8 +597,9 @@ Result<BusService::Connection *> BusService::remember(const std::string &name, u
     }
     auto [it, added] = connections_.emplace(name, Connection{});
     it->second.uid = uid;
+    it->second.exempt = exempt;
     connections_of_[uid] += 1;
-    if (uid != 0) unprivileged_connections_ += 1;
+    if (!exempt) unprivileged_connections_ += 1;
     return &it->second;
 }
 
@@ -605,11 +609,11 @@ void BusService::forget(const std::string &name) {
     uid_t uid = it->second.uid;
     if (auto n = connections_of_.find(uid); n != connections_of_.end() && --n->second == 0)
         connections_of_.erase(n);
-    if (uid != 0) unprivileged_connections_ -= 1;
+    if (!it->second.exempt) unprivileged_connections_ -= 1;
     if (subscribers_.erase(name)) {
         if (auto n = subscriptions_of_.find(uid); n != subscriptions_of_.end() && --n->second == 0)
             subscriptions_of_.erase(n);
-        if (uid != 0) unprivileged_subscriptions_ -= 1;
+        if (!it->second.exempt_subscription) unprivileged_subscriptions_ -= 1;
     }
     connections_.erase(it);
 }
@@ -653,7 +657,7 @@ void BusService::place(daemon::Peer &p) const {
 Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
     auto c = credentials(m);
     if (!c) return c.error();
-    return manager_->throttle(c->uid, c->pid, c->host_root, method);
+    return manager_->throttle(c->uid, c->pid, c->root_in_host, method);
 }
 
 bool BusService::visible(const daemon::Binding &b) const {
@@ -812,7 +816,9 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         c.gids = caller->gids;
         c.sender = caller->bus_name;
         c.host_root = caller->host_root();
+        c.root_in_host = caller->root_in_host();
         c.contained = caller->contained();
+        c.domain = caller->domain();
         c.pod = caller->pod;
         c.pod_sandbox = caller->pod_sandbox;
         auto done = reply_when_done(m);
@@ -946,6 +952,11 @@ int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
         sandbox.container_id = container;
         sandbox.ifname = ifname;
         sandbox.netns = *netns;
+        int held = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (held < 0)
+            return fail(err, system_error(Errc::out_of_resources, errno,
+                                          "cannot hold the sandbox's network namespace"));
+        sandbox.netns_fd = std::make_shared<UniqueFd>(held);
         for (auto &[k, v] : *pod) {
             if (k == "namespace")
                 sandbox.pod.k8s_namespace = v;
@@ -1133,7 +1144,8 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
         std::string id = id_of(sd_bus_message_get_path(m));
         const daemon::Binding *b = s->manager_->find(id);
         if (!b || owns(*c, *b)) {
-            s->manager_->release(id, by, false, reply_when_done(m));
+            // Ownership as owns() sees it (uid and domain): the core's own check is by uid.
+            s->manager_->release(id, by, b != nullptr, reply_when_done(m));
             return 1;
         }
         // Someone else's binding: only an admin may release it (polkit may take a while).
@@ -1181,17 +1193,19 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
             auto mine = s->subscriptions_of_.find(c->uid);
             std::size_t held = mine == s->subscriptions_of_.end() ? 0 : mine->second;
             std::string what;
-            if (c->uid != 0 && held >= s->limits_.subscriptions_per_uid)
+            bool exempt = c->root_in_host;
+            if (!exempt && held >= s->limits_.subscriptions_per_uid)
                 what = "at most " + std::to_string(s->limits_.subscriptions_per_uid) +
                        " subscribed connections per user; subscribe on fewer connections";
-            else if (c->uid != 0 && s->unprivileged_subscriptions_ >= s->limits_.subscriptions)
+            else if (!exempt && s->unprivileged_subscriptions_ >= s->limits_.subscriptions)
                 what = "at most " + std::to_string(s->limits_.subscriptions) +
                        " subscribed connections in all; retry later";
             if (!what.empty())
-                return fail(err, s->manager_->refuse_limit(c->uid, c->pid, c->host_root,
+                return fail(err, s->manager_->refuse_limit(c->uid, c->pid, c->root_in_host,
                                                            "Subscribe", what));
             s->subscriptions_of_[c->uid] += 1;
-            if (c->uid != 0) s->unprivileged_subscriptions_ += 1;
+            if (!exempt) s->unprivileged_subscriptions_ += 1;
+            it->second.exempt_subscription = exempt;
             s->subscribers_.insert(c->sender);
         }
         it->second.subscriber = Subscriber{*c, {}, false}; // decided at the next signal
@@ -1233,8 +1247,14 @@ int BusService::attest_process(sd_bus_message *m, void *self, sd_bus_error *err)
             }
             held = {std::make_shared<UniqueFd>(std::move(attested->pidfd)),
                     daemon::ProcessProof::attested, attested->pid};
+            // The process read at this pid is now the one that connected: root's rights, if
+            // it is the host's root (Peer::host_root).
+            it->second.creds->host_root = it->second.creds->root_in_host;
             // A subscriber's copy of the credentials too.
-            if (it->second.subscriber) it->second.subscriber->creds.process = held;
+            if (it->second.subscriber) {
+                it->second.subscriber->creds.process = held;
+                it->second.subscriber->creds.host_root = it->second.creds->host_root;
+            }
         }
         return sd_bus_reply_method_return(m, "s", daemon::to_string(held.proof));
     });
@@ -1343,7 +1363,8 @@ void BusService::confirm(const std::set<std::string> &names) {
 void BusService::binding_adopted(const daemon::Binding &b) {
     // Its holder's connection, if it is still there (check_connections() asks the bus): a
     // binding's holder is remembered whatever the bounds (it was admitted before the restart).
-    if (!b.owner.bus_name.empty()) (void)remember(b.owner.bus_name, b.owner.uid, 0, nullptr);
+    if (!b.owner.bus_name.empty())
+        (void)remember(b.owner.bus_name, b.owner.uid, 0, nullptr, b.owner.root_in_host());
 }
 
 void BusService::binding_created(const daemon::Binding &b) {

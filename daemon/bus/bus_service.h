@@ -143,10 +143,14 @@ class BusService : public daemon::BindingEvents {
         uid_t uid = 0;
         std::optional<Credentials> creds; // none: only known as a taken-back binding's holder
         std::optional<Subscriber> subscriber;
+        // Counted in no bound (the host's root: Peer::root_in_host), as it was remembered.
+        bool exempt = false;
+        bool exempt_subscription = false;
     };
-    // Remembers `name` for `uid`, or refuses the call being handled (LimitsExceeded, journaled).
-    Result<Connection *> remember(const std::string &name, uid_t uid, pid_t pid,
-                                  sd_bus_message *m) const;
+    // Remembers `name` for `uid`, or refuses the call being handled (LimitsExceeded, journaled);
+    // `exempt`: the host's root, counted in no bound.
+    Result<Connection *> remember(const std::string &name, uid_t uid, pid_t pid, sd_bus_message *m,
+                                  bool exempt) const;
     void forget(const std::string &name);
     // Asks the bus (NameHasOwner, waited for) whether each name is still connected; one that is
     // not is forgotten, and its bindings end. No answer keeps it.

@@ -8,6 +8,7 @@
 set -u
 cni=$(readlink -f "$1") cli=$(readlink -f "$2") client=$(readlink -f "$3") policy=$(readlink -f "$4")
 . "$(dirname "$0")/../../scripts/wait-lib.sh"
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (network namespaces)"; exit 77; }
 work=$KNOD_SANDBOX/cni
 mkdir -p "$work"
 passed=0 failed=0
@@ -74,13 +75,14 @@ plugin ADD "sandbox-b-$tag" "$pod_b" "$(k8s team-b infer-1 uid-b-1)"
 
 # A process in pod A, as uid 0 and as uid 65534: the namespace rule grants both.
 in_pod() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
-in_pod "$pod_a" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "$flow" >"$work/a0" 2>&1 <"$work/hold-in" &
-holders+=($!)
+# A holder in the background: its pid is the holder's (no subshell), and it does not keep the
+# FIFO's write end this shell holds (it would never see its stdin close).
+hold_bg() { local out=$1; shift; "$@" >"$out" 2>&1 <"$work/hold-in" {hold_in}>&- & holders+=($!); }
+hold_bg "$work/a0" ip netns exec "$pod_a" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "$flow"
 wait_until 60 "pod A's root holder" grep -q "^ok \|^error" "$work/a0"
 grep -q "^ok " "$work/a0" && ok "uid 0 in pod team-a/infer-0 is granted by the namespace rule" || { not_ok "pod A root: $(cat "$work/a0")"; }
 id_a0=$(awk '/^ok /{print $2}' "$work/a0")
-in_pod "$pod_a" setpriv --reuid=65534 --regid=65534 --clear-groups "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5101" >"$work/a1" 2>&1 <"$work/hold-in" &
-holders+=($!)
+hold_bg "$work/a1" ip netns exec "$pod_a" setpriv --reuid=65534 --regid=65534 --clear-groups "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5101"
 wait_until 60 "pod A's nobody holder" grep -q "^ok \|^error" "$work/a1"
 grep -q "^ok " "$work/a1" && ok "another uid in the same pod is granted too" || not_ok "pod A nobody: $(cat "$work/a1")"
 sqlite3 "$KNOD_STATE_DIR/journal.db" "select detail from events where kind='request-granted' and session_id='$id_a0'" >"$work/grant"
@@ -106,17 +108,34 @@ python3 -c 'import json,sys; l=json.load(open(sys.argv[1])); assert [b["id"] for
 in_pod "$pod_a" "$cli" reload >"$work/reload" 2>&1
 [ $? -eq 1 ] && grep -q "Denied" "$work/reload" && ok "root in a pod may not reload the policy" || not_ok "reload in pod: $(cat "$work/reload")"
 in_pod "$pod_a" "$cli" revoke "$id_a0" --reason test >"$work/revoke" 2>&1
-[ $? -eq 1 ] && ok "root in a pod may not revoke" || not_ok "revoke in pod: $(cat "$work/revoke")"
+[ $? -eq 1 ] && grep -q "Denied" "$work/revoke" && ok "root in a pod may not revoke" || not_ok "revoke in pod: $(cat "$work/revoke")"
+offload="{\"knod.io/flows\":\"$flow\",\"knod.io/netdev\":\"$KNOD_SIM_NETDEV\",\"knod.io/gpu\":\"sim0\"}"
 PLUGIN_PREFIX=(ip netns exec "$pod_a")
-plugin ADD "sandbox-x-$tag" "$pod_c" "$(k8s kube-system fake uid-x)"
+plugin ADD "sandbox-x-$tag" "$pod_c" "$(k8s team-a fake uid-x)" "$offload"
 PLUGIN_PREFIX=()
-[ "$rc" -ne 0 ] && grep -q "host's root" "$work/out" && ok "root in a pod cannot register a pod" || { not_ok "register from a pod (exit $rc)"; cat "$work/out"; }
-PLUGIN_PREFIX=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-plugin ADD "sandbox-y-$tag" "$pod_c" "$(k8s kube-system fake uid-y)"
-PLUGIN_PREFIX=()
-# Refused by the bus (101), or earlier: nobody may not even open another's namespace (4).
-code=$(json_field code)
-[ "$rc" -ne 0 ] && { [ "$code" = 101 ] || [ "$code" = 4 ]; } && ok "a user other than root cannot register a pod (error $code)" || { not_ok "register as nobody (exit $rc)"; cat "$work/out"; }
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 101 ] && grep -q "host's root" "$work/out" && ok "root in a pod cannot register a pod" || { not_ok "register from a pod (exit $rc)"; cat "$work/out"; }
+# As nobody, with a namespace it may open (its own): the bus refuses the call (AccessDenied).
+printf '{"cniVersion":"1.0.0","name":"knod-test","type":"knod-cni","runtimeConfig":{"io.kubernetes.cri.pod-annotations":%s}}' "$offload" |
+    setpriv --reuid=65534 --regid=65534 --clear-groups env CNI_COMMAND=ADD CNI_CONTAINERID="sandbox-y-$tag" \
+        CNI_NETNS=/proc/self/ns/net CNI_IFNAME=eth0 CNI_ARGS="$(k8s team-a fake uid-y)" "$cni" >"$work/out" 2>"$work/err"
+rc=$?
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 101 ] && grep -q "Rejected send message\|AccessDenied" "$work/out" &&
+    ok "a user other than root cannot register a pod (the bus refuses)" || { not_ok "register as nobody (exit $rc)"; cat "$work/out"; }
+
+# --- a container's root (a pid namespace of its own, no pod) owns nothing of the host's root ----
+hold_bg "$work/h" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:6000"
+wait_until 60 "the host root's holder" grep -q "^ok \|^error" "$work/h"
+id_h=$(awk '/^ok /{print $2}' "$work/h")
+unshare --pid --fork "$cli" bindings --json >"$work/list" 2>&1
+python3 -c 'import json,sys; ids=[b["id"] for b in json.load(open(sys.argv[1]))]; assert sys.argv[2] not in ids, ids' "$work/list" "$id_h" &&
+    [ -n "$id_h" ] && ok "root in a pid namespace of its own does not see the host root's binding" || { not_ok "contained list (id $id_h)"; cat "$work/list" "$work/h"; }
+unshare --pid --fork "$client" release "$id_h" >"$work/rel" 2>&1
+grep -q "Denied\|NoSuchBinding\|UnknownObject" "$work/rel" && "$cli" bindings --json | grep -q "$id_h" &&
+    ok "... nor release it" || { not_ok "contained release"; cat "$work/rel"; }
+# A pod's process that makes a network namespace of its own is no pod, and not the host either.
+in_pod "$pod_b" unshare --net "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:6001" >"$work/esc" 2>&1 </dev/null
+grep -q "Denied" "$work/esc" && grep -q "neither the host's nor a registered pod's" "$work/esc" &&
+    ok "a pod's process in a network namespace of its own matches no allow rule (no escape from its pod's deny rule)" || not_ok "escape: $(cat "$work/esc")"
 "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5104" >/dev/null 2>&1 </dev/null
 in_pod "$pod_c" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5105" >"$work/c" 2>&1 </dev/null
 grep -q "no registered pod" "$work/c" && ok "a refused registration made no pod of its namespace" || not_ok "pod C: $(cat "$work/c")"
@@ -132,6 +151,10 @@ plugin ADD "sandbox-c-$tag" "$pod_c" "$(k8s team-a trainer uid-c)" \
     "{\"knod.io/flows\":\"$flow\",\"knod.io/netdev\":\"$KNOD_SIM_NETDEV\",\"knod.io/gpu\":\"sim0\"}"
 [ "$rc" -eq 0 ] && ok "the same request from a pod of an allowed namespace passes ADD" || { not_ok "ADD allowed offload (exit $rc)"; cat "$work/out"; }
 plugin DEL "sandbox-c-$tag" "$pod_c" "$(k8s team-a trainer uid-c)"
+
+# CHECK registers again (as after a daemon restart): it succeeds and prints nothing.
+plugin CHECK "sandbox-a-$tag" "$pod_a" "$(k8s team-a infer-0 uid-a-1)"
+[ "$rc" -eq 0 ] && [ ! -s "$work/out" ] && ok "CHECK succeeds and prints nothing" || { not_ok "CHECK (exit $rc)"; cat "$work/out" "$work/err"; }
 
 # --- DEL ends the pod's bindings as pod-deleted; a second DEL (no netns) succeeds ---------------
 plugin DEL "sandbox-a-$tag" "$pod_a" "$(k8s team-a infer-0 uid-a-1)"
