@@ -230,7 +230,10 @@ std::string BindingManager::handoff_of(const Binding &b, const std::string &driv
                          {"cgroup", hex(b.owner.cgroup)},
                          {"unit", hex(b.owner.unit)},
                          {"user_unit", hex(b.owner.user_unit)},
-                         {"process_proof", to_string(b.owner.process_proof)}};
+                         {"process_proof", to_string(b.owner.process_proof)},
+                         {"host_namespaces", b.owner.host_namespaces},
+                         {"host_netns", b.owner.host_netns},
+                         {"namespaces", b.owner.namespaces}};
     nlohmann::json region{{"device", b.region_id.device},
                           {"inode", b.region_id.inode},
                           {"offset", b.region_id.offset},
@@ -336,6 +339,11 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
         // Absent in records of builds before #32: what they knew rested on the pid alone.
         if (auto proof = o.find("process_proof"); proof != o.end())
             b.owner.process_proof = parse_process_proof(proof->get<std::string>());
+        // Where the holder ran (#34); records of earlier builds knew only host processes. A
+        // pod's identity does not come back: the registry starts empty (docs/kubernetes.md).
+        b.owner.host_namespaces = o.value("host_namespaces", true);
+        b.owner.host_netns = o.value("host_netns", true);
+        b.owner.namespaces = o.value("namespaces", std::string());
         auto &r = j.at("region");
         b.region_id = {r.at("device").get<std::uint64_t>(), r.at("inode").get<std::uint64_t>(),
                        r.at("offset").get<std::uint64_t>(), r.at("length").get<std::uint64_t>()};

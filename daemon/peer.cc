@@ -238,6 +238,7 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     if (n > 0) p.executable.assign(exe, static_cast<std::size_t>(n));
     std::string cg = read_file(dir + "/cgroup");
     if (auto path = policy::unified_cgroup_path(cg)) p.cgroup = std::move(*path);
+    p.host_netns = false; // unless read and equal to the daemon's
     if (auto net = namespace_at(dir + "/ns/net")) {
         p.netns = *net;
         static const std::optional<NamespaceId> own_net = namespace_at("/proc/self/ns/net");

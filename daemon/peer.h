@@ -64,11 +64,12 @@ struct Peer {
     std::string user_unit; // the user manager's unit (policy::user_unit_of)
     ProcessProof process_proof = ProcessProof::pid_only;
     // Its network namespace (the pod registry's key), and whether its pid, user and cgroup
-    // namespaces are the daemon's own (false where they could not be read).
+    // namespaces are the daemon's own. identify_peer reads them (false where they could not be
+    // read); a Peer the daemon makes itself (a signal's sender, a test's caller) is the host's.
     NamespaceId netns;
-    bool host_namespaces = false;
-    bool host_netns = false; // its network namespace is the daemon's
-    std::string namespaces;  // its pid, user and cgroup namespaces' inodes, as one key
+    bool host_namespaces = true;
+    bool host_netns = true; // its network namespace is the daemon's
+    std::string namespaces; // its pid, user and cgroup namespaces' inodes, as one key
     // The registered pod whose sandbox's network namespace it is in (set by whoever holds the
     // registry: the bus adaptor, from BindingManager::pods()).
     std::optional<policy::PodIdentity> pod;

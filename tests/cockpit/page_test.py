@@ -180,6 +180,15 @@ def admin_session(args, page):
                     "reload is disabled or the note shows for an admin")
     check("admin: the page loads, shows the policy digest the daemon has, and reload is enabled", ready)
 
+    def reload():
+        page.eval("document.getElementById('reload').click()")
+        page.wait("the reload's answer", "/^reloaded: \\d+ rule\\(s\\), 0 binding\\(s\\) revoked$/"
+                  ".test(document.getElementById('reload-result').textContent)")
+        events = subprocess.run(["sqlite3", args.journal, "SELECT count(*) FROM events WHERE kind = 'policy-reload'"],
+                                capture_output=True, text=True).stdout.strip()
+        assert_true(events == "1", f"policy-reload events in the journal: {events}")
+    check("admin: reload from the page reloads the policy (journaled) and says how many rules", reload)
+
     def host():
         report = json.loads(busctl(args, "call", "org.knod.Policy1", "/org/knod/Policy1",
                                    "org.knod.Policy1.Manager", "GetHostReport")[0])
