@@ -121,6 +121,14 @@ check "polkit: a caller outside the rule's group is denied the admin method" \
 as_user knodt-admin knod-policy reload >"$work/out" 2>&1
 check "polkit: a caller in the rule's group is allowed the admin method" \
     '[ $? -eq 0 ] && grep -q "policy reloaded" "$work/out"' || { cat "$work/out" "$work/daemon.log"; }
+# CanManage (the Cockpit page greys its buttons by it) asks polkit the same question.
+as_user knodt-admin busctl --address="$address" call org.knod.Policy1 /org/knod/Policy1 \
+    org.knod.Policy1.Manager CanManage >"$work/out" 2>&1
+check "polkit: CanManage says yes to a caller in the rule's group" 'grep -q "^bs true" "$work/out"' || cat "$work/out"
+as_user knodt-user busctl --address="$address" call org.knod.Policy1 /org/knod/Policy1 \
+    org.knod.Policy1.Manager CanManage >"$work/out" 2>&1
+check "polkit: CanManage says no, with the reason, to a caller outside it" \
+    'grep -q "^bs false \".*org.knod.policy1.manage" "$work/out"' || cat "$work/out"
 reload_journaled() {
     [ "$(sqlite3 /var/lib/knod-policy/journal.db "select count(*) from events where kind='policy-reload' and reason='reloaded by uid 61002'")" -ge 1 ]
 }
