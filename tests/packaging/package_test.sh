@@ -99,10 +99,13 @@ done
 for f in manifest.json index.html knod.js knod.css; do
     check "installed: /usr/share/cockpit/knod/$f" '[ -s "/usr/share/cockpit/knod/$f" ]'
 done
+# Outputs captured before grep -q reads them: under pipefail a grep that stops at its match
+# would fail the pipeline while the writer is still writing.
+bridge_packages=$(cockpit-bridge --packages 2>/dev/null)
 check "cockpit-bridge finds the installed page" \
-    'cockpit-bridge --packages 2>/dev/null | grep -q "^knod  *GPU offload (knod)  */usr/share/cockpit/knod$"'
+    'grep -q "^knod  *GPU offload (knod)  */usr/share/cockpit/knod$" <<<"$bridge_packages"'
 check "libknod-client1 ships only the library (the -dev package the rest)" \
-    '[ "$(dpkg -L libknod-client1 | grep -c "\.so")" -eq 2 ] && ! dpkg -L libknod-client1 | grep -q include'
+    '[ "$(dpkg -L libknod-client1 | grep -c "\.so")" -eq 2 ] && ! grep -q include <<<"$(dpkg -L libknod-client1)"'
 
 # --- the SDK: programs of one's own and the Python example against the installed daemon -----
 bash "$src/tests/packaging/sdk_session.sh" "$src" "$work" >"$work/sdk.log" 2>&1

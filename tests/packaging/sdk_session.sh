@@ -30,8 +30,10 @@ check "the C++ program builds with pkg-config --cflags --libs knod-client" \
     'c++ -std=c++17 -Wall -Wextra -Werror receive.cpp $(pkg-config --cflags --libs knod-client) -o cpp-receive'
 check "a CMake project finds knod-client and builds" \
     'cmake -S . -B cmake-build >cmake.log 2>&1 && cmake --build cmake-build >>cmake.log 2>&1' || cat cmake.log
+# Captured first: grep -q closing the pipe at its match would fail the pipeline under pipefail.
+links=$(ldd c-receive)
 check "the programs link libknod-client.so.1 from the package" \
-    'ldd c-receive | grep -Eq "libknod-client.so.1 => (/usr)?/lib/[^ ]*/libknod-client.so.1"'
+    'grep -Eq "libknod-client.so.1 => (/usr)?/lib/[^ ]*/libknod-client.so.1" <<<"$links"'
 check "the D-Bus interface XML is installed" \
     'grep -q "interface name=\"org.knod.Policy1.Manager\"" /usr/share/dbus-1/interfaces/org.knod.Policy1.xml'
 check "python3 imports knod from the package" \
