@@ -211,7 +211,7 @@ exec 7>&-
 
 systemctl reload $unit
 check "systemctl reload reloads the policy (journal: policy-reload)" \
-    'wait_grep policy-reload events $simdb --kind policy-reload && journalctl -b -u $unit --no-pager | grep -qi reload'
+    'wait_grep policy-reload events $simdb --kind policy-reload && grep -qi reload <<<"$(journalctl -b -u $unit --no-pager)"'
 
 start_holder h4 7 hold knodsim0 sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5003"
 id4=$(holder_id h4)
@@ -280,9 +280,9 @@ check "the refusal is journaled (request-denied, driver-failure)" \
     'wait_grep virtio events /var/lib/knod-policy/journal.db --kind request-denied --decision driver-failure' ||
     events /var/lib/knod-policy/journal.db
 check "the kernel logged no WARNING, Oops or BUG during the whole boot" \
-    '! journalctl -k -b --no-pager | grep -qE "WARNING:|Oops|BUG:"' ||
+    '! grep -qE "WARNING:|Oops|BUG:" <<<"$(journalctl -k -b --no-pager)"' ||
     journalctl -k -b --no-pager | grep -A20 -E "WARNING:|Oops|BUG:" | head -60
-check "no binding is left on $nic" '! as knodt-user "$client" list | grep -q "$nic"'
+check "no binding is left on $nic" '! grep -q "$nic" <<<"$(as knodt-user "$client" list)"'
 as knodt-aud knod-policy audit verify >"$work/out" 2>&1
 check "a knod-audit member verifies the journal (knod-policy audit verify)" '[ $? -eq 0 ]' ||
     cat "$work/out"
