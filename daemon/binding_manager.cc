@@ -577,14 +577,7 @@ Result<BindingManager::ParsedRequest> BindingManager::parse_request(const Peer &
                               "flows[" + std::to_string(i) + "]: " + f.error().message);
         req.flows.push_back(*f);
     }
-    // A host with nothing to drive: refused as a driver failure (journaled by the caller).
-    if (auto why = driver_.unavailable()) return make_error(Errc::driver_failure, *why);
-    auto netdev = driver_.netdev(args.netdev);
-    if (!netdev) return netdev.error();
-    auto gpu = driver_.gpu(args.gpu);
-    if (!gpu) return gpu.error();
-    req.netdev = netdev->name;
-    req.gpu_names = gpu->names;
+    if (auto r = resolve_devices(args.netdev, args.gpu, parsed); !r) return r.error();
 
     auto region = driver::inspect_region(args.region_fd);
     if (!region) return region.error();
@@ -595,10 +588,23 @@ Result<BindingManager::ParsedRequest> BindingManager::parse_request(const Peer &
                                                       ", not a " + driver::to_string(region->kind));
     if (auto w = driver::check_window(*region, args.offset, args.length); !w) return w.error();
     req.region_bytes = args.length;
-    parsed.netdev = std::move(*netdev);
-    parsed.gpu = std::move(*gpu);
     parsed.region = *region;
     return parsed;
+}
+
+Result<void> BindingManager::resolve_devices(const std::string &netdev, const std::string &gpu,
+                                             ParsedRequest &parsed) {
+    // A host with nothing to drive: refused as a driver failure (journaled by the caller).
+    if (auto why = driver_.unavailable()) return make_error(Errc::driver_failure, *why);
+    auto n = driver_.netdev(netdev);
+    if (!n) return n.error();
+    auto g = driver_.gpu(gpu);
+    if (!g) return g.error();
+    parsed.request.netdev = n->name;
+    parsed.request.gpu_names = g->names;
+    parsed.netdev = std::move(*n);
+    parsed.gpu = std::move(*g);
+    return {};
 }
 
 // Policy, isolation on this host, exclusive flows, a journal that takes writes: the grant's
@@ -1113,7 +1119,8 @@ void BindingManager::netdev_gone(const std::string &netdev, EndReason why) {
 }
 
 Result<void> BindingManager::check_pod(const PodSandbox &sandbox, const PodOffload &wants) {
-    policy::Request req;
+    ParsedRequest parsed;
+    policy::Request &req = parsed.request;
     req.caller.pod = sandbox.pod;
     req.caller.uid_known = false;
     req.caller.process_proven = false;
@@ -1129,12 +1136,7 @@ Result<void> BindingManager::check_pod(const PodSandbox &sandbox, const PodOfflo
                                                           "flows: " + f.error().message);
         req.flows.push_back(*f);
     }
-    auto netdev = driver_.netdev(wants.netdev);
-    if (!netdev) return netdev.error();
-    auto gpu = driver_.gpu(wants.gpu);
-    if (!gpu) return gpu.error();
-    req.netdev = netdev->name;
-    req.gpu_names = gpu->names;
+    if (auto r = resolve_devices(wants.netdev, wants.gpu, parsed); !r) return r.error();
     policy::Decision d = policy::decide(policy_, req, {});
     if (d.granted() && !d.would_deny) return {};
     journal::Event e;
@@ -1145,7 +1147,7 @@ Result<void> BindingManager::check_pod(const PodSandbox &sandbox, const PodOfflo
     nlohmann::json detail{{"pod", pod_json(sandbox.pod)},
                           {"sandbox", sandbox.container_id},
                           {"netdev", req.netdev},
-                          {"gpu", gpu->name},
+                          {"gpu", parsed.gpu.name},
                           {"region_bytes", wants.region_bytes},
                           {"flows", flows_json(req.flows)},
                           {"policy", policy_.digest}};
@@ -1164,14 +1166,13 @@ Result<void> BindingManager::check_pod(const PodSandbox &sandbox, const PodOfflo
 
 std::size_t BindingManager::pod_deleted(const std::string &container_id,
                                         const std::string &ifname) {
-    auto gone = pods_.remove(container_id, ifname);
+    if (pods_.remove(container_id, ifname).empty()) return 0; // a repeated DEL
     // A pod on several networks keeps its identity until its last registration goes.
-    for (auto &s : gone)
-        for (auto *left : pods_.all())
-            if (left->container_id == container_id && left->netns == s.netns) return 0;
+    for (auto *left : pods_.all())
+        if (left->container_id == container_id) return 0;
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
-        if (!gone.empty() && b.owner.pod && b.owner.pod_sandbox == container_id) ids.push_back(id);
+        if (b.owner.pod && b.owner.pod_sandbox == container_id) ids.push_back(id);
     for (auto &id : ids)
         end_binding(id, EndReason::pod_deleted);
     return ids.size();

@@ -302,6 +302,11 @@ class BindingManager {
     };
     Result<void> start_grant(const Peer &caller, const RequestArgs &args, GrantDone &done);
     Result<ParsedRequest> parse_request(const Peer &caller, const RequestArgs &args);
+    // The netdev and GPU the driver knows by these names, into `parsed` (and its request's
+    // netdev and GPU names); DriverFailure when the host has nothing to drive. Shared by
+    // RequestBinding and a pod's start-time check.
+    Result<void> resolve_devices(const std::string &netdev, const std::string &gpu,
+                                 ParsedRequest &parsed);
     Result<Decided> decide_request(const Peer &caller, const RequestArgs &args,
                                    const ParsedRequest &parsed);
     Result<Prepared> prepare_grant(const Peer &caller, const RequestArgs &args,
