@@ -635,7 +635,8 @@ Runner add_audit(CLI::App &app) {
     auto *show_cmd =
         audit->add_subcommand("show", "One session with every event that mentions it.");
     auto *report_cmd = audit->add_subcommand(
-        "report", "Per user, netdev, GPU and hour over a period: sessions, bytes, denials, quota "
+        "report", "Per user, netdev, GPU, pod namespace and hour over a period: sessions, bytes, "
+                  "denials, quota "
                   "refusals, other refusals, revocations; and the rules behind the refusals.");
     auto *export_cmd = audit->add_subcommand(
         "export", "Stream events or sessions as JSON lines or CSV, for a SIEM or an archive.");

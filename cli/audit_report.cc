@@ -30,6 +30,8 @@ const char *const report_help =
     "this host's user database (null or the number when unknown).\n\n"
     "JSON: {since, until, filter: {uid, netdev, gpu}, totals: TALLY, by_user: [TALLY + {key, "
     "uid, user, gid, group}], by_netdev: [TALLY + {key, netdev}], by_gpu: [TALLY + {key, gpu}], "
+    "by_k8s_namespace: [TALLY + {key, k8s_namespace}] (a pod's namespace, from the events' "
+    "detail.pod), "
     "top_denied_rules: [{rule (null: no rule matched), default_deny, denials}], "
     "quota_refusals_by_rule: [{rule, quota_refusals}], refusals_by_decision: [{decision, "
     "count}], timeline: [{hour (UTC), start_us, grants, denials, quota_refusals, "
@@ -127,6 +129,9 @@ void print_tables(const nlohmann::json &j) {
     print_tallies("per user", j["by_user"], {{"user", "USER"}, {"group", "GROUP"}, {"uid", "UID"}});
     print_tallies("per netdev", j["by_netdev"], {{"netdev", "NETDEV"}});
     print_tallies("per GPU", j["by_gpu"], {{"gpu", "GPU"}});
+    if (!j["by_k8s_namespace"].empty())
+        print_tallies("per Kubernetes namespace", j["by_k8s_namespace"],
+                      {{"k8s_namespace", "NAMESPACE"}});
     print_counts("denials by rule", j["top_denied_rules"], "rule", "denials");
     print_counts("quota refusals by rule", j["quota_refusals_by_rule"], "rule", "quota_refusals");
     print_counts("refusals by decision", j["refusals_by_decision"], "decision", "count");
@@ -197,7 +202,8 @@ nlohmann::json report_json(const journal::Report &r, const journal::Filter &f) {
         u.update(account_json(t.key));
         j["by_user"].push_back(std::move(u));
     }
-    for (auto [name, tallies] : {std::pair{"netdev", &r.by_netdev}, std::pair{"gpu", &r.by_gpu}}) {
+    for (auto [name, tallies] : {std::pair{"netdev", &r.by_netdev}, std::pair{"gpu", &r.by_gpu},
+                                 std::pair{"k8s_namespace", &r.by_k8s_namespace}}) {
         auto &out = j[std::string("by_") + name] = nlohmann::json::array();
         for (auto &t : *tallies) {
             nlohmann::json v = tally_json(t);

@@ -293,7 +293,7 @@ std::string tally_table(const nlohmann::json &rows, const char *view, const char
     return out + "</table>\n";
 }
 
-// One view (users, netdevs or GPUs): four charts and the table.
+// One view (users, netdevs, GPUs or Kubernetes namespaces): four charts and the table.
 std::string view_section(const nlohmann::json &rows, const char *view, const char *heading,
                          const char *key_header, const std::array<const char *, 4> &colours) {
     auto bars = [&](const char *field) {
@@ -439,6 +439,10 @@ std::string report_html(const nlohmann::json &report, const HtmlContext &ctx) {
                         {"#4a98d3", "#4cb84c", "#e05a4f", "#ff9a3c"});
     out += view_section(list("by_gpu"), "gpu", "Per GPU", "GPU",
                         {"#6aaedf", "#74c874", "#ea7a70", "#ffb36b"});
+    // Pods' namespaces: only on a node that had pods (a host of plain users has no such view).
+    if (!list("by_k8s_namespace").empty())
+        out += view_section(list("by_k8s_namespace"), "namespace", "Per Kubernetes namespace",
+                            "Namespace", {"#3d7cb0", "#3f9a3f", "#c94d43", "#e0862f"});
 
     // Why requests were refused.
     std::vector<Bar> denied, quota, decisions;

@@ -146,6 +146,17 @@ namespace {
 // so one malformed detail is no field rather than an error for the whole query.
 const std::string detail_json = "CASE WHEN json_valid(e.detail) THEN e.detail END";
 
+// The Kubernetes namespace of an event's pod: its own detail's, else its session's grant's (an
+// end event names the pod; a revocation, made by an admin, does not). Only a string counts: a
+// crafted journal's number or object there is no namespace.
+const std::string k8s_namespace_sql =
+    "CASE WHEN json_type(" + detail_json + ", '$.pod.namespace') = 'text' THEN json_extract(" +
+    detail_json +
+    ", '$.pod.namespace') WHEN e.kind = 'revoke' THEN (SELECT CASE WHEN json_valid(g.detail) "
+    "AND json_type(g.detail, '$.pod.namespace') = 'text' THEN json_extract(g.detail, "
+    "'$.pod.namespace') END FROM events g WHERE g.session_id = e.session_id AND g.kind = "
+    "'request-granted' ORDER BY g.seq LIMIT 1) END";
+
 const char *session_columns =
     "id, uid, pid, exe, unit, netdev, gpu, mode, region_bytes, flows, key_id, rule, started_us, "
     "ended_us, end_reason, rx_bytes, rx_packets, dropped_packets";
@@ -546,7 +557,7 @@ constexpr std::int64_t hour_us = 3600LL * 1000000;
 // owner, device and hour.
 struct ReportRow {
     std::optional<std::int64_t> uid;
-    std::optional<std::string> netdev, gpu;
+    std::optional<std::string> netdev, gpu, k8s_namespace;
     std::int64_t hour = 0;
     std::string kind;
     std::optional<std::string> decision, rule;
@@ -650,14 +661,14 @@ Result<Report> JournalReader::report(const Filter &f) {
         ", '$.count'), 0) ELSE 0 END), sum(CASE WHEN e.kind = 'session-ended' THEN "
         "coalesce(json_extract(" +
         detail_json + ", '$.rx_bytes'), json_extract(" + detail_json +
-        ", '$.end.rx_bytes'), s.rx_bytes, 0) ELSE 0 END) FROM events e LEFT JOIN sessions s ON "
-        "s.id = e.session_id" +
-        where + " GROUP BY 1, 2, 3, 4, 5, 6, 7");
+        ", '$.end.rx_bytes'), s.rx_bytes, 0) ELSE 0 END), " + k8s_namespace_sql +
+        " FROM events e LEFT JOIN sessions s ON s.id = e.session_id" + where +
+        " GROUP BY 1, 2, 3, 4, 5, 6, 7, 11");
     if (!st) return st.error();
     w.bind(*st);
     Report r;
     std::map<std::int64_t, Tally> users, hours;
-    std::map<std::string, Tally> netdevs, gpus;
+    std::map<std::string, Tally> netdevs, gpus, namespaces;
     std::map<std::optional<std::string>, std::int64_t> denied, quota;
     std::map<std::string, std::int64_t> decisions;
     for (;;) { // a read error is the caller's error, never a silently shorter report
@@ -675,9 +686,12 @@ Result<Report> JournalReader::report(const Filter &f) {
         row.events = st->int64(7);
         row.coalesced = st->int64(8);
         row.rx_bytes = st->int64(9);
+        row.k8s_namespace = st->opt_text(10);
         bool fits = count(r.totals, row) && (!row.uid || count(users[*row.uid], row)) &&
                     (!row.netdev || count(netdevs[*row.netdev], row)) &&
-                    (!row.gpu || count(gpus[*row.gpu], row)) && count(hours[row.hour], row);
+                    (!row.gpu || count(gpus[*row.gpu], row)) &&
+                    (!row.k8s_namespace || count(namespaces[*row.k8s_namespace], row)) &&
+                    count(hours[row.hour], row);
         if (row.kind == kind::denied) {
             if (row.decision == "deny") fits = fits && add(denied[row.rule], row.events);
             if (row.decision == "quota-exceeded") fits = fits && add(quota[row.rule], row.events);
@@ -695,11 +709,12 @@ Result<Report> JournalReader::report(const Filter &f) {
         t.key = std::to_string(uid);
         r.by_user.push_back(std::move(t));
     }
-    for (auto *m : {&netdevs, &gpus})
+    for (auto *m : {&netdevs, &gpus, &namespaces})
         for (auto &[key, t] : *m)
             t.key = key;
     r.by_netdev = values(netdevs);
     r.by_gpu = values(gpus);
+    r.by_k8s_namespace = values(namespaces);
     r.denied_by_rule = most_first(denied);
     r.quota_by_rule = most_first(quota);
     for (auto &[decision, n] : decisions)

@@ -47,7 +47,7 @@ struct Tally {
     // refusal (a rule allowed the request but the caller's quota was full), or another decision
     // (isolation-violation, flow-conflict, driver-failure, journal-unavailable; "coalesced" for
     // refusals the daemon only counted, whose decision is not recorded).
-    std::string key;                 // a uid (decimal), a netdev, a GPU; empty in totals
+    std::string key; // a uid (decimal), a netdev, a GPU, a Kubernetes namespace; empty in totals
     std::int64_t sessions = 0;       // grants (request-granted), permissive would-deny included
     std::int64_t rx_bytes = 0;       // of sessions that ended in the period
     std::int64_t denials = 0;        // decision "deny"
@@ -69,6 +69,9 @@ struct Report {
     Tally totals;
     std::vector<Tally> by_user; // numeric uid order
     std::vector<Tally> by_netdev, by_gpu;
+    // The pod's namespace an event names (detail.pod.namespace, a string), else the one its
+    // session's grant named (a revocation names none); events of no pod count in no namespace.
+    std::vector<Tally> by_k8s_namespace;
     std::vector<RuleCount> denied_by_rule; // decision deny, most first
     std::vector<RuleCount> quota_by_rule;  // decision quota-exceeded, most first
     std::vector<std::pair<std::string, std::int64_t>> refusals_by_decision; // most first

@@ -605,6 +605,51 @@ TEST_F(JournalTest, ReportTellsRefusalsApartPerGpuAndHour) {
     EXPECT_EQ(b->totals.quota_refusals, 0);
 }
 
+// A pod's namespace comes from each event's detail.pod; a revocation (an admin's event, naming
+// no pod) counts under its session's grant; a crafted non-string namespace is none.
+TEST_F(JournalTest, ReportCountsPerKubernetesNamespace) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Event grant = grant_event();
+        grant.detail =
+            R"({"netdev":"knodsim0","gpu":"sim0","pod":{"namespace":"team-a","name":"p"}})";
+        ASSERT_TRUE(j->open_session(session("s1"), grant).ok());
+        Event revoke;
+        revoke.kind = kind::revoked;
+        revoke.uid = 0;
+        revoke.session_id = "s1";
+        ASSERT_TRUE(j->append(revoke).ok());
+        Event end;
+        end.kind = kind::ended;
+        end.detail = R"({"rx_bytes":300,"pod":{"namespace":"team-a","name":"p"}})";
+        ASSERT_TRUE(j->close_session("s1", "revoke", {300, 1, 0}, end).ok());
+        ASSERT_TRUE(j->open_session(session("s2"), grant_event()).ok()); // a host process
+        for (const char *detail :
+             {R"({"pod":{"namespace":"team-b"}})", R"({"pod":{"namespace":7}})",
+              R"({"pod":{"namespace":{"x":1}}})", R"({"pod":"team-c"})"}) {
+            Event e;
+            e.kind = kind::denied;
+            e.uid = 0;
+            e.decision = "deny";
+            e.rule = "no-team-b";
+            e.detail = detail;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+    }
+    auto r = std::move(JournalReader::open(path_)).value();
+    auto rep = r.report({});
+    ASSERT_TRUE(rep.ok()) << rep.error().message;
+    EXPECT_EQ(rep->totals.sessions, 2);
+    EXPECT_EQ(rep->totals.denials, 4);
+    ASSERT_EQ(rep->by_k8s_namespace.size(), 2u);
+    EXPECT_EQ(rep->by_k8s_namespace[0].key, "team-a");
+    EXPECT_EQ(rep->by_k8s_namespace[0].sessions, 1);
+    EXPECT_EQ(rep->by_k8s_namespace[0].rx_bytes, 300);
+    EXPECT_EQ(rep->by_k8s_namespace[0].revocations, 1);
+    EXPECT_EQ(rep->by_k8s_namespace[1].key, "team-b");
+    EXPECT_EQ(rep->by_k8s_namespace[1].denials, 1);
+}
+
 TEST_F(JournalTest, ACopyIsReadWithoutWritingAnything) {
     write_events(5);
     fs::path copy_dir = dir_ / "copy";
