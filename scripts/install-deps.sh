@@ -24,6 +24,9 @@ packages=(
   python3-pytest python3-numpy python3-torch
   # a caller that speaks D-Bus itself and does not attest its process (issue #32)
   python3-dbus
+  # pods under real container runtimes (tests/cni): rootful podman with its CNI backend, the
+  # CNI reference plugins, containerd's CRI plugin and the test's own CRI client over gRPC
+  podman runc catatonit containernetworking-plugins containerd python3-grpcio python3-grpc-tools
   # running: a private bus, namespaces, the journal by hand
   dbus dbus-daemon iproute2 util-linux sqlite3 procps
   # journal files written from export format (audit verify against the system journal's copies)

@@ -170,6 +170,19 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pod"]["na
 in_pod "$pod_a" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5106" >"$work/a2" 2>&1 </dev/null
 grep -q "no registered pod" "$work/a2" && ok "after DEL the namespace is no pod's" || not_ok "after DEL: $(cat "$work/a2")"
 
+# --- the audit report counts per Kubernetes namespace ------------------------------------------
+"$cli" audit report --db "$KNOD_STATE_DIR/journal.db" --json >"$work/report" 2>&1
+python3 -c '
+import json, sys
+r = {t["k8s_namespace"]: t for t in json.load(open(sys.argv[1]))["by_k8s_namespace"]}
+assert r["team-a"]["sessions"] == 2 and r["team-a"]["denials"] == 0, r
+assert r["team-b"]["sessions"] == 0 and r["team-b"]["denials"] >= 1, r' "$work/report" &&
+    ok "audit report --json: team-a's two sessions and team-b's denials, per namespace" || { not_ok "report per namespace"; cat "$work/report"; }
+"$cli" audit report --db "$KNOD_STATE_DIR/journal.db" >"$work/report.txt" 2>&1
+"$cli" audit report --db "$KNOD_STATE_DIR/journal.db" --html "$work/report.html" 2>/dev/null
+grep -A3 "^per Kubernetes namespace" "$work/report.txt" | grep -q "^  team-a " && grep -q "Per Kubernetes namespace" "$work/report.html" &&
+    ok "... and in the tables and the page" || { not_ok "report tables per namespace"; cat "$work/report.txt"; }
+
 # --- no daemon: a pod that asks for nothing starts; one that asks for offload is told to retry ---
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/no-bus
 plugin ADD "sandbox-d-$tag" "$pod_b" "$(k8s team-a quiet uid-d)"

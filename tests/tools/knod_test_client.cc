@@ -273,7 +273,6 @@ int main(int argc, char **argv) {
         auto g = client->request_binding(args[1], args[2], "rx-only", fd, 0, bytes, flows);
         if (!g) return report(g.error());
         if (auto a = client->activate(g->id, g->key); !a) return report(a);
-        std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
         // hostile-notifier: takes the data notifier and does to it what a hostile holder can:
         // makes its own end blocking, shrinks the pipe to one page, tries to write into it, and
         // reads nothing until the binding ends.
