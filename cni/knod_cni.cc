@@ -12,7 +12,9 @@
 //   CHECK  registers again (a restarted daemon forgot its sandboxes), as ADD but printing
 //          nothing.
 //   STATUS succeeds: a pod that asks for nothing must never wait for the daemon.
-//   GC     succeeds: DEL forgets each sandbox, and the daemon bounds what it keeps.
+//   GC     (CNI 1.1) unregisters every sandbox this network (the config's "name") registered
+//          that "cni.dev/valid-attachments" no longer lists, ending its bindings as DEL does.
+//          Without that list it collects nothing; without a daemon there is nothing to collect.
 //   VERSION
 //
 // Errors follow the spec: exit 1 with {"cniVersion", "code", "msg", "details"} on stdout (1
@@ -93,6 +95,17 @@ std::map<std::string, std::string> annotations_of(const json &config) {
     return out;
 }
 
+// A string member of the network configuration: `fallback` when absent, nullopt when it is
+// there but no string (the config is the admin's, but a wrong type must be an error, not a
+// crash).
+std::optional<std::string> string_field(const json &config, const char *key,
+                                        const std::string &fallback = "") {
+    auto it = config.find(key);
+    if (it == config.end()) return fallback;
+    if (!it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+}
+
 bool asks_for_offload(const std::map<std::string, std::string> &annotations) {
     return annotations.count(std::string(knod::policy::pod_annotation_prefix) + "flows") > 0;
 }
@@ -106,7 +119,7 @@ struct Bus {
 struct CallResult {
     bool reached = false; // the daemon answered (success or its own error)
     std::string error_name, message;
-    std::uint32_t ended = 0;
+    std::uint32_t ended = 0, collected = 0;
 };
 
 CallResult call(const char *method, const std::function<int(sd_bus_message *)> &append) {
@@ -149,6 +162,8 @@ CallResult call(const char *method, const std::function<int(sd_bus_message *)> &
     } else {
         out.reached = true;
         if (std::strcmp(method, "UnregisterPod") == 0) sd_bus_message_read(reply, "u", &out.ended);
+        if (std::strcmp(method, "CollectPods") == 0)
+            sd_bus_message_read(reply, "uu", &out.collected, &out.ended);
     }
     sd_bus_error_free(&e);
     sd_bus_message_unref(reply);
@@ -171,6 +186,8 @@ int add(const json &config, const std::string &version, bool check = false) {
     if (container.empty() || netns.empty() || ifname.empty())
         return fail(version,
                     {4, "CNI_CONTAINERID, CNI_NETNS and CNI_IFNAME are required for ADD", ""});
+    if (auto prev = config.find("prevResult"); prev != config.end() && !prev->is_object())
+        return fail(version, {7, "invalid network configuration", "prevResult must be an object"});
     auto args = cni_args(env("CNI_ARGS"));
     auto annotations = annotations_of(config);
     bool offload = asks_for_offload(annotations);
@@ -178,8 +195,15 @@ int add(const json &config, const std::string &version, bool check = false) {
     // Kubernetes names the pod; a runtime without it (podman) names only the container: the
     // conflist's "namespace" (default "default") stands for its namespace.
     std::string ns = args.count("K8S_POD_NAMESPACE") ? args["K8S_POD_NAMESPACE"] : "";
-    if (ns.empty()) ns = config.value("namespace", std::string("default"));
+    auto configured = string_field(config, "namespace", "default");
+    auto network = string_field(config, "name");
+    if (!configured || !network)
+        return fail(version, {7, "invalid network configuration",
+                              "\"namespace\" and \"name\" must be strings"});
+    if (ns.empty()) ns = *configured;
     pod["namespace"] = ns;
+    // The network's name, so that a GC of this network collects only its own sandboxes.
+    if (!network->empty()) pod["network"] = *network;
     pod["name"] = args.count("K8S_POD_NAME") && !args["K8S_POD_NAME"].empty()
                       ? args["K8S_POD_NAME"]
                       : container.substr(0, 63);
@@ -216,7 +240,7 @@ int add(const json &config, const std::string &version, bool check = false) {
         }
     }
     if (check) return 0;
-    json result = config.contains("prevResult") ? config["prevResult"] : json::object();
+    json result = config.contains("prevResult") ? config.at("prevResult") : json::object();
     result["cniVersion"] = version;
     std::cout << knod::dump_json(result) << std::endl;
     return 0;
@@ -235,6 +259,49 @@ int del(const std::string &version) {
     else if (r.ended)
         std::cerr << "knod-cni: ended " << r.ended << " binding(s) of sandbox " << container
                   << "\n";
+    return 0;
+}
+
+// GC: the runtime lists the attachments still valid on this network; the daemon forgets the
+// others this network registered.
+int gc(const json &config, const std::string &version) {
+    auto network = string_field(config, "name");
+    if (!network || network->empty())
+        return fail(version, {7, "invalid network configuration", "GC needs the network's name"});
+    auto listed = config.find("cni.dev/valid-attachments");
+    if (listed == config.end()) {
+        std::cerr << "knod-cni: GC without cni.dev/valid-attachments: nothing collected\n";
+        return 0;
+    }
+    if (!listed->is_array())
+        return fail(version, {7, "invalid network configuration",
+                              "cni.dev/valid-attachments must be an array"});
+    std::vector<std::pair<std::string, std::string>> valid;
+    for (auto &a : *listed) {
+        auto id = a.is_object() ? string_field(a, "containerID") : std::nullopt;
+        auto ifname = a.is_object() ? string_field(a, "ifname") : std::nullopt;
+        if (!id || !ifname || id->empty())
+            return fail(version, {7, "invalid network configuration",
+                                  "each cni.dev/valid-attachments entry needs string containerID "
+                                  "and ifname"});
+        valid.emplace_back(*id, *ifname);
+    }
+    CallResult r = call("CollectPods", [&](sd_bus_message *m) {
+        int rr = sd_bus_message_append(m, "s", network->c_str());
+        if (rr >= 0) rr = sd_bus_message_open_container(m, 'a', "(ss)");
+        for (auto &[id, ifname] : valid)
+            if (rr >= 0) rr = sd_bus_message_append(m, "(ss)", id.c_str(), ifname.c_str());
+        return rr < 0 ? rr : sd_bus_message_close_container(m);
+    });
+    if (!r.reached) {
+        std::cerr << "knod-cni: " << r.message << " (no daemon: nothing registered to collect)\n";
+        return 0;
+    }
+    if (!r.error_name.empty())
+        return fail(version, {101, "knod-policyd refused the garbage collection", r.message});
+    if (r.collected)
+        std::cerr << "knod-cni: GC of " << *network << ": " << r.collected << " sandbox(es) gone, "
+                  << r.ended << " binding(s) ended\n";
     return 0;
 }
 
@@ -259,14 +326,15 @@ int main() {
     json config = knod::parse_json(text);
     if (config.is_discarded() || !config.is_object())
         return fail("", {6, "cannot decode the network configuration", "not a JSON object"});
-    std::string version = config.value("cniVersion", std::string());
+    std::string version = string_field(config, "cniVersion").value_or("");
     if (std::find(supported.begin(), supported.end(), version) == supported.end())
         return fail(version,
                     {1, "incompatible CNI version " + version, "knod-cni supports 0.3.0 to 1.1.0"});
     if (command == "ADD") return add(config, version);
     if (command == "DEL") return del(version);
     if (command == "CHECK") return add(config, version, true);
-    if (command == "STATUS" || command == "GC") return 0;
+    if (command == "GC") return gc(config, version);
+    if (command == "STATUS") return 0;
     return fail(version, {4, "unknown CNI_COMMAND '" + command + "'",
                           "ADD, DEL, CHECK, STATUS, GC or VERSION"});
 }

@@ -1166,13 +1166,29 @@ Result<void> BindingManager::check_pod(const PodSandbox &sandbox, const PodOfflo
 
 std::size_t BindingManager::pod_deleted(const std::string &container_id,
                                         const std::string &ifname) {
-    if (pods_.remove(container_id, ifname).empty()) return 0; // a repeated DEL
+    return end_pods_gone(pods_.remove(container_id, ifname)); // none: a repeated DEL
+}
+
+std::size_t
+BindingManager::pods_collected(const std::string &network,
+                               const std::set<std::pair<std::string, std::string>> &valid,
+                               std::size_t &ended) {
+    auto gone = pods_.collect(network, valid);
+    std::size_t n = gone.size();
+    ended = end_pods_gone(std::move(gone));
+    return n;
+}
+
+std::size_t BindingManager::end_pods_gone(std::vector<PodSandbox> gone) {
+    std::set<std::string> containers;
+    for (auto &s : gone)
+        containers.insert(s.container_id);
     // A pod on several networks keeps its identity until its last registration goes.
     for (auto *left : pods_.all())
-        if (left->container_id == container_id) return 0;
+        containers.erase(left->container_id);
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
-        if (b.owner.pod && b.owner.pod_sandbox == container_id) ids.push_back(id);
+        if (b.owner.pod && containers.count(b.owner.pod_sandbox)) ids.push_back(id);
     for (auto &id : ids)
         end_binding(id, EndReason::pod_deleted);
     return ids.size();

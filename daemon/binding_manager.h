@@ -233,6 +233,12 @@ class BindingManager {
     // A pod sandbox was deleted: ends every binding held by a process of it (end reason
     // pod-deleted) and forgets it. Returns how many bindings ended.
     std::size_t pod_deleted(const std::string &container_id, const std::string &ifname);
+    // CNI GC for `network`: as pod_deleted for every sandbox it registered that is not in
+    // `valid` (container id, ifname). Returns how many registrations went; `ended` gets how
+    // many bindings ended.
+    std::size_t pods_collected(const std::string &network,
+                               const std::set<std::pair<std::string, std::string>> &valid,
+                               std::size_t &ended);
     // Periodic work: expiry, steering drift (Driver::drifted), and retrying journal records
     // that could not be written.
     void tick(std::int64_t now_us, BootClock::time_point boot_now = BootClock::now());
@@ -265,6 +271,9 @@ class BindingManager {
     Result<std::int64_t> apply_retention() { return audit_.apply_retention(); }
 
   private:
+    // Ends the bindings of the pods whose registrations these were, where no other
+    // registration of the same container id is left; returns how many ended.
+    std::size_t end_pods_gone(std::vector<PodSandbox> gone);
     Result<void> apply_settings(const policy::Settings &settings);
     // Reads one handoff record and checks its MAC (the whole record, under the key secret),
     // its format, and that it was written for this binding of this journal. Nothing in a

@@ -52,6 +52,9 @@ Result<void> check(const PodSandbox &s, std::size_t max_annotations) {
         if (!all_of(*v, dns_char))
             return invalid("pod namespace or name " + quote_untrusted(*v, 64) +
                            ": only lowercase letters, digits, '-' and '.'");
+    if (auto r = check_length("network", s.network, 0, 253); !r) return r;
+    if (!all_of(s.network, printable))
+        return invalid("network " + quote_untrusted(s.network, 64) + " is no network name");
     if (auto r = check_length("pod uid", s.pod.uid, 0, 64); !r) return r;
     if (!all_of(s.pod.uid, id_char))
         return invalid("pod uid " + quote_untrusted(s.pod.uid, 64) + " is no UID");
@@ -92,6 +95,22 @@ std::vector<PodSandbox> PodRegistry::remove(const std::string &container_id,
     std::vector<PodSandbox> gone;
     for (auto it = sandboxes_.begin(); it != sandboxes_.end();) {
         if (it->first.first == container_id && (ifname.empty() || it->first.second == ifname)) {
+            gone.push_back(std::move(it->second));
+            it = sandboxes_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    return gone;
+}
+
+std::vector<PodSandbox>
+PodRegistry::collect(const std::string &network,
+                     const std::set<std::pair<std::string, std::string>> &valid) {
+    std::vector<PodSandbox> gone;
+    if (network.empty()) return gone; // no network named: nothing is this GC's to collect
+    for (auto it = sandboxes_.begin(); it != sandboxes_.end();) {
+        if (it->second.network == network && !valid.count(it->first)) {
             gone.push_back(std::move(it->second));
             it = sandboxes_.erase(it);
         } else {

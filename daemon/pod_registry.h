@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,9 @@ struct NamespaceId {
 struct PodSandbox {
     std::string container_id; // the runtime's sandbox id (CNI_CONTAINERID)
     std::string ifname;       // CNI_IFNAME: one sandbox may be registered per network
+    // The CNI network that registered it (its conflist's "name"): GC names a network and the
+    // attachments still valid on it. Empty: registered without one, never garbage-collected.
+    std::string network;
     NamespaceId netns;
     // Held while registered: a namespace stays alive (its inode is not handed to a new one)
     // while an fd refers to it, so a sandbox deleted without a DEL cannot lend its
@@ -63,14 +67,19 @@ class PodRegistry {
 
     // Checks the strings (InvalidArgument naming the field: container id 1-256 bytes of
     // [A-Za-z0-9_.-], ifname 1-15, namespace 1-63 and name 1-253 of DNS characters, uid at most
-    // 64, annotations under the prefix, keys at most 317 and values at most 4,096 bytes), then
-    // keeps it. The same (container id, ifname) again replaces the entry (a repeated ADD); a
-    // network namespace already registered for another container id is refused (Denied): one
-    // namespace, one pod. LimitsExceeded at max_sandboxes.
+    // 64, network at most 253 printable bytes, annotations under the prefix, keys at most 317 and
+    // values at most 4,096 bytes), then keeps it. The same (container id, ifname) again replaces
+    // the entry (a repeated ADD); a network namespace already registered for another container id
+    // is refused (Denied): one namespace, one pod. LimitsExceeded at max_sandboxes.
     Result<void> add(PodSandbox sandbox);
     // Forgets (container id, ifname), or every ifname of the container id when `ifname` is
     // empty. Returns what went (nothing is not an error: a DEL may come twice).
     std::vector<PodSandbox> remove(const std::string &container_id, const std::string &ifname);
+    // CNI GC: forgets every sandbox registered by `network` whose (container id, ifname) is not
+    // in `valid` (the runtime's cni.dev/valid-attachments for that network); the others'
+    // registrations stay. Returns what went.
+    std::vector<PodSandbox> collect(const std::string &network,
+                                    const std::set<std::pair<std::string, std::string>> &valid);
     // The pod whose sandbox has this network namespace, if any.
     const PodSandbox *by_netns(const NamespaceId &netns) const;
     std::size_t size() const { return sandboxes_.size(); }

@@ -309,7 +309,8 @@ const sd_bus_vtable manager_vtable[] = {
                              BusService::can_manage, SD_BUS_VTABLE_UNPRIVILEGED),
     // The node's CNI plugin (knod-cni), as the host's root only (checked in the handler; the
     // bus policy lets no one else send them): a pod sandbox's network namespace (an fd) and
-    // identity; and its deletion, which ends its processes' bindings.
+    // identity; its deletion, which ends its processes' bindings; and CNI GC, the same for
+    // every sandbox a network registered that the runtime no longer lists.
     SD_BUS_METHOD_WITH_NAMES("RegisterPod", "ssha{ss}a{ss}",
                              SD_BUS_PARAM(container_id) SD_BUS_PARAM(ifname) SD_BUS_PARAM(netns)
                                  SD_BUS_PARAM(pod) SD_BUS_PARAM(annotations),
@@ -317,6 +318,9 @@ const sd_bus_vtable manager_vtable[] = {
     SD_BUS_METHOD_WITH_NAMES("UnregisterPod", "ss", SD_BUS_PARAM(container_id) SD_BUS_PARAM(ifname),
                              "u", SD_BUS_PARAM(ended), BusService::unregister_pod,
                              SD_BUS_VTABLE_UNPRIVILEGED),
+    SD_BUS_METHOD_WITH_NAMES("CollectPods", "sa(ss)", SD_BUS_PARAM(network) SD_BUS_PARAM(valid),
+                             "uu", SD_BUS_PARAM(collected) SD_BUS_PARAM(ended),
+                             BusService::collect_pods, SD_BUS_VTABLE_UNPRIVILEGED),
     // Anyone: the host's inventory is not secret from its own users.
     SD_BUS_METHOD_WITH_NAMES("GetHostReport", "", "", "s", SD_BUS_PARAM(report_json),
                              BusService::host_report, SD_BUS_VTABLE_UNPRIVILEGED),
@@ -936,7 +940,7 @@ int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
         for (auto check : {limits::check_length("container_id", container, 256),
                            limits::check_length("ifname", ifname, 15)})
             if (!check) return fail(err, check.error());
-        auto pod = read_string_map(m, "pod", 3, 253);
+        auto pod = read_string_map(m, "pod", 4, 253);
         if (!pod) return fail(err, pod.error());
         auto annotations = read_string_map(m, "annotations", 64, 4096);
         if (!annotations) return fail(err, annotations.error());
@@ -964,9 +968,11 @@ int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
                 sandbox.pod.name = v;
             else if (k == "uid")
                 sandbox.pod.uid = v;
+            else if (k == "network")
+                sandbox.network = v;
             else
                 return fail(err, make_error(Errc::invalid_argument,
-                                            "pod: keys are namespace, name and uid, not " +
+                                            "pod: keys are namespace, name, uid and network, not " +
                                                 quote_untrusted(k, 32)));
         }
         sandbox.pod.annotations = *annotations;
@@ -1023,6 +1029,49 @@ int BusService::unregister_pod(sd_bus_message *m, void *self, sd_bus_error *err)
             if (!check) return fail(err, check.error());
         auto ended = s->manager_->pod_deleted(container, ifname);
         return sd_bus_reply_method_return(m, "u", static_cast<std::uint32_t>(ended));
+    });
+}
+
+int BusService::collect_pods(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("CollectPods", err, [&]() -> int {
+        auto *s = service(self);
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        if (auto t = s->throttle(m, "CollectPods"); !t) return fail(err, t.error());
+        if (!c->host_root)
+            return fail(err, make_error(Errc::denied, "only the host's root (the node's CNI "
+                                                      "plugin) garbage-collects pods"));
+        const char *network = nullptr;
+        int r = sd_bus_message_read(m, "s", &network);
+        if (r < 0) return r;
+        if (auto check = limits::check_length("network", network, 253); !check)
+            return fail(err, check.error());
+        if (*network == '\0')
+            return fail(err, make_error(Errc::invalid_argument,
+                                        "network: the CNI network's name, not empty"));
+        // The runtime lists every attachment still valid on the network: bounded well above
+        // what a node runs (the registry keeps at most 4,096), below the bus's message limit.
+        constexpr std::size_t max_valid = 65536;
+        std::set<std::pair<std::string, std::string>> valid;
+        if (sd_bus_message_enter_container(m, 'a', "(ss)") < 0)
+            return fail(err, make_error(Errc::invalid_argument, "valid: not a(ss)"));
+        const char *container = nullptr, *ifname = nullptr;
+        while ((r = sd_bus_message_read(m, "(ss)", &container, &ifname)) > 0) {
+            if (valid.size() >= max_valid)
+                return fail(err, make_error(Errc::invalid_argument, "valid: at most " +
+                                                                        std::to_string(max_valid) +
+                                                                        " attachments"));
+            for (auto check : {limits::check_length("container_id", container, 256),
+                               limits::check_length("ifname", ifname, 15)})
+                if (!check) return fail(err, check.error());
+            valid.emplace(container, ifname);
+        }
+        if (r < 0 || sd_bus_message_exit_container(m) < 0)
+            return fail(err, make_error(Errc::invalid_argument, "valid: cannot be read"));
+        std::size_t ended = 0;
+        std::size_t collected = s->manager_->pods_collected(network, valid, ended);
+        return sd_bus_reply_method_return(m, "uu", static_cast<std::uint32_t>(collected),
+                                          static_cast<std::uint32_t>(ended));
     });
 }
 

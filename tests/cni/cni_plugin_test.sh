@@ -170,14 +170,48 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pod"]["na
 in_pod "$pod_a" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5106" >"$work/a2" 2>&1 </dev/null
 grep -q "no registered pod" "$work/a2" && ok "after DEL the namespace is no pod's" || not_ok "after DEL: $(cat "$work/a2")"
 
+# --- GC (CNI 1.1): the sandboxes of this network that the runtime no longer lists go -------------
+plugin ADD "sandbox-g1-$tag" "$pod_a" "$(k8s team-a gc-1 uid-g1)"
+hold_bg "$work/g1" ip netns exec "$pod_a" "$client" hold-until-end "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5120"
+wait_until 60 "the GC pod's holder" grep -q "^ok \|^error" "$work/g1"
+id_g1=$(awk '/^ok /{print $2; exit}' "$work/g1")
+gc() { # NETWORK ATTACHMENTS_JSON: a GC as a CNI 1.1 runtime sends it
+    printf '{"cniVersion":"1.1.0","name":"%s","type":"knod-cni","cni.dev/valid-attachments":%s}' "$1" "$2" |
+        env CNI_COMMAND=GC CNI_PATH=/usr/lib/cni "$cni" >"$work/out" 2>"$work/err"
+    rc=$?
+}
+gc other-net '[]'
+[ "$rc" -eq 0 ] && "$cli" bindings --json | grep -q "$id_g1" && [ -n "$id_g1" ] &&
+    ok "GC of another network collects nothing of this one's" || { not_ok "GC other network (exit $rc)"; cat "$work/out" "$work/err" "$work/g1"; }
+gc knod-test '{"containerID":"x"}'
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 7 ] && ok "GC with a malformed valid-attachments is error 7" || { not_ok "GC malformed (exit $rc)"; cat "$work/out"; }
+gc knod-test "[{\"containerID\":\"sandbox-b-$tag\",\"ifname\":\"eth0\"}]"
+[ "$rc" -eq 0 ] && [ ! -s "$work/out" ] && wait_until 30 "the GC'd pod's holder to hear its end" grep -q "^ended" "$work/g1" &&
+    grep -q "^ended revoked pod-deleted" "$work/g1" && ok "GC: a sandbox no longer listed is unregistered, its binding ends as pod-deleted" ||
+    { not_ok "GC (exit $rc)"; cat "$work/out" "$work/err" "$work/g1"; }
+in_pod "$pod_b" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5121" >"$work/b2" 2>&1 </dev/null
+grep -q "no-team-b" "$work/b2" && ok "... and the listed sandbox stays registered" || not_ok "after GC pod B: $(cat "$work/b2")"
+
+# --- a network configuration with wrong types is an error, not a crash --------------------------
+typed_ok=1
+for bad in '{"cniVersion":1,"name":"x","type":"knod-cni"}:1' \
+           '{"cniVersion":"1.0.0","name":"x","type":"knod-cni","namespace":7}:7' \
+           '{"cniVersion":"1.0.0","name":["x"],"type":"knod-cni"}:7' \
+           '{"cniVersion":"1.0.0","name":"x","type":"knod-cni","prevResult":[1]}:7'; do
+    printf '%s' "${bad%:*}" | env CNI_COMMAND=ADD CNI_CONTAINERID="sandbox-t-$tag" CNI_NETNS=/var/run/netns/$pod_c CNI_IFNAME=eth0 "$cni" >"$work/out" 2>"$work/err"
+    rc=$?
+    [ "$rc" -eq 1 ] && [ "$(json_field code)" = "${bad##*:}" ] || { not_ok "config ${bad%:*}: exit $rc, $(cat "$work/out" "$work/err")"; typed_ok=0; }
+done
+[ "$typed_ok" = 1 ] && ok "configs with a number, an array or a non-object where a string or an object belongs are errors 1 or 7"
+
 # --- the audit report counts per Kubernetes namespace ------------------------------------------
 "$cli" audit report --db "$KNOD_STATE_DIR/journal.db" --json >"$work/report" 2>&1
 python3 -c '
 import json, sys
 r = {t["k8s_namespace"]: t for t in json.load(open(sys.argv[1]))["by_k8s_namespace"]}
-assert r["team-a"]["sessions"] == 2 and r["team-a"]["denials"] == 0, r
+assert r["team-a"]["sessions"] == 3 and r["team-a"]["denials"] == 0, r
 assert r["team-b"]["sessions"] == 0 and r["team-b"]["denials"] >= 1, r' "$work/report" &&
-    ok "audit report --json: team-a's two sessions and team-b's denials, per namespace" || { not_ok "report per namespace"; cat "$work/report"; }
+    ok "audit report --json: team-a's three sessions and team-b's denials, per namespace" || { not_ok "report per namespace"; cat "$work/report"; }
 "$cli" audit report --db "$KNOD_STATE_DIR/journal.db" >"$work/report.txt" 2>&1
 "$cli" audit report --db "$KNOD_STATE_DIR/journal.db" --html "$work/report.html" 2>/dev/null
 grep -A3 "^per Kubernetes namespace" "$work/report.txt" | grep -q "^  team-a " && grep -q "Per Kubernetes namespace" "$work/report.html" &&

@@ -81,3 +81,26 @@ TEST(PodRegistry, RefusesWhatNoRuntimeSendsAndStaysBounded) {
     EXPECT_EQ(full.error().code, Errc::limits_exceeded);
     EXPECT_TRUE(r.add(sandbox("c2", 200))) << "a repeated ADD at the bound is no new entry";
 }
+
+TEST(PodRegistry, GcCollectsOnlyItsOwnNetworksSandboxesThatAreNoLongerValid) {
+    PodRegistry r;
+    auto on = [](PodSandbox s, const std::string &network) {
+        s.network = network;
+        return s;
+    };
+    ASSERT_TRUE(r.add(on(sandbox("c1", 100), "pods")));
+    ASSERT_TRUE(r.add(on(sandbox("c2", 200), "pods")));
+    ASSERT_TRUE(r.add(on(sandbox("c2", 200, "net1"), "rdma")));
+    ASSERT_TRUE(r.add(sandbox("c3", 300))); // registered without a network
+    EXPECT_TRUE(r.collect("", {}).empty()) << "no network named: nothing collected";
+    auto gone = r.collect("pods", {{"c1", "eth0"}});
+    ASSERT_EQ(gone.size(), 1u);
+    EXPECT_EQ(gone[0].container_id, "c2");
+    EXPECT_EQ(gone[0].ifname, "eth0");
+    EXPECT_NE(r.by_netns({4, 100}), nullptr) << "a valid attachment stays";
+    EXPECT_NE(r.by_netns({4, 200}), nullptr) << "c2 stays on the other network";
+    EXPECT_NE(r.by_netns({4, 300}), nullptr) << "one registered without a network stays";
+    EXPECT_TRUE(r.collect("pods", {{"c1", "eth0"}}).empty()) << "a repeated GC finds nothing";
+    EXPECT_EQ(r.collect("rdma", {}).size(), 1u);
+    EXPECT_FALSE(r.add(on(sandbox("c4", 400), "bad\nname"))) << "a network name is printable";
+}
