@@ -4,10 +4,10 @@
 # would be). Prints per run its verdict, what did not pass and the ten slowest tests; exits 1
 # when any run failed. Needs root (the suite does). Minutes per run: a build and the suite.
 #
-# The runs share a compiler cache (ccache) for the top-level build and the package's build
-# (packaging.build_deb), so each run spends its minutes on the suite, not on recompiling what an
-# earlier one compiled; the load beside the tests is the hog's. fuzz.build compiles in full every
-# run (one clang command per fuzzer, which ccache does not cache). --no-ccache turns that off. Every run's clone lies at the same path (clone/ under /var/tmp/knod-soak, removed between
+# The runs share a compiler cache (ccache) for the top-level build, the package's build
+# (packaging.build_deb) and the fuzzers' (fuzz.build), so each run spends its minutes on the
+# suite, not on recompiling what an earlier one compiled; the load beside the tests is the
+# hog's. --no-ccache turns that off. Every run's clone lies at the same path (clone/ under /var/tmp/knod-soak, removed between
 # runs): compile lines carry the source dir (KNOD_SOURCE_DIR), so a clone at a new path would
 # miss the cache for every test target. The cache stays there between soaks (the first run of
 # a later soak is warm too); each soak's logs go to a directory of its own beside it.

@@ -16,21 +16,46 @@ build)
     # without NDEBUG, which would make clang treat them as __builtin_assume. Its unicode tables
     # also reach TOML_UNREACHABLE on some non-ASCII whitespace, so UBSan's unreachable check is
     # off; policy files are root's own input, and this is toml++'s to fix, not ours to hide.
+    # Each source is compiled once into an object (the policy's sources serve three fuzzers,
+    # the journal's two), in parallel, then each fuzzer is linked from its objects. With
+    # KNOD_CCACHE_DIR (tests/soak.sh) the compiles go through ccache.
+    cc=(clang++)
+    if [ -n "${KNOD_CCACHE_DIR:-}" ] && command -v ccache >/dev/null; then
+        export CCACHE_DIR=$KNOD_CCACHE_DIR CCACHE_BASEDIR=$src CCACHE_NOHASHDIR=true
+        cc=(ccache clang++)
+    fi
+    objs=$out/obj
+    mkdir -p "$objs"
+    obj() { local rel=${1#"$src"/}; echo "$objs/${rel//\//_}.o"; }
     policy_srcs=("$src"/policy/*.cc)
-    # The policy's digest is OpenSSL's SHA-256.
-    clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/policy_fuzz.cc" -lcrypto -o "$out/policy_fuzz" &
-    clang++ "${flags[@]}" "${policy_srcs[@]}" "$src/tests/fuzz/flow_spec_fuzz.cc" -lcrypto -o "$out/flow_spec_fuzz" &
-    wait -n && wait -n
+    journal_srcs=()
+    [ -n "${4:-}" ] && journal_srcs=("$src"/journal/*.cc "$4" "$src/cli/audit_report.cc"
+                                     "$src/cli/report_html.cc" "$src/cli/audit_format.cc")
+    fuzzers=(policy flow_spec)
+    [ -n "${4:-}" ] && fuzzers+=(journal export)
+    all=("${policy_srcs[@]}" "${journal_srcs[@]}")
+    for f in "${fuzzers[@]}"; do all+=("$src/tests/fuzz/${f}_fuzz.cc"); done
+    export -f obj
+    export objs src
+    printf '%s\0' "${all[@]}" |
+        xargs -0 -P "$(nproc)" -I{} bash -c 'exec "$@" -c "$0" -o "$(obj "$0")"' {} "${cc[@]}" "${flags[@]}" ||
+        { echo "fuzz build: a compile failed" >&2; exit 1; }
+    # The policy's digest is OpenSSL's SHA-256; the journal's readers need SQLite and sd-journal.
+    link() { local name=$1; shift; clang++ "${flags[@]}" "$@" -o "$out/$name"; }
+    policy_objs=() journal_objs=()
+    for f in "${policy_srcs[@]}"; do policy_objs+=("$(obj "$f")"); done
+    for f in "${journal_srcs[@]}"; do journal_objs+=("$(obj "$f")"); done
+    link policy_fuzz "${policy_objs[@]}" "$(obj "$src/tests/fuzz/policy_fuzz.cc")" -lcrypto
+    link flow_spec_fuzz "${policy_objs[@]}" "$(obj "$src/tests/fuzz/flow_spec_fuzz.cc")" -lcrypto
     if [ -n "${4:-}" ]; then
         # The auditor's readers (#31): a journal file through open, verify, report (and its
         # page), events, sessions and export; export lines through verify --export.
-        journal_srcs=("$src"/journal/*.cc "$4")
-        clang++ "${flags[@]}" "${journal_srcs[@]}" "${policy_srcs[@]}" "$src/cli/audit_report.cc" \
-            "$src/cli/report_html.cc" "$src/cli/audit_format.cc" "$src/tests/fuzz/journal_fuzz.cc" \
-            -lsqlite3 -lcrypto -lsystemd -o "$out/journal_fuzz" &
-        clang++ "${flags[@]}" "${journal_srcs[@]}" "$src/tests/fuzz/export_fuzz.cc" \
-            -lsqlite3 -lcrypto -lsystemd -o "$out/export_fuzz" &
-        wait -n && wait -n
+        link journal_fuzz "${journal_objs[@]}" "${policy_objs[@]}" "$(obj "$src/tests/fuzz/journal_fuzz.cc")" \
+            -lsqlite3 -lcrypto -lsystemd
+        # export_fuzz needs the journal's own sources only (not the CLI's report).
+        export_objs=()
+        for f in "$src"/journal/*.cc "$4"; do export_objs+=("$(obj "$f")"); done
+        link export_fuzz "${export_objs[@]}" "$(obj "$src/tests/fuzz/export_fuzz.cc")" -lsqlite3 -lcrypto -lsystemd
     fi
     ;;
 run)

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -127,23 +128,24 @@ TEST(UntrustedInput, RequestsRefusedBeforeThePolicyIsAskedAreJournaled) {
     EXPECT_NE(b.out.find("error"), std::string::npos) << b.out;
     Output c = sb.run_program({KNOD_FUZZ_CLIENT_BIN, "big-flow", "30"}, nobody);
     EXPECT_NE(c.out.find("InvalidArgument"), std::string::npos) << c.out;
-    // The first in full: the netdev escaped, the reason the caller got.
-    EXPECT_EQ(sb.sql("SELECT count(*) FROM events WHERE kind='request-denied' AND "
-                     "decision='invalid-request' AND uid=65534"),
-              "1");
-    std::string detail = sb.sql("SELECT detail FROM events WHERE decision='invalid-request'");
-    EXPECT_NE(detail.find(R"(no\\x1b[2Jsuch)"), std::string::npos) << detail;
-    EXPECT_EQ(detail.find('\x1b'), std::string::npos) << "raw escape in the journal";
-    // The other two as counts once the window closes: one count of 2, or two of 1 when the
-    // calls straddled a window (a loaded machine makes each client start take longer than the
-    // 1 s window). What must hold is that every refusal is accounted for, not the split.
+    // Every refusal is accounted for: each window's first in full, the rest of it as a count
+    // once it closes. How the three split over 1 s windows depends on how fast the machine
+    // starts each client (under load each call may open a window of its own), so what is
+    // checked is the sum and that the first is in full, never the split.
+    const char *full = "SELECT count(*) FROM events WHERE kind='request-denied' AND "
+                       "decision='invalid-request' AND uid=65534";
+    const char *counted = "SELECT CAST(total(json_extract(detail, '$.count')) AS INTEGER) FROM "
+                          "events WHERE kind='refusals-coalesced' AND uid=65534";
     EXPECT_TRUE(eventually(
-        [&] {
-            return sb.sql("SELECT total(json_extract(detail, '$.count')) FROM events WHERE "
-                          "kind='refusals-coalesced' AND uid=65534") == "2.0";
-        },
-        5000))
+        [&] { return std::atoi(sb.sql(full).c_str()) + std::atoi(sb.sql(counted).c_str()) == 3; },
+        10000))
         << sb.sql("SELECT kind, decision, reason FROM events");
+    // The first in full: the netdev escaped, the reason the caller got.
+    std::string detail = sb.sql("SELECT detail FROM events WHERE decision='invalid-request' "
+                                "ORDER BY seq LIMIT 1");
+    EXPECT_NE(detail.find(R"(no\\x1b[2Jsuch)"), std::string::npos) << detail;
+    EXPECT_EQ(sb.sql("SELECT count(*) FROM events WHERE instr(detail, char(27)) > 0"), "0")
+        << "raw escape in the journal";
     auto v = journal::verify_chain(sb.journal());
     ASSERT_TRUE(v.ok());
     EXPECT_TRUE(v->ok) << v->problem;
