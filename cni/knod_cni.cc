@@ -208,7 +208,9 @@ int add(const json &config, const std::string &version, bool check = false) {
                       ? args["K8S_POD_NAME"]
                       : container.substr(0, 63);
     if (args.count("K8S_POD_UID")) pod["uid"] = args["K8S_POD_UID"];
-    int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO at the path must not hang the runtime (the daemon then refuses what is
+    // no network namespace).
+    int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return fail(version, {4, "cannot open CNI_NETNS " + netns, std::strerror(errno)});
     CallResult r = call("RegisterPod", [&](sd_bus_message *m) {
         int rr = sd_bus_message_append(m, "ssh", container.c_str(), ifname.c_str(), fd);
@@ -278,8 +280,10 @@ int gc(const json &config, const std::string &version) {
                               "cni.dev/valid-attachments must be an array"});
     std::vector<std::pair<std::string, std::string>> valid;
     for (auto &a : *listed) {
-        auto id = a.is_object() ? string_field(a, "containerID") : std::nullopt;
-        auto ifname = a.is_object() ? string_field(a, "ifname") : std::nullopt;
+        // Both required: an entry without its ifname must not collect the attachment it lists.
+        bool whole = a.is_object() && a.contains("containerID") && a.contains("ifname");
+        auto id = whole ? string_field(a, "containerID") : std::nullopt;
+        auto ifname = whole ? string_field(a, "ifname") : std::nullopt;
         if (!id || !ifname || id->empty())
             return fail(version, {7, "invalid network configuration",
                                   "each cni.dev/valid-attachments entry needs string containerID "

@@ -323,9 +323,18 @@ void AuditTrail::refuse(journal::Event e, bool one_by_one) {
     if (metrics_) metrics_->refused(e.kind, e.decision.value_or(""));
     // The host's root's refusals are kept one by one: it could write the journal directly
     // anyway. A container's root (uid 0 too) is coalesced like everyone.
-    bool full = !e.uid || one_by_one ||
-                refusals_.admit(static_cast<std::uint32_t>(*e.uid), e.kind, journal::now_us());
+    // Counted per pod too: one pod's refusals never stand for another namespace's.
+    bool full =
+        !e.uid || one_by_one ||
+        refusals_.admit(static_cast<std::uint32_t>(*e.uid), e.kind, journal::now_us(), pod_of(e));
     if (full) record(std::move(e)); // otherwise counted; the window's record says how many
+}
+
+std::string AuditTrail::pod_of(const journal::Event &e) {
+    if (!e.detail || e.detail->find("\"pod\"") == std::string::npos) return {};
+    auto detail = knod::parse_json(*e.detail); // the daemon's own JSON
+    if (detail.is_discarded() || !detail.is_object() || !detail.contains("pod")) return {};
+    return knod::dump_json(detail["pod"]);
 }
 
 void AuditTrail::record_coalesced(std::int64_t now_us, bool all) {
@@ -334,13 +343,19 @@ void AuditTrail::record_coalesced(std::int64_t now_us, bool all) {
         e.kind = journal::kind::coalesced;
         if (s.uid) e.uid = *s.uid;
         e.decision = s.kind;
+        nlohmann::json pod = s.scope.empty() ? nlohmann::json() : knod::parse_json(s.scope);
         e.reason = std::to_string(s.count) + " more " + s.kind + " refusals of " +
                    (s.uid ? "uid " + std::to_string(*s.uid) : std::string("many uids")) +
+                   (pod.is_object() ? " in pod " + pod.value("namespace", std::string()) + "/" +
+                                          pod.value("name", std::string())
+                                    : std::string()) +
                    ", journaled as this count only";
-        e.detail = knod::dump_json(nlohmann::json{{"kind", s.kind},
-                                                  {"count", s.count},
-                                                  {"since_us", s.since_us},
-                                                  {"until_us", s.until_us}});
+        nlohmann::json detail{{"kind", s.kind},
+                              {"count", s.count},
+                              {"since_us", s.since_us},
+                              {"until_us", s.until_us}};
+        if (pod.is_object()) detail["pod"] = pod;
+        e.detail = knod::dump_json(detail);
         record(std::move(e));
     }
 }

@@ -129,6 +129,8 @@ class AuditTrail {
     using Pending = std::variant<journal::Event, PendingEnd, PendingLoad>;
     void keep_record(Pending record);
     void record_coalesced(std::int64_t now_us, bool all);
+    // The pod a refusal's detail names (its JSON), the coalescer's scope; empty for none.
+    static std::string pod_of(const journal::Event &e);
     // Writes one kept record, waiting, or on the writer thread.
     Result<std::int64_t> write_now(const Pending &record);
     void write_async(const Pending &record, Written done);

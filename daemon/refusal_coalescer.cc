@@ -8,13 +8,14 @@ RefusalCoalescer::RefusalCoalescer(std::int64_t window_us, std::size_t max_keys)
     : window_us_(std::max<std::int64_t>(window_us, 1)),
       max_keys_(std::max<std::size_t>(max_keys, 1)) {}
 
-bool RefusalCoalescer::admit(std::uint32_t uid, const std::string &kind, std::int64_t now_us) {
-    Key key{uid, kind};
+bool RefusalCoalescer::admit(std::uint32_t uid, const std::string &kind, std::int64_t now_us,
+                             const std::string &scope) {
+    Key key{uid, kind, scope};
     auto it = windows_.find(key);
     if (it == windows_.end() && windows_.size() >= max_keys_) {
         // Too many uids at once: they share one window per kind, journaled only as a count.
         auto [over, fresh] =
-            windows_.try_emplace(Key{-1, kind}, Window{now_us, now_us + window_us_, 0});
+            windows_.try_emplace(Key{-1, kind, ""}, Window{now_us, now_us + window_us_, 0});
         over->second.count += 1;
         return false;
     }
@@ -39,8 +40,9 @@ std::vector<RefusalCoalescer::Summary> RefusalCoalescer::close_if(std::int64_t n
             continue;
         }
         Summary s;
-        if (it->first.first >= 0) s.uid = static_cast<std::uint32_t>(it->first.first);
-        s.kind = it->first.second;
+        if (std::get<0>(it->first) >= 0) s.uid = static_cast<std::uint32_t>(std::get<0>(it->first));
+        s.kind = std::get<1>(it->first);
+        s.scope = std::get<2>(it->first);
         s.count = w.count;
         s.since_us = w.since_us;
         s.until_us = std::min(now_us, w.until_us);

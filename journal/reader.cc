@@ -146,16 +146,25 @@ namespace {
 // so one malformed detail is no field rather than an error for the whole query.
 const std::string detail_json = "CASE WHEN json_valid(e.detail) THEN e.detail END";
 
-// The Kubernetes namespace of an event's pod: its own detail's, else its session's grant's (an
-// end event names the pod; a revocation, made by an admin, does not). Only a string counts: a
-// crafted journal's number or object there is no namespace.
-const std::string k8s_namespace_sql =
-    "CASE WHEN json_type(" + detail_json + ", '$.pod.namespace') = 'text' THEN json_extract(" +
-    detail_json +
-    ", '$.pod.namespace') WHEN e.kind = 'revoke' THEN (SELECT CASE WHEN json_valid(g.detail) "
-    "AND json_type(g.detail, '$.pod.namespace') = 'text' THEN json_extract(g.detail, "
-    "'$.pod.namespace') END FROM events g WHERE g.session_id = e.session_id AND g.kind = "
-    "'request-granted' ORDER BY g.seq LIMIT 1) END";
+// The Kubernetes namespace an event counts under. An event of a session (its end, a
+// revocation) counts under the pod its session's first grant named, whatever the event itself
+// says (a revocation, made by an admin, names none; a session taken back across a restart ends
+// without one); an event of no session (a refusal) under the pod its own detail names. Only a
+// string counts: a crafted journal's number or object there is no namespace. The grants'
+// namespaces are read once (the CTE below), not looked up per event.
+std::string namespace_of_detail(const std::string &column) {
+    return "CASE WHEN json_valid(" + column + ") AND json_type(" + column +
+           ", '$.pod.namespace') = 'text' THEN json_extract(" + column + ", '$.pod.namespace') END";
+}
+const std::string grant_namespaces_cte =
+    // SQLite takes a bare column of an aggregate query with one min() from the row of the min:
+    // each session's first grant, in one pass however many grants a crafted file repeats.
+    "WITH grant_ns(session_id, ns, first_seq) AS (SELECT g.session_id, " +
+    namespace_of_detail("g.detail") +
+    ", min(g.seq) FROM events g WHERE g.kind = 'request-granted' AND g.session_id IS NOT NULL "
+    "GROUP BY g.session_id) ";
+const std::string k8s_namespace_sql = "CASE WHEN e.session_id IS NOT NULL THEN gn.ns ELSE " +
+                                      namespace_of_detail("e.detail") + " END";
 
 const char *session_columns =
     "id, uid, pid, exe, unit, netdev, gpu, mode, region_bytes, flows, key_id, rule, started_us, "
@@ -570,10 +579,11 @@ struct ReportRow {
 }
 
 [[nodiscard]] bool count(Tally &t, const ReportRow &r) {
+    // A pod refused at its sandbox's creation (pod-refused) is a refusal like a request's.
     if (r.kind == kind::granted)
         return add(t.sessions, r.events) &&
                (r.decision != "would-deny" || add(t.would_deny_grants, r.events));
-    if (r.kind == kind::denied) {
+    if (r.kind == kind::denied || r.kind == kind::pod_refused) {
         if (r.decision == "deny") return add(t.denials, r.events);
         if (r.decision == "quota-exceeded") return add(t.quota_refusals, r.events);
         return add(t.other_refusals[r.decision.value_or("unknown")], r.events);
@@ -615,7 +625,8 @@ Result<Report> JournalReader::report(const Filter &f) {
     // Bytes come from the closing event (chained), the session row only for an event without.
     std::string where = w.sql();
     where += (where.empty() ? " WHERE " : " AND ");
-    where += "(e.kind IN ('request-granted', 'request-denied', 'session-ended', 'revoke') OR "
+    where += "(e.kind IN ('request-granted', 'request-denied', 'pod-refused', 'session-ended', "
+             "'revoke') OR "
              "(e.kind = 'refusals-coalesced' AND e.decision = 'request-denied'))";
     // Every value the sums and the hours are made of, checked first: the first row with one no
     // daemon writes (a time outside the sane range, a negative or non-integer count) is
@@ -653,8 +664,8 @@ Result<Report> JournalReader::report(const Filter &f) {
                               "is out of range or not a non-negative integer");
     }
     auto st = j_.db().prepare(
-        "SELECT coalesce(s.uid, e.uid), coalesce(s.netdev, json_extract(" + detail_json +
-        ", '$.netdev')), coalesce(s.gpu, json_extract(" + detail_json +
+        grant_namespaces_cte + "SELECT coalesce(s.uid, e.uid), coalesce(s.netdev, json_extract(" +
+        detail_json + ", '$.netdev')), coalesce(s.gpu, json_extract(" + detail_json +
         ", '$.gpu')), e.at_us / 3600000000, e.kind, e.decision, e.rule, count(*), sum(CASE WHEN "
         "e.kind = 'refusals-coalesced' THEN coalesce(json_extract(" +
         detail_json +
@@ -662,8 +673,9 @@ Result<Report> JournalReader::report(const Filter &f) {
         "coalesce(json_extract(" +
         detail_json + ", '$.rx_bytes'), json_extract(" + detail_json +
         ", '$.end.rx_bytes'), s.rx_bytes, 0) ELSE 0 END), " + k8s_namespace_sql +
-        " FROM events e LEFT JOIN sessions s ON s.id = e.session_id" + where +
-        " GROUP BY 1, 2, 3, 4, 5, 6, 7, 11");
+        " FROM events e LEFT JOIN sessions s ON s.id = e.session_id LEFT JOIN grant_ns gn ON "
+        "gn.session_id = e.session_id" +
+        where + " GROUP BY 1, 2, 3, 4, 5, 6, 7, 11");
     if (!st) return st.error();
     w.bind(*st);
     Report r;
@@ -692,7 +704,7 @@ Result<Report> JournalReader::report(const Filter &f) {
                     (!row.gpu || count(gpus[*row.gpu], row)) &&
                     (!row.k8s_namespace || count(namespaces[*row.k8s_namespace], row)) &&
                     count(hours[row.hour], row);
-        if (row.kind == kind::denied) {
+        if (row.kind == kind::denied || row.kind == kind::pod_refused) {
             if (row.decision == "deny") fits = fits && add(denied[row.rule], row.events);
             if (row.decision == "quota-exceeded") fits = fits && add(quota[row.rule], row.events);
             fits = fits && add(decisions[row.decision.value_or("unknown")], row.events);

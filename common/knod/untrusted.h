@@ -35,9 +35,12 @@ inline std::size_t utf8_sequence(std::string_view s, std::size_t i, char32_t &cp
     return len;
 }
 
-// C0, DEL and C1 controls: what a terminal may act on.
+// C0, DEL and C1 controls (what a terminal may act on), and the bidirectional marks, embeddings,
+// overrides and isolates (U+200E-200F, U+202A-202E, U+2066-2069) that make a terminal or a page
+// show text in another order than it is ("Trojan Source").
 inline bool is_control(char32_t cp) {
-    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
+    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x200e || cp == 0x200f ||
+           (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
 }
 
 inline bool is_clean_text(std::string_view s) {

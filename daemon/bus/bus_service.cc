@@ -916,6 +916,18 @@ Result<daemon::NamespaceId> network_namespace_of(int fd) {
 
 } // namespace
 
+// A pod method from anyone but the host's root: refused, and journaled (pod-refused,
+// not-authorized) like every refusal.
+Error BusService::refuse_pod_call(BusService &s, const Credentials &c, const std::string &why) {
+    auto denied = make_error(Errc::denied, why);
+    daemon::Peer by;
+    by.uid = c.uid;
+    by.pid = c.pid;
+    by.bus_name = c.sender;
+    s.manager_->refuse_action(journal::kind::pod_refused, by, "not-authorized", denied.message);
+    return denied;
+}
+
 int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("RegisterPod", err, [&]() -> int {
         auto *s = service(self);
@@ -926,17 +938,10 @@ int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
         int fd = -1;
         int r = sd_bus_message_read(m, "ssh", &container, &ifname, &fd);
         if (r < 0) return r;
-        if (!c->host_root) {
-            auto denied = make_error(Errc::denied, "only the host's root (the node's CNI plugin) "
-                                                   "registers pods; a container's root is not it");
-            daemon::Peer by;
-            by.uid = c->uid;
-            by.pid = c->pid;
-            by.bus_name = c->sender;
-            s->manager_->refuse_action(journal::kind::pod_refused, by, "not-authorized",
-                                       denied.message);
-            return fail(err, denied);
-        }
+        if (!c->host_root)
+            return fail(err, refuse_pod_call(*s, *c,
+                                             "only the host's root (the node's CNI plugin) "
+                                             "registers pods; a container's root is not it"));
         for (auto check : {limits::check_length("container_id", container, 256),
                            limits::check_length("ifname", ifname, 15)})
             if (!check) return fail(err, check.error());
@@ -1019,8 +1024,9 @@ int BusService::unregister_pod(sd_bus_message *m, void *self, sd_bus_error *err)
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "UnregisterPod"); !t) return fail(err, t.error());
         if (!c->host_root)
-            return fail(err, make_error(Errc::denied, "only the host's root (the node's CNI "
-                                                      "plugin) unregisters pods"));
+            return fail(err, refuse_pod_call(*s, *c,
+                                             "only the host's root (the node's CNI "
+                                             "plugin) unregisters pods"));
         const char *container = nullptr, *ifname = nullptr;
         int r = sd_bus_message_read(m, "ss", &container, &ifname);
         if (r < 0) return r;
@@ -1039,8 +1045,9 @@ int BusService::collect_pods(sd_bus_message *m, void *self, sd_bus_error *err) {
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "CollectPods"); !t) return fail(err, t.error());
         if (!c->host_root)
-            return fail(err, make_error(Errc::denied, "only the host's root (the node's CNI "
-                                                      "plugin) garbage-collects pods"));
+            return fail(err, refuse_pod_call(*s, *c,
+                                             "only the host's root (the node's CNI "
+                                             "plugin) garbage-collects pods"));
         const char *network = nullptr;
         int r = sd_bus_message_read(m, "s", &network);
         if (r < 0) return r;

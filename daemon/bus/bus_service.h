@@ -65,6 +65,7 @@ class BusService : public daemon::BindingEvents {
     static int register_pod(sd_bus_message *m, void *self, sd_bus_error *err);
     static int unregister_pod(sd_bus_message *m, void *self, sd_bus_error *err);
     static int collect_pods(sd_bus_message *m, void *self, sd_bus_error *err);
+    static Error refuse_pod_call(BusService &s, const Credentials &c, const std::string &why);
     static int host_report(sd_bus_message *m, void *self, sd_bus_error *err);
     static int metrics(sd_bus_message *m, void *self, sd_bus_error *err);
     static int subscribe(sd_bus_message *m, void *self, sd_bus_error *err);

@@ -185,12 +185,42 @@ gc other-net '[]'
     ok "GC of another network collects nothing of this one's" || { not_ok "GC other network (exit $rc)"; cat "$work/out" "$work/err" "$work/g1"; }
 gc knod-test '{"containerID":"x"}'
 [ "$rc" -ne 0 ] && [ "$(json_field code)" = 7 ] && ok "GC with a malformed valid-attachments is error 7" || { not_ok "GC malformed (exit $rc)"; cat "$work/out"; }
+gc knod-test "[{\"containerID\":\"sandbox-b-$tag\"}]"
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 7 ] && "$cli" bindings --json | grep -q "$id_g1" &&
+    ok "GC with an entry missing its ifname is error 7 and collects nothing" || { not_ok "GC without ifname (exit $rc)"; cat "$work/out"; }
+# Refusals of a container's root are journaled as any caller's: the first of a window in full,
+# the rest as the window's count (written when it closes).
+not_authorized() {
+    sqlite3 "$KNOD_STATE_DIR/journal.db" "select (select count(*) from events where kind='pod-refused' and decision='not-authorized') + (select coalesce(sum(json_extract(detail, '\$.count')), 0) from events where kind='refusals-coalesced' and decision='pod-refused')"
+}
+refused_before=$(not_authorized)
+PLUGIN_PREFIX=(ip netns exec "$pod_a")
+printf '{"cniVersion":"1.1.0","name":"knod-test","type":"knod-cni","cni.dev/valid-attachments":[]}' |
+    ip netns exec "$pod_a" env CNI_COMMAND=GC "$cni" >"$work/out" 2>"$work/err"
+rc=$?
+PLUGIN_PREFIX=()
+counted() { [ "$(not_authorized)" -gt "$refused_before" ]; }
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 101 ] && "$cli" bindings --json | grep -q "$id_g1" &&
+    wait_until 60 "the refused GC to be journaled (in full or in its window's count)" counted &&
+    ok "root in a pod cannot garbage-collect pods, and the refusal is journaled" || { not_ok "GC from a pod (exit $rc, $refused_before -> $(not_authorized))"; cat "$work/out"; }
 gc knod-test "[{\"containerID\":\"sandbox-b-$tag\",\"ifname\":\"eth0\"}]"
 [ "$rc" -eq 0 ] && [ ! -s "$work/out" ] && wait_until 30 "the GC'd pod's holder to hear its end" grep -q "^ended" "$work/g1" &&
     grep -q "^ended revoked pod-deleted" "$work/g1" && ok "GC: a sandbox no longer listed is unregistered, its binding ends as pod-deleted" ||
     { not_ok "GC (exit $rc)"; cat "$work/out" "$work/err" "$work/g1"; }
 in_pod "$pod_b" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5121" >"$work/b2" 2>&1 </dev/null
 grep -q "no-team-b" "$work/b2" && ok "... and the listed sandbox stays registered" || not_ok "after GC pod B: $(cat "$work/b2")"
+
+# --- a FIFO where the network namespace should be: an error, not a hung runtime ------------------
+mkfifo "$work/not-a-netns"
+plugin_fifo() {
+    printf '{"cniVersion":"1.0.0","name":"knod-test","type":"knod-cni"}' |
+        timeout 60 env CNI_COMMAND=ADD CNI_CONTAINERID="sandbox-f-$tag" CNI_NETNS="$work/not-a-netns" CNI_IFNAME=eth0 "$cni" >"$work/out" 2>"$work/err"
+}
+plugin_fifo
+rc=$?
+# The pod asks for no offload, so it starts (exit 0); what matters is that nothing waited on the
+# FIFO and no pod was made of it.
+[ "$rc" -ne 124 ] && grep -q "not a network namespace" "$work/err" && ok "a FIFO as CNI_NETNS does not hang the plugin, and is no pod's namespace" || not_ok "FIFO netns (exit $rc): $(cat "$work/out" "$work/err")"
 
 # --- a network configuration with wrong types is an error, not a crash --------------------------
 typed_ok=1

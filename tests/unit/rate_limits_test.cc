@@ -81,6 +81,23 @@ TEST(RefusalCoalescer, OneRecordPerWindowWithTheCount) {
     EXPECT_TRUE(c.admit(65534, "request-denied", 3'000'001));
 }
 
+// A container's root is uid 0 in every pod: one pod's refusals must not be counted as (and
+// hide) another's, so each pod has windows of its own and its summaries name it.
+TEST(RefusalCoalescer, EachPodHasItsOwnWindows) {
+    RefusalCoalescer c(1'000'000);
+    const std::string a = R"({"namespace":"team-a","name":"p"})";
+    const std::string b = R"({"namespace":"team-b","name":"q"})";
+    EXPECT_TRUE(c.admit(0, "request-denied", 0, a));
+    EXPECT_TRUE(c.admit(0, "request-denied", 1, b)) << "another pod's first is in full too";
+    EXPECT_TRUE(c.admit(0, "request-denied", 2)) << "and so is the same uid outside any pod";
+    for (int i = 0; i < 5; ++i)
+        EXPECT_FALSE(c.admit(0, "request-denied", 10 + i, b));
+    auto s = c.close(1'000'002); // every window has ended
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].scope, b);
+    EXPECT_EQ(s[0].count, 5u);
+}
+
 TEST(RefusalCoalescer, RecordsPerKeyStayWithinOnePerWindowUnderAFlood) {
     const std::int64_t window = 1'000'000;
     RefusalCoalescer c(window);

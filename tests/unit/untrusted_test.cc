@@ -26,6 +26,16 @@ TEST(Untrusted, ControlsAndInvalidBytesAreEscaped) {
         EXPECT_FALSE(is_clean_text(bad)) << bad;
 }
 
+// A right-to-left override in a namespace or a rule name would make a table read "ok-team" for
+// "maet-ko": bidirectional controls are escaped like C0 and C1 controls.
+TEST(Untrusted, BidirectionalControlsAreEscaped) {
+    EXPECT_EQ(escape_untrusted("team-\u202eevil"), "team-\\xe2\\x80\\xaeevil");
+    EXPECT_EQ(escape_untrusted("a\u2066b\u200fc"), "a\\xe2\\x81\\xa6b\\xe2\\x80\\x8fc");
+    EXPECT_FALSE(is_clean_text("x\u202ay"));
+    EXPECT_EQ(escape_untrusted("caf\u00e9 \u2014 \u4e2d"), "caf\u00e9 \u2014 \u4e2d")
+        << "other text stays";
+}
+
 TEST(Untrusted, QuotesAreShortWhateverTheInput) {
     std::string huge(30u << 20, 'x');
     std::string q = quote_untrusted(huge, 32);
