@@ -76,11 +76,22 @@ Result<void> check(const PodSandbox &s, std::size_t max_annotations) {
 
 Result<void> PodRegistry::add(PodSandbox sandbox) {
     if (auto r = check(sandbox, limits_.max_annotations); !r) return r;
-    for (auto &[key, s] : sandboxes_)
+    for (auto &[key, s] : sandboxes_) {
         if (s.netns == sandbox.netns && s.container_id != sandbox.container_id)
             return make_error(Errc::denied,
                               "that network namespace is already registered for sandbox " +
                                   s.container_id + " (one namespace, one pod)");
+        // The same sandbox on another network (another ifname) is the same pod: two networks
+        // naming it differently would make its identity depend on which registration is found,
+        // and on which one a GC or DEL takes away.
+        if (s.container_id == sandbox.container_id && s.ifname != sandbox.ifname &&
+            (s.netns != sandbox.netns || s.pod.k8s_namespace != sandbox.pod.k8s_namespace ||
+             s.pod.name != sandbox.pod.name || s.pod.uid != sandbox.pod.uid))
+            return make_error(Errc::denied, "sandbox " + s.container_id + " is registered on " +
+                                                "another network as pod " + s.pod.k8s_namespace +
+                                                "/" + s.pod.name +
+                                                " (one sandbox, one pod identity)");
+    }
     auto key = std::make_pair(sandbox.container_id, sandbox.ifname);
     if (!sandboxes_.count(key) && sandboxes_.size() >= limits_.max_sandboxes)
         return make_error(Errc::limits_exceeded,

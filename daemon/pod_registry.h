@@ -70,7 +70,9 @@ class PodRegistry {
     // 64, network at most 253 printable bytes, annotations under the prefix, keys at most 317 and
     // values at most 4,096 bytes), then keeps it. The same (container id, ifname) again replaces
     // the entry (a repeated ADD); a network namespace already registered for another container id
-    // is refused (Denied): one namespace, one pod. LimitsExceeded at max_sandboxes.
+    // is refused (Denied): one namespace, one pod; so is the same container id on another
+    // ifname with another netns or pod namespace, name or UID (one sandbox, one identity).
+    // LimitsExceeded at max_sandboxes.
     Result<void> add(PodSandbox sandbox);
     // Forgets (container id, ifname), or every ifname of the container id when `ifname` is
     // empty. Returns what went (nothing is not an error: a DEL may come twice).

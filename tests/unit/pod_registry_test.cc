@@ -44,10 +44,17 @@ TEST(PodRegistry, OneNamespaceIsOnePodAndARepeatedAddReplaces) {
     ASSERT_TRUE(r.add(again)) << "the same sandbox and ifname: a repeated ADD";
     EXPECT_EQ(r.size(), 1u);
     EXPECT_EQ(r.by_netns({4, 100})->pod.name, "renamed");
-    ASSERT_TRUE(r.add(sandbox("c1", 100, "net1"))) << "one pod on a second network";
+    auto second = sandbox("c1", 100, "net1");
+    second.pod.name = "renamed";
+    ASSERT_TRUE(r.add(second)) << "one pod on a second network";
     auto other = r.add(sandbox("c9", 100));
     ASSERT_FALSE(other) << "another sandbox claiming a registered namespace";
     EXPECT_EQ(other.error().code, Errc::denied);
+    auto renamed = sandbox("c1", 100, "net2");
+    renamed.pod.k8s_namespace = "batch";
+    auto twice = r.add(renamed);
+    ASSERT_FALSE(twice) << "one sandbox named as another pod by a second network";
+    EXPECT_EQ(twice.error().code, Errc::denied);
     EXPECT_EQ(r.remove("c1", "").size(), 2u) << "DEL without ifname: every network of it";
 }
 
