@@ -390,6 +390,8 @@ knod_errc knod_devmem_rx_new(int tcp_fd, knod_devmem_rx **out, knod_error **erro
         if (tcp_fd < 0)
             return fail(error, KNOD_ERR_INVALID_ARGUMENT,
                         "the TCP socket fd " + std::to_string(tcp_fd) + " is negative");
+        if (auto tcp = knod::client::check_devmem_socket(tcp_fd); !tcp)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT, tcp.error().message);
         *out = new knod_devmem_rx{knod::client::DevmemReceiver(tcp_fd), {}};
         return KNOD_OK;
     });

@@ -1,5 +1,6 @@
 #include "client/devmem_rx.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 
 #include <cerrno>
@@ -88,6 +89,42 @@ std::vector<std::vector<DmabufToken>> devmem_token_batches(const std::vector<std
     return batches;
 }
 
+Result<void> check_devmem_socket(int fd) {
+    auto option = [fd](int name) -> Result<int> {
+        int value = 0;
+        socklen_t len = sizeof value;
+        if (getsockopt(fd, SOL_SOCKET, name, &value, &len) != 0) {
+            int e = errno;
+            return make_error(Errc::invalid_argument,
+                              "devmem receive: fd " + std::to_string(fd) +
+                                  (e == ENOTSOCK ? " is not a socket"
+                                   : e == EBADF  ? " is not open"
+                                                 : std::string(": ") + std::strerror(e)) +
+                                  " (devmem receive needs the holder's TCP socket)");
+        }
+        return value;
+    };
+    auto domain = option(SO_DOMAIN);
+    if (!domain) return domain.error();
+    auto type = option(SO_TYPE);
+    if (!type) return type.error();
+    auto protocol = option(SO_PROTOCOL);
+    if (!protocol) return protocol.error();
+    if ((*domain != AF_INET && *domain != AF_INET6) || *type != SOCK_STREAM ||
+        *protocol != IPPROTO_TCP) {
+        std::string what = *domain == AF_UNIX                                ? "a Unix socket"
+                           : *type == SOCK_DGRAM && *protocol == IPPROTO_UDP ? "a UDP socket"
+                                                                             : "not a TCP socket";
+        return make_error(Errc::invalid_argument,
+                          "devmem receive: fd " + std::to_string(fd) + " is " + what + " (domain " +
+                              std::to_string(*domain) + ", type " + std::to_string(*type) +
+                              ", protocol " + std::to_string(*protocol) +
+                              "); devmem receive is TCP only: pass the socket of the binding's "
+                              "TCP flow");
+    }
+    return {};
+}
+
 Result<DevmemReceived> DevmemReceiver::receive(std::span<std::uint8_t> linear) {
     iovec iov{linear.data(), linear.size()};
     msghdr msg{};
@@ -140,8 +177,13 @@ Result<void> DevmemReceiver::release(const std::vector<DevmemFragment> &fragment
         int freed = setsockopt(fd_, SOL_SOCKET, so_devmem_dontneed, batch.data(),
                                static_cast<socklen_t>(batch.size() * sizeof(DmabufToken)));
         if (freed < 0) {
+            int e = errno;
+            // EBADF from SO_DEVMEM_DONTNEED is the kernel's "not a TCP socket", not a bad fd.
             if (first_error.empty())
-                first_error = std::string("SO_DEVMEM_DONTNEED: ") + std::strerror(errno);
+                first_error = std::string("SO_DEVMEM_DONTNEED: ") + std::strerror(e) +
+                              (e == EBADF ? " (tokens go back on the TCP socket that received "
+                                            "them)"
+                                          : "");
             continue;
         }
         freed_total += static_cast<std::size_t>(freed);

@@ -73,6 +73,12 @@ std::vector<std::vector<DmabufToken>> devmem_token_batches(const std::vector<std
                                                            std::size_t max_ranges = 128,
                                                            std::size_t max_tokens = 1024);
 
+// Whether `fd` can carry devmem receive: a TCP stream socket (IPv4 or IPv6), connected or not.
+// devmem receive is TCP only: on any other socket recvmsg(MSG_SOCK_DEVMEM) hands out plain bytes
+// and SO_DEVMEM_DONTNEED fails (EBADF), so a holder would learn of the mistake only at release.
+// Errc::invalid_argument naming what the fd is instead (not a socket, UDP, a Unix socket, ...).
+Result<void> check_devmem_socket(int fd);
+
 class DevmemReceiver {
   public:
     explicit DevmemReceiver(int tcp_fd) : fd_(tcp_fd) {}

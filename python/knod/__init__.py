@@ -436,7 +436,8 @@ class Received(NamedTuple):
 class DevmemReceiver:
     """Receives on a devmem binding (Linux device-memory TCP): the NIC writes the payload of the
     binding's TCP flows into the dma-buf, and the holder's own TCP socket `sock` (a socket or
-    its fd; it stays the caller's) says where. Fragments stay the holder's until release():
+    its fd; it stays the caller's) says where; any other socket raises InvalidArgument (a
+    ValueError: devmem receive is TCP only). Fragments stay the holder's until release():
     the NIC cannot reuse their memory, so a holder that never releases stops its own flow.
     Kernel interface: Documentation/networking/devmem.rst (Linux 6.12)."""
 

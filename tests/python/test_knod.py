@@ -470,6 +470,12 @@ def test_devmem_receive_from_python_on_a_loopback_stream():
     server.listen(1)
     peer = socket.create_connection(server.getsockname())
     conn, _ = server.accept()
+    # devmem receive is TCP only: any other socket is refused up front, naming what it is.
+    for family, kind, says in ((socket.AF_INET, socket.SOCK_DGRAM, "a UDP socket"),
+                               (socket.AF_UNIX, socket.SOCK_STREAM, "a Unix socket")):
+        with socket.socket(family, kind) as other:
+            with pytest.raises(ValueError, match=says):
+                knod.DevmemReceiver(other)
     with knod.DevmemReceiver(conn) as rx:
         assert rx.wait(50) is False  # nothing sent yet
         assert knod.wait_for_data(rx, timeout_ms=50) is None

@@ -169,6 +169,17 @@ TEST(CApiDevmem, ALoopbackStreamThroughTheCApi) {
     knod_error *err = nullptr;
     EXPECT_EQ(knod_devmem_rx_new(-1, &rx, &err), KNOD_ERR_INVALID_ARGUMENT);
     knod_error_free(err);
+    // devmem receive is TCP only: a UDP socket is refused up front, naming what it is.
+    int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(udp, 0);
+    err = nullptr;
+    EXPECT_EQ(knod_devmem_rx_new(udp, &rx, &err), KNOD_ERR_INVALID_ARGUMENT);
+    ASSERT_NE(err, nullptr);
+    EXPECT_NE(std::string(knod_error_message(err)).find("a UDP socket"), std::string::npos)
+        << knod_error_message(err);
+    knod_error_free(err);
+    close(udp);
+    EXPECT_EQ(rx, nullptr);
     ASSERT_EQ(knod_devmem_rx_new(conn, &rx, nullptr), KNOD_OK);
     EXPECT_EQ(knod_devmem_rx_wait(rx, 50, &err), KNOD_ERR_TIMEOUT) << "nothing was sent yet";
     knod_error_free(err);

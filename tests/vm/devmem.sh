@@ -2,7 +2,8 @@
 # Live-kernel devmem paths (issue 17): Debian's 6.12 under QEMU (TCG) with an emulated VT-d
 # IOMMU, real dma-buf exporters (udmabuf, virtio-gpu, vgem) and NICs e1000e, virtio-net (mq=on)
 # and netdevsim. One boot runs tests/vm/devmem_guest.sh, which runs the devmem integration
-# tests inside; then no kernel WARNING, Oops or BUG may be in the guest's log.
+# tests and the holder's receive path (knod_devmem_live_tests, and the C API's over
+# libknod-client.so.1) inside; then no kernel WARNING, Oops or BUG may be in the guest's log.
 #   tests/vm/devmem.sh BUILD_DIR        (77: no QEMU here)
 set -u
 build=$(cd "${1:?usage: devmem.sh BUILD_DIR}" && pwd)
@@ -11,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 vm_setup
 started=$(date +%s)
 
-VM_BINARIES="$build/tests/integration/knod_devmem_integration_tests $build/cli/knod-policy"
+VM_BINARIES="$build/tests/integration/knod_devmem_integration_tests $build/tests/unit/knod_devmem_live_tests $build/tests/unit/knod_client_unit_tests $build/cli/knod-policy"
 VM_MODULES="veth e1000e virtio_net netdevsim vgem virtio_gpu sch_ingress cls_bpf"
 for b in $VM_BINARIES; do
     [ -x "$b" ] || {

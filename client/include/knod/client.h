@@ -147,6 +147,7 @@ typedef struct knod_devmem_fragment {
     uint32_t dmabuf_id;
 } knod_devmem_fragment;
 
+/* KNOD_ERR_INVALID_ARGUMENT when `tcp_fd` is not a TCP socket (devmem receive is TCP only). */
 KNOD_API knod_errc knod_devmem_rx_new(int tcp_fd, knod_devmem_rx **out, knod_error **error);
 KNOD_API void knod_devmem_rx_free(knod_devmem_rx *rx);
 /* Waits up to `timeout_ms` (< 0: for ever) until a receive will not block (fragments, linear

@@ -1,0 +1,213 @@
+// The client's devmem receive path against the live kernel (#36): loopback TCP streams (no devmem
+// NIC here, so readable data comes back linear and no token is ever known), the kernel's own
+// answers on its error paths (SO_DEVMEM_DONTNEED's limits, sockets that are not TCP, a socket
+// with no peer), and the receiver's reading of each. It runs on the host's kernel under ctest
+// and on Debian's 6.12 in the VM (vm.devmem), where no test may skip.
+#include "client/devmem_rx.h"
+#include "tests/unit/loopback_tcp.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+using namespace knod;
+using namespace knod::client;
+
+namespace {
+
+// A socket (or pipe) closed with the test.
+struct Fd {
+    int fd = -1;
+    explicit Fd(int f) : fd(f) {}
+    Fd(const Fd &) = delete;
+    Fd &operator=(const Fd &) = delete;
+    ~Fd() {
+        if (fd >= 0) close(fd);
+    }
+};
+
+// SO_DEVMEM_DONTNEED with `ranges` ranges of unknown tokens: the kernel's answer (a count freed,
+// or -errno).
+int dontneed(int fd, std::size_t ranges, socklen_t len = 0) {
+    std::vector<DmabufToken> tokens(ranges == 0 ? 1 : ranges);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = {static_cast<std::uint32_t>(2 * i + 1), 1}; // none consecutive
+    if (len == 0) len = static_cast<socklen_t>(ranges * sizeof(DmabufToken));
+    int r = setsockopt(fd, SOL_SOCKET, so_devmem_dontneed, tokens.data(), len);
+    return r < 0 ? -errno : r;
+}
+
+// Whether this kernel has devmem's socket options (Linux 6.12 with CONFIG_NET_DEVMEM).
+bool kernel_has_dontneed() {
+    knod::test::LoopbackTcp tcp;
+    return dontneed(tcp.conn, 1) != -ENOPROTOOPT;
+}
+
+} // namespace
+
+// The socket path against the live kernel: a loopback TCP stream (no devmem NIC) comes back as
+// linear bytes; releasing a token the socket never had frees nothing (or the kernel has no
+// SO_DEVMEM_DONTNEED at all).
+TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
+    knod::test::LoopbackTcp tcp;
+    int conn = tcp.conn;
+    DevmemReceiver rx(conn);
+    auto idle = rx.wait_for_data(50);
+    ASSERT_TRUE(idle) << idle.error().message;
+    EXPECT_FALSE(*idle) << "nothing was sent yet";
+    ASSERT_EQ(send(tcp.peer, "hello", 5, 0), 5);
+    auto ready = rx.wait_for_data(5000);
+    ASSERT_TRUE(ready) << ready.error().message;
+    EXPECT_TRUE(*ready);
+    std::array<std::uint8_t, 64> linear{};
+    auto got = rx.receive(linear);
+    ASSERT_TRUE(got) << got.error().message;
+    EXPECT_TRUE(got->fragments.empty());
+    EXPECT_EQ(got->linear_bytes, 5u);
+    EXPECT_EQ(std::string(reinterpret_cast<char *>(linear.data()), 5), "hello");
+    auto freed = rx.release({DevmemFragment{0, 100, 12345, 0}});
+    ASSERT_FALSE(freed) << "an unknown token was freed";
+    std::cout << "# SO_DEVMEM_DONTNEED of an unknown token: " << freed.error().message << "\n";
+    EXPECT_TRUE(freed.error().message.find("freed 0 of 1") != std::string::npos ||
+                freed.error().message.find("Protocol not available") != std::string::npos)
+        << freed.error().message;
+    // Three batches (128 ranges each at most): a failing one does not keep the others back.
+    std::vector<DevmemFragment> many;
+    for (std::uint32_t t = 0; t < 300; ++t)
+        many.push_back(DevmemFragment{0, 100, 2 * t + 1, 0}); // no two consecutive: 300 ranges
+    auto all = rx.release(many);
+    ASSERT_FALSE(all);
+    EXPECT_NE(all.error().message.find(" of 300 buffers"), std::string::npos)
+        << "every batch was tried: " << all.error().message;
+    EXPECT_TRUE(rx.release({})) << "nothing to release";
+    tcp.close_peer();
+    ready = rx.wait_for_data(5000);
+    ASSERT_TRUE(ready && *ready) << "the peer's close wakes the wait";
+    got = rx.receive(linear);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->bytes(), 0u) << "the peer closed";
+    auto closed = DevmemReceiver(1 << 20).wait_for_data(0); // no such fd
+    EXPECT_FALSE(closed) << "a closed fd is an error, not a timeout";
+}
+
+// The kernel's limits are the receiver's: a call of devmem_token_batches' 128 ranges is taken,
+// one more range (or a length that is not whole tokens) is EINVAL, so a receiver that batched
+// differently would lose every token of a call.
+TEST(DevmemRx, TheKernelTakesTheBatchesTheReceiverMakes) {
+    if (!kernel_has_dontneed()) GTEST_SKIP() << "this kernel has no SO_DEVMEM_DONTNEED";
+    knod::test::LoopbackTcp tcp;
+    std::vector<std::uint32_t> scattered;
+    for (std::uint32_t i = 0; i < 1000; ++i)
+        scattered.push_back(2 * i + 1);
+    auto batches = devmem_token_batches(scattered);
+    ASSERT_GE(batches.size(), 2u);
+    std::size_t widest = 0;
+    for (auto &b : batches)
+        widest = std::max(widest, b.size());
+    EXPECT_EQ(dontneed(tcp.conn, widest), 0) << "the widest batch, " << widest << " ranges";
+    EXPECT_EQ(dontneed(tcp.conn, widest + 1), -EINVAL)
+        << "the kernel takes more than " << widest << " ranges a call: the batches could be wider";
+    EXPECT_EQ(dontneed(tcp.conn, 1, sizeof(DmabufToken) + 4), -EINVAL) << "a length of 1.5 tokens";
+    EXPECT_EQ(dontneed(tcp.conn, 0, 0), -EINVAL) << "no token at all";
+    DevmemReceiver rx(tcp.conn);
+    std::vector<DevmemFragment> many;
+    for (auto t : scattered)
+        many.push_back(DevmemFragment{0, 4096, t, 0});
+    auto all = rx.release(many);
+    ASSERT_FALSE(all) << "unknown tokens were freed";
+    EXPECT_NE(all.error().message.find("freed 0 of 1000 buffers (unknown tokens)"),
+              std::string::npos)
+        << "every batch was taken, none freed anything: " << all.error().message;
+}
+
+// devmem receive is TCP only. The kernel answers SO_DEVMEM_DONTNEED on a UDP or Unix socket with
+// EBADF (and recvmsg(MSG_SOCK_DEVMEM) there hands out plain bytes): the receiver refuses such a
+// socket before it is used, and names what the fd is.
+TEST(DevmemRx, OnlyTcpSocketsCanReceive) {
+    Fd udp(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    Fd udp6(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    Fd unix_stream(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Fd raw_tcp(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)); // unconnected: still TCP
+    int pipe_fds[2];
+    ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+    Fd pipe_read(pipe_fds[0]), pipe_write(pipe_fds[1]);
+    ASSERT_GE(udp.fd, 0);
+    ASSERT_GE(unix_stream.fd, 0);
+    ASSERT_GE(raw_tcp.fd, 0);
+
+    struct Case {
+        int fd;
+        const char *says;
+    };
+    for (auto c : {Case{udp.fd, "a UDP socket"}, Case{unix_stream.fd, "a Unix socket"},
+                   Case{pipe_read.fd, "is not a socket"}, Case{1 << 20, "is not open"}}) {
+        auto r = check_devmem_socket(c.fd);
+        ASSERT_FALSE(r) << "fd " << c.fd << " (" << c.says << ") was taken";
+        EXPECT_EQ(r.error().code, Errc::invalid_argument);
+        EXPECT_NE(r.error().message.find(c.says), std::string::npos) << r.error().message;
+        EXPECT_NE(r.error().message.find("TCP"), std::string::npos) << "names the fix";
+    }
+    if (udp6.fd >= 0) {
+        EXPECT_FALSE(check_devmem_socket(udp6.fd)) << "UDP over IPv6";
+    }
+    EXPECT_TRUE(check_devmem_socket(raw_tcp.fd)) << "an unconnected TCP socket is TCP";
+    knod::test::LoopbackTcp tcp;
+    EXPECT_TRUE(check_devmem_socket(tcp.conn));
+    Fd tcp6(socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (tcp6.fd >= 0) {
+        EXPECT_TRUE(check_devmem_socket(tcp6.fd)) << "TCP over IPv6";
+    }
+
+    // Why: the kernel's own answer on the UDP socket, and what the receiver makes of it.
+    if (kernel_has_dontneed()) {
+        EXPECT_EQ(dontneed(udp.fd, 1), -EBADF) << "the kernel's answer for a socket not TCP";
+        auto r = DevmemReceiver(udp.fd).release({DevmemFragment{0, 1, 1, 0}});
+        ASSERT_FALSE(r);
+        EXPECT_NE(r.error().message.find("the TCP socket that received them"), std::string::npos)
+            << r.error().message;
+    }
+}
+
+// A TCP socket with no peer: the kernel's ENOTCONN comes back as an error, not as the peer's
+// close (zero bytes) and not as "nothing yet".
+TEST(DevmemRx, ASocketWithoutAPeerIsAnError) {
+    Fd tcp(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_GE(tcp.fd, 0);
+    DevmemReceiver rx(tcp.fd);
+    std::array<std::uint8_t, 16> linear{};
+    auto got = rx.receive(linear);
+    ASSERT_FALSE(got) << "a receive with no peer returned " << got->bytes() << " byte(s)";
+    EXPECT_EQ(got.error().code, Errc::io);
+    EXPECT_NE(got.error().message.find(std::strerror(ENOTCONN)), std::string::npos)
+        << got.error().message;
+}
+
+// A linear buffer smaller than what arrived: the kernel hands out what fits, the rest stays
+// queued, in order, and no byte is counted twice.
+TEST(DevmemRx, ASmallBufferReadsTheStreamInPieces) {
+    knod::test::LoopbackTcp tcp;
+    const std::string sent = "0123456789abcdefghij";
+    ASSERT_EQ(send(tcp.peer, sent.data(), sent.size(), 0), static_cast<ssize_t>(sent.size()));
+    DevmemReceiver rx(tcp.conn);
+    std::string read;
+    while (read.size() < sent.size()) {
+        auto ready = rx.wait_for_data(30000);
+        ASSERT_TRUE(ready && *ready) << "waited 30 s for the rest of the stream";
+        std::array<std::uint8_t, 7> linear{};
+        auto got = rx.receive(linear);
+        ASSERT_TRUE(got) << got.error().message;
+        ASSERT_TRUE(got->fragments.empty());
+        ASSERT_LE(got->linear_bytes, linear.size());
+        ASSERT_GT(got->linear_bytes, 0u) << "the peer did not close";
+        read.append(reinterpret_cast<char *>(linear.data()), got->linear_bytes);
+    }
+    EXPECT_EQ(read, sent);
+}
