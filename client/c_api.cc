@@ -5,6 +5,7 @@
 #include "client/client.h"
 #include "client/devmem_rx.h"
 #include "client/refusal.h"
+#include "knod/unique_fd.h"
 #include "protocol/names.h"
 
 #include <fcntl.h>
@@ -43,6 +44,9 @@ struct knod_binding {
 };
 
 struct knod_devmem_rx {
+    // A dup of the caller's socket, the receiver's own: the caller may close its fd, and the
+    // number be reused by another file, while this receiver lives.
+    knod::UniqueFd socket;
     knod::client::DevmemReceiver receiver;
     // Fragments of the last recvmsg the caller had no room for, handed out first.
     std::vector<knod::client::DevmemFragment> pending;
@@ -392,7 +396,13 @@ knod_errc knod_devmem_rx_new(int tcp_fd, knod_devmem_rx **out, knod_error **erro
                         "the TCP socket fd " + std::to_string(tcp_fd) + " is negative");
         if (auto tcp = knod::client::check_devmem_socket(tcp_fd); !tcp)
             return fail(error, KNOD_ERR_INVALID_ARGUMENT, tcp.error().message);
-        *out = new knod_devmem_rx{knod::client::DevmemReceiver(tcp_fd), {}};
+        knod::UniqueFd own(fcntl(tcp_fd, F_DUPFD_CLOEXEC, 0));
+        if (!own.valid())
+            return fail(error, KNOD_ERR_IO,
+                        "devmem receive: cannot duplicate the socket fd " + std::to_string(tcp_fd) +
+                            ": " + std::strerror(errno));
+        int fd = own.get();
+        *out = new knod_devmem_rx{std::move(own), knod::client::DevmemReceiver(fd), {}};
         return KNOD_OK;
     });
 }

@@ -1,5 +1,6 @@
 #include "client/devmem_rx.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 
@@ -95,11 +96,14 @@ Result<void> check_devmem_socket(int fd) {
         socklen_t len = sizeof value;
         if (getsockopt(fd, SOL_SOCKET, name, &value, &len) != 0) {
             int e = errno;
+            // An O_PATH descriptor of a socket is open, but names the file, not the socket.
+            int flags = e == EBADF ? fcntl(fd, F_GETFL) : -1;
+            std::string what = e == ENOTSOCK                  ? " is not a socket"
+                               : flags >= 0 && flags & O_PATH ? " is an O_PATH descriptor"
+                               : e == EBADF                   ? " is not open"
+                                            : std::string(": ") + std::strerror(e);
             return make_error(Errc::invalid_argument,
-                              "devmem receive: fd " + std::to_string(fd) +
-                                  (e == ENOTSOCK ? " is not a socket"
-                                   : e == EBADF  ? " is not open"
-                                                 : std::string(": ") + std::strerror(e)) +
+                              "devmem receive: fd " + std::to_string(fd) + what +
                                   " (devmem receive needs the holder's TCP socket)");
         }
         return value;
@@ -112,6 +116,14 @@ Result<void> check_devmem_socket(int fd) {
     if (!protocol) return protocol.error();
     if ((*domain != AF_INET && *domain != AF_INET6) || *type != SOCK_STREAM ||
         *protocol != IPPROTO_TCP) {
+        // MPTCP is a SOCK_STREAM of its own protocol (mptcpize and MPTCP-by-default setups make
+        // it from what the program asked as TCP); devmem's socket calls take IPPROTO_TCP only.
+        if (*protocol == IPPROTO_MPTCP)
+            return make_error(Errc::invalid_argument,
+                              "devmem receive: fd " + std::to_string(fd) +
+                                  " is an MPTCP socket; devmem receive needs plain TCP "
+                                  "(IPPROTO_TCP): do not run the holder under mptcpize, or "
+                                  "make the socket with IPPROTO_TCP");
         std::string what = *domain == AF_UNIX                                ? "a Unix socket"
                            : *type == SOCK_DGRAM && *protocol == IPPROTO_UDP ? "a UDP socket"
                                                                              : "not a TCP socket";
@@ -178,12 +190,15 @@ Result<void> DevmemReceiver::release(const std::vector<DevmemFragment> &fragment
                                static_cast<socklen_t>(batch.size() * sizeof(DmabufToken)));
         if (freed < 0) {
             int e = errno;
-            // EBADF from SO_DEVMEM_DONTNEED is the kernel's "not a TCP socket", not a bad fd.
+            // The kernel answers EBADF both for a closed fd and for a socket that is not TCP:
+            // say which this one is.
+            std::string why;
+            if (e == EBADF || e == ENOTSOCK) {
+                auto tcp = check_devmem_socket(fd_);
+                why = tcp ? "" : " (" + tcp.error().message + ")";
+            }
             if (first_error.empty())
-                first_error = std::string("SO_DEVMEM_DONTNEED: ") + std::strerror(e) +
-                              (e == EBADF ? " (tokens go back on the TCP socket that received "
-                                            "them)"
-                                          : "");
+                first_error = std::string("SO_DEVMEM_DONTNEED: ") + std::strerror(e) + why;
             continue;
         }
         freed_total += static_cast<std::size_t>(freed);

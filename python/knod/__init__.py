@@ -442,7 +442,17 @@ class DevmemReceiver:
     Kernel interface: Documentation/networking/devmem.rst (Linux 6.12)."""
 
     def __init__(self, sock: Any) -> None:
-        fd = sock if isinstance(sock, int) and not isinstance(sock, bool) else sock.fileno()
+        if isinstance(sock, int) and not isinstance(sock, bool):
+            fd = sock
+        elif callable(getattr(sock, "fileno", None)):
+            fd = sock.fileno()
+            if fd == -1:
+                raise InvalidArgument("the socket is closed (devmem receive needs the holder's "
+                                      "open TCP socket)", code=2)
+        else:
+            raise TypeError("sock must be a socket or its fd (an int), not "
+                            f"{type(sock).__name__}")
+        fd = _integer("the socket fd", fd, 0, _INT)
         self._lib = _capi.lib()
         if not hasattr(self._lib, "knod_devmem_rx_new"):
             raise Unavailable("the loaded libknod-client has no devmem receive (it is older "
@@ -452,15 +462,10 @@ class DevmemReceiver:
         # the C handle under it.
         self._lock = threading.Lock()
         self._handle = None
-        # A dup of its own: the caller may close its socket (and the number be reused) while
-        # this receiver lives.
-        self._fd = os.dup(_integer("the socket fd", fd, 0, _INT))
+        # The library keeps a dup of its own: the caller may close its socket (and the number
+        # be reused) while this receiver lives.
         handle = ctypes.c_void_p()
-        try:
-            _call(self._lib.knod_devmem_rx_new, self._fd, ctypes.byref(handle))
-        except BaseException:
-            os.close(self._fd)
-            raise
+        _call(self._lib.knod_devmem_rx_new, fd, ctypes.byref(handle))
         self._handle = handle.value
 
     def _live(self) -> int:
@@ -518,7 +523,6 @@ class DevmemReceiver:
             if self._handle:
                 self._lib.knod_devmem_rx_free(self._handle)
                 self._handle = None
-                os.close(self._fd)
 
     def __enter__(self) -> DevmemReceiver:
         return self

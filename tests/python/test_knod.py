@@ -474,8 +474,20 @@ def test_devmem_receive_from_python_on_a_loopback_stream():
     for family, kind, says in ((socket.AF_INET, socket.SOCK_DGRAM, "a UDP socket"),
                                (socket.AF_UNIX, socket.SOCK_STREAM, "a Unix socket")):
         with socket.socket(family, kind) as other:
-            with pytest.raises(ValueError, match=says):
+            # The message names the caller's fd, not a copy's.
+            with pytest.raises(knod.InvalidArgument, match=f"fd {other.fileno()} is {says}"):
                 knod.DevmemReceiver(other)
+    closed = socket.socket()
+    number = closed.fileno()
+    closed.close()
+    with pytest.raises(knod.InvalidArgument, match="the socket is closed"):
+        knod.DevmemReceiver(closed)
+    if not os.path.exists(f"/proc/self/fd/{number}"):
+        with pytest.raises(knod.InvalidArgument, match=f"fd {number} is not open"):
+            knod.DevmemReceiver(number)
+    for wrong in (True, 3.0, "3", None):
+        with pytest.raises(TypeError):
+            knod.DevmemReceiver(wrong)
     with knod.DevmemReceiver(conn) as rx:
         assert rx.wait(50) is False  # nothing sent yet
         assert knod.wait_for_data(rx, timeout_ms=50) is None

@@ -156,6 +156,31 @@ TEST(ClientCApi, CodeNamesAreStable) {
     EXPECT_STREQ(knod_version(), KNOD_VERSION);
 }
 
+// The receiver reads a duplicate of its own: the caller may close its fd, and a socket of
+// another kind may get the number, without the receiver following the number.
+TEST(CApiDevmem, TheReceiverKeepsItsOwnSocket) {
+    knod::test::LoopbackTcp tcp;
+    int mine = dup(tcp.conn);
+    ASSERT_GE(mine, 0);
+    knod_devmem_rx *rx = nullptr;
+    ASSERT_EQ(knod_devmem_rx_new(mine, &rx, nullptr), KNOD_OK);
+    close(mine);
+    int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0); // likely the number just freed
+    ASSERT_GE(udp, 0);
+    ASSERT_EQ(send(tcp.peer, "still-tcp", 9, 0), 9);
+    ASSERT_EQ(knod_devmem_rx_wait(rx, 30000, nullptr), KNOD_OK);
+    std::uint8_t linear[64] = {};
+    knod_devmem_fragment frags[4];
+    std::size_t nbytes = 0, nfrags = 0;
+    knod_error *err = nullptr;
+    ASSERT_EQ(knod_devmem_rx_receive(rx, linear, sizeof linear, &nbytes, frags, 4, &nfrags, &err),
+              KNOD_OK)
+        << (err ? knod_error_message(err) : "");
+    EXPECT_EQ(std::string(reinterpret_cast<char *>(linear), nbytes), "still-tcp");
+    knod_devmem_rx_free(rx);
+    close(udp);
+}
+
 // #36: the devmem receive loop through the C API, on the live kernel: a loopback TCP stream (no
 // devmem NIC here) comes back as linear bytes and no fragment; releasing a token the socket
 // never had is an error naming how many were freed; the peer's close is zero of both; bad

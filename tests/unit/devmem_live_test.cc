@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <vector>
 
 using namespace knod;
 using namespace knod::client;
@@ -56,7 +58,7 @@ bool kernel_has_dontneed() {
 // The socket path against the live kernel: a loopback TCP stream (no devmem NIC) comes back as
 // linear bytes; releasing a token the socket never had frees nothing (or the kernel has no
 // SO_DEVMEM_DONTNEED at all).
-TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
+TEST(DevmemLive, LiveLoopbackStreamIsLinear) {
     knod::test::LoopbackTcp tcp;
     int conn = tcp.conn;
     DevmemReceiver rx(conn);
@@ -101,7 +103,7 @@ TEST(DevmemRx, LiveLoopbackStreamIsLinear) {
 // The kernel's limits are the receiver's: a call of devmem_token_batches' 128 ranges is taken,
 // one more range (or a length that is not whole tokens) is EINVAL, so a receiver that batched
 // differently would lose every token of a call.
-TEST(DevmemRx, TheKernelTakesTheBatchesTheReceiverMakes) {
+TEST(DevmemLive, TheKernelTakesTheBatchesTheReceiverMakes) {
     if (!kernel_has_dontneed()) GTEST_SKIP() << "this kernel has no SO_DEVMEM_DONTNEED";
     knod::test::LoopbackTcp tcp;
     std::vector<std::uint32_t> scattered;
@@ -131,7 +133,7 @@ TEST(DevmemRx, TheKernelTakesTheBatchesTheReceiverMakes) {
 // devmem receive is TCP only. The kernel answers SO_DEVMEM_DONTNEED on a UDP or Unix socket with
 // EBADF (and recvmsg(MSG_SOCK_DEVMEM) there hands out plain bytes): the receiver refuses such a
 // socket before it is used, and names what the fd is.
-TEST(DevmemRx, OnlyTcpSocketsCanReceive) {
+TEST(DevmemLive, OnlyTcpSocketsCanReceive) {
     Fd udp(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     Fd udp6(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     Fd unix_stream(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -147,8 +149,16 @@ TEST(DevmemRx, OnlyTcpSocketsCanReceive) {
         int fd;
         const char *says;
     };
-    for (auto c : {Case{udp.fd, "a UDP socket"}, Case{unix_stream.fd, "a Unix socket"},
-                   Case{pipe_read.fd, "is not a socket"}, Case{1 << 20, "is not open"}}) {
+    Fd mptcp(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP)); // -1 without MPTCP
+    Fd o_path(open("/proc/self/exe", O_PATH | O_CLOEXEC));
+    ASSERT_GE(o_path.fd, 0);
+    std::vector<Case> cases{{udp.fd, "a UDP socket"},
+                            {unix_stream.fd, "a Unix socket"},
+                            {pipe_read.fd, "is not a socket"},
+                            {o_path.fd, "O_PATH"},
+                            {1 << 20, "is not open"}};
+    if (mptcp.fd >= 0) cases.push_back({mptcp.fd, "an MPTCP socket"});
+    for (auto c : cases) {
         auto r = check_devmem_socket(c.fd);
         ASSERT_FALSE(r) << "fd " << c.fd << " (" << c.says << ") was taken";
         EXPECT_EQ(r.error().code, Errc::invalid_argument);
@@ -171,14 +181,14 @@ TEST(DevmemRx, OnlyTcpSocketsCanReceive) {
         EXPECT_EQ(dontneed(udp.fd, 1), -EBADF) << "the kernel's answer for a socket not TCP";
         auto r = DevmemReceiver(udp.fd).release({DevmemFragment{0, 1, 1, 0}});
         ASSERT_FALSE(r);
-        EXPECT_NE(r.error().message.find("the TCP socket that received them"), std::string::npos)
-            << r.error().message;
+        EXPECT_NE(r.error().message.find("is a UDP socket"), std::string::npos)
+            << "the release names what the fd is: " << r.error().message;
     }
 }
 
 // A TCP socket with no peer: the kernel's ENOTCONN comes back as an error, not as the peer's
 // close (zero bytes) and not as "nothing yet".
-TEST(DevmemRx, ASocketWithoutAPeerIsAnError) {
+TEST(DevmemLive, ASocketWithoutAPeerIsAnError) {
     Fd tcp(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     ASSERT_GE(tcp.fd, 0);
     DevmemReceiver rx(tcp.fd);
@@ -192,7 +202,7 @@ TEST(DevmemRx, ASocketWithoutAPeerIsAnError) {
 
 // A linear buffer smaller than what arrived: the kernel hands out what fits, the rest stays
 // queued, in order, and no byte is counted twice.
-TEST(DevmemRx, ASmallBufferReadsTheStreamInPieces) {
+TEST(DevmemLive, ASmallBufferReadsTheStreamInPieces) {
     knod::test::LoopbackTcp tcp;
     const std::string sent = "0123456789abcdefghij";
     ASSERT_EQ(send(tcp.peer, sent.data(), sent.size(), 0), static_cast<ssize_t>(sent.size()));

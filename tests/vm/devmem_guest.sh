@@ -49,7 +49,12 @@ gtests() {
     gtests_rc=$?
     cat "$gtests_log"
     check "$gtests_name tests pass on $(uname -r)" [ $gtests_rc -eq 0 ]
-    check "no $gtests_name test skipped" sh -c "! grep -q '^\\[  SKIPPED \\]' $gtests_log"
+    check "no $gtests_name test skipped" no_skip "$gtests_log"
+}
+# no_skip LOG: the log was read and names no skipped test (grep's 2, an unreadable log, fails).
+no_skip() {
+    grep -q '^\[  SKIPPED \]' "$1"
+    [ $? -eq 1 ]
 }
 
 # The devmem integration tests: region checks on real dma-bufs, queue-get, bind-rx refused
@@ -64,7 +69,7 @@ check "the e1000e answered bind-rx itself (EOPNOTSUPP)" \
 # CONFIG_NET_DEVMEM: nothing skips).
 gtests "devmem receive" /tmp/live.log knod_devmem_live_tests
 check "the kernel refused one range more than the receiver's batches" \
-    grep -q '^\[       OK \] DevmemRx.TheKernelTakesTheBatchesTheReceiverMakes' /tmp/live.log
+    grep -q '^\[       OK \] DevmemLive.TheKernelTakesTheBatchesTheReceiverMakes' /tmp/live.log
 # The same path through the C API (libknod-client.so.1), as a C holder calls it.
 gtests "C API devmem receive" /tmp/capi.log knod_client_unit_tests --gtest_filter='CApiDevmem.*'
 check "the C API's devmem receive test ran" grep -q '^\[       OK \] CApiDevmem\.' /tmp/capi.log

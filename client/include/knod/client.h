@@ -137,7 +137,9 @@ KNOD_API void knod_binding_free(knod_binding *binding);
 /* Receiving on a devmem binding (Linux device-memory TCP, Documentation/networking/devmem.rst):
  * the NIC writes the payload of the binding's TCP flows into the holder's dma-buf, and the
  * holder's own TCP socket (connected or accepted) says where it landed instead of handing over
- * the bytes. A receiver reads one socket; it does not own the fd. */
+ * the bytes. A receiver reads one socket through a duplicate of its own (made by
+ * knod_devmem_rx_new, closed by knod_devmem_rx_free): the caller's fd stays the caller's, and
+ * may be closed at any time. */
 typedef struct knod_devmem_rx knod_devmem_rx; /* for one thread at a time */
 /* `size` payload bytes at byte `offset` of the dma-buf; `token` is what release gives back. */
 typedef struct knod_devmem_fragment {
