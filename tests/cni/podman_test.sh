@@ -44,7 +44,21 @@ trap cleanup EXIT
 # --- the runtime's configuration: everything of this run's own ---------------------------------
 mkdir -p "$work/net.d" "$work/cni-bin" "$work/ipam" "$work/out" "$work/tmp"
 chmod 1777 "$work/out"
-ln -s "$cni" "$work/cni-bin/knod-cni"
+# knod-cni behind a wrapper that names this sandbox's bus and records each call. podman tears a
+# container's network down either in `podman stop` or in the cleanup conmon's exit command runs
+# (`podman container cleanup`), whichever comes first, and conmon passes on only a few variables:
+# from there the plugin would look for the daemon on the default system bus, not this sandbox's,
+# and the DEL would end nothing (it did, one run in six). On a node the daemon is on the default
+# bus, where both paths find it.
+cat >"$work/cni-bin/knod-cni" <<EOF
+#!/bin/bash
+export DBUS_SYSTEM_BUS_ADDRESS='$DBUS_SYSTEM_BUS_ADDRESS'
+"$cni" "\$@"
+rc=\$?
+echo "\$CNI_COMMAND \$CNI_CONTAINERID rc=\$rc" >>"$work/cni-calls.log"
+exit \$rc
+EOF
+chmod 755 "$work/cni-bin/knod-cni"
 for plugin in bridge host-local loopback; do ln -s "/usr/lib/cni/$plugin" "$work/cni-bin/$plugin"; done
 cat >"$work/containers.conf" <<EOF
 [containers]
@@ -164,7 +178,7 @@ id_outside=$(awk '/^ok /{print $2}' "$work/out/a-outside")
 podman_ stop -t 2 "$ctr_a" >/dev/null 2>&1 || not_ok "podman stop"
 ended() { [ "$(journal "select count(*) from sessions where id in ('$id_root','$id_nobody','$id_outside') and end_reason is not null")" = 3 ]; }
 wait_until 60 "the pod's three sessions to end" ended && ok "the container stopped: all three of its pod's bindings ended" ||
-    not_ok "sessions: $(journal 'select id, end_reason from sessions')"
+    not_ok "sessions: $(journal 'select id, end_reason from sessions'); knod-cni calls: $(cat "$work/cni-calls.log")"
 [ "$(journal "select end_reason from sessions where id='$id_outside'")" = pod-deleted ] &&
     ok "the binding that outlived the container's processes ended as pod-deleted (CNI DEL)" ||
     not_ok "outside end: $(journal "select end_reason from sessions where id='$id_outside'")"
@@ -179,5 +193,6 @@ podman_ rm -f -t 0 "$ctr_a" >/dev/null 2>&1
 python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))==[], "left"' "$work/list" &&
     ok "no binding is left" || { not_ok "left: $(cat "$work/list")"; }
 
+sed 's/^/# knod-cni call: /' "$work/cni-calls.log"
 echo "# $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
