@@ -5,7 +5,7 @@ set -u
 cli=$1 client=$2
 . "$(dirname "$0")/../../scripts/wait-lib.sh"
 passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
+check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; return 1; fi; }
 
 "$cli" status >"$KNOD_SANDBOX/out" 2>&1
 check "status shows the sim driver" 'grep -q "driver sim" "$KNOD_SANDBOX/out"'

@@ -64,7 +64,7 @@ build=$1 src=$2 work=$3
 cli=$build/cli/knod-policy client=$build/tests/knod_test_client
 . "$src/scripts/wait-lib.sh"
 passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
+check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; return 1; fi; }
 exporter_pid= prometheus_pid= a_pid= b_pid=
 cleanup() {
     for p in $exporter_pid $prometheus_pid $a_pid $b_pid; do

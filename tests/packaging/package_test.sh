@@ -16,7 +16,7 @@ deb_dir=${3:-}
 passed=0 failed=0
 ok() { passed=$((passed + 1)); echo "ok - $1"; }
 not_ok() { failed=$((failed + 1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else not_ok "$1"; fi; }
+check() { if eval "$2"; then ok "$1"; else not_ok "$1"; return 1; fi; }
 die() { echo "package_test: $*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "needs root (dpkg -i, users, mount namespaces)"

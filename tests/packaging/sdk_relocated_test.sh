@@ -12,7 +12,7 @@ build=${2:?usage: sdk_relocated_test.sh SOURCE_DIR BUILD_DIR}
 work=$(mktemp -d /tmp/knod-sdk-relocated.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
+check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; return 1; fi; }
 
 DESTDIR=$work/root cmake --install "$build" >"$work/install.log" 2>&1
 check "cmake --install into a DESTDIR" '[ $? -eq 0 ]' || tail -20 "$work/install.log"

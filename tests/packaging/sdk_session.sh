@@ -10,7 +10,8 @@ set -uo pipefail
 src=$1 work=$2
 . "$src/scripts/wait-lib.sh"
 passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; fi; }
+# Returns the check's verdict, so that `check ... || show-why` prints why a check failed.
+check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; return 1; fi; }
 pids=()
 n=$(($$ % 100000))
 netdev=knodsimk$n netns=knod-simk$n pins=/sys/fs/bpf/knodpk$n
@@ -87,18 +88,24 @@ receive() {
     wait_until 120 "$1 to print bound or activated" grep -qE '^(bound|activated)' "$work/out"
     knod-policy sim-send --netns "$netns" --to "10.99.0.2:$port" --count 2 --data "$data" >/dev/null
     wait "$pid"
+    echo "exit $?" >>"$work/out"
+}
+# What a receive check that failed saw: the program's output and exit, the daemon's last words.
+receive_failed() {
+    sed 's/^/# program: /' "$work/out"
+    tail -20 "$work/sdkbus/daemon.log" | sed 's/^/# daemon: /'
 }
 payload=sdk-$RANDOM-$RANDOM
 receive 5301 "$payload" ./c-receive "$netdev" "udp 10.99.0.0/24:* -> 10.99.0.2:5301" $((2 * ${#payload}))
 check "C: granted by rule sdk-sim, the bytes landed, released" \
     'grep -q "^bound b[0-9a-f]* sdk-sim$" $work/out && grep -qx "received $((2 * ${#payload})) $payload$payload" $work/out && grep -qx "ended 1 release" $work/out' ||
-    cat "$work/out"
+    receive_failed
 receive 5302 "$payload" ./cpp-receive "$netdev" "udp 10.99.0.0/24:* -> 10.99.0.2:5302" $((2 * ${#payload}))
 check "C++: granted by rule sdk-sim, the bytes landed, released" \
     'grep -q "^bound b[0-9a-f]* sdk-sim$" $work/out && grep -qx "received $((2 * ${#payload})) $payload$payload" $work/out && grep -qx "ended 1 release" $work/out' ||
-    cat "$work/out"
+    receive_failed
 receive 5303 "$payload" ./cmake-build/receive-cmake "$netdev" "udp 10.99.0.0/24:* -> 10.99.0.2:5303" ${#payload}
-check "the CMake-built program receives too" 'grep -q "^received " $work/out' || cat "$work/out"
+check "the CMake-built program receives too" 'grep -q "^received " $work/out' || receive_failed
 for prog in c-receive cpp-receive; do
     out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "./$prog" --deny "$netdev" "udp 10.99.0.0/24:* -> 10.99.0.2:5304" 2>&1)
     check "$prog as nobody: denied, with the D-Bus name and the deciding rule" \
@@ -109,7 +116,7 @@ receive 5305 "$payload" env -u PYTHONPATH -u KNOD_CLIENT_LIBRARY -C / /usr/bin/p
     --netdev "$netdev" --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5305" --packets 2 --timeout-ms 10000
 check "the article's Python example, installed, receives and releases" \
     'grep -q "by rule .sdk-sim." $work/out && grep -qx "buffer holds $((2 * ${#payload})) byte(s) from 2 packet(s): \"$payload$payload\"" $work/out && grep -q "^released b[0-9a-f]* (release)$" $work/out' ||
-    cat "$work/out"
+    receive_failed
 out=$(setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 "$example" --netdev "$netdev" \
     --flow "udp 10.99.0.0/24:* -> 10.99.0.2:5306" 2>&1)
 rc=$?

@@ -25,7 +25,7 @@ not_ok() {
     failed=$((failed + 1))
     echo "not ok $n - $1"
 }
-check() { if eval "$2"; then ok "$1"; else not_ok "$1"; fi; }
+check() { if eval "$2"; then ok "$1"; else not_ok "$1"; return 1; fi; }
 note() { echo "# [guest $(($(date +%s) - t0)) s] $*"; }
 as() { setpriv --reuid="$1" --regid="$1" --init-groups "${@:2}"; }
 unit=knod-policyd
