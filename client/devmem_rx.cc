@@ -190,15 +190,13 @@ Result<void> DevmemReceiver::release(const std::vector<DevmemFragment> &fragment
                                static_cast<socklen_t>(batch.size() * sizeof(DmabufToken)));
         if (freed < 0) {
             int e = errno;
+            if (!first_error.empty()) continue;
+            first_error = std::string("SO_DEVMEM_DONTNEED: ") + std::strerror(e);
             // The kernel answers EBADF both for a closed fd and for a socket that is not TCP:
             // say which this one is.
-            std::string why;
-            if (e == EBADF || e == ENOTSOCK) {
-                auto tcp = check_devmem_socket(fd_);
-                why = tcp ? "" : " (" + tcp.error().message + ")";
-            }
-            if (first_error.empty())
-                first_error = std::string("SO_DEVMEM_DONTNEED: ") + std::strerror(e) + why;
+            if (e == EBADF || e == ENOTSOCK)
+                if (auto tcp = check_devmem_socket(fd_); !tcp)
+                    first_error += " (" + tcp.error().message + ")";
             continue;
         }
         freed_total += static_cast<std::size_t>(freed);

@@ -19,7 +19,6 @@ enforces it). Byte counts are bytes, times microseconds since the Unix epoch, ti
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import threading
 from typing import Any, List, NamedTuple, Optional, Sequence, Union

@@ -66,7 +66,7 @@ TEST(DevmemLive, LiveLoopbackStreamIsLinear) {
     ASSERT_TRUE(idle) << idle.error().message;
     EXPECT_FALSE(*idle) << "nothing was sent yet";
     ASSERT_EQ(send(tcp.peer, "hello", 5, 0), 5);
-    auto ready = rx.wait_for_data(5000);
+    auto ready = rx.wait_for_data(30000);
     ASSERT_TRUE(ready) << ready.error().message;
     EXPECT_TRUE(*ready);
     std::array<std::uint8_t, 64> linear{};
@@ -91,7 +91,7 @@ TEST(DevmemLive, LiveLoopbackStreamIsLinear) {
         << "every batch was tried: " << all.error().message;
     EXPECT_TRUE(rx.release({})) << "nothing to release";
     tcp.close_peer();
-    ready = rx.wait_for_data(5000);
+    ready = rx.wait_for_data(30000);
     ASSERT_TRUE(ready && *ready) << "the peer's close wakes the wait";
     got = rx.receive(linear);
     ASSERT_TRUE(got);
