@@ -14,7 +14,8 @@
 #
 #   tests/soak.sh [-n N] [--no-hog] [--skip-vm] [--no-ccache] [--keep]
 #     -n N       runs (default 5)
-#     --no-hog   no CPU hog (to compare)
+#     --no-hog   no CPU hog of the soak's own (to compare, or when a hog of yours runs beside
+#                it: two long fuzz runs load both cores as stress-ng --cpu 2 does)
 #     --skip-vm  KNOD_SKIP_VM=1 for each run (leaves out the QEMU tests)
 #     --no-ccache  every run compiles in full
 #     --keep     keep each run's clone too (the logs are always kept, in the work dir printed)
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --skip-vm) skip_vm=1; shift ;;
     --no-ccache) ccache=; shift ;;
     --keep) keep=1; shift ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "soak: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -65,6 +66,9 @@ for i in $(seq "$runs"); do
     [ "$rc" -eq 0 ] && green=$((green + 1))
     echo
     echo "== run $i of $runs: $([ "$rc" -eq 0 ] && echo green || echo "RED (exit $rc)"), $((took / 60)) min $((took % 60)) s"
+    # What the machine carried at the run's end (1, 5 and 15-minute averages): with a hog on
+    # every core these stay at or above the core count, whoever the hog was.
+    echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) core(s)"
     if [ -f "$clone/build/ctest-last.log" ]; then
         bash "$repo/scripts/ctest-summary.sh" "$clone/build/ctest-last.log"
         # The failed and timed-out tests of this run (not the skipped), for the tally below.
