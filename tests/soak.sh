@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --skip-vm) skip_vm=1; shift ;;
     --no-ccache) ccache=; shift ;;
     --keep) keep=1; shift ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set /{/^set /!p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "soak: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
