@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs inside `unshare --mount` from package_test.sh: the installed knod-policyd, as its own
 # account with the unit's capabilities, on a private bus that loads the installed bus policies,
-# with a real polkitd that reads the installed actions and one test rule. Test users exist only
-# in this namespace's copy of /etc/passwd and /etc/group.
+# with a real polkitd that reads the installed actions and one test rule. Test users and the
+# rule exist only in this namespace's copy of /etc.
 # Usage: polkit_session.sh WORK_DIR [TEST_CLIENT]
 # TEST_CLIENT (tests/tools/knod_test_client, readable by other users): callers of other uids
 # bind, activate, release and revoke against the installed daemon.
@@ -18,25 +18,35 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Users: one plain, one in the group the polkit rule names. Bind-mounted copies only.
-cp /etc/passwd "$work/passwd" && cp /etc/group "$work/group"
-echo "knodt-user:x:61001:61001::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
-echo "knodt-admin:x:61002:61002::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
-echo "knodt-ops:x:61003:61003::/nonexistent:/usr/sbin/nologin" >>"$work/passwd"
-printf 'knodt-user:x:61001:\nknodt-admin:x:61002:\nknodt-admins:x:61000:knodt-admin\n' >>"$work/group"
+# This namespace's /etc is a copy of the host's, bound over /etc as a whole. Not over single
+# files: a useradd or userdel on the host (tests/python/run.sh does them, beside this test under
+# ctest -j2) renames a new /etc/passwd over the old one, and the kernel detaches a mount whose
+# mountpoint is renamed over in another namespace: the test users vanished mid-session and every
+# check after "the ordinary user binds again" failed (soak of af0dab9). Nobody renames /etc.
+# A useradd beside the copy may remove its temporary files (passwd.PID, the locks) before cp
+# reaches them: those vanish harmlessly; any other error stops the session.
+etc=$work/etc
+if ! cp -a /etc "$etc" 2>"$work/etc-copy.err" && grep -v 'No such file or directory' "$work/etc-copy.err" | grep -q .; then
+    cat "$work/etc-copy.err" >&2
+    exit 1
+fi
+# Users: one plain, one in the group the polkit rule names.
+echo "knodt-user:x:61001:61001::/nonexistent:/usr/sbin/nologin" >>"$etc/passwd"
+echo "knodt-admin:x:61002:61002::/nonexistent:/usr/sbin/nologin" >>"$etc/passwd"
+echo "knodt-ops:x:61003:61003::/nonexistent:/usr/sbin/nologin" >>"$etc/passwd"
+printf 'knodt-user:x:61001:\nknodt-admin:x:61002:\nknodt-admins:x:61000:knodt-admin\n' >>"$etc/group"
 # The policy's admin group: no members in the group file; a process holds it or not.
-printf 'knodt-ops:x:61003:\nknodt-opsadm:x:61004:\n' >>"$work/group"
-mount --bind "$work/passwd" /etc/passwd && mount --bind "$work/group" /etc/group || exit 1
+printf 'knodt-ops:x:61003:\nknodt-opsadm:x:61004:\n' >>"$etc/group"
 
-mkdir -p "$work/rules.d"
-cat >"$work/rules.d/50-knod-test.rules" <<'RULE'
+mkdir -p "$etc/polkit-1/rules.d"
+cat >"$etc/polkit-1/rules.d/50-knod-test.rules" <<'RULE'
 polkit.addRule(function(action, subject) {
     if (action.id == "org.knod.policy1.manage" && subject.isInGroup("knodt-admins"))
         return polkit.Result.YES;
 });
 RULE
-chown -R polkitd "$work/rules.d" && chmod 0700 "$work/rules.d"
-mount --bind "$work/rules.d" /etc/polkit-1/rules.d || exit 1
+chown -R polkitd "$etc/polkit-1/rules.d" && chmod 0700 "$etc/polkit-1/rules.d"
+mount --bind "$etc" /etc || exit 1
 
 # The private bus: the system bus's default policy plus every installed service policy.
 mkdir -m 0755 "$work/bus" && chmod 0755 "$work"

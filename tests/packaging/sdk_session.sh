@@ -81,6 +81,10 @@ check "the installed daemon serves the sim on the private bus" '[ $up = yes ]' |
 receive() {
     local port=$1 data=$2
     shift 2
+    # Emptied here, not by the redirection below: that runs in the child, and a wait that read
+    # the file first found the previous program's "bound" line and sent before this program had
+    # bound (its datagrams went to the stack; one session in two under load, a soak flake).
+    : >"$work/out"
     "$@" >"$work/out" 2>&1 &
     local pid=$!
     # A Python start on a loaded machine takes seconds: traffic sent before the binding is
@@ -94,6 +98,14 @@ receive() {
 receive_failed() {
     sed 's/^/# program: /' "$work/out"
     tail -20 "$work/sdkbus/daemon.log" | sed 's/^/# daemon: /'
+    # Where the datagrams went: the binding's journal row (its counters once it ended), the sim
+    # NIC's per-queue counters (XDP redirects and drops, nonzero only) and the wire end's.
+    sqlite3 "$work/sdkstate/journal.db" "select id, ended_us is not null, end_reason, rx_bytes,
+        rx_packets, dropped_packets from sessions order by started_us desc limit 1" 2>&1 |
+        sed 's/^/# session: /'
+    ethtool -S "$netdev" 2>&1 | grep -v ': 0$' | sed 's/^/# nic: /'
+    ip -n "$netns" -s link show 2>&1 | sed 's/^/# wire: /'
+    knod-policy status 2>&1 | sed 's/^/# status: /' # the sim's counters (delivered, undeliverable)
 }
 payload=sdk-$RANDOM-$RANDOM
 receive 5301 "$payload" ./c-receive "$netdev" "udp 10.99.0.0/24:* -> 10.99.0.2:5301" $((2 * ${#payload}))
