@@ -38,7 +38,8 @@ printf 'knodt-user:x:61001:\nknodt-admin:x:61002:\nknodt-admins:x:61000:knodt-ad
 # The policy's admin group: no members in the group file; a process holds it or not.
 printf 'knodt-ops:x:61003:\nknodt-opsadm:x:61004:\n' >>"$etc/group"
 
-mkdir -p "$etc/polkit-1/rules.d"
+# polkit's rules in this namespace: the test's one alone, whatever the host has.
+rm -rf "$etc/polkit-1/rules.d" && mkdir -p "$etc/polkit-1/rules.d"
 cat >"$etc/polkit-1/rules.d/50-knod-test.rules" <<'RULE'
 polkit.addRule(function(action, subject) {
     if (action.id == "org.knod.policy1.manage" && subject.isInGroup("knodt-admins"))
