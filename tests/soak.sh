@@ -61,6 +61,7 @@ for i in $(seq "$runs"); do
     start=$SECONDS
     (cd "$clone" && KNOD_SKIP_VM=$skip_vm KNOD_CCACHE_DIR=${ccache:+$base/ccache} bash scripts/run-tests.sh) >"$work/run$i.log" 2>&1
     rc=$?
+    load=$(cut -d' ' -f1-3 /proc/loadavg) # before the hog stops
     stop_hog
     took=$((SECONDS - start))
     [ "$rc" -eq 0 ] && green=$((green + 1))
@@ -68,7 +69,7 @@ for i in $(seq "$runs"); do
     echo "== run $i of $runs: $([ "$rc" -eq 0 ] && echo green || echo "RED (exit $rc)"), $((took / 60)) min $((took % 60)) s"
     # What the machine carried at the run's end (1, 5 and 15-minute averages): with a hog on
     # every core these stay at or above the core count, whoever the hog was.
-    echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) core(s)"
+    echo "  load average at the end: $load on $(nproc) core(s)"
     if [ -f "$clone/build/ctest-last.log" ]; then
         bash "$repo/scripts/ctest-summary.sh" "$clone/build/ctest-last.log"
         # The failed and timed-out tests of this run (not the skipped), for the tally below.

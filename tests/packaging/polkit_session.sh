@@ -23,10 +23,22 @@ trap cleanup EXIT
 # ctest -j2) renames a new /etc/passwd over the old one, and the kernel detaches a mount whose
 # mountpoint is renamed over in another namespace: the test users vanished mid-session and every
 # check after "the ordinary user binds again" failed (soak of af0dab9). Nobody renames /etc.
-# A useradd beside the copy may remove its temporary files (passwd.PID, the locks) before cp
-# reaches them: those vanish harmlessly; any other error stops the session.
+# The copy lives on a tmpfs of this namespace's own: it holds the host's secrets (shadow, host
+# keys) and goes with the namespace, even when the test is killed before its cleanup. A useradd
+# beside the copy removes its temporary files (passwd.PID, the locks) before cp reaches them, or
+# renames a file over the one cp is reading (cp skips it: "replaced while being copied"); then
+# the copy is made again, five times at most. Any other error stops the session.
 etc=$work/etc
-if ! cp -a /etc "$etc" 2>"$work/etc-copy.err" && grep -v 'No such file or directory' "$work/etc-copy.err" | grep -q .; then
+mkdir -m 0755 "$etc" && mount -t tmpfs -o mode=0755,size=64m knod-test-etc "$etc" || exit 1
+vanished="^cp: (cannot (stat|open|access) '/etc/[^']*'( for reading)?: No such file or directory|skipping file '/etc/[^']*', as it was replaced while being copied)$"
+copied=no
+for try in 1 2 3 4 5; do
+    LC_ALL=C cp -a /etc/. "$etc" 2>"$work/etc-copy.err" && { copied=yes; break; }
+    grep -qvE "$vanished" "$work/etc-copy.err" && break # an error of another kind
+    find "$etc" -mindepth 1 -delete
+done
+if [ $copied = no ] || ! grep -q '^knod-policy:' "$etc/passwd" || ! grep -q '^polkitd:' "$etc/passwd"; then
+    echo "polkit session: cannot copy /etc (try $try of 5):" >&2
     cat "$work/etc-copy.err" >&2
     exit 1
 fi
