@@ -542,14 +542,18 @@ TEST_F(IdentityTest, ARecycledPidDoesNotPassForTheUnitThatTookIt) {
         << "a socketpair of the inheriting child names the child, not the bus's pid: " << said;
     EXPECT_NE(said.find("request: org.knod.Policy1.Error.Denied"), std::string::npos) << said;
     EXPECT_NE(said.find("not proven"), std::string::npos) << said;
-    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "0");
-    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-denied' AND "
-                    "json_extract(detail, '$.process_proof') = 'pid-only'"),
-              "1");
+    // Refusals are committed by the journal's writer after the reply: waited for (a soak run
+    // under load read the journal before the denial's row was in it).
+    EXPECT_TRUE(eventually([&] {
+        return s.sql("SELECT count(*) FROM events WHERE kind = 'request-denied' AND "
+                     "json_extract(detail, '$.process_proof') = 'pid-only'") == "1";
+    })) << s.sql("SELECT kind, decision, detail FROM events");
     // The attestation's refusal is journaled too (alone, or counted in a coalesced row).
-    EXPECT_EQ(s.sql("SELECT count(*) > 0 FROM events WHERE kind = 'attest-refused' OR (kind = "
-                    "'refusals-coalesced' AND decision = 'attest-refused')"),
-              "1");
+    EXPECT_TRUE(eventually([&] {
+        return s.sql("SELECT count(*) > 0 FROM events WHERE kind = 'attest-refused' OR (kind = "
+                     "'refusals-coalesced' AND decision = 'attest-refused')") == "1";
+    })) << s.sql("SELECT kind, decision, detail FROM events");
+    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "0");
     Output honest = request_once(s, unit.enter_as(nobody), flow_5000);
     EXPECT_TRUE(starts_with(honest.out, "ok"))
         << "the unit's own process, attested: " << honest.out;
