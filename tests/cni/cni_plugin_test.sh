@@ -145,7 +145,9 @@ plugin ADD "sandbox-c-$tag" "$pod_c" "$(k8s team-b trainer uid-c)" \
     "{\"knod.io/flows\":\"$flow\",\"knod.io/netdev\":\"$KNOD_SIM_NETDEV\",\"knod.io/gpu\":\"sim0\",\"knod.io/region\":\"4KiB\"}"
 [ "$rc" -ne 0 ] && [ "$(json_field code)" = 100 ] && grep -q "no-team-b" "$work/out" &&
     ok "ADD of a pod asking for offload its namespace's rule denies fails, naming the rule" || { not_ok "ADD denied (exit $rc)"; cat "$work/out"; }
-[ "$(sqlite3 "$KNOD_STATE_DIR/journal.db" "select count(*) from events where kind='pod-refused' and rule='no-team-b'")" -ge 1 ] &&
+# Refusals are committed by the journal's writer after the reply: waited for.
+pod_refused() { [ "$(sqlite3 "$KNOD_STATE_DIR/journal.db" "select count(*) from events where kind='pod-refused' and rule='no-team-b'")" -ge 1 ]; }
+wait_until 60 "the pod-refused event of rule no-team-b" pod_refused &&
     ok "the refused pod is journaled (pod-refused, with the rule)" || not_ok "no pod-refused event"
 plugin ADD "sandbox-c-$tag" "$pod_c" "$(k8s team-a trainer uid-c)" \
     "{\"knod.io/flows\":\"$flow\",\"knod.io/netdev\":\"$KNOD_SIM_NETDEV\",\"knod.io/gpu\":\"sim0\"}"

@@ -220,7 +220,9 @@ rc=$?
     not_ok "RunPodSandbox team-b (exit $rc): $(cat "$work/run-b")"
 sed 's/^/#   /' "$work/run-b"
 sandbox_b=$(grep -o 'sandbox "[0-9a-f]\{64\}"' "$work/run-b" | grep -o '[0-9a-f]\{64\}')
-sqlite3 "$KNOD_STATE_DIR/journal.db" "select detail from events where kind='pod-refused' and rule='no-team-b'" >"$work/refused"
+# Refusals are committed by the journal's writer after the reply: waited for.
+refused_rows() { sqlite3 "$KNOD_STATE_DIR/journal.db" "select detail from events where kind='pod-refused' and rule='no-team-b'" >"$work/refused" && [ -s "$work/refused" ]; }
+wait_until 60 "the pod-refused event of rule no-team-b" refused_rows
 /usr/bin/python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d["pod"]=={"namespace":"team-b","name":"x","uid":sys.argv[2]}, d' \
     "$work/refused" "$uid_b" 2>"$work/err" &&
     ok "the journal has the pod-refused event (rule no-team-b, the pod's namespace, name, UID)" ||

@@ -165,7 +165,9 @@ podman_ run --rm --name "$ctr_b" --network "$net_b" "${mounts[@]}" "${env_in[@]}
 grep -q "^error Denied no-team-b:" "$work/out/b-root" &&
     ok "a container on team-b's network is denied, and the SDK names the rule" ||
     { not_ok "container on team-b: $(cat "$work/out/b-root" "$work/run-b")"; }
-[ "$(journal "select count(*) from events where kind='request-denied' and rule='no-team-b'")" -ge 1 ] &&
+# Refusals are committed by the journal's writer after the reply: waited for.
+denied_b() { [ "$(journal "select count(*) from events where kind='request-denied' and rule='no-team-b'")" -ge 1 ]; }
+wait_until 60 "the request-denied row of rule no-team-b" denied_b &&
     ok "the refusal is journaled with the rule" || not_ok "no request-denied row for no-team-b"
 
 # --- a process sharing the sandbox's network namespace from outside the container: its binding

@@ -201,8 +201,11 @@ TEST_F(VanishedNic, RefusedAndRecordedAsRemoved) {
     ASSERT_TRUE(g.ok()) << g.error().message;
     ip({"link", "del", netdev_});
     ASSERT_TRUE(eventually([&] { return c.list()->empty(); }));
-    EXPECT_EQ(sandbox_->sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'"),
-              "link-removed");
+    // The binding leaves the list before the journal's writer commits its end: wait for it.
+    auto end_reason = [&] {
+        return sandbox_->sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'");
+    };
+    EXPECT_TRUE(eventually([&] { return end_reason() == "link-removed"; })) << end_reason();
     auto again = request(c, fd);
     ASSERT_FALSE(again.ok());
     EXPECT_EQ(again.error().code, Errc::invalid_argument) << again.error().message;
@@ -385,10 +388,16 @@ key_lifetime = "3s"
         sleep(1);
     }
     EXPECT_EQ(*c.state(g->id), "active") << "the binding outlived its first key lifetime";
-    EXPECT_EQ(
-        sb.sql("SELECT count(*) FROM events WHERE kind='renewed' AND session_id='" + g->id + "'"),
-        "5");
-    EXPECT_EQ(sb.sql("SELECT count(*) FROM events WHERE kind='renew-refused'"), "1");
+    // Renew replies before the journal's writer commits its event, and so does a refusal.
+    auto renewed = [&] {
+        return sb.sql("SELECT count(*) FROM events WHERE kind='renewed' AND session_id='" + g->id +
+                      "'");
+    };
+    EXPECT_TRUE(eventually([&] { return renewed() == "5"; })) << renewed();
+    auto refusals = [&] {
+        return sb.sql("SELECT count(*) FROM events WHERE kind='renew-refused'");
+    };
+    EXPECT_TRUE(eventually([&] { return refusals() == "1"; })) << refusals();
     // Without renewal it ends as expired, and then nothing renews it.
     ASSERT_TRUE(eventually([&] { return c.list()->empty(); }));
     // The end is committed by the journal's writer after the binding is gone: wait for it.
@@ -440,8 +449,11 @@ TEST_F(ControlPlane, RenewRefusalsAreCoalesced) {
     auto o = sandbox_->run_client({"renew-flood", h.id(), "300"}, 65534);
     ASSERT_EQ(o.status, 0) << o.out;
     EXPECT_NE(o.out.find("done"), std::string::npos) << o.out;
-    EXPECT_EQ(sandbox_->sql("SELECT count(*) FROM events WHERE kind='renew-refused'"), "1")
-        << o.out;
+    // One full record (the window's first), committed after the refusal's reply: waited for.
+    auto full = [&] {
+        return sandbox_->sql("SELECT count(*) FROM events WHERE kind='renew-refused'");
+    };
+    EXPECT_TRUE(eventually([&] { return full() == "1"; })) << full() << " " << o.out;
 }
 
 // Once a grant could not be journaled, later requests are refused at once (they do not each wait
