@@ -3,6 +3,9 @@
 #   run_fuzz.sh build SRC OUT [MIGRATIONS_CC]   build the targets into OUT (the journal's two
 #                                        need the migrations.cc the build generates)
 #   run_fuzz.sh run OUT TARGET SECONDS SRC   fuzz TARGET (policy, flow_spec, journal or export)
+# With KNOD_FUZZ_CORPUS=DIR a run keeps what it finds in DIR (a later run resumes from it) and
+# writes a crash's or hang's input into DIR/../artifacts-TARGET/; without it, both are temporary
+# (the input is in the printed report).
 # The test suite runs each for a few seconds; for a longer run see docs/testing.md, "Fuzzing".
 set -euo pipefail
 case "$1" in
@@ -60,8 +63,15 @@ build)
     ;;
 run)
     out=$2 target=$3 seconds=$4 src=$5
-    corpus=$(mktemp -d)
-    trap 'rm -rf "$corpus"' EXIT
+    log=$(mktemp)
+    if [ -n "${KNOD_FUZZ_CORPUS:-}" ]; then
+        corpus=$KNOD_FUZZ_CORPUS artifacts=$(dirname "$corpus")/artifacts-$target/
+        mkdir -p "$corpus" "$artifacts"
+        trap 'rm -f "$log"' EXIT
+    else
+        corpus=$(mktemp -d) artifacts=$corpus/
+        trap 'rm -rf "$corpus" "$log"' EXIT
+    fi
     max_len=4096
     if [ "$target" = policy ]; then
         seeds=("$src/tests/data/policies/good" "$src/tests/data/policies/bad" "$src/packaging"
@@ -75,8 +85,16 @@ run)
     else
         seeds=("$src/tests/fuzz/corpus/flow_spec")
     fi
+    # The whole report when it fails (a sanitizer's stack is longer than any tail), the final
+    # statistics when it does not.
+    rc=0
     "$out/${target}_fuzz" -max_total_time="$seconds" -max_len=$max_len -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 "$corpus" "${seeds[@]}" 2>&1 | tail -n 12
+        -print_final_stats=1 -artifact_prefix="$artifacts" "$corpus" "${seeds[@]}" >"$log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        grep -vE '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse|INITED)' "$log" | tail -n 300
+        exit "$rc"
+    fi
+    tail -n 12 "$log"
     ;;
 *) echo "usage: $0 build SRC OUT | run OUT TARGET SECONDS SRC" >&2; exit 2 ;;
 esac
