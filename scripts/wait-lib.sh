@@ -1,4 +1,5 @@
-# Sourced by the project's shell scripts and tests: wait for a condition, never for a time.
+# Sourced by the project's shell scripts and tests: wait for a condition, never for a time; copy
+# files the host may be renaming meanwhile.
 #
 #   wait_until SECONDS WHAT COMMAND [ARG...]
 #
@@ -20,4 +21,26 @@ wait_until() {
         fi
         sleep 0.05
     done
+}
+
+#   copy_beside_renames ERRFILE DEST SOURCE...
+#
+# cp -a SOURCE... into DEST (a directory) while the host may be renaming files in the sources
+# (a useradd renames a new /etc/passwd over the old one and removes its temporary files; an
+# ldconfig renames its cache): cp then skips a file ("replaced while being copied") or finds one
+# gone. Such a copy is emptied and made again, five times at most; an error of any other kind
+# ends it at once. Returns 0 when a copy had no error, else 1 with cp's errors on stderr.
+# ERRFILE keeps cp's errors of the last try.
+copy_beside_renames() {
+    local err=$1 dest=$2 try
+    shift 2
+    local gone="^cp: (cannot (stat|open|access) '[^']*'( for reading)?: No such file or directory|skipping file '[^']*', as it was replaced while being copied)$"
+    for try in 1 2 3 4 5; do
+        LC_ALL=C cp -a "$@" "$dest" 2>"$err" && return 0
+        grep -qvE "$gone" "$err" && break # an error of another kind
+        find "$dest" -mindepth 1 -delete
+    done
+    echo "cannot copy $* into $dest (try $try of 5):" >&2
+    cat "$err" >&2
+    return 1
 }

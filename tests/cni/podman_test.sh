@@ -93,13 +93,10 @@ conflist "$net_b" "$bridge_b" "10.$octet.2.0/24" team-b
 rootfs=$work/rootfs
 mkdir -p "$rootfs"/{usr,etc,proc,sys,dev,tmp,run,var/tmp}
 for l in bin lib lib64 sbin; do ln -s "usr/$l" "$rootfs/$l"; done
-# A useradd or ldconfig beside the copy renames a new file over one cp is reading, which cp
-# skips ("replaced while being copied"): copied again then, five times at most.
-etc_files=(/etc/ld.so.cache /etc/ld.so.conf /etc/ld.so.conf.d /etc/passwd /etc/group /etc/nsswitch.conf)
-for try in 1 2 3 4 5; do
-    LC_ALL=C cp -a "${etc_files[@]}" "$rootfs/etc/" 2>"$work/etc-copy.err" && break
-    [ "$try" -lt 5 ] || { cat "$work/etc-copy.err" >&2; echo "podman test: cannot copy /etc's files" >&2; exit 1; }
-done
+# A useradd or ldconfig beside the copy renames a new file over one cp is reading:
+# copy_beside_renames (scripts/wait-lib.sh) makes the copy again then.
+copy_beside_renames "$work/etc-copy.err" "$rootfs/etc/" /etc/ld.so.cache /etc/ld.so.conf /etc/ld.so.conf.d \
+    /etc/passwd /etc/group /etc/nsswitch.conf || { echo "podman test: cannot copy /etc's files" >&2; exit 1; }
 bus=${DBUS_SYSTEM_BUS_ADDRESS#unix:path=}
 mounts=(-v /usr:/usr:ro -v "$src:$src:ro" -v "$work/out:/out" -v "$bus:/run/knod-bus")
 case "$build/" in "$src"/*) ;; *) mounts+=(-v "$build:$build:ro") ;; esac

@@ -313,6 +313,10 @@ std::string slurp(const std::string &path) {
 JournalLock::JournalLock(const Sandbox &s, int busy_timeout_ms) {
     // -bail: a BEGIN that fails ends sqlite3, so "locked" is printed only once it holds the lock.
     std::string said = s.dir() + "/journal-lock.out";
+    // Emptied here, before the child starts: the child's own truncation races this wait, which
+    // could otherwise read an earlier lock's "locked" (docs/testing.md, "A wait reads only what
+    // its step wrote").
+    std::ofstream(said, std::ios::trunc).close();
     sqlite_ = popen(("sqlite3 -bail " + s.journal() + " >" + said + " 2>&1").c_str(), "w");
     if (!sqlite_) return;
     fprintf(sqlite_, ".timeout %d\nBEGIN IMMEDIATE;\nSELECT 'locked';\n", busy_timeout_ms);

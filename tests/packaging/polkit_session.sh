@@ -26,20 +26,13 @@ trap cleanup EXIT
 # The copy lives on a tmpfs of this namespace's own: it holds the host's secrets (shadow, host
 # keys) and goes with the namespace, even when the test is killed before its cleanup. A useradd
 # beside the copy removes its temporary files (passwd.PID, the locks) before cp reaches them, or
-# renames a file over the one cp is reading (cp skips it: "replaced while being copied"); then
-# the copy is made again, five times at most. Any other error stops the session.
+# renames a file over the one cp is reading: copy_beside_renames (scripts/wait-lib.sh) makes the
+# copy again then. Any other error stops the session.
 etc=$work/etc
 mkdir -m 0755 "$etc" && mount -t tmpfs -o mode=0755,size=64m knod-test-etc "$etc" || exit 1
-vanished="^cp: (cannot (stat|open|access) '/etc/[^']*'( for reading)?: No such file or directory|skipping file '/etc/[^']*', as it was replaced while being copied)$"
-copied=no
-for try in 1 2 3 4 5; do
-    LC_ALL=C cp -a /etc/. "$etc" 2>"$work/etc-copy.err" && { copied=yes; break; }
-    grep -qvE "$vanished" "$work/etc-copy.err" && break # an error of another kind
-    find "$etc" -mindepth 1 -delete
-done
-if [ $copied = no ] || ! grep -q '^knod-policy:' "$etc/passwd" || ! grep -q '^polkitd:' "$etc/passwd"; then
-    echo "polkit session: cannot copy /etc (try $try of 5):" >&2
-    cat "$work/etc-copy.err" >&2
+copy_beside_renames "$work/etc-copy.err" "$etc" /etc/. || exit 1
+if ! grep -q '^knod-policy:' "$etc/passwd" || ! grep -q '^polkitd:' "$etc/passwd"; then
+    echo "polkit session: the copy of /etc lacks the package's users (knod-policy, polkitd)" >&2
     exit 1
 fi
 # Users: one plain, one in the group the polkit rule names.
