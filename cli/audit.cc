@@ -16,11 +16,13 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <map>
 
 namespace knod::cli {
 namespace {
@@ -399,6 +401,8 @@ struct SystemJournalPart {
     std::optional<journal::SystemJournalCheck> check;
     std::string source;
     std::string note;
+    bool required = false;  // asked for by name: unreadable or empty is a failure
+    std::string journal_id; // the id its records were matched by
 };
 
 // Reads the copies before verify takes its snapshot: the daemon sends a head only after
@@ -408,6 +412,7 @@ Result<SystemJournalPart> read_system_journal(const Options &o, journal::Databas
     journal::SystemJournalSource source{o.system_journal_dir, o.system_journal_files};
     part.source = source.describe();
     bool required = o.system_journal || !source.local();
+    part.required = required;
     if (o.no_system_journal) {
         part.note = "not checked (--no-system-journal)";
         return part;
@@ -434,6 +439,7 @@ Result<SystemJournalPart> read_system_journal(const Options &o, journal::Databas
                                  "the journal has no id (written before schema 4), so its "
                                  "copies in the system journal cannot be told apart"));
     }
+    part.journal_id = id->journal_id;
     auto copies = journal::read_anchor_copies(source, id->journal_id);
     if (!copies) return unread(copies.error());
     part.copies = std::move(*copies);
@@ -499,9 +505,40 @@ int verify(const Options &o) {
         auto check = journal::check_anchor_copies(
             opened->db(), o.db, *system->copies, o.allow_pruned_anchor, retention_us,
             taken_as_snapshot(o, *report) ? std::optional(report->snapshot_mark->at_us)
-                                          : std::nullopt);
+                                          : std::nullopt,
+            report->prunes);
         if (!check) return fail(o, "verify", check.error());
         system->check = std::move(*check);
+        if (system->check->ok && system->check->records == 0 && system->required) {
+            // Asked for by name, it vouches for nothing: a journal the daemon kept has heads
+            // there (one a second while it commits); one rewritten under a new id has none.
+            system->check->ok = false;
+            system->check->problem =
+                "it holds no chain head of this journal (id " +
+                quote_untrusted(system->journal_id) +
+                "), so it vouches for none of it: a journal rewritten under a new id looks like "
+                "this (the daemon sends its head there at most once a second while it commits; "
+                "if this node's daemon sent none, verify without --system-journal*)";
+        }
+    }
+    if (report->ok && report->anchor_pruned_by_retention) {
+        // The prune that removed the anchor's event lies past it: only a later head vouches.
+        auto by = std::find_if(report->prunes.begin(), report->prunes.end(),
+                               [&](auto &p) { return p.seq == report->anchor_pruned_by; });
+        static const std::map<std::int64_t, std::int64_t> none;
+        auto why =
+            by == report->prunes.end()
+                ? std::optional<std::string>("the prune that removed it is not in the chain")
+                : journal::unvouched_prune(*by, system->check ? system->check->vouched : none);
+        if (why) {
+            report->ok = false;
+            report->first_bad_seq = report->anchor_seq;
+            report->problem = "the anchor records event " + std::to_string(report->anchor_seq) +
+                              ", which is no longer in the journal; " + *why +
+                              (system->check ? "" : " (no system journal was read)") +
+                              ": --retention " + o.retention +
+                              " cannot accept it (--allow-pruned-anchor if the prune is expected)";
+        }
     }
     const auto &sys = system->check;
     bool ok = report->ok && (!sys || sys->ok);
@@ -692,15 +729,16 @@ Runner add_audit(CLI::App &app) {
     no_anchor->excludes(verify_cmd->get_option("--anchor"));
     verify_cmd->add_flag(
         "--allow-pruned-anchor", o->allow_pruned_anchor,
-        "accept an anchor or system-journal record naming an event retention pruned since "
-        "(no checkpoint at its seq to compare it with); without it that is a failure, since "
-        "wiping all history and chaining a new one looks the same");
+        "accept an anchor or system-journal record naming an event retention pruned since (a "
+        "checkpoint at its seq must still hold its hash); without it that is a failure, since "
+        "heads are public and wiping all history and chaining a new one looks the same");
     auto *retention = verify_cmd->add_option(
         "--retention", o->retention,
         "the node's retention (e.g. 180d): every retention-prune must have removed only "
         "events at least this old (a prune that records no times fails), and an anchor or "
         "system-journal record of a pruned event is accepted when the prune that removed it "
-        "shows it was (the prune in the chain; a record's journald time)");
+        "shows it was and a later system-journal record vouches for that prune (at or past "
+        "it, received after it ran)");
     retention->type_name("AGE")->excludes(verify_cmd->get_option("--allow-pruned-anchor"));
     verify_cmd->add_flag(
         "--as-snapshot", o->as_snapshot,

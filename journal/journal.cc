@@ -643,14 +643,15 @@ Result<std::int64_t> Journal::prune(std::optional<std::int64_t> before_us,
             .bind(3, pruned_at)
             .bind(4, removed);
         if (auto r = ins->run(); !r) return r.error();
-        // Exactly the sessions whose grant event goes (verify wants a row for every grant in the
-        // chain and a grant for every row), and rows an older build's prune left behind (their
-        // grant already gone) once their closing event goes too. Open sessions keep their
+        // Every row whose grant event goes or is gone (verify wants a row for every grant in
+        // the chain and a grant for every row, and takes a row left with its grant pruned as
+        // inserted once a prune of this build, which records its retention, starts the chain);
+        // that includes rows an older build's prune left behind. Open sessions keep their
         // trail (cut above), so none of these is open.
-        std::string gone = "DELETE FROM sessions WHERE id IN (SELECT session_id FROM events WHERE "
-                           "seq <= " +
-                           std::to_string(cut) + " AND session_id IS NOT NULL AND kind IN ('" +
-                           kind::granted + "', '" + kind::ended + "'))";
+        std::string gone = "DELETE FROM sessions WHERE id NOT IN (SELECT session_id FROM events "
+                           "WHERE seq > " +
+                           std::to_string(cut) + " AND session_id IS NOT NULL AND kind = '" +
+                           kind::granted + "')";
         if (auto r = db.exec(gone); !r) return r.error();
         // The append-only trigger is lifted for this one statement, inside this transaction.
         std::string del = "DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq <= " +

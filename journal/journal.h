@@ -68,8 +68,8 @@ class Journal {
     // later crash never takes back stale state.
     Result<std::map<std::string, std::string>> take_handoffs();
     // Retention: deletes the oldest events (those before `before_us`, and beyond the newest
-    // `keep_events`) and exactly the sessions whose grant event goes with them (and rows an
-    // older build left behind whose closing event goes), leaving a checkpoint and a
+    // `keep_events`) and every session row whose grant event goes with them or is gone (rows
+    // an older build's prune left behind), leaving a checkpoint and a
     // retention-prune event so the rest still verifies. Open sessions and their events are
     // kept. Returns how many events went. `retain_age_us`: the age setting `before_us` comes
     // from; the prune event records it with `keep_events` and the newest pruned event's time,

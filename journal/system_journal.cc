@@ -130,11 +130,33 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
     return out;
 }
 
+std::optional<std::string> unvouched_prune(const PruneRecord &prune,
+                                           const std::map<std::int64_t, std::int64_t> &vouched) {
+    std::string ev = "the prune that removed it (event " + std::to_string(prune.seq) + ")";
+    auto past = vouched.lower_bound(prune.seq);
+    if (past == vouched.end())
+        return ev + " is past every head recorded outside the database that matches it" +
+               (vouched.empty()
+                    ? std::string()
+                    : " (the newest: event " + std::to_string(vouched.rbegin()->first) + ")") +
+               ": its times are the word of whoever wrote the chain, and a wipe and rewrite "
+               "looks the same";
+    std::int64_t received = past->second; // the earliest copy at or past it
+    for (auto it = past; it != vouched.end(); ++it)
+        received = std::min(received, it->second);
+    if (prune.pruned_at_us > received)
+        return ev + " says it ran at at_us " + std::to_string(prune.pruned_at_us) +
+               ", after journald received a head at or past it (at_us " + std::to_string(received) +
+               "): its time was written later (tampered)";
+    return std::nullopt;
+}
+
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &db_path,
                                                const std::vector<AnchorCopy> &copies,
                                                bool allow_pruned,
                                                std::optional<std::int64_t> retention_us,
-                                               std::optional<std::int64_t> snapshot_at_us) {
+                                               std::optional<std::int64_t> snapshot_at_us,
+                                               const std::vector<PruneRecord> &prunes) {
     if (sqlite3_get_autocommit(db.get()))
         if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
     auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
@@ -154,11 +176,17 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
     }
 
     SystemJournalCheck check;
-    const AnchorCopy *uncompared = nullptr; // the lowest copy of a pruned event, no checkpoint
-    std::map<std::int64_t, std::int64_t> uncompared_at; // each such seq: its earliest copy's time
+    std::map<std::int64_t, std::int64_t> pruned_at; // each pruned seq: its earliest copy's time
     check.records = static_cast<std::int64_t>(copies.size());
     const AnchorCopy *beyond = nullptr; // the highest copy past the end
     const AnchorCopy *rewritten = nullptr;
+    auto matches = [](Statement &q, const AnchorCopy &c) {
+        Hash h{};
+        std::string blob = q.blob(0);
+        if (blob.size() != h.size()) return false;
+        std::copy(blob.begin(), blob.end(), h.begin());
+        return to_hex(h) == c.hash;
+    };
     for (auto &c : copies) {
         if (!check.newest || c.seq > check.newest->seq ||
             (c.seq == check.newest->seq && c.at_us > check.newest->at_us))
@@ -170,111 +198,91 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
                 beyond = &c;
             continue;
         }
-        Statement *q = &*st;
         if (c.seq < *first) {
             ++check.pruned;
-            if (!cp_st) {
-                if (!uncompared || c.seq < uncompared->seq) uncompared = &c;
-                uncompared_at.emplace(c.seq, c.at_us);
-                continue;
-            }
-            q = &*cp_st; // the checkpoint at its seq, if retention stopped exactly there
-            q->reset();
-            q->bind(1, c.seq);
-            auto row = q->step();
+            auto [at, fresh] = pruned_at.emplace(c.seq, c.at_us);
+            if (!fresh) at->second = std::min(at->second, c.at_us);
+            if (!cp_st) continue;
+            // Pruned through exactly its seq: the checkpoint must be that event. A match proves
+            // nothing more (heads are public), so the copy stays a pruned one below.
+            cp_st->reset();
+            cp_st->bind(1, c.seq);
+            auto row = cp_st->step();
             if (!row) return row.error();
-            if (!*row) {
-                if (!uncompared || c.seq < uncompared->seq) uncompared = &c;
-                auto [at, fresh] = uncompared_at.emplace(c.seq, c.at_us);
-                if (!fresh) at->second = std::min(at->second, c.at_us);
-                continue;
-            }
-            --check.pruned;
-        } else {
-            st->reset();
-            st->bind(1, c.seq);
-        }
-        auto row = c.seq < *first ? Result<bool>(true) : st->step();
-        if (!row) return row.error();
-        if (!*row) { // a hole in the middle: the chain check names it; here it cannot match
-            if (!rewritten) rewritten = &c;
+            if (*row && !matches(*cp_st, c) && !rewritten) rewritten = &c;
             continue;
         }
-        Hash h{};
-        std::string blob = q->blob(0);
-        if (blob.size() == h.size()) std::copy(blob.begin(), blob.end(), h.begin());
-        if (blob.size() != h.size() || to_hex(h) != c.hash) {
+        st->reset();
+        st->bind(1, c.seq);
+        auto row = st->step();
+        if (!row) return row.error();
+        if (!*row || !matches(*st, c)) { // a hole in the middle cannot match either
             if (!rewritten) rewritten = &c;
             continue;
         }
         ++check.compared;
+        auto [at, fresh] = check.vouched.emplace(c.seq, c.at_us);
+        if (!fresh) at->second = std::min(at->second, c.at_us);
     }
+    auto fail = [&](std::int64_t seq, std::string why) {
+        check.ok = false;
+        check.bad_seq = seq;
+        check.problem = std::move(why);
+    };
     if (beyond) {
-        check.ok = false;
-        check.bad_seq = beyond->seq;
-        check.problem = "the system journal recorded event " + std::to_string(beyond->seq) +
-                        " of this journal as its head" +
-                        (snapshot_at_us ? " before this snapshot was taken" : "") + ", but the " +
-                        (snapshot_at_us ? "snapshot" : "journal") + " ends at event " +
-                        std::to_string(*last) +
-                        ": its tail was removed (truncated, or rolled back with its anchor)";
+        fail(beyond->seq, "the system journal recorded event " + std::to_string(beyond->seq) +
+                              " of this journal as its head" +
+                              (snapshot_at_us ? " before this snapshot was taken" : "") +
+                              ", but the " + (snapshot_at_us ? "snapshot" : "journal") +
+                              " ends at event " + std::to_string(*last) +
+                              ": its tail was removed (truncated, or rolled back with its anchor)");
     } else if (rewritten) {
-        check.ok = false;
-        check.bad_seq = rewritten->seq;
-        check.problem = "event " + std::to_string(rewritten->seq) +
-                        (rewritten->seq < *first ? " (its retention checkpoint)" : "") +
-                        " differs from the head the system journal recorded for it (rewritten)";
-    } else if (uncompared && !allow_pruned && retention_us) {
-        // Each pruned copy against the prune that removed it: the first checkpoint at or above.
-        std::optional<Statement> by;
-        if (cp_st) {
-            auto p = db.prepare("SELECT seq, pruned_at_us FROM checkpoints WHERE seq >= ? AND "
-                                "typeof(pruned_at_us) = 'integer' ORDER BY seq LIMIT 1");
-            if (!p) return p.error();
-            by.emplace(std::move(*p));
-        }
-        for (auto &[seq, at] : uncompared_at) {
-            std::optional<std::int64_t> cp_seq, pruned_at;
-            if (by) {
-                by->reset();
-                by->bind(1, seq);
-                auto row = by->step();
-                if (!row) return row.error();
-                if (*row) cp_seq = by->int64(0), pruned_at = by->int64(1);
+        fail(rewritten->seq, "event " + std::to_string(rewritten->seq) +
+                                 (rewritten->seq < *first ? " (its retention checkpoint)" : "") +
+                                 " differs from the head the system journal recorded for it "
+                                 "(rewritten)");
+    } else if (!pruned_at.empty() && !allow_pruned && retention_us) {
+        for (auto &[seq, at] : pruned_at) {
+            std::string head = "the system journal recorded event " + std::to_string(seq) +
+                               " of this journal as its head (journald's time: at_us " +
+                               std::to_string(at) + "), but it is no longer in the journal; ";
+            auto by = std::find_if(prunes.begin(), prunes.end(), [s = seq](const PruneRecord &p) {
+                return p.pruned_through >= s;
+            });
+            if (by == prunes.end()) {
+                fail(seq, head +
+                              "no retention-prune in the chain removed it: it cannot be "
+                              "checked against --retention " +
+                              age_text(*retention_us));
+                break;
             }
-            if (pruned_at &&
-                static_cast<wide_int>(at) + *retention_us <= static_cast<wide_int>(*pruned_at)) {
-                ++check.pruned_by_retention;
-                continue;
+            if (auto why = unvouched_prune(*by, check.vouched)) {
+                fail(seq, head + *why + " (--retention " + age_text(*retention_us) +
+                              " cannot accept it; --allow-pruned-anchor if the prune is "
+                              "expected)");
+                break;
             }
-            check.ok = false;
-            check.bad_seq = seq;
-            check.problem =
-                "the system journal recorded event " + std::to_string(seq) +
-                " of this journal as its head (journald's time: at_us " + std::to_string(at) +
-                "), but it is no longer in the journal and no retention checkpoint records it; " +
-                (pruned_at ? "the prune that removed it (checkpoint at event " +
-                                 std::to_string(*cp_seq) + ") came " +
-                                 age_text(static_cast<std::int64_t>(
-                                     static_cast<wide_int>(*pruned_at) - at)) +
-                                 " later, younger than --retention " + age_text(*retention_us) +
-                                 ": a prune the auditor does not expect, or a wipe and rewrite"
-                           : std::string("no checkpoint tells when it was pruned: it cannot be "
-                                         "checked against --retention ") +
-                                 age_text(*retention_us));
-            break;
+            if (static_cast<wide_int>(at) + *retention_us >
+                static_cast<wide_int>(by->pruned_at_us)) {
+                fail(seq, head + "the prune that removed it (event " + std::to_string(by->seq) +
+                              ") came " +
+                              age_text(static_cast<std::int64_t>(
+                                  static_cast<wide_int>(by->pruned_at_us) - at)) +
+                              " later, younger than --retention " + age_text(*retention_us) +
+                              ": a prune the auditor does not expect, or a wipe and rewrite");
+                break;
+            }
+            ++check.pruned_by_retention;
         }
-    } else if (uncompared && !allow_pruned) {
-        check.ok = false;
-        check.bad_seq = uncompared->seq;
-        check.problem =
-            "the system journal recorded event " + std::to_string(uncompared->seq) +
-            " of this journal as its head, but it is no longer in the journal (its first event "
-            "is " +
-            std::to_string(*first) +
-            ") and no retention checkpoint records it: it cannot be compared, and a wipe and "
-            "rewrite of all history looks the same (pass --allow-pruned-anchor or --retention AGE "
-            "if that prune is expected)";
+    } else if (!pruned_at.empty() && !allow_pruned) {
+        auto seq = pruned_at.begin()->first;
+        fail(seq, "the system journal recorded event " + std::to_string(seq) +
+                      " of this journal as its head, but it is no longer in the journal (its "
+                      "first event is " +
+                      std::to_string(*first) +
+                      "): it cannot be compared, and a wipe and rewrite of all history looks the "
+                      "same, even on a checkpoint that holds its hash (heads are public) (pass "
+                      "--allow-pruned-anchor or --retention AGE if that prune is expected)");
     }
     return check;
 }

@@ -343,9 +343,9 @@ Result<std::unique_ptr<TableCheck>> TableCheck::open(Database &db, std::int64_t 
     }
     // Schema 4 makes the id with the meta table; none means it was deleted, and the system
     // journal's copies (matched by it) would go unfound.
-    if (schema_version >= 4 && !s->journal_id)
-        note("meta.journal_id is missing, but schema version " + std::to_string(schema_version) +
-             " always has one (deleted)");
+    if (schema_version >= 4 && (!s->journal_id || s->journal_id->empty()))
+        note("meta.journal_id is missing or empty, but schema version " +
+             std::to_string(schema_version) + " always has one (deleted)");
     // A rebuilt table without its primary key can hold a second, forged row for a session:
     // found by `WHERE id = ?` instead of the one the chain vouches for.
     auto dup = db.prepare("SELECT id, count(*) FROM sessions GROUP BY id HAVING count(*) > 1 "
@@ -475,7 +475,7 @@ Result<void> TableCheck::event(std::int64_t seq, const Event &e) {
     return {};
 }
 
-Result<void> TableCheck::finish(std::int64_t first_seq) {
+Result<void> TableCheck::finish(std::int64_t first_seq, bool pruned_by_this_build) {
     State &s = *s_;
     // Sessions the chain opened and never closed: open rows, with nothing an end would set.
     std::map<std::int64_t, std::string> still_open; // by grant, to name the first
@@ -508,11 +508,17 @@ Result<void> TableCheck::finish(std::int64_t first_seq) {
         left.push_back(std::move(row));
     std::sort(left.begin(), left.end(), [](auto &a, auto &b) { return a.rowid < b.rowid; });
     auto unexplained = [&](const Row &r) {
+        std::string id = r.open[0].type == SQLITE_TEXT ? r.open[0].s : shown(r.open[0]);
         if (first_seq > 1 && s.closed_unopened.count(r.key)) {
-            ++counts_.sessions_not_covered;
+            if (!pruned_by_this_build) {
+                ++counts_.sessions_not_covered;
+                return;
+            }
+            report(0, session_name(id) +
+                          ": a row in the sessions table whose grant event was pruned, by a "
+                          "prune that removes such rows with their grant (inserted)");
             return;
         }
-        std::string id = r.open[0].type == SQLITE_TEXT ? r.open[0].s : shown(r.open[0]);
         report(0, session_name(id) +
                       ": a row in the sessions table with no grant event in the chain (inserted)");
     };

@@ -42,8 +42,11 @@ class TableCheck {
     // Each event the chain walk verified, in chain order. An error is a read failure.
     Result<void> event(std::int64_t seq, const Event &e);
     // After a whole intact chain: the rows no event explained, the policies, the checkpoints.
-    // `first_seq`: the chain's first event (above 1 after retention).
-    Result<void> finish(std::int64_t first_seq);
+    // `first_seq`: the chain's first event (above 1 after retention). `pruned_by_this_build`:
+    // the prune the chain starts from (the checkpoint at first_seq - 1) records its retention,
+    // so it was made by a build that removes every row whose grant it removed: such a row left
+    // is inserted, where after an older build's prune it is only "not covered".
+    Result<void> finish(std::int64_t first_seq, bool pruned_by_this_build = false);
 
     // The first problem found (tampering), if any.
     const std::optional<TableProblem> &problem() const { return problem_; }

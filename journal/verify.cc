@@ -409,37 +409,37 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                                   " differs from the anchor kept outside the database (rewritten)");
         } else if (anchor->seq >= report.first_seq) {
             report.anchor_checked = true;
-        } else if (auto cp = checkpoints->find(anchor->seq); cp != checkpoints->end()) {
+        } else if (auto cp = checkpoints->find(anchor->seq);
+                   cp != checkpoints->end() && to_hex(cp->second) != anchor->hash) {
             // Pruned through exactly the anchor's event: the checkpoint must be that event.
-            if (to_hex(cp->second) != anchor->hash)
-                fail(anchor->seq, "the retention checkpoint at event " +
-                                      std::to_string(anchor->seq) + " differs from the anchor (" +
-                                      anchor_path_used +
-                                      ") kept outside the database: the history up to it was "
-                                      "rewritten and the checkpoint invented (forged)");
-            else
-                report.anchor_checked = true;
+            fail(anchor->seq, "the retention checkpoint at event " + std::to_string(anchor->seq) +
+                                  " differs from the anchor (" + anchor_path_used +
+                                  ") kept outside the database: the history up to it was "
+                                  "rewritten and the checkpoint invented (forged)");
         } else if (use != AnchorUse::allow_pruned && retention_us) {
-            // The prune that removed it is the first checkpoint at or above it; it passed the
-            // --retention check above if its event is in the chain, and cannot be told if not.
-            auto by = checkpoints->lower_bound(anchor->seq);
-            if (by == checkpoints->end() || !prunes.count(by->first))
+            // The prune that removed it: the earliest in the chain through or past it. It passed
+            // the --retention check above; it lies past the anchor, so its times are the word of
+            // whoever wrote the chain until a later head vouches for it (the caller's part).
+            auto by = prunes.lower_bound(anchor->seq);
+            if (by == prunes.end())
                 fail(anchor->seq, "the anchor (" + anchor_path_used + ") records event " +
                                       std::to_string(anchor->seq) +
                                       ", which is no longer in the journal, and the prune that "
                                       "removed it is not in the chain: it cannot be checked "
                                       "against --retention " +
                                       age_text(*retention_us));
-            else
+            else {
                 report.anchor_pruned = report.anchor_pruned_by_retention = true;
+                report.anchor_pruned_by = by->second.seq;
+            }
         } else if (use != AnchorUse::allow_pruned) {
             fail(anchor->seq,
                  "the anchor (" + anchor_path_used + ") records event " +
                      std::to_string(anchor->seq) +
                      ", which is no longer in the journal (its first event is " +
                      std::to_string(report.first_seq) +
-                     ") and which no retention checkpoint records: it cannot be compared, and a "
-                     "wipe and rewrite of all history looks the same (pass "
+                     "): it cannot be compared, and a wipe and rewrite of all history looks the "
+                     "same, even on a checkpoint that holds its hash (heads are public) (pass "
                      "--allow-pruned-anchor or --retention AGE if a prune since the anchor was "
                      "copied is expected)");
         } else {
@@ -453,9 +453,15 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                            "anchor?); copy the anchor with the journal, name it with --anchor, "
                            "or check the chain alone with --no-anchor");
     }
+    for (auto &[through, p] : prunes)
+        report.prunes.push_back(p);
     report.chain_intact = report.ok;
     if (report.ok) {
-        if (auto t = (*tables)->finish(report.first_seq); !t)
+        bool by_this_build = false;
+        if (checkpoint_used)
+            if (auto p = prunes.find(*checkpoint_used); p != prunes.end())
+                by_this_build = p->second.records_retention;
+        if (auto t = (*tables)->finish(report.first_seq, by_this_build); !t)
             return std::move(t).error().context(path);
         if (auto &p = (*tables)->problem()) fail(p->seq, p->what);
         auto &n = (*tables)->counts();

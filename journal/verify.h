@@ -5,6 +5,7 @@
 #pragma once
 
 #include "journal/reader.h"
+#include "journal/retention.h"
 #include "journal/snapshot.h"
 #include "knod/result.h"
 
@@ -12,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace knod::journal {
 
@@ -25,8 +27,15 @@ struct VerifyReport {
     std::int64_t first_seq = 0;     // above 1 after retention pruned the oldest events
     bool anchor_checked = false;    // the head recorded outside the database was compared
     bool anchor_pruned = false;     // it names a pruned event, accepted (AnchorUse::allow_pruned)
-    bool anchor_pruned_by_retention = false; // accepted because its prune passed --retention
+    // Accepted by --retention on the word of the prune that removed it (event anchor_pruned_by,
+    // the earliest retention-prune in the chain through or past it): that prune's times count
+    // only once a head recorded outside the database at or past it vouches for the prune
+    // (vouch_pruned_anchor(), system_journal.h); until then the verdict is provisional.
+    bool anchor_pruned_by_retention = false;
+    std::int64_t anchor_pruned_by = 0;
     std::int64_t anchor_seq = 0;
+    // The retention-prune events in the chain, by the last event each removed (ascending).
+    std::vector<PruneRecord> prunes;
     // The tables beside the chain (table_check.h), checked once the chain is intact: when they
     // fail, chain_intact stays true and first_bad_seq is the event the bad row contradicts (0
     // for a row no event explains).
@@ -45,9 +54,9 @@ struct VerifyReport {
 enum class AnchorUse {
     require, // a missing anchor is a failure: it is what finds a truncated tail
     ignore,  // the chain alone (--no-anchor): a truncated tail goes unnoticed
-    // As require, but an anchor naming an event retention has pruned since, with no checkpoint
-    // at its seq to compare it with, is accepted (--allow-pruned-anchor): the auditor expects
-    // that prune. Without it such an anchor makes the verdict not-ok: wiping history up to
+    // As require, but an anchor naming an event retention has pruned since is accepted
+    // (--allow-pruned-anchor): the auditor expects that prune. A checkpoint at its seq must
+    // still hold its hash. Without it such an anchor makes the verdict not-ok: wiping history up to
     // and past the anchor, then chaining a new one on an invented checkpoint, looks the same.
     allow_pruned,
 };
@@ -61,8 +70,12 @@ using VerifyProgress = std::function<void(std::int64_t done, std::int64_t total)
 // a missing anchor is a failure. A malformed or unreadable anchor file is an error.
 // `retention_us` (--retention AGE): the auditor's word that the node prunes only events older
 // than that. Every retention-prune in the chain must show its newest pruned event that old (a
-// prune that records no times cannot, and fails), and an anchor naming a pruned event with no
-// checkpoint at its seq is accepted when the prune that removed it is in the chain and passed.
+// prune that records no times cannot, and fails), and an anchor naming a pruned event is
+// accepted provisionally when the prune that removed it is in the chain and passed: the prune
+// event lies past the anchor, so only a later head kept outside the database vouches for its
+// times (vouch_pruned_anchor()). An anchor of a pruned event is never accepted on a checkpoint
+// holding its hash alone: heads are public (the anchor, the system journal), and a wipe of all
+// history chained on such a checkpoint looks like a prune.
 // Whatever it is given, each prune is checked against the retention it records itself.
 Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {},
                                   const std::string &anchor = {},

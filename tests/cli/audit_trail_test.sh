@@ -20,15 +20,17 @@ id=$(sqlite3 "$work/j.db" "SELECT value FROM meta WHERE key = 'journal_id'")
 hash_of() { sqlite3 "$1" "SELECT lower(hex(hash)) FROM events WHERE seq = $2"; }
 [ ${#id} -eq 32 ] || not_ok "the journal has no id: '$id'"
 
-# anchors FILE "JOURNAL_ID SEQ HASH UID" ...: a journal file holding those anchor records, each
-# as the daemon sends it (KNOD_EVENT=journal-anchor), with journald's trusted _UID.
+# anchors FILE "JOURNAL_ID SEQ HASH UID [SECONDS_AGO]" ...: a journal file holding those anchor
+# records, each as the daemon sends it (KNOD_EVENT=journal-anchor), with journald's trusted _UID;
+# received SECONDS_AGO, or 1000 s ago and a second apart.
 anchors() {
     local out=$1; shift
     py 'import sys, time
-t = int(time.time() * 1e6) - 10**9
+now = int(time.time() * 1e6)
 for i, spec in enumerate(sys.argv[1:]):
-    jid, seq, h, uid = spec.split()
-    print(f"__REALTIME_TIMESTAMP={t + i * 10**6}\n__MONOTONIC_TIMESTAMP={1000 + i}\n"
+    jid, seq, h, uid, *ago = spec.split()
+    t = now - int(ago[0]) * 10**6 if ago else now - 10**9 + i * 10**6
+    print(f"__REALTIME_TIMESTAMP={t}\n__MONOTONIC_TIMESTAMP={1000 + i}\n"
           f"_BOOT_ID=0123456789abcdef0123456789abcdef\n_UID={uid}\n_COMM=knod-policyd\n"
           f"SYSLOG_IDENTIFIER=knod-policyd\nMESSAGE=knod-policy journal-anchor\n"
           f"KNOD_EVENT=journal-anchor\nKNOD_JOURNAL_ID={jid}\nKNOD_JOURNAL_PATH=/var/lib/knod-policy/journal.db\n"
@@ -124,6 +126,63 @@ else
     run "$cli" audit verify --db "$work/pc.db" --no-anchor --system-journal-file "$work/pruned.journal"
     [ "$rc" -eq 1 ] && grep -q "event 2 (its retention checkpoint) differs from the head the system journal recorded" "$work/out" &&
         ok "a checkpoint contradicting a system-journal record at its seq: rewritten" || { not_ok "checkpoint vs record (exit $rc)"; cat "$work/out"; }
+
+    # #31's red team: heads are public (the anchor holds one, journald holds KNOD_HASH), so a
+    # wipe of all history chained on checkpoints holding the recorded heads, "pruned" by an
+    # invented prune dated in 2199, agrees with every record and with the off-host anchor.
+    forge=$(dirname "$0")/forge_journal.py
+    python3 "$forge" wipe "$work/j.db" "$work/w.db" \
+        "10:$(hash_of "$work/j.db" 10),25:$(hash_of "$work/j.db" 25),40:$(hash_of "$work/j.db" 40)"
+    run "$cli" audit verify --db "$work/w.db" --system-journal-file "$work/sys/system.journal"
+    [ "$rc" -eq 1 ] && grep -q "heads are public" "$work/out" &&
+        ok "a wipe on checkpoints holding the recorded heads is not ok (exit 1)" || { not_ok "wipe (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/w.db" --system-journal-file "$work/sys/system.journal" \
+        --anchor "$work/j.db.anchor" --retention 180d
+    [ "$rc" -eq 1 ] && grep -q "past every head recorded outside the database" "$work/out" &&
+        ok "--retention does not take the wipe's invented prune on its own word, even with the off-host anchor (exit 1)" ||
+        { not_ok "wipe --retention (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/w.db" --system-journal-file "$work/sys/system.journal" \
+        --allow-pruned-anchor
+    [ "$rc" -eq 0 ] && ok "--allow-pruned-anchor: the auditor expects a prune, and a wipe looks like one (the stated limit)" ||
+        { not_ok "wipe --allow-pruned-anchor (exit $rc)"; cat "$work/out"; }
+    # The chain rewritten under a new journal id: journald holds no head of it.
+    python3 "$forge" newid "$work/j.db" "$work/n.db" 30
+    run "$cli" audit verify --db "$work/n.db" --no-system-journal
+    [ "$rc" -eq 0 ] && ok "the rewrite under a new id passes the chain and its anchor alone (the stated limit)" ||
+        { not_ok "newid alone (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/n.db" --system-journal-file "$work/sys/system.journal"
+    [ "$rc" -eq 1 ] && grep -q "holds no chain head of this journal" "$work/out" &&
+        ok "a named system journal with no head of this journal vouches for none of it (exit 1)" ||
+        { not_ok "newid (exit $rc)"; cat "$work/out"; }
+    sqlite3 "$work/n.db" "UPDATE meta SET value = '' WHERE key = 'journal_id'"
+    run "$cli" audit verify --db "$work/n.db" --no-system-journal
+    [ "$rc" -eq 1 ] && grep -q "meta.journal_id is missing or empty" "$work/out" &&
+        ok "an emptied journal id is tampering (exit 1)" || { not_ok "empty id (exit $rc)"; cat "$work/out"; }
+
+    # --retention on a vouched prune: journal_fill writes the events 200 days ago and prunes
+    # now; journald recorded a pruned head 199 days ago and the prune event's head since.
+    "$fill" "$work/old.db" 20 --prune 36 --days-ago 200 >/dev/null || not_ok "journal_fill --days-ago"
+    oid=$(sqlite3 "$work/old.db" "SELECT value FROM meta WHERE key = 'journal_id'")
+    ocp=$(sqlite3 "$work/old.db" "SELECT seq FROM checkpoints")
+    ohead=$(sqlite3 "$work/old.db" "SELECT max(seq) FROM events")
+    anchors "$work/old.journal" "$oid 2 $(hash_of "$work/j.db" 2) 0 $((199 * 86400))" \
+        "$oid $ohead $(hash_of "$work/old.db" "$ohead") 0 0"
+    printf '{"seq":%s,"hash":"%s"}' "$((ocp - 1))" "$(hash_of "$work/j.db" 7)" >"$work/old-below.anchor"
+    run "$cli" audit verify --db "$work/old.db" --anchor "$work/old-below.anchor" \
+        --system-journal-file "$work/old.journal" --retention 180d
+    [ "$rc" -eq 0 ] && grep -q "1 pruned at least --retention 180d after they were recorded" "$work/out" &&
+        grep -q "was pruned by a prune that keeps --retention 180d (accepted)" "$work/out" &&
+        ok "--retention 180d accepts a record and an anchor of pruned events once a later head vouches for the prune" ||
+        { not_ok "vouched retention (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/old.db" --anchor "$work/old-below.anchor" \
+        --system-journal-file "$work/old.journal" --retention 365d
+    [ "$rc" -eq 1 ] && ok "--retention 365d on the same prune is not ok (exit 1)" || { not_ok "365d (exit $rc)"; cat "$work/out"; }
+    anchors "$work/early.journal" "$oid 2 $(hash_of "$work/j.db" 2) 0 $((199 * 86400))" \
+        "$oid $ohead $(hash_of "$work/old.db" "$ohead") 0 $((10 * 86400))"
+    run "$cli" audit verify --db "$work/old.db" --no-anchor --system-journal-file "$work/early.journal" \
+        --retention 180d
+    [ "$rc" -eq 1 ] && grep -q "its time was written later (tampered)" "$work/out" &&
+        ok "a prune dated after journald received a head past it is tampered (exit 1)" || { not_ok "backdated (exit $rc)"; cat "$work/out"; }
 fi
 
 # --- a journal on read-only media (#16 item 4) ------------------------------------------

@@ -137,16 +137,20 @@ expect 0 "^ok:" "the same journal verifies within the default budget" -- \
     "$cli" audit verify --db "$work/big.db" --no-system-journal
 
 # 6. Pruning cannot hide a rewrite: an anchor kept off the host that names a pruned event is
-# compared with the retention checkpoint at its seq, or, with none there, fails unless the
-# auditor expects the prune (--allow-pruned-anchor).
+# compared with the retention checkpoint at its seq (another hash: forged), and fails unless the
+# auditor expects the prune (--allow-pruned-anchor), since heads are public.
 "$fill" "$work/p.db" 20 --prune 36 >/dev/null || not_ok "journal_fill --prune"
 cp_seq=$(sqlite3 "$work/p.db" "SELECT seq FROM checkpoints")
 cp_hash=$(sqlite3 "$work/p.db" "SELECT lower(hex(hash)) FROM checkpoints")
 other=$(sqlite3 "$work/p.db" "SELECT lower(hex(hash)) FROM events WHERE seq = 7")
 anchor() { printf '{"seq":%s,"hash":"%s"}' "$2" "$3" >"$work/$1.anchor"; }
 anchor at-cp "$cp_seq" "$cp_hash"
-expect 0 "anchor: event $cp_seq matches" "an anchor at the checkpoint's seq with its hash is compared (exit 0)" -- \
+expect 1 "heads are public" \
+    "an anchor at the checkpoint's seq with its hash is still a pruned one (a wipe can copy it; exit 1)" -- \
     "$cli" audit verify --db "$work/p.db" --no-system-journal --anchor "$work/at-cp.anchor"
+expect 0 "was pruned (accepted: --allow-pruned-anchor)" "--allow-pruned-anchor accepts it (exit 0)" -- \
+    "$cli" audit verify --db "$work/p.db" --no-system-journal --anchor "$work/at-cp.anchor" \
+    --allow-pruned-anchor
 anchor forged-cp "$cp_seq" "$other"
 expect 1 "the retention checkpoint at event $cp_seq differs from the anchor" \
     "a checkpoint contradicting the anchor at its seq is forged (exit 1)" -- \
@@ -177,8 +181,10 @@ expect 1 "younger than --retention 1d" \
 "$fill" "$work/old.db" 20 --prune 36 --days-ago 200 >/dev/null || not_ok "journal_fill --days-ago"
 old_cp=$(sqlite3 "$work/old.db" "SELECT seq FROM checkpoints")
 anchor old-below $((old_cp - 1)) "$other"
-expect 0 "was pruned by a prune that keeps --retention 180d (accepted)" \
-    "--retention 180d accepts an anchor of a pruned event whose prune removed only old events" -- \
+# Its prune lies past the anchor: without a later head kept outside the database (the system
+# journal's; cli.audit_trail has the accepted case) its times are the chain writer's word.
+expect 1 "past every head recorded outside the database" \
+    "--retention 180d does not accept a pruned anchor on the word of an unvouched prune (exit 1)" -- \
     "$cli" audit verify --db "$work/old.db" --no-system-journal --anchor "$work/old-below.anchor" \
     --retention 180d
 expect 1 "younger than --retention 365d" \

@@ -1183,6 +1183,43 @@ TEST_F(JournalTest, ManySessionsARestartAndAPruneStillVerify) {
     EXPECT_EQ(r.sessions_not_covered, 0);
 }
 
+// A session whose grant this build pruned has no row (the prune removes it with its grant),
+// so a row put back for it, its closing event still in the chain, is inserted: #31 found one
+// counted "not covered" while `audit sessions` and the report took its forged uid, exe and
+// netdev. A row an older build's prune left is removed by this build's next prune.
+TEST_F(JournalTest, ARowPutBackForASessionWhoseGrantWasPrunedIsInserted) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        ASSERT_TRUE(j->open_session(session("b7"), grant_event()).ok());
+        for (int i = 0; i < 6; ++i) {
+            Event e;
+            e.kind = kind::denied;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        Event end;
+        end.kind = kind::ended;
+        ASSERT_TRUE(j->close_session("b7", "release", {100, 1, 0}, end).ok());
+        Event e;
+        e.kind = kind::denied;
+        ASSERT_TRUE(j->append(e).ok());
+        ASSERT_EQ(j->prune(std::nullopt, 2, std::nullopt).value(),
+                  7); // the grant goes, the end stays
+    }
+    auto db = std::move(Database::open(path_, SQLITE_OPEN_READONLY)).value();
+    EXPECT_EQ(*db.scalar("SELECT count(*) FROM sessions"), 0) << "the prune removes the row";
+    VerifyReport clean = verify();
+    EXPECT_TRUE(clean.ok) << clean.problem;
+    sql("INSERT INTO sessions (id, uid, pid, exe, netdev, gpu, mode, region_bytes, flows, "
+        "key_id, rule, started_us, ended_us, end_reason) VALUES ('b7', 0, 1, '/usr/sbin/forged', "
+        "'eth-forged', 'gpu-forged', 'rx-tx', 1, '[\"udp * -> *:22\"]', 'k', 'root-rule', "
+        "1000000, 2000000, 'release')");
+    VerifyReport r = verify();
+    EXPECT_FALSE(r.ok);
+    EXPECT_TRUE(r.chain_intact);
+    EXPECT_NE(r.problem.find("whose grant event was pruned"), std::string::npos) << r.problem;
+    EXPECT_NE(r.problem.find("(inserted)"), std::string::npos) << r.problem;
+}
+
 // A session an older build granted (no "session" values in its grant) is not failed: verify
 // counts it as not covered.
 TEST_F(JournalTest, SessionsFromAnOlderBuildAreCountedAsNotCovered) {
@@ -1374,10 +1411,12 @@ TEST_F(JournalTest, APruneWithoutItsRetentionAfterAStartThatRecordsItIsMalformed
     EXPECT_NE(r.problem.find("records no retention setting"), std::string::npos) << r.problem;
 }
 
-// A system-journal record of an event pruned since, with no checkpoint at its seq: under
-// --retention AGE it is accepted only when the prune that removed it came at least AGE after
-// journald received the record (the event was written no later than that), so a wipe within
-// AGE of a record is found.
+// A system-journal record of an event pruned since: under --retention AGE it is accepted only
+// when the prune that removed it came at least AGE after journald received the record (the
+// event was written no later than that), so a wipe within AGE of a record is found; and only
+// on the word of a prune that a later record vouches for (a head at or past the prune event,
+// received after it ran), since the prune event lies past the pruned record and anyone who
+// rewrites the chain writes its times (#31: a wipe with a prune dated in 2199 passed).
 TEST_F(JournalTest, ASystemJournalRecordOfAPrunedEventIsHeldToTheRetention) {
     constexpr std::int64_t day = 86400LL * 1000000;
     std::int64_t written = now_us() - 10 * day;
@@ -1391,22 +1430,77 @@ TEST_F(JournalTest, ASystemJournalRecordOfAPrunedEventIsHeldToTheRetention) {
         }
         ASSERT_EQ(j->prune(std::nullopt, std::nullopt, day).value(), 10);
     }
-    auto check = [&](std::int64_t recorded_at, std::optional<std::int64_t> retention) {
+    auto report = verify_chain(path_, {}, {}, AnchorUse::ignore);
+    ASSERT_TRUE(report.ok()) << report.error().message;
+    ASSERT_EQ(report->prunes.size(), 1u);
+    const std::int64_t prune_seq = report->prunes[0].seq; // 16: the head
+    std::string head_hash = report->head_hash;
+    auto check = [&](std::int64_t recorded_at, std::optional<std::int64_t> retention,
+                     std::optional<std::int64_t> head_recorded_at) {
         auto db = Database::open(path_, SQLITE_OPEN_READONLY);
         EXPECT_TRUE(db.ok());
         std::vector<AnchorCopy> copies{{3, std::string(64, 'a'), recorded_at, path_}};
-        auto c = check_anchor_copies(*db, path_, copies, false, retention);
+        if (head_recorded_at) copies.push_back({prune_seq, head_hash, *head_recorded_at, path_});
+        auto c =
+            check_anchor_copies(*db, path_, copies, false, retention, std::nullopt, report->prunes);
         EXPECT_TRUE(c.ok()) << c.error().message;
         return c ? *c : SystemJournalCheck{};
     };
-    EXPECT_FALSE(check(written, std::nullopt).ok) << "no checkpoint at 3: not compared";
-    auto old_enough = check(written, 7 * day);
+    EXPECT_FALSE(check(written, std::nullopt, now_us()).ok) << "pruned: not compared";
+    auto old_enough = check(written, 7 * day, now_us());
     EXPECT_TRUE(old_enough.ok) << old_enough.problem;
     EXPECT_EQ(old_enough.pruned_by_retention, 1);
+    EXPECT_EQ(old_enough.compared, 1);
     // Recorded an hour ago, pruned since: younger than a day at its prune.
-    auto wiped = check(now_us() - 3600LL * 1000000, day);
+    auto wiped = check(now_us() - 3600LL * 1000000, day, now_us());
     EXPECT_FALSE(wiped.ok);
     EXPECT_EQ(wiped.bad_seq, 3);
     EXPECT_NE(wiped.problem.find("younger than --retention 1d"), std::string::npos)
         << wiped.problem;
+    // No head at or past the prune event: its times vouch for nothing.
+    auto unvouched = check(written, 7 * day, std::nullopt);
+    EXPECT_FALSE(unvouched.ok);
+    EXPECT_NE(unvouched.problem.find("past every head recorded outside the database"),
+              std::string::npos)
+        << unvouched.problem;
+    // A head past the prune that journald received before the prune says it ran.
+    auto backdated = check(written, 7 * day, written + day);
+    EXPECT_FALSE(backdated.ok);
+    EXPECT_NE(backdated.problem.find("its time was written later (tampered)"), std::string::npos)
+        << backdated.problem;
+}
+
+// A record (or anchor) of a pruned event that the checkpoint at its seq holds is still a pruned
+// one: heads are public, so a wipe of all history chained on a checkpoint holding a copied head
+// looks like a prune (#31). Without --allow-pruned-anchor or --retention the verdict is not-ok.
+TEST_F(JournalTest, ACheckpointHoldingARecordedHeadDoesNotVouchForThePrune) {
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        for (int i = 0; i < 12; ++i) {
+            Event e;
+            e.kind = kind::denied;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        ASSERT_EQ(j->prune(std::nullopt, 4, std::nullopt).value(), 8);
+    }
+    auto db = Database::open(path_, SQLITE_OPEN_READONLY);
+    ASSERT_TRUE(db.ok());
+    auto cp = db->prepare("SELECT seq, lower(hex(hash)) FROM checkpoints");
+    ASSERT_TRUE(cp.ok());
+    ASSERT_TRUE(cp->step().value());
+    AnchorCopy at_checkpoint{cp->int64(0), cp->text(1), now_us(), path_};
+    auto c = check_anchor_copies(*db, path_, {at_checkpoint});
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_FALSE(c->ok);
+    EXPECT_EQ(c->bad_seq, at_checkpoint.seq);
+    EXPECT_NE(c->problem.find("heads are public"), std::string::npos) << c->problem;
+    c = check_anchor_copies(*db, path_, {at_checkpoint}, true);
+    ASSERT_TRUE(c.ok());
+    EXPECT_TRUE(c->ok) << c->problem;
+    // Another hash at the checkpoint's seq is a rewrite, whatever the auditor allows.
+    at_checkpoint.hash = std::string(64, 'b');
+    c = check_anchor_copies(*db, path_, {at_checkpoint}, true);
+    ASSERT_TRUE(c.ok());
+    EXPECT_FALSE(c->ok);
+    EXPECT_NE(c->problem.find("(rewritten)"), std::string::npos) << c->problem;
 }
