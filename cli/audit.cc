@@ -169,7 +169,7 @@ int fail(const Options &o, const std::string &what, const Error &e) {
     std::cerr << "knod-policy audit " << what << ": " << e.message << "\n";
     bool tampered = journal::is_tampering(e);
     if (o.json)
-        std::cout << knod::dump_json(nlohmann::json{
+        std::cout << knod::dump_json_escaped(nlohmann::json{
                          {"error", e.message}, {"command", what}, {"tampered", tampered}})
                   << "\n";
     return tampered ? exit_failed : exit_usage;
@@ -208,7 +208,8 @@ class Printer {
         if (o_.json && count_) {
             std::cerr << "knod-policy audit " << what << ": " << e.message << "\n";
             std::cout << ",\n"
-                      << knod::dump_json(nlohmann::json{{"error", e.message}, {"command", what}})
+                      << knod::dump_json_escaped(
+                             nlohmann::json{{"error", e.message}, {"command", what}})
                       << "\n]\n";
             return exit_usage;
         }
@@ -241,7 +242,8 @@ int list_sessions(const Options &o) {
     if (!id) return fail(o, "sessions", id.error());
     Printer p(o, session_columns, {0, 1, 3, 4, 6, 7, 8, 9, 11});
     auto done = r->sessions(*f, [&](const journal::Session &s) {
-        p.add(o.json ? knod::dump_json(session_json(s, *id)) : std::string(), session_row(s));
+        p.add(o.json ? knod::dump_json_escaped(session_json(s, *id)) : std::string(),
+              session_row(s));
         return true;
     });
     if (!done) return p.abort("sessions", done.error());
@@ -315,7 +317,7 @@ int show(const Options &o) {
             auto record = knod::parse_json(line);
             j["events"].push_back(record.is_discarded() ? nlohmann::json(line) : record);
         }
-        std::cout << knod::dump_json(j, 2) << "\n";
+        std::cout << knod::dump_json_escaped(j, 2) << "\n";
         return exit_ok;
     }
     auto row = session_row(**s);
@@ -353,7 +355,8 @@ int export_rows(const Options &o) {
         if (!id) return fail(o, "export", id.error());
         if (csv) std::cout << csv_row(session_columns) << "\n";
         done = r->sessions(*f, [&](const journal::Session &s) {
-            std::cout << (csv ? csv_row(session_row(s)) : knod::dump_json(session_json(s, *id)))
+            std::cout << (csv ? csv_row(session_row(s))
+                              : knod::dump_json_escaped(session_json(s, *id)))
                       << "\n";
             ++n;
             return true;
@@ -559,7 +562,7 @@ int verify(const Options &o) {
         sys_json["note"] = system->note;
     }
     if (o.json) {
-        std::cout << knod::dump_json(
+        std::cout << knod::dump_json_escaped(
                          nlohmann::json{
                              {"ok", ok},
                              {"events_checked", report->events_checked},

@@ -3,6 +3,7 @@
 #include "cli/commands.h"
 #include "journal/export.h"
 #include "knod/json.h"
+#include "knod/untrusted.h"
 
 #include <cerrno>
 #include <cstring>
@@ -47,7 +48,8 @@ int verify_export_file(const std::string &file, bool allow_gaps, bool json) {
     auto fail = [&](const std::string &why) {
         std::cerr << "knod-policy audit verify: " << why << "\n";
         if (json)
-            std::cout << knod::dump_json(nlohmann::json{{"error", why}, {"command", "verify"}})
+            std::cout << knod::dump_json_escaped(
+                             nlohmann::json{{"error", why}, {"command", "verify"}})
                       << "\n";
         return exit_usage;
     };
@@ -61,26 +63,30 @@ int verify_export_file(const std::string &file, bool allow_gaps, bool json) {
     std::string name = file == "-" ? "stdin" : file;
     if (!c) return fail(name + ": " + c.error().message);
     if (json) {
-        std::cout << knod::dump_json(nlohmann::json{{"ok", c->ok},
-                                                    {"events_checked", c->events},
-                                                    {"journal_id", c->journal_id},
-                                                    {"first_seq", c->first_seq},
-                                                    {"last_seq", c->last_seq},
-                                                    {"first_prev_hash", c->first_prev_hash},
-                                                    {"head_hash", c->head_hash},
-                                                    {"gaps", c->gaps},
-                                                    {"bad_line", c->bad_line},
-                                                    {"bad_event_id", c->bad_event_id},
-                                                    {"problem", c->problem}},
-                                     2)
+        std::cout << knod::dump_json_escaped(nlohmann::json{{"ok", c->ok},
+                                                            {"events_checked", c->events},
+                                                            {"journal_id", c->journal_id},
+                                                            {"first_seq", c->first_seq},
+                                                            {"last_seq", c->last_seq},
+                                                            {"first_prev_hash", c->first_prev_hash},
+                                                            {"head_hash", c->head_hash},
+                                                            {"gaps", c->gaps},
+                                                            {"bad_line", c->bad_line},
+                                                            {"bad_event_id", c->bad_event_id},
+                                                            {"problem", c->problem}},
+                                             2)
                   << "\n";
     } else if (!c->ok) {
-        std::cout << "FAILED: " << name << " line " << c->bad_line << " (event " << c->bad_event_id
-                  << "): " << c->problem << "\n";
+        // The event id and journal id are the file's text: a newline in one could forge a line.
+        std::cout << "FAILED: " << name << " line " << c->bad_line << " (event "
+                  << escape_untrusted(c->bad_event_id, Escape::value, 256) << "): " << c->problem
+                  << "\n";
     } else {
         std::cout << "ok: " << c->events << " event(s) of journal "
-                  << (c->journal_id.empty() ? "(no id)" : c->journal_id) << ", events "
-                  << c->first_seq << "-" << c->last_seq << ", match their hashes and chain";
+                  << (c->journal_id.empty() ? "(no id)"
+                                            : escape_untrusted(c->journal_id, Escape::value, 256))
+                  << ", events " << c->first_seq << "-" << c->last_seq
+                  << ", match their hashes and chain";
         if (!c->gaps.empty()) std::cout << " except across " << c->gaps.size() << " allowed gap(s)";
         std::cout << "; head " << c->head_hash << "\n";
         if (c->first_seq > 1)

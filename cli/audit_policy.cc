@@ -78,7 +78,7 @@ int run(const PolicyOptions &o) {
     auto fail = [&](const Error &e) {
         std::cerr << "knod-policy audit policy: " << e.message << "\n";
         if (o.json)
-            std::cout << knod::dump_json(
+            std::cout << knod::dump_json_escaped(
                              nlohmann::json{{"error", e.message}, {"command", "policy"}})
                       << "\n";
         return exit_usage;
@@ -95,7 +95,7 @@ int run(const PolicyOptions &o) {
         auto p = find(db, o.digest);
         if (!p) return fail(p.error());
         if (o.json) {
-            std::cout << knod::dump_json(
+            std::cout << knod::dump_json_escaped(
                              nlohmann::json{{"digest", p->digest},
                                             {"first_loaded", format_time(p->first_loaded_us)},
                                             {"text", p->text}},
@@ -129,7 +129,7 @@ int run(const PolicyOptions &o) {
             std::cout << std::setw(66) << escape_untrusted(digest) << std::setw(22)
                       << format_time(st->int64(1)) << n << "\n";
     }
-    if (o.json) std::cout << knod::dump_json(all, 2) << "\n";
+    if (o.json) std::cout << knod::dump_json_escaped(all, 2) << "\n";
     return exit_ok;
 }
 

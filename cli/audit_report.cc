@@ -252,11 +252,11 @@ Result<void> run_report(const ReportRequest &req) {
         if (auto w = write_file(req.html, page); !w) return w.error();
         if (req.html != "-")
             std::cerr << "wrote " << req.html << " (" << page.size() << " bytes)\n";
-        if (req.json) std::cout << knod::dump_json(j, 2) << "\n";
+        if (req.json) std::cout << knod::dump_json_escaped(j, 2) << "\n";
         return {};
     }
     if (req.json)
-        std::cout << knod::dump_json(j, 2) << "\n";
+        std::cout << knod::dump_json_escaped(j, 2) << "\n";
     else
         print_tables(j);
     return {};

@@ -220,7 +220,7 @@ int run(const Options &o) {
             nlohmann::json out = nlohmann::json::array();
             for (auto &r : f->rows)
                 out.push_back(to_json(r, false));
-            std::cout << knod::dump_json(out, 2) << "\n";
+            std::cout << knod::dump_json_escaped(out, 2) << "\n";
         } else {
             print_frame(*f, false);
         }
@@ -239,7 +239,7 @@ int run(const Options &o) {
             nlohmann::json line{{"at_us", f->at_us}, {"bindings", nlohmann::json::array()}};
             for (auto &r : f->rows)
                 line["bindings"].push_back(to_json(r, true));
-            std::cout << knod::dump_json(line) << "\n";
+            std::cout << knod::dump_json_escaped(line) << "\n";
         } else {
             if (tty)
                 clear_screen();

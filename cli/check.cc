@@ -104,7 +104,7 @@ Runner add_check(CLI::App &app) {
                      {"line", d.where.line},
                      {"column", d.where.column},
                      {"message", d.message}});
-            std::cout << knod::dump_json(out, 2) << "\n";
+            std::cout << knod::dump_json_escaped(out, 2) << "\n";
         } else {
             for (auto &d : load.diagnostics)
                 (d.severity == policy::Severity::error ? std::cerr : std::cout)

@@ -77,7 +77,7 @@ int run_status(client::Client &client, const BusOptions &o) {
         if (j.is_object() && j.contains("sinks")) sinks = j["sinks"];
     }
     if (o.json) {
-        std::cout << knod::dump_json(
+        std::cout << knod::dump_json_escaped(
                          nlohmann::json{{"version", st->version},
                                         {"driver", st->driver},
                                         {"bindings", st->bindings},

@@ -96,7 +96,7 @@ int run(Options o) {
         report->checks.push_back(host::caller_identity_check(host::kernel_has_peer_pidfd(),
                                                              bus_sends_pidfd(o.bus_address)));
     if (o.json)
-        std::cout << knod::dump_json(report->to_json(), 2) << "\n";
+        std::cout << knod::dump_json_escaped(report->to_json(), 2) << "\n";
     else
         print_text(*report);
     return report->failed() ? exit_failed : exit_ok;

@@ -108,7 +108,7 @@ int report(const policy::Decision &d, const policy::Caller &c, GroupsSource grou
         for (auto &m : d.misses)
             out["earlier_rules"].push_back(
                 {{"rule", m.rule}, {"location", m.where.to_string()}, {"why_not", m.why_not}});
-        std::cout << knod::dump_json(out, 2) << "\n";
+        std::cout << knod::dump_json_escaped(out, 2) << "\n";
     } else {
         std::string gids;
         for (auto g : c.gids)

@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
         // `audit ... --json` answers in JSON even when the command line is wrong.
         std::vector<std::string_view> args(argv + 1, argv + argc);
         if (!args.empty() && args[0] == "audit" && std::ranges::count(args, "--json"))
-            std::cout << knod::dump_json(nlohmann::json{{"error", e.what()}}) << "\n";
+            std::cout << knod::dump_json_escaped(nlohmann::json{{"error", e.what()}}) << "\n";
         return knod::cli::exit_usage;
     }
     // Each add_* returns a runner that does nothing unless its subcommand was chosen.

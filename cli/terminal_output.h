@@ -1,9 +1,10 @@
 // Everything knod-policy prints passes through here: journal rows, daemon replies and policy
 // diagnostics carry other users' bytes (executable paths, unit names), and a raw ESC or invalid
 // UTF-8 on an auditor's terminal can rewrite what it shows. Newlines and tabs pass; every other
-// control character and every byte that is not valid UTF-8 is printed as "\xNN". JSON output is
-// unchanged by this (nlohmann escapes control characters itself, and dump_json replaces invalid
-// UTF-8).
+// control character (DEL, C1 and the bidi controls included) and every byte that is not valid
+// UTF-8 is printed as "\xNN", which is no JSON escape: JSON output is made with
+// knod::dump_json_escaped (knod/json.h), which \u-escapes all of them and replaces invalid UTF-8,
+// so this finds nothing in it to rewrite.
 #pragma once
 
 #include <memory>

@@ -1,12 +1,16 @@
 #include "journal/compact_json.h"
 
+#include "knod/json.h"
+
 #include <algorithm>
+#include <unordered_set>
 
 namespace knod::journal {
 namespace {
 
 constexpr int max_depth = 64;
 constexpr std::size_t max_digits = 18; // always an int64, dumped back digit for digit
+constexpr std::size_t few_keys = 16;   // searched linearly below this many keys
 
 class Scanner {
   public:
@@ -56,13 +60,22 @@ class Scanner {
         if (!eat('{')) return false;
         std::vector<std::string_view> keys; // raw key text: with only \" and \\ as escapes,
                                             // equal raw text is an equal key, and vice versa
+        std::unordered_set<std::string_view> seen;
         if (eat('}')) return true;
         for (;;) {
             std::size_t start = i_;
             std::string key;
             if (!string(&key)) return false;
             std::string_view raw = s_.substr(start, i_ - start);
-            if (std::find(keys.begin(), keys.end(), raw) != keys.end()) return false;
+            // A few keys (the daemon's objects) are searched; more go in a hash set, so no
+            // object costs N^2. Past max_json_object_keys the text is not the daemon's.
+            if (keys.size() == max_json_object_keys) return false;
+            if (!seen.empty() || keys.size() == few_keys) {
+                if (seen.empty()) seen.insert(keys.begin(), keys.end());
+                if (!seen.insert(raw).second) return false;
+            } else if (std::find(keys.begin(), keys.end(), raw) != keys.end()) {
+                return false;
+            }
             keys.push_back(raw);
             if (!eat(':')) return false;
             bool ok = true;

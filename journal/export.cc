@@ -579,6 +579,25 @@ class GrantValues {
     std::map<std::string, Flat> seen_;
 };
 
+// std::getline, but a line longer than `max` stops the read instead of growing without end.
+enum class LineRead { line, end, too_long };
+LineRead read_line(std::istream &in, std::string &line, std::size_t max) {
+    line.clear();
+    std::istream::sentry ok(in, true);
+    if (!ok) return LineRead::end;
+    std::streambuf *buf = in.rdbuf();
+    for (;;) {
+        auto c = buf->sbumpc();
+        if (std::char_traits<char>::eq_int_type(c, std::char_traits<char>::eof())) {
+            in.setstate(std::ios::eofbit);
+            return line.empty() ? LineRead::end : LineRead::line;
+        }
+        if (c == '\n') return LineRead::line;
+        if (line.size() == max) return LineRead::too_long;
+        line += std::char_traits<char>::to_char_type(c);
+    }
+}
+
 std::string range(std::int64_t from, std::int64_t to) {
     return from == to ? "event " + std::to_string(from)
                       : "events " + std::to_string(from) + "-" + std::to_string(to);
@@ -600,9 +619,23 @@ Result<ExportCheck> verify_export(std::istream &in, bool allow_gaps) {
         c.problem = std::move(why);
         return c;
     };
-    while (std::getline(in, text)) {
+    for (;;) {
+        auto got = read_line(in, text, max_export_line_bytes);
+        if (got == LineRead::end) break;
         ++line_no;
+        if (got == LineRead::too_long)
+            return make_error(Errc::corrupt, "line " + std::to_string(line_no) + ": longer than " +
+                                                 std::to_string(max_export_line_bytes) +
+                                                 " bytes (not a knod-policy audit export record)");
         if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+        // Before any parse: ordered_json inserts each key by a linear search (N^2 for N keys).
+        if (auto member = json_object_over_keys(text))
+            return make_error(
+                Errc::corrupt,
+                "line " + std::to_string(line_no) + ": " +
+                    (member->empty() ? std::string("the record") : quote_untrusted(*member)) +
+                    " holds an object of more than " + std::to_string(max_json_object_keys) +
+                    " keys (an impossible value: not read)");
         bool duplicate = false;
         auto j = knod::parse_json<Json>(text, {.duplicate_key = &duplicate});
         if (!j.is_object())
@@ -648,9 +681,9 @@ Result<ExportCheck> verify_export(std::istream &in, bool allow_gaps) {
         } else {
             if (r->journal_id != c.journal_id)
                 return fail(line_no, id,
-                            "it is from journal '" + r->journal_id +
-                                "', the export started with '" + c.journal_id +
-                                "' (verify each journal's export on its own)");
+                            "it is from journal " + quote_untrusted(r->journal_id) +
+                                ", the export started with " + quote_untrusted(c.journal_id) +
+                                " (verify each journal's export on its own)");
             if (r->seq <= prev_seq)
                 return fail(line_no, id,
                             "event " + std::to_string(r->seq) + " follows event " +

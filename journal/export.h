@@ -71,8 +71,15 @@ struct ExportCheck {
     std::string problem;
 };
 
+// The longest line verify_export reads: the journal's 64 MiB cap on a value, and 1 MiB more. A
+// daemon's journal exports about a kilobyte a line; a longer line (or a file with no newline)
+// is an error, not memory.
+inline constexpr std::size_t max_export_line_bytes = (64 << 20) + (1 << 20);
+
 // Recomputes each record's hash from its own fields and its prev_hash, and checks that each
-// record chains to the one before it. Gaps (a filtered export) fail unless `allow_gaps`.
+// record chains to the one before it. Gaps (a filtered export) fail unless `allow_gaps`. A line
+// over max_export_line_bytes, or holding an object of more than knod::max_json_object_keys
+// keys, is an error naming the line (and the field).
 Result<ExportCheck> verify_export(std::istream &in, bool allow_gaps);
 
 } // namespace knod::journal

@@ -60,7 +60,7 @@ class Where {
 };
 
 // A value the journal's writer could never have stored, named by its row and field.
-Error impossible(const std::string &row, const char *field, const std::string &why) {
+Error impossible(const std::string &row, const std::string &field, const std::string &why) {
     return make_error(Errc::invalid_argument,
                       row + ": " + field + " " + why + " (an impossible value: not read)");
 }
@@ -137,7 +137,19 @@ Result<void> check_event_row(const Statement &st) {
     if (st.type(0) != SQLITE_INTEGER) return impossible(row, "seq", "is not an integer");
     if (auto c = check_time(row, "at_us", st, 1, false); !c) return c;
     if (auto c = check_count(row, "uid", st, 4, true, max_uid); !c) return c;
-    return check_count(row, "pid", st, 5, true);
+    if (auto c = check_count(row, "pid", st, 5, true); !c) return c;
+    if (st.type(9) == SQLITE_NULL) return {};
+    std::string detail = st.text(9);
+    if (detail.size() > max_detail_bytes)
+        return impossible(row, "detail",
+                          "is " + std::to_string(detail.size()) + " bytes, above " +
+                              std::to_string(max_detail_bytes));
+    if (auto member = knod::json_object_over_keys(detail))
+        return impossible(
+            row,
+            member->empty() ? "detail" : "detail." + escape_untrusted(*member, Escape::value, 64),
+            "holds an object of more than " + std::to_string(knod::max_json_object_keys) + " keys");
+    return {};
 }
 
 namespace {

@@ -84,8 +84,15 @@ struct Report {
 inline constexpr std::int64_t earliest_us = 0; // the epoch: tests write hours after it
 inline constexpr std::int64_t latest_us = 7258118400LL * 1000000;
 
-// The values of an events row (seq, at_us, kind, session_id, uid, pid, ...) the audit tools
-// compute with or show as times, checked as above: an error naming the event and the field.
+// The largest detail a reader takes: the daemon's are a few hundred bytes (at most 64 flows a
+// binding). Longer, or holding an object of more than knod::max_json_object_keys keys (the
+// daemon's have a few dozen), is an impossible value as above: parsing it would cost time
+// (nlohmann::ordered_json inserts each key by a linear search) for nothing a daemon wrote.
+inline constexpr std::size_t max_detail_bytes = 1 << 20;
+
+// The values of an events row (seq, at_us, kind, session_id, uid, pid, ..., detail) the audit
+// tools compute with, show as times or parse, checked as above: an error naming the event and
+// the field.
 Result<void> check_event_row(const Statement &st);
 
 // The columns after seq of a row of "SELECT seq, at_us, kind, session_id, uid, pid, rule,

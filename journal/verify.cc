@@ -180,8 +180,10 @@ Result<std::optional<std::string>> changed_schema(Database &db) {
     auto have = objects(db);
     if (!have) return have.error();
     std::string v = std::to_string(*version);
+    // The name is the file's: one holding a newline could forge a line after "FAILED".
     auto named = [](const std::pair<std::string, std::string> &o) {
-        return "the " + o.second + " " + o.first;
+        return "the " + escape_untrusted(o.second, Escape::value, 256) + " " +
+               escape_untrusted(o.first, Escape::value, 64);
     };
     // Tables first: a rebuilt table is the finding, not the indexes it took with it.
     for (bool tables : {true, false}) {

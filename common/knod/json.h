@@ -3,9 +3,12 @@
 // callers that must keep the bytes readable escape them first (knod/untrusted.h).
 #pragma once
 
+#include "knod/untrusted.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -15,6 +18,35 @@ namespace knod {
 
 inline std::string dump_json(const nlohmann::json &j, int indent = -1) {
     return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// JSON text for output (a terminal, a pipe, a file an auditor reads): as dump_json, and also
+// DEL, the C1 controls, U+2028/2029 and the bidi controls (knod::is_control) \u-escaped, which
+// nlohmann leaves raw. The same values to any JSON reader, and no byte a terminal acts on or
+// reorders text by, so the CLI's terminal filter (cli/terminal_output.h) finds nothing to
+// rewrite. Those code points occur only inside strings (JSON's own syntax is ASCII).
+inline std::string dump_json_escaped(const nlohmann::json &j, int indent = -1) {
+    std::string text = dump_json(j, indent);
+    // DEL, and the lead bytes of U+0080-009F (0xc2) and U+2000-2FFF (0xe2).
+    if (text.find_first_of("\x7f\xc2\xe2") == std::string::npos) return text;
+    static const char hex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(text.size() + 32);
+    char32_t cp = 0;
+    for (std::size_t i = 0; i < text.size();) {
+        std::size_t n = utf8_sequence(text, i, cp);
+        if (n != 0 && cp >= 0x7f && (is_control(cp) || cp == 0x2028 || cp == 0x2029)) {
+            out += "\\u";
+            for (int shift = 12; shift >= 0; shift -= 4)
+                out += hex[(cp >> shift) & 15];
+            i += n;
+            continue;
+        }
+        if (n == 0) n = 1; // never: dump_json replaced invalid UTF-8
+        out.append(text, i, n);
+        i += n;
+    }
+    return out;
 }
 
 // nlohmann parses any depth, but dumps, copies and compares recursively: text nested 100,000
@@ -45,16 +77,75 @@ inline bool json_depth_within(std::string_view text, std::size_t max = max_json_
     return true;
 }
 
+// No object knod writes has more than a few dozen keys (a journal detail, an export record).
+// nlohmann::ordered_json finds each key it inserts by a linear search, and so did the export's
+// duplicate-key check, so an object of N keys took N^2 to read: readers refuse more than this.
+constexpr std::size_t max_json_object_keys = 1024;
+
+// Where `text` first holds an object of more than `max` keys (outside strings), or nullopt if it
+// holds none (or nests deeper than max_json_depth first, which readers refuse on its own). The
+// answer is the top-level member the object is in, as its raw text; empty for the top-level
+// object itself or one in a top-level array. A cheap pre-scan like json_depth_within.
+inline std::optional<std::string> json_object_over_keys(std::string_view text,
+                                                        std::size_t max = max_json_object_keys) {
+    constexpr std::size_t array = std::string_view::npos;
+    std::vector<std::size_t> keys; // per open bracket: an object's keys so far, or `array`
+    std::string_view top_member;
+    bool in_string = false, key = false, expect_key = false;
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        char c = text[i];
+        if (in_string) {
+            if (c == '\\') {
+                ++i;
+            } else if (c == '"') {
+                in_string = false;
+                if (key && keys.size() == 1) top_member = text.substr(start, i - start);
+            }
+            continue;
+        }
+        switch (c) {
+        case '"':
+            in_string = true;
+            key = expect_key;
+            expect_key = false;
+            start = i + 1;
+            if (key && ++keys.back() > max)
+                return std::string(keys.size() == 1 ? std::string_view() : top_member);
+            break;
+        case '{':
+        case '[':
+            if (keys.size() == max_json_depth) return std::nullopt;
+            keys.push_back(c == '{' ? 0 : array);
+            expect_key = c == '{';
+            break;
+        case '}':
+        case ']':
+            if (!keys.empty()) keys.pop_back();
+            expect_key = false;
+            break;
+        case ',':
+            expect_key = !keys.empty() && keys.back() != array;
+            break;
+        default:
+            break;
+        }
+    }
+    return std::nullopt;
+}
+
 struct JsonParseOptions {
     // Set when an object anywhere in the text repeats a key (nlohmann keeps the last value).
     bool *duplicate_key = nullptr;
 };
 
-// Parses journal or export text without throwing: text that is not JSON, or nests deeper than
-// max_json_depth, comes back discarded (is_discarded()).
+// Parses journal or export text without throwing: text that is not JSON, nests deeper than
+// max_json_depth or holds an object of more than max_json_object_keys keys comes back discarded
+// (is_discarded()).
 template <typename Json = nlohmann::json>
 Json parse_json(std::string_view text, JsonParseOptions opts = {}) {
-    if (!json_depth_within(text)) return Json(nlohmann::json::value_t::discarded);
+    if (!json_depth_within(text) || json_object_over_keys(text))
+        return Json(nlohmann::json::value_t::discarded);
     if (!opts.duplicate_key) return Json::parse(text, nullptr, false);
     // The keys seen so far in each open object, innermost last.
     std::vector<std::set<std::string>> keys;

@@ -195,5 +195,94 @@ expect 2 "cannot read the age" "an unreadable --retention is exit 2" -- \
 expect 2 "excludes" "--retention and --allow-pruned-anchor exclude each other (exit 2)" -- \
     "$cli" audit verify --db "$work/p.db" --no-system-journal --retention 1d --allow-pruned-anchor
 
+# 8. Terminal controls in journal strings (DEL, C1, a bidi override) stay out of every JSON
+# output, \u-escaped, and each output stays JSON: the terminal filter's "\xNN" inside a JSON
+# string made it invalid.
+session=$(sqlite3 "$work/base.db" "SELECT session_id FROM events WHERE kind = 'request-granted' LIMIT 1")
+edit controls "UPDATE sessions SET exe = '/tmp/a' || char(127) || 'b' || char(133),
+                   netdev = 'eth' || char(8238) || '0', unit = 'u' || char(8233) || char(8294)
+               WHERE id = '$session';
+               UPDATE events SET reason = 'r' || char(127) || char(155) || char(8207) WHERE seq = 1"
+# json_clean FILE lines|doc: parses as JSON (one document, or one per line) and holds no raw DEL,
+# C1, U+2028/2029 or bidi control.
+json_clean() {
+    python3 -c '
+import json, re, sys
+text = open(sys.argv[1], "rb").read().decode()
+docs = [l for l in text.splitlines() if l.strip()] if sys.argv[2] == "lines" else [text]
+for d in docs: json.loads(d)
+raw = re.findall("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]", text)
+assert not raw, "raw controls: %r" % raw
+assert "\\x" not in text, "a \\xNN escape"
+' "$1" "$2"
+}
+for args in "sessions --json" "show $session --json" "report --json" "events --json" \
+    "export --table sessions" "export" "verify --json --no-system-journal"; do
+    mode=doc
+    case $args in export*) mode=lines ;; esac
+    timeout 60 "$cli" audit $args --db "$work/controls.db" >"$work/controls.out" 2>"$work/controls.err"
+    if json_clean "$work/controls.out" "$mode" 2>"$work/why"; then
+        ok "audit $args on control characters is valid JSON without a raw control"
+    else
+        not_ok "audit $args on control characters: $(tail -1 "$work/why")"
+        head -c 600 "$work/controls.out"; echo
+    fi
+done
+"$cli" audit export --db "$work/controls.db" >"$work/controls.jsonl" 2>/dev/null
+"$cli" audit verify --export "$work/controls.jsonl" --json >"$work/controls.out" 2>&1
+if json_clean "$work/controls.out" doc 2>"$work/why"; then
+    ok "verify --export --json on an export with control characters is valid JSON"
+else
+    not_ok "verify --export --json on control characters: $(tail -1 "$work/why")"
+fi
+# 9. A detail of many keys: nlohmann::ordered_json (and the export's duplicate-key check) took
+# N^2 to read an object of N keys, hours for a 64 MiB value. Readers refuse a detail with an
+# object of more than 1024 keys, or longer than 1 MiB, as an impossible value (exit 2, the event
+# and field named), and verify --export such a line.
+keys() { python3 -c 'import sys; n = int(sys.argv[1]); print("{" + ",".join("\"k%d\":0" % i for i in range(n)) + "}")' "$1"; }
+keys 2000 >"$work/keys.json"
+keys 200000 >"$work/bigkeys.json"
+edit manykeys "UPDATE events SET detail = readfile('$work/keys.json') WHERE seq = 3"
+edit bigdetail "UPDATE events SET detail = readfile('$work/bigkeys.json') WHERE seq = 3"
+edit nestedkeys "UPDATE events SET detail = json_object('outer', json(readfile('$work/keys.json'))) WHERE seq = 3"
+for args in "events" "export" "events --json"; do
+    expect 2 "event 3: detail holds an object of more than 1024 keys" \
+        "audit $args on a detail of 2000 keys is exit 2 naming the event and field" -- \
+        "$cli" audit $args --db "$work/manykeys.db"
+done
+expect 2 "event 3: detail.outer holds an object of more than 1024 keys" \
+    "a nested object of 2000 keys is named by its member" -- \
+    "$cli" audit export --db "$work/nestedkeys.db"
+expect 2 "event 3: detail is [0-9]* bytes, above 1048576" \
+    "a detail of 200,000 keys (over 1 MiB) is exit 2 naming the event and field" -- \
+    "$cli" audit export --db "$work/bigdetail.db"
+"$cli" audit export --db "$work/base.db" >"$work/base.jsonl" 2>/dev/null
+python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+r = json.loads(lines[2]); r["detail"] = {"k%d" % i: 0 for i in range(200000)}
+lines[2] = json.dumps(r, separators=(",", ":"))
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")' "$work/base.jsonl" "$work/keys.jsonl"
+expect 2 "line 3: 'detail' holds an object of more than 1024 keys" \
+    "verify --export on a line whose detail has 200,000 keys is exit 2 naming line and field" -- \
+    "$cli" audit verify --export "$work/keys.jsonl"
+
+# 10. Names from the file are escaped in verify's text output: a newline in an object's name
+# or an export's event_id cannot forge a line of its own.
+edit forgedname "CREATE INDEX \"i
+ok: forged\" ON sessions (uid)"
+expect 1 'the i\\x0aok: forged index is not part' "an object name's newline is escaped (exit 1)" -- \
+    "$cli" audit verify --db "$work/forgedname.db" --no-system-journal
+grep -q '^ok: forged' "$work/out" && not_ok "an object name forged a line" || ok "no forged line"
+python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+r = json.loads(lines[1]); r["event_id"] = "x\nok: forged"
+lines[1] = json.dumps(r)
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")' "$work/base.jsonl" "$work/forgedid.jsonl"
+expect 1 '(event x\\x0aok: forged)' "an event_id's newline is escaped in FAILED (exit 1)" -- \
+    "$cli" audit verify --export "$work/forgedid.jsonl"
+grep -q '^ok: forged' "$work/out" && not_ok "an event_id forged a line" || ok "no forged line"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -356,6 +356,20 @@ TEST(BoundedJson, FindsARepeatedKeyAtAnyDepthOnly) {
     EXPECT_TRUE(dup);
 }
 
+TEST(BoundedJson, OutputEscapesTerminalAndBidiControlsAsTheSameStrings) {
+    // DEL, C1, U+2028 and the bidi controls nlohmann leaves raw; an ordinary non-ASCII letter
+    // stays.
+    std::string s = "a\x7f\xc2\x85\xe2\x80\xae\xe2\x80\xa8\xe2\x81\xa6\xe2\x80\x8f\xc3\xa9\x01";
+    nlohmann::json j = {{"k", s}};
+    std::string out = knod::dump_json_escaped(j);
+    EXPECT_EQ(out, R"({"k":"a\u007f\u0085\u202e\u2028\u2066\u200f)"
+                   "\xc3\xa9"
+                   R"(\u0001"})");
+    EXPECT_EQ(nlohmann::json::parse(out), j); // the same value to any reader
+    EXPECT_EQ(knod::dump_json_escaped(j, 2),
+              "{\n  \"k\": " + out.substr(5, out.size() - 6) + "\n}");
+}
+
 TEST(ExportVerify, ADetailTooDeepToParseIsExportedAsTextAndStillVerifies) {
     std::string deep = "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
     auto lines = export_chain({event(1, R"({"netdev":"n"})"), event(2, deep)});
