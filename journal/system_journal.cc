@@ -20,6 +20,8 @@
 namespace knod::journal {
 namespace {
 
+constexpr std::int64_t hour_us = 3600LL * 1000000;
+
 struct JournalCloser {
     void operator()(sd_journal *j) const { sd_journal_close(j); }
 };
@@ -130,33 +132,12 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
     return out;
 }
 
-std::optional<std::string> unvouched_prune(const PruneRecord &prune,
-                                           const std::map<std::int64_t, std::int64_t> &vouched) {
-    std::string ev = "the prune that removed it (event " + std::to_string(prune.seq) + ")";
-    auto past = vouched.lower_bound(prune.seq);
-    if (past == vouched.end())
-        return ev + " is past every head recorded outside the database that matches it" +
-               (vouched.empty()
-                    ? std::string()
-                    : " (the newest: event " + std::to_string(vouched.rbegin()->first) + ")") +
-               ": its times are the word of whoever wrote the chain, and a wipe and rewrite "
-               "looks the same";
-    std::int64_t received = past->second; // the earliest copy at or past it
-    for (auto it = past; it != vouched.end(); ++it)
-        received = std::min(received, it->second);
-    if (prune.pruned_at_us > received)
-        return ev + " says it ran at at_us " + std::to_string(prune.pruned_at_us) +
-               ", after journald received a head at or past it (at_us " + std::to_string(received) +
-               "): its time was written later (tampered)";
-    return std::nullopt;
-}
-
-Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &db_path,
-                                               const std::vector<AnchorCopy> &copies,
-                                               bool allow_pruned,
-                                               std::optional<std::int64_t> retention_us,
-                                               std::optional<std::int64_t> snapshot_at_us,
-                                               const std::vector<PruneRecord> &prunes) {
+Result<SystemJournalCheck>
+check_anchor_copies(Database &db, const std::string &db_path, const std::vector<AnchorCopy> &copies,
+                    bool allow_pruned, std::optional<std::int64_t> retention_us,
+                    std::optional<std::int64_t> snapshot_at_us,
+                    const std::vector<PruneRecord> &prunes, std::optional<std::int64_t> now_us) {
+    const std::int64_t now = now_us ? *now_us : journal::now_us();
     if (sqlite3_get_autocommit(db.get()))
         if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
     auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");
@@ -176,7 +157,7 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
     }
 
     SystemJournalCheck check;
-    std::map<std::int64_t, std::int64_t> pruned_at; // each pruned seq: its earliest copy's time
+    std::map<std::int64_t, std::int64_t> pruned_at; // each pruned seq: its latest copy's time
     check.records = static_cast<std::int64_t>(copies.size());
     const AnchorCopy *beyond = nullptr; // the highest copy past the end
     const AnchorCopy *rewritten = nullptr;
@@ -200,8 +181,10 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
         }
         if (c.seq < *first) {
             ++check.pruned;
+            // The latest copy: a head sent after the node was taken can carry any time, and
+            // only an earlier one would make the event look old enough.
             auto [at, fresh] = pruned_at.emplace(c.seq, c.at_us);
-            if (!fresh) at->second = std::min(at->second, c.at_us);
+            if (!fresh) at->second = std::max(at->second, c.at_us);
             if (!cp_st) continue;
             // Pruned through exactly its seq: the checkpoint must be that event. A match proves
             // nothing more (heads are public), so the copy stays a pruned one below.
@@ -221,15 +204,25 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
             continue;
         }
         ++check.compared;
-        auto [at, fresh] = check.vouched.emplace(c.seq, c.at_us);
-        if (!fresh) at->second = std::min(at->second, c.at_us);
     }
     auto fail = [&](std::int64_t seq, std::string why) {
         check.ok = false;
         check.bad_seq = seq;
         check.problem = std::move(why);
     };
-    if (beyond) {
+    const AnchorCopy *future = nullptr;
+    for (auto &c : copies)
+        if (static_cast<wide_int>(c.at_us) > static_cast<wide_int>(now) + hour_us &&
+            (!future || c.at_us > future->at_us))
+            future = &c;
+    if (future) {
+        fail(future->seq, "journald received the head of event " + std::to_string(future->seq) +
+                              " at at_us " + std::to_string(future->at_us) + ", " +
+                              age_text(static_cast<std::int64_t>(std::min<wide_int>(
+                                  static_cast<wide_int>(future->at_us) - now, INT64_MAX))) +
+                              " after this clock's now: the node's clock was set forward (or "
+                              "this one is wrong), and such times prove nothing");
+    } else if (beyond) {
         fail(beyond->seq, "the system journal recorded event " + std::to_string(beyond->seq) +
                               " of this journal as its head" +
                               (snapshot_at_us ? " before this snapshot was taken" : "") +
@@ -256,20 +249,12 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
                               age_text(*retention_us));
                 break;
             }
-            if (auto why = unvouched_prune(*by, check.vouched)) {
-                fail(seq, head + *why + " (--retention " + age_text(*retention_us) +
-                              " cannot accept it; --allow-pruned-anchor if the prune is "
-                              "expected)");
-                break;
-            }
-            if (static_cast<wide_int>(at) + *retention_us >
-                static_cast<wide_int>(by->pruned_at_us)) {
-                fail(seq, head + "the prune that removed it (event " + std::to_string(by->seq) +
-                              ") came " +
-                              age_text(static_cast<std::int64_t>(
-                                  static_cast<wide_int>(by->pruned_at_us) - at)) +
-                              " later, younger than --retention " + age_text(*retention_us) +
-                              ": a prune the auditor does not expect, or a wipe and rewrite");
+            if (static_cast<wide_int>(at) + *retention_us > static_cast<wide_int>(now)) {
+                fail(seq, head + "journald received it " +
+                              age_text(static_cast<std::int64_t>(static_cast<wide_int>(now) - at)) +
+                              " ago, younger than --retention " + age_text(*retention_us) +
+                              ": a retention that keeps that long cannot have pruned it yet (a "
+                              "wipe and rewrite)");
                 break;
             }
             ++check.pruned_by_retention;

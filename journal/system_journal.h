@@ -50,9 +50,6 @@ struct SystemJournalCheck {
     // A snapshot: copies past its end that journald received after it was taken (not in it,
     // as expected), and the newest of them.
     std::int64_t newer_than_snapshot = 0;
-    // The copies that match an event still in the database, by seq: each vouches that the
-    // chain through it existed when journald received it (the earliest time, if several).
-    std::map<std::int64_t, std::int64_t> vouched;
 };
 
 // Compares each copy with the journal `db` (read-only, one snapshot: begun here unless the
@@ -65,12 +62,13 @@ struct SystemJournalCheck {
 // one (a different hash: rewritten), and makes the check fail whether it matches or not (heads
 // are public: a wipe of all history chained on a checkpoint that holds a copied head looks like
 // a prune) unless `allow_pruned` (the auditor expects that prune: --allow-pruned-anchor), or
-// unless `retention_us` (--retention AGE) and the prune that removed it, the earliest
-// retention-prune in `prunes` (VerifyReport::prunes) through or past its seq, is vouched for and
-// came at least AGE after journald received the copy (its earliest, if several). Vouched for: a
-// copy at or past the prune event matches the database, and journald received it no earlier
-// than the prune says it ran. Without that the prune's times are the word of whoever wrote the
-// chain, and fail the check.
+// unless `retention_us` (--retention AGE), a retention-prune in `prunes` (VerifyReport::prunes)
+// removed it, and journald received every copy of it at least AGE before `now_us` (the
+// auditor's clock): the event was written no later than its copy, so a retention that keeps
+// AGE may have pruned it by now. Nothing the chain says about its prunes' times counts here:
+// whoever rewrites the chain writes them, and can send a head to vouch for them.
+// A copy journald received more than an hour after `now_us` fails: the node's clock was set
+// forward (or the auditor's is wrong), and such times prove nothing.
 // `snapshot_at_us`: `db` is a published snapshot taken then (VerifyReport::snapshot): a copy
 // past its end that journald received at or after that time is counted in
 // newer_than_snapshot, not a failure; one received before it is (the daemon sends a head only
@@ -80,13 +78,7 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
                                                bool allow_pruned = false,
                                                std::optional<std::int64_t> retention_us = {},
                                                std::optional<std::int64_t> snapshot_at_us = {},
-                                               const std::vector<PruneRecord> &prunes = {});
-
-// Why the times of `prune` are not vouched for, if they are not: vouched means `vouched`
-// (SystemJournalCheck::vouched; none without the system journal) holds a copy at or past the
-// prune event, received no earlier than the prune says it ran. A pruned anchor accepted by
-// --retention (VerifyReport::anchor_pruned_by) waits for this too.
-std::optional<std::string> unvouched_prune(const PruneRecord &prune,
-                                           const std::map<std::int64_t, std::int64_t> &vouched);
+                                               const std::vector<PruneRecord> &prunes = {},
+                                               std::optional<std::int64_t> now_us = {});
 
 } // namespace knod::journal

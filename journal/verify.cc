@@ -11,6 +11,7 @@
 #include "knod/regular_file.h"
 #include "knod/untrusted.h"
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
@@ -419,21 +420,35 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                                   ") kept outside the database: the history up to it was "
                                   "rewritten and the checkpoint invented (forged)");
         } else if (use != AnchorUse::allow_pruned && retention_us) {
-            // The prune that removed it: the earliest in the chain through or past it. It passed
-            // the --retention check above; it lies past the anchor, so its times are the word of
-            // whoever wrote the chain until a later head vouches for it (the caller's part).
-            auto by = prunes.lower_bound(anchor->seq);
-            if (by == prunes.end())
-                fail(anchor->seq, "the anchor (" + anchor_path_used + ") records event " +
-                                      std::to_string(anchor->seq) +
-                                      ", which is no longer in the journal, and the prune that "
-                                      "removed it is not in the chain: it cannot be checked "
-                                      "against --retention " +
+            // The anchor's own time: its file's mtime, the daemon's write (kept by cp -p) or
+            // the copy's, both after the event was written. Accepted once that is AGE old by
+            // this clock: the prune's own times are whoever wrote the chain's word.
+            struct stat file {};
+            std::int64_t now = now_us();
+            std::optional<wide_int> at; // 128 bits: a touched file's time may be anything
+            if (::stat(anchor_path_used.c_str(), &file) == 0)
+                at = static_cast<wide_int>(file.st_mtim.tv_sec) * 1000000 +
+                     file.st_mtim.tv_nsec / 1000;
+            std::string head = "the anchor (" + anchor_path_used + ") records event " +
+                               std::to_string(anchor->seq) + ", which is no longer in the journal";
+            if (prunes.lower_bound(anchor->seq) == prunes.end())
+                fail(anchor->seq, head +
+                                      ", and no retention-prune in the chain removed it: it "
+                                      "cannot be checked against --retention " +
                                       age_text(*retention_us));
-            else {
+            else if (!at || *at + *retention_us > now)
+                fail(anchor->seq,
+                     head + "; the anchor file is " +
+                         (at ? age_text(static_cast<std::int64_t>(
+                                   std::clamp<wide_int>(now - *at, INT64_MIN, INT64_MAX))) +
+                                   " old (its mtime)"
+                             : std::string("of unknown age")) +
+                         ", younger than --retention " + age_text(*retention_us) +
+                         ": a retention that keeps that long cannot have pruned its event yet (a "
+                         "wipe and rewrite; keep the anchor's time when copying it off the host: "
+                         "cp -p, rsync -t)");
+            else
                 report.anchor_pruned = report.anchor_pruned_by_retention = true;
-                report.anchor_pruned_by = by->second.seq;
-            }
         } else if (use != AnchorUse::allow_pruned) {
             fail(anchor->seq,
                  "the anchor (" + anchor_path_used + ") records event " +

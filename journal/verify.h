@@ -27,12 +27,9 @@ struct VerifyReport {
     std::int64_t first_seq = 0;     // above 1 after retention pruned the oldest events
     bool anchor_checked = false;    // the head recorded outside the database was compared
     bool anchor_pruned = false;     // it names a pruned event, accepted (AnchorUse::allow_pruned)
-    // Accepted by --retention on the word of the prune that removed it (event anchor_pruned_by,
-    // the earliest retention-prune in the chain through or past it): that prune's times count
-    // only once a head recorded outside the database at or past it vouches for the prune
-    // (vouch_pruned_anchor(), system_journal.h); until then the verdict is provisional.
+    // Accepted by --retention: a prune in the chain removed it, and the anchor file (its mtime)
+    // is at least that old by this clock.
     bool anchor_pruned_by_retention = false;
-    std::int64_t anchor_pruned_by = 0;
     std::int64_t anchor_seq = 0;
     // The retention-prune events in the chain, by the last event each removed (ascending).
     std::vector<PruneRecord> prunes;
@@ -71,11 +68,11 @@ using VerifyProgress = std::function<void(std::int64_t done, std::int64_t total)
 // `retention_us` (--retention AGE): the auditor's word that the node prunes only events older
 // than that. Every retention-prune in the chain must show its newest pruned event that old (a
 // prune that records no times cannot, and fails), and an anchor naming a pruned event is
-// accepted provisionally when the prune that removed it is in the chain and passed: the prune
-// event lies past the anchor, so only a later head kept outside the database vouches for its
-// times (vouch_pruned_anchor()). An anchor of a pruned event is never accepted on a checkpoint
-// holding its hash alone: heads are public (the anchor, the system journal), and a wipe of all
-// history chained on such a checkpoint looks like a prune.
+// accepted when a prune in the chain removed it and the anchor file's mtime (when the daemon
+// wrote it, or when it was copied: after its event either way) is at least that old by this
+// clock. Never on the prune's own times (a wipe writes them), nor on a checkpoint holding the
+// anchor's hash alone: heads are public, and a wipe of all history chained on such a
+// checkpoint looks like a prune.
 // Whatever it is given, each prune is checked against the retention it records itself.
 Result<VerifyReport> verify_chain(const std::string &path, const VerifyProgress &progress = {},
                                   const std::string &anchor = {},

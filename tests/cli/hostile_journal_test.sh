@@ -181,10 +181,15 @@ expect 1 "younger than --retention 1d" \
 "$fill" "$work/old.db" 20 --prune 36 --days-ago 200 >/dev/null || not_ok "journal_fill --days-ago"
 old_cp=$(sqlite3 "$work/old.db" "SELECT seq FROM checkpoints")
 anchor old-below $((old_cp - 1)) "$other"
-# Its prune lies past the anchor: without a later head kept outside the database (the system
-# journal's; cli.audit_trail has the accepted case) its times are the chain writer's word.
-expect 1 "past every head recorded outside the database" \
-    "--retention 180d does not accept a pruned anchor on the word of an unvouched prune (exit 1)" -- \
+# Its prune's times are the chain writer's word; the anchor file's own time (its mtime) is not:
+# copied just now, it is younger than 180 days, so no such retention pruned its event.
+expect 1 "younger than --retention 180d: a retention that keeps that long cannot have pruned" \
+    "--retention 180d does not accept a pruned anchor younger than that, whatever the prune says (exit 1)" -- \
+    "$cli" audit verify --db "$work/old.db" --no-system-journal --anchor "$work/old-below.anchor" \
+    --retention 180d
+touch -d "@$(($(date +%s) - 199 * 86400))" "$work/old-below.anchor"
+expect 0 "was pruned by a prune that keeps --retention 180d (accepted)" \
+    "--retention 180d accepts it once the anchor file is 199 days old (copied with cp -p)" -- \
     "$cli" audit verify --db "$work/old.db" --no-system-journal --anchor "$work/old-below.anchor" \
     --retention 180d
 expect 1 "younger than --retention 365d" \

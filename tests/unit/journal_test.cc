@@ -1326,6 +1326,14 @@ TEST_F(JournalTest, AnHonestPruneByAgePassesItsOwnRetentionAndTheAuditors) {
     auto refused = verify_chain(path_, {}, off_host);
     ASSERT_TRUE(refused.ok());
     EXPECT_FALSE(refused->ok) << "without --allow-pruned-anchor or --retention";
+    // Copied off the host just now: younger than 7 days, so no such retention pruned it.
+    auto fresh = as_auditor(7 * day, off_host);
+    EXPECT_FALSE(fresh.ok);
+    EXPECT_NE(fresh.problem.find("younger than --retention 7d"), std::string::npos)
+        << fresh.problem;
+    // Copied (with its time kept) when event 3 was written, 10 days ago: accepted.
+    std::filesystem::last_write_time(off_host, std::filesystem::file_time_type::clock::now() -
+                                                   std::chrono::hours(24 * 10));
     auto accepted = as_auditor(7 * day, off_host);
     EXPECT_TRUE(accepted.ok) << accepted.problem;
     EXPECT_TRUE(accepted.anchor_pruned_by_retention);
@@ -1412,11 +1420,11 @@ TEST_F(JournalTest, APruneWithoutItsRetentionAfterAStartThatRecordsItIsMalformed
 }
 
 // A system-journal record of an event pruned since: under --retention AGE it is accepted only
-// when the prune that removed it came at least AGE after journald received the record (the
-// event was written no later than that), so a wipe within AGE of a record is found; and only
-// on the word of a prune that a later record vouches for (a head at or past the prune event,
-// received after it ran), since the prune event lies past the pruned record and anyone who
-// rewrites the chain writes its times (#31: a wipe with a prune dated in 2199 passed).
+// when journald received it at least AGE ago by the auditor's clock (the event was written no
+// later than that, so a retention that keeps AGE may have pruned it by now), never on the
+// prune's own times: the prune event lies past what it removed, and whoever rewrites the chain
+// writes its times and can send a head to vouch for them (#31's red team: a wipe with a prune
+// dated 2199, then with forged times and a fresh head, passed).
 TEST_F(JournalTest, ASystemJournalRecordOfAPrunedEventIsHeldToTheRetention) {
     constexpr std::int64_t day = 86400LL * 1000000;
     std::int64_t written = now_us() - 10 * day;
@@ -1432,42 +1440,42 @@ TEST_F(JournalTest, ASystemJournalRecordOfAPrunedEventIsHeldToTheRetention) {
     }
     auto report = verify_chain(path_, {}, {}, AnchorUse::ignore);
     ASSERT_TRUE(report.ok()) << report.error().message;
-    ASSERT_EQ(report->prunes.size(), 1u);
-    const std::int64_t prune_seq = report->prunes[0].seq; // 16: the head
-    std::string head_hash = report->head_hash;
-    auto check = [&](std::int64_t recorded_at, std::optional<std::int64_t> retention,
-                     std::optional<std::int64_t> head_recorded_at) {
+    auto check = [&](std::vector<std::int64_t> recorded_at, std::optional<std::int64_t> retention,
+                     std::vector<PruneRecord> prunes) {
         auto db = Database::open(path_, SQLITE_OPEN_READONLY);
         EXPECT_TRUE(db.ok());
-        std::vector<AnchorCopy> copies{{3, std::string(64, 'a'), recorded_at, path_}};
-        if (head_recorded_at) copies.push_back({prune_seq, head_hash, *head_recorded_at, path_});
-        auto c =
-            check_anchor_copies(*db, path_, copies, false, retention, std::nullopt, report->prunes);
+        std::vector<AnchorCopy> copies;
+        for (auto at : recorded_at)
+            copies.push_back({3, std::string(64, 'a'), at, path_});
+        auto c = check_anchor_copies(*db, path_, copies, false, retention, std::nullopt, prunes);
         EXPECT_TRUE(c.ok()) << c.error().message;
         return c ? *c : SystemJournalCheck{};
     };
-    EXPECT_FALSE(check(written, std::nullopt, now_us()).ok) << "pruned: not compared";
-    auto old_enough = check(written, 7 * day, now_us());
+    EXPECT_FALSE(check({written}, std::nullopt, report->prunes).ok) << "pruned: not compared";
+    auto old_enough = check({written}, 7 * day, report->prunes);
     EXPECT_TRUE(old_enough.ok) << old_enough.problem;
     EXPECT_EQ(old_enough.pruned_by_retention, 1);
-    EXPECT_EQ(old_enough.compared, 1);
-    // Recorded an hour ago, pruned since: younger than a day at its prune.
-    auto wiped = check(now_us() - 3600LL * 1000000, day, now_us());
+    // Recorded an hour ago, pruned since: younger than a day now, so no retention of a day did it.
+    auto wiped = check({now_us() - 3600LL * 1000000}, day, report->prunes);
     EXPECT_FALSE(wiped.ok);
     EXPECT_EQ(wiped.bad_seq, 3);
     EXPECT_NE(wiped.problem.find("younger than --retention 1d"), std::string::npos)
         << wiped.problem;
-    // No head at or past the prune event: its times vouch for nothing.
-    auto unvouched = check(written, 7 * day, std::nullopt);
-    EXPECT_FALSE(unvouched.ok);
-    EXPECT_NE(unvouched.problem.find("past every head recorded outside the database"),
+    // A second, backdated copy of the same head (sent after the node was taken) does not make
+    // the event look older: the latest copy counts.
+    auto backdated = check({written, now_us() - 3600LL * 1000000}, 7 * day, report->prunes);
+    EXPECT_FALSE(backdated.ok) << "the latest copy counts";
+    // No prune in the chain removed it.
+    auto unpruned = check({written}, 7 * day, {});
+    EXPECT_FALSE(unpruned.ok);
+    EXPECT_NE(unpruned.problem.find("no retention-prune in the chain removed it"),
               std::string::npos)
-        << unvouched.problem;
-    // A head past the prune that journald received before the prune says it ran.
-    auto backdated = check(written, 7 * day, written + day);
-    EXPECT_FALSE(backdated.ok);
-    EXPECT_NE(backdated.problem.find("its time was written later (tampered)"), std::string::npos)
-        << backdated.problem;
+        << unpruned.problem;
+    // A head journald received two hours from now: the node's clock was set forward.
+    auto ahead = check({written, now_us() + 2 * 3600LL * 1000000}, 7 * day, report->prunes);
+    EXPECT_FALSE(ahead.ok);
+    EXPECT_NE(ahead.problem.find("the node's clock was set forward"), std::string::npos)
+        << ahead.problem;
 }
 
 // A record (or anchor) of a pruned event that the checkpoint at its seq holds is still a pruned
