@@ -44,6 +44,7 @@ struct Options {
     std::string export_file; // verify --export
     bool allow_gaps = false;
     bool allow_pruned_anchor = false;
+    bool allow_replaced_journal = false;
     bool as_snapshot = false; // verify: take the anchor's snapshot mark wherever the file lies
     std::string retention;    // verify --retention AGE: the node prunes only events this old
     // The chain-head copies in the system journal: checked where readable unless
@@ -406,6 +407,7 @@ struct SystemJournalPart {
     std::string note;
     bool required = false;  // asked for by name: unreadable or empty is a failure
     std::string journal_id; // the id its records were matched by
+    std::vector<journal::OtherJournal> others; // other journals' heads, when required
 };
 
 // Reads the copies before verify takes its snapshot: the daemon sends a head only after
@@ -443,7 +445,8 @@ Result<SystemJournalPart> read_system_journal(const Options &o, journal::Databas
                                  "copies in the system journal cannot be told apart"));
     }
     part.journal_id = id->journal_id;
-    auto copies = journal::read_anchor_copies(source, id->journal_id);
+    auto copies =
+        journal::read_anchor_copies(source, id->journal_id, required ? &part.others : nullptr);
     if (!copies) return unread(copies.error());
     part.copies = std::move(*copies);
     return part;
@@ -522,6 +525,24 @@ int verify(const Options &o) {
                 "), so it vouches for none of it: a journal rewritten under a new id looks like "
                 "this (the daemon sends its head there at most once a second while it commits; "
                 "if this node's daemon sent none, verify without --system-journal*)";
+        }
+        auto replaced = journal::journals_replaced(*system->copies, system->others);
+        if (system->check->ok && !replaced.empty() && !o.allow_replaced_journal) {
+            // One path on one host holds one journal at a time: another id there is a journal
+            // deleted (and its history with it), or this one rewritten under a new id.
+            const auto &r = replaced.front();
+            system->check->ok = false;
+            system->check->problem =
+                "it also holds chain heads of another journal at this journal's path on this "
+                "host (id " +
+                quote_untrusted(r.journal_id) + ", " + std::to_string(r.records) +
+                " record(s), through event " + std::to_string(r.newest_seq) + ", the latest at " +
+                format_time(r.newest_at_us) +
+                (replaced.size() > 1 ? ", and " + std::to_string(replaced.size() - 1) + " more"
+                                     : std::string()) +
+                "): that journal was deleted and its history is not in this one, or this one was "
+                "rewritten under a new id (--allow-replaced-journal if that journal was deleted "
+                "on purpose; verify it on its own)";
         }
     }
     const auto &sys = system->check;
@@ -716,6 +737,11 @@ Runner add_audit(CLI::App &app) {
         "accept an anchor or system-journal record naming an event retention pruned since (a "
         "checkpoint at its seq must still hold its hash); without it that is a failure, since "
         "heads are public and wiping all history and chaining a new one looks the same");
+    verify_cmd->add_flag(
+        "--allow-replaced-journal", o->allow_replaced_journal,
+        "accept heads of another journal at this journal's path on the same host in the system "
+        "journal files named (it was deleted on purpose); without it that is a failure, since a "
+        "journal rewritten under a new id looks the same");
     auto *retention = verify_cmd->add_option(
         "--retention", o->retention,
         "the node's retention (e.g. 180d): every retention-prune must have removed only "

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 
 namespace knod::journal {
 namespace {
@@ -68,7 +69,8 @@ std::string SystemJournalSource::describe() const {
 }
 
 Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &source,
-                                                   const std::string &journal_id) {
+                                                   const std::string &journal_id,
+                                                   std::vector<OtherJournal> *others) {
     sd_journal *raw = nullptr;
     int rc = 0;
     if (!source.directory.empty()) {
@@ -105,11 +107,14 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
                                               : " could be read there"));
     std::string id_match = "KNOD_JOURNAL_ID=" + journal_id;
     std::string kind_match = std::string("KNOD_EVENT=") + kind::anchor;
-    if ((rc = sd_journal_add_match(j.get(), id_match.c_str(), 0)) < 0 ||
+    if ((!others && (rc = sd_journal_add_match(j.get(), id_match.c_str(), 0)) < 0) ||
         (rc = sd_journal_add_match(j.get(), kind_match.c_str(), 0)) < 0)
         return make_error(Errc::io, "journal match: " + errno_text(rc));
     auto trusted = trusted_uids();
     std::vector<AnchorCopy> out;
+    // Other journals, by (id, path, host); bounded: a collector holds a few per host.
+    std::map<std::tuple<std::string, std::string, std::string>, OtherJournal> seen;
+    constexpr std::size_t max_others = 4096;
     for (;;) {
         rc = sd_journal_next(j.get());
         if (rc < 0)
@@ -127,8 +132,36 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
         uint64_t t = 0;
         if (sd_journal_get_realtime_usec(j.get(), &t) >= 0) c.at_us = static_cast<std::int64_t>(t);
         c.journal_path = field(j.get(), "KNOD_JOURNAL_PATH").value_or("");
-        out.push_back(std::move(c));
+        c.machine_id = field(j.get(), "_MACHINE_ID").value_or("");
+        auto id = field(j.get(), "KNOD_JOURNAL_ID");
+        if (id && *id == journal_id) {
+            out.push_back(std::move(c));
+            continue;
+        }
+        std::tuple key{id.value_or(""), c.journal_path, c.machine_id};
+        if (!id || (seen.size() >= max_others && !seen.count(key))) continue;
+        auto &o = seen[key];
+        o.journal_id = *id;
+        o.journal_path = c.journal_path;
+        o.machine_id = c.machine_id;
+        ++o.records;
+        o.newest_seq = std::max(o.newest_seq, c.seq);
+        o.newest_at_us = std::max(o.newest_at_us, c.at_us);
     }
+    if (others)
+        for (auto &[key, o] : seen)
+            others->push_back(std::move(o));
+    return out;
+}
+
+std::vector<OtherJournal> journals_replaced(const std::vector<AnchorCopy> &copies,
+                                            const std::vector<OtherJournal> &others) {
+    std::set<std::pair<std::string, std::string>> here; // (path, host) of this journal's heads
+    for (auto &c : copies)
+        here.emplace(c.journal_path, c.machine_id);
+    std::vector<OtherJournal> out;
+    for (auto &o : others)
+        if (here.count({o.journal_path, o.machine_id})) out.push_back(o);
     return out;
 }
 

@@ -30,13 +30,31 @@ struct AnchorCopy {
     std::string hash;         // 64 lowercase hex digits
     std::int64_t at_us = 0;   // when journald received it (realtime)
     std::string journal_path; // where the daemon's journal was (KNOD_JOURNAL_PATH)
+    std::string machine_id;   // the host whose journald received it (_MACHINE_ID)
 };
 
-// Every anchor record of `journal_id` in `source`, oldest first. Records of other journals are
-// not read. An error when nothing can be read (no journal files, none readable, a named file
-// that does not open): the reason says which.
+// The heads of another journal than the one read (read_anchor_copies' `others`).
+struct OtherJournal {
+    std::string journal_id;
+    std::string journal_path;
+    std::string machine_id;
+    std::int64_t records = 0;
+    std::int64_t newest_seq = 0;
+    std::int64_t newest_at_us = 0; // journald's time of its latest record
+};
+
+// Every anchor record of `journal_id` in `source`, oldest first. With `others`, also a summary
+// of every other journal whose heads are there (one entry per id, path and host); without it
+// they are not read. An error when nothing can be read (no journal files, none readable, a
+// named file that does not open): the reason says which.
 Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &source,
-                                                   const std::string &journal_id);
+                                                   const std::string &journal_id,
+                                                   std::vector<OtherJournal> *others = nullptr);
+
+// The journals in `others` kept at the same path on the same host as `copies` (this journal's
+// heads): each was there before this one (or beside it), and its history is not in this one.
+std::vector<OtherJournal> journals_replaced(const std::vector<AnchorCopy> &copies,
+                                            const std::vector<OtherJournal> &others);
 
 struct SystemJournalCheck {
     bool ok = true;

@@ -1446,7 +1446,7 @@ TEST_F(JournalTest, ASystemJournalRecordOfAPrunedEventIsHeldToTheRetention) {
         EXPECT_TRUE(db.ok());
         std::vector<AnchorCopy> copies;
         for (auto at : recorded_at)
-            copies.push_back({3, std::string(64, 'a'), at, path_});
+            copies.push_back({3, std::string(64, 'a'), at, path_, ""});
         auto c = check_anchor_copies(*db, path_, copies, false, retention, std::nullopt, prunes);
         EXPECT_TRUE(c.ok()) << c.error().message;
         return c ? *c : SystemJournalCheck{};
@@ -1496,7 +1496,7 @@ TEST_F(JournalTest, ACheckpointHoldingARecordedHeadDoesNotVouchForThePrune) {
     auto cp = db->prepare("SELECT seq, lower(hex(hash)) FROM checkpoints");
     ASSERT_TRUE(cp.ok());
     ASSERT_TRUE(cp->step().value());
-    AnchorCopy at_checkpoint{cp->int64(0), cp->text(1), now_us(), path_};
+    AnchorCopy at_checkpoint{cp->int64(0), cp->text(1), now_us(), path_, ""};
     auto c = check_anchor_copies(*db, path_, {at_checkpoint});
     ASSERT_TRUE(c.ok()) << c.error().message;
     EXPECT_FALSE(c->ok);
