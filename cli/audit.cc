@@ -44,7 +44,8 @@ struct Options {
     std::string export_file; // verify --export
     bool allow_gaps = false;
     bool allow_pruned_anchor = false;
-    bool allow_replaced_journal = false;
+    std::vector<std::string> expect_journals; // other journal ids the auditor knows are there
+    std::string daemon_uid;                   // the daemon's uid on the node, if not here
     bool as_snapshot = false; // verify: take the anchor's snapshot mark wherever the file lies
     std::string retention;    // verify --retention AGE: the node prunes only events this old
     // The chain-head copies in the system journal: checked where readable unless
@@ -405,16 +406,17 @@ struct SystemJournalPart {
     std::optional<journal::SystemJournalCheck> check;
     std::string source;
     std::string note;
-    bool required = false;  // asked for by name: unreadable or empty is a failure
-    std::string journal_id; // the id its records were matched by
-    std::vector<journal::OtherJournal> others; // other journals' heads, when required
+    bool required = false;      // asked for by name: unreadable or empty is a failure
+    std::string journal_id;     // the id its records were matched by
+    journal::OtherHeads others; // other journals' heads, when required
 };
 
 // Reads the copies before verify takes its snapshot: the daemon sends a head only after
 // committing it, so no copy read here can be ahead of an intact database.
 Result<SystemJournalPart> read_system_journal(const Options &o, journal::Database &db) {
     SystemJournalPart part;
-    journal::SystemJournalSource source{o.system_journal_dir, o.system_journal_files};
+    journal::SystemJournalSource source{o.system_journal_dir, o.system_journal_files, {}};
+    if (!o.daemon_uid.empty()) source.daemon_uid = o.daemon_uid;
     part.source = source.describe();
     bool required = o.system_journal || !source.local();
     part.required = required;
@@ -471,6 +473,46 @@ nlohmann::json snapshot_json(const Options &o, const journal::VerifyReport &r) {
             {"through_event", last_event(r)}};
 }
 
+// Why system-journal files named on the command line do not vouch for this journal, if they
+// do not: they hold no head of it (a journal rewritten under a new id has none), or they hold
+// heads of another journal from the same host that the auditor did not name (one deleted, and
+// its history not in this one, or this one the old one rewritten once root sent it a head).
+std::optional<std::string> unvouched(const Options &o, const SystemJournalPart &part) {
+    const auto &others = part.others;
+    if (part.check->records == 0) {
+        std::string senders;
+        for (auto &[uid, n] : others.untrusted_senders)
+            senders += (senders.empty() ? "" : ", ") + std::to_string(n) + " from uid " +
+                       quote_untrusted(uid);
+        return "it holds no chain head of this journal (id " + quote_untrusted(part.journal_id) +
+               ") that root or the daemon's account sent, so it vouches for none of it: a "
+               "journal rewritten under a new id looks like this" +
+               (senders.empty()
+                    ? std::string(" (the daemon sends its head there at most once a second "
+                                  "while it commits; if this node's daemon sent none, verify "
+                                  "without --system-journal*)")
+                    : "; it holds heads of it sent by other accounts (" + senders +
+                          "): if one is the daemon's account on the node, name its uid with "
+                          "--daemon-uid");
+    }
+    if (others.truncated)
+        return "it holds heads of more than " + std::to_string(journal::max_other_journals) +
+               " other journals, so it cannot tell whether one of them was on this journal's "
+               "host (name fewer files: those of this host)";
+    auto other = journal::other_journals_on_host(*part.copies, others.journals, o.expect_journals);
+    if (other.empty()) return std::nullopt;
+    const auto &r = other.front();
+    return "it also holds chain heads of another journal from this journal's host (id " +
+           quote_untrusted(r.journal_id) + " at " + quote_untrusted(r.journal_path) + ", " +
+           std::to_string(r.records) + " record(s), through event " + std::to_string(r.newest_seq) +
+           ", the latest at " + format_time(r.newest_at_us) +
+           (other.size() > 1 ? "; and " + std::to_string(other.size() - 1) + " more"
+                             : std::string()) +
+           "): a journal deleted, whose history is not in this one, or this one rewritten under "
+           "a new id looks like this (name the journals that run there with --expect-journal "
+           "ID, and verify each on its own)";
+}
+
 int verify(const Options &o) {
     if (!o.export_file.empty()) return verify_export_file(o.export_file, o.allow_gaps, o.json);
     bool tty = !o.json && isatty(STDERR_FILENO);
@@ -515,37 +557,18 @@ int verify(const Options &o) {
             report->prunes);
         if (!check) return fail(o, "verify", check.error());
         system->check = std::move(*check);
-        if (system->check->ok && system->check->records == 0 && system->required) {
-            // Asked for by name, it vouches for nothing: a journal the daemon kept has heads
-            // there (one a second while it commits); one rewritten under a new id has none.
-            system->check->ok = false;
-            system->check->problem =
-                "it holds no chain head of this journal (id " +
-                quote_untrusted(system->journal_id) +
-                "), so it vouches for none of it: a journal rewritten under a new id looks like "
-                "this (the daemon sends its head there at most once a second while it commits; "
-                "if this node's daemon sent none, verify without --system-journal*)";
-        }
-        auto replaced = journal::journals_replaced(*system->copies, system->others);
-        if (system->check->ok && !replaced.empty() && !o.allow_replaced_journal) {
-            // One path on one host holds one journal at a time: another id there is a journal
-            // deleted (and its history with it), or this one rewritten under a new id.
-            const auto &r = replaced.front();
-            system->check->ok = false;
-            system->check->problem =
-                "it also holds chain heads of another journal at this journal's path on this "
-                "host (id " +
-                quote_untrusted(r.journal_id) + ", " + std::to_string(r.records) +
-                " record(s), through event " + std::to_string(r.newest_seq) + ", the latest at " +
-                format_time(r.newest_at_us) +
-                (replaced.size() > 1 ? ", and " + std::to_string(replaced.size() - 1) + " more"
-                                     : std::string()) +
-                "): that journal was deleted and its history is not in this one, or this one was "
-                "rewritten under a new id (--allow-replaced-journal if that journal was deleted "
-                "on purpose; verify it on its own)";
-        }
+        if (system->required && system->check->ok)
+            if (auto why = unvouched(o, *system)) {
+                system->check->ok = false;
+                system->check->problem = *why;
+            }
     }
     const auto &sys = system->check;
+    // The id its heads carry (KNOD_JOURNAL_ID), for --expect-journal on another journal's
+    // verify; null when the journal has none.
+    nlohmann::json journal_id;
+    if (auto id = journal::read_identity(opened->db()); id && !id->journal_id.empty())
+        journal_id = id->journal_id;
     bool ok = report->ok && (!sys || sys->ok);
     nlohmann::json sys_json{{"checked", sys.has_value()}, {"source", system->source}};
     if (sys) {
@@ -567,6 +590,7 @@ int verify(const Options &o) {
         std::cout << knod::dump_json_escaped(
                          nlohmann::json{
                              {"ok", ok},
+                             {"journal_id", journal_id},
                              {"events_checked", report->events_checked},
                              {"total_events", report->total_events},
                              {"first_seq", report->first_seq},
@@ -737,11 +761,16 @@ Runner add_audit(CLI::App &app) {
         "accept an anchor or system-journal record naming an event retention pruned since (a "
         "checkpoint at its seq must still hold its hash); without it that is a failure, since "
         "heads are public and wiping all history and chaining a new one looks the same");
-    verify_cmd->add_flag(
-        "--allow-replaced-journal", o->allow_replaced_journal,
-        "accept heads of another journal at this journal's path on the same host in the system "
-        "journal files named (it was deleted on purpose); without it that is a failure, since a "
-        "journal rewritten under a new id looks the same");
+    verify_cmd->add_option(
+        "--expect-journal", o->expect_journals,
+        "another journal id the named system-journal files may hold heads of from this "
+        "journal's host (another daemon there, or a journal deleted on purpose); any other "
+        "fails, since a journal rewritten under a new id looks the same (repeatable)");
+    verify_cmd
+        ->add_option("--daemon-uid", o->daemon_uid,
+                     "the daemon's uid on the node, when this machine's knod-policy "
+                     "account has another (or none): heads it sent count beside root's")
+        ->check(CLI::Number);
     auto *retention = verify_cmd->add_option(
         "--retention", o->retention,
         "the node's retention (e.g. 180d): every retention-prune must have removed only "

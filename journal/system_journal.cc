@@ -51,9 +51,12 @@ bool is_hex64(const std::string &h) {
 
 // Who may have sent a chain head: root and the daemon's account. Anyone may send journald
 // entries with any KNOD_* fields, but _UID is journald's own (from the socket's credentials).
-std::set<std::string> trusted_uids() {
+std::set<std::string> trusted_uids(const std::optional<std::string> &daemon_uid) {
     std::set<std::string> uids{"0"};
-    if (struct passwd *pw = getpwnam("knod-policy")) uids.insert(std::to_string(pw->pw_uid));
+    if (daemon_uid)
+        uids.insert(*daemon_uid);
+    else if (struct passwd *pw = getpwnam("knod-policy"))
+        uids.insert(std::to_string(pw->pw_uid));
     return uids;
 }
 
@@ -70,7 +73,7 @@ std::string SystemJournalSource::describe() const {
 
 Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &source,
                                                    const std::string &journal_id,
-                                                   std::vector<OtherJournal> *others) {
+                                                   OtherHeads *others) {
     sd_journal *raw = nullptr;
     int rc = 0;
     if (!source.directory.empty()) {
@@ -110,18 +113,23 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
     if ((!others && (rc = sd_journal_add_match(j.get(), id_match.c_str(), 0)) < 0) ||
         (rc = sd_journal_add_match(j.get(), kind_match.c_str(), 0)) < 0)
         return make_error(Errc::io, "journal match: " + errno_text(rc));
-    auto trusted = trusted_uids();
+    auto trusted = trusted_uids(source.daemon_uid);
     std::vector<AnchorCopy> out;
-    // Other journals, by (id, path, host); bounded: a collector holds a few per host.
+    // Other journals, by (id, path, host); bounded: a collector holds a few per host, and
+    // more is reported (truncated), never silently dropped.
     std::map<std::tuple<std::string, std::string, std::string>, OtherJournal> seen;
-    constexpr std::size_t max_others = 4096;
     for (;;) {
         rc = sd_journal_next(j.get());
         if (rc < 0)
             return make_error(Errc::io, "reading " + source.describe() + ": " + errno_text(rc));
         if (rc == 0) break;
         auto uid = field(j.get(), "_UID");
-        if (!uid || !trusted.count(*uid)) continue; // sent by another user: not the daemon's
+        if (!uid || !trusted.count(*uid)) { // sent by another user: not the daemon's
+            if (others && uid && field(j.get(), "KNOD_JOURNAL_ID") == journal_id &&
+                (others->untrusted_senders.size() < 64 || others->untrusted_senders.count(*uid)))
+                ++others->untrusted_senders[*uid];
+            continue;
+        }
         auto seq = field(j.get(), "KNOD_SEQ");
         auto hash = field(j.get(), "KNOD_HASH");
         AnchorCopy c;
@@ -139,7 +147,11 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
             continue;
         }
         std::tuple key{id.value_or(""), c.journal_path, c.machine_id};
-        if (!id || (seen.size() >= max_others && !seen.count(key))) continue;
+        if (!others || !id) continue;
+        if (seen.size() >= max_other_journals && !seen.count(key)) {
+            others->truncated = true;
+            continue;
+        }
         auto &o = seen[key];
         o.journal_id = *id;
         o.journal_path = c.journal_path;
@@ -150,18 +162,21 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
     }
     if (others)
         for (auto &[key, o] : seen)
-            others->push_back(std::move(o));
+            others->journals.push_back(std::move(o));
     return out;
 }
 
-std::vector<OtherJournal> journals_replaced(const std::vector<AnchorCopy> &copies,
-                                            const std::vector<OtherJournal> &others) {
-    std::set<std::pair<std::string, std::string>> here; // (path, host) of this journal's heads
+std::vector<OtherJournal> other_journals_on_host(const std::vector<AnchorCopy> &copies,
+                                                 const std::vector<OtherJournal> &others,
+                                                 const std::vector<std::string> &expected) {
+    std::set<std::string> hosts; // this journal's hosts; "" (no _MACHINE_ID) is every host
     for (auto &c : copies)
-        here.emplace(c.journal_path, c.machine_id);
+        hosts.insert(c.machine_id);
     std::vector<OtherJournal> out;
     for (auto &o : others)
-        if (here.count({o.journal_path, o.machine_id})) out.push_back(o);
+        if ((hosts.count("") || o.machine_id.empty() || hosts.count(o.machine_id)) &&
+            std::find(expected.begin(), expected.end(), o.journal_id) == expected.end())
+            out.push_back(o);
     return out;
 }
 

@@ -20,6 +20,9 @@ namespace knod::journal {
 struct SystemJournalSource {
     std::string directory;          // sd_journal_open_directory
     std::vector<std::string> files; // sd_journal_open_files
+    // Who may have sent a head beside root: the daemon's account on the node (its uid there;
+    // by default this machine's knod-policy account, which a collector may not have).
+    std::optional<std::string> daemon_uid;
     // Neither: the local system journal (sd_journal_open, every journal this user may read).
     bool local() const { return directory.empty() && files.empty(); }
     std::string describe() const;
@@ -33,7 +36,7 @@ struct AnchorCopy {
     std::string machine_id;   // the host whose journald received it (_MACHINE_ID)
 };
 
-// The heads of another journal than the one read (read_anchor_copies' `others`).
+// The heads of another journal than the one read.
 struct OtherJournal {
     std::string journal_id;
     std::string journal_path;
@@ -43,18 +46,31 @@ struct OtherJournal {
     std::int64_t newest_at_us = 0; // journald's time of its latest record
 };
 
-// Every anchor record of `journal_id` in `source`, oldest first. With `others`, also a summary
-// of every other journal whose heads are there (one entry per id, path and host); without it
-// they are not read. An error when nothing can be read (no journal files, none readable, a
-// named file that does not open): the reason says which.
+// What read_anchor_copies found beside the journal's own heads.
+struct OtherHeads {
+    std::vector<OtherJournal> journals; // by id, path and host; at most max_other_journals
+    bool truncated = false;             // more than that: not all are listed
+    // Heads of this journal sent by an account that is not trusted, by uid: the daemon's
+    // account on the node has another uid than here (SystemJournalSource::daemon_uid).
+    std::map<std::string, std::int64_t> untrusted_senders;
+};
+inline constexpr std::size_t max_other_journals = 4096;
+
+// Every anchor record of `journal_id` in `source`, oldest first, sent by a trusted account.
+// With `others`, also the heads of every other journal there and this journal's heads from
+// untrusted senders; without it those are not read. An error when nothing can be read (no
+// journal files, none readable, a named file that does not open): the reason says which.
 Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &source,
                                                    const std::string &journal_id,
-                                                   std::vector<OtherJournal> *others = nullptr);
+                                                   OtherHeads *others = nullptr);
 
-// The journals in `others` kept at the same path on the same host as `copies` (this journal's
-// heads): each was there before this one (or beside it), and its history is not in this one.
-std::vector<OtherJournal> journals_replaced(const std::vector<AnchorCopy> &copies,
-                                            const std::vector<OtherJournal> &others);
+// The journals in `others` from the same host as `copies` (this journal's heads), whatever
+// their path (root chooses the path), less those in `expected` (ids the auditor knows run
+// there). A head without _MACHINE_ID, on either side, counts as from every host. Each is a
+// journal beside or before this one whose history is not in it.
+std::vector<OtherJournal> other_journals_on_host(const std::vector<AnchorCopy> &copies,
+                                                 const std::vector<OtherJournal> &others,
+                                                 const std::vector<std::string> &expected);
 
 struct SystemJournalCheck {
     bool ok = true;

@@ -20,10 +20,11 @@ id=$(sqlite3 "$work/j.db" "SELECT value FROM meta WHERE key = 'journal_id'")
 hash_of() { sqlite3 "$1" "SELECT lower(hex(hash)) FROM events WHERE seq = $2"; }
 [ ${#id} -eq 32 ] || not_ok "the journal has no id: '$id'"
 
-# anchors FILE "JOURNAL_ID SEQ HASH UID [SECONDS_AGO [PATH]]" ...: a journal file holding those
-# anchor records, each as the daemon sends it (KNOD_EVENT=journal-anchor), with journald's
-# trusted _UID; received SECONDS_AGO (- for the default), or 1000 s ago and a second apart; from
-# a journal at PATH (default /var/lib/knod-policy/journal.db).
+# anchors FILE "JOURNAL_ID SEQ HASH UID [SECONDS_AGO [PATH [MACHINE]]]" ...: a journal file
+# holding those anchor records, each as the daemon sends it (KNOD_EVENT=journal-anchor), with
+# journald's trusted _UID; received SECONDS_AGO (- for the default), or 1000 s ago and a second
+# apart; from a journal at PATH (- for /var/lib/knod-policy/journal.db) on host MACHINE
+# (_MACHINE_ID; default 1111...; "none" leaves it out).
 anchors() {
     local out=$1; shift
     py 'import sys, time
@@ -31,10 +32,12 @@ now = int(time.time() * 1e6)
 for i, spec in enumerate(sys.argv[1:]):
     jid, seq, h, uid, *more = spec.split()
     ago = more[0] if more and more[0] != "-" else None
-    path = more[1] if len(more) > 1 else "/var/lib/knod-policy/journal.db"
+    path = more[1] if len(more) > 1 and more[1] != "-" else "/var/lib/knod-policy/journal.db"
+    machine = more[2] if len(more) > 2 else "1" * 32
+    machine = "" if machine == "none" else f"_MACHINE_ID={machine}\n"
     t = now - int(ago) * 10**6 if ago else now - 10**9 + i * 10**6
     print(f"__REALTIME_TIMESTAMP={t}\n__MONOTONIC_TIMESTAMP={1000 + i}\n"
-          f"_BOOT_ID=0123456789abcdef0123456789abcdef\n_UID={uid}\n_COMM=knod-policyd\n"
+          f"_BOOT_ID=0123456789abcdef0123456789abcdef\n{machine}_UID={uid}\n_COMM=knod-policyd\n"
           f"SYSLOG_IDENTIFIER=knod-policyd\nMESSAGE=knod-policy journal-anchor\n"
           f"KNOD_EVENT=journal-anchor\nKNOD_JOURNAL_ID={jid}\nKNOD_JOURNAL_PATH={path}\n"
           f"KNOD_SEQ={seq}\nKNOD_HASH={h}\n")' "$@" | "$remote" -o "$out" - 2>/dev/null
@@ -70,11 +73,11 @@ if [ ! -x "$remote" ]; then
     skip "systemd-journal-remote is not installed (scripts/install-deps.sh installs it)"
 else
     other=0123456789abcdef0123456789abcdef
-    # An intact journal: its records match; another journal's records (far ahead, at another
-    # path) are not compared.
+    # An intact journal: its records match; another host's journal's records (far ahead) are
+    # not compared.
     mkdir "$work/sys"
     anchors "$work/sys/system.journal" "$id 10 $(hash_of "$work/j.db" 10) 0" \
-        "$id 25 $(hash_of "$work/j.db" 25) 0" "$other 9999 $(hash_of "$work/j.db" 1) 0 - /var/lib/other/journal.db" \
+        "$id 25 $(hash_of "$work/j.db" 25) 0" "$other 9999 $(hash_of "$work/j.db" 1) 0 - - 22222222222222222222222222222222" \
         "$id 40 $(hash_of "$work/j.db" 40) 0"
     [ -s "$work/sys/system.journal" ] || not_ok "systemd-journal-remote wrote no journal file"
     run "$cli" audit verify --db "$work/j.db" --system-journal-file "$work/sys/system.journal"
@@ -172,17 +175,32 @@ else
     [ "$rc" -eq 1 ] && grep -q "holds no chain head of this journal" "$work/out" &&
         ok "a named system journal with no head of this journal vouches for none of it (exit 1)" ||
         { not_ok "newid (exit $rc)"; cat "$work/out"; }
-    # ... and once root sends a head under the new id: the old id's heads at the same path on
-    # the same host remain (#31's red team: the new head alone passed).
+    # ... and once root sends a head under the new id, at another path even: the old id's heads
+    # from the same host remain (#31's red team: the new head alone passed).
     nid=$(sqlite3 "$work/n.db" "SELECT value FROM meta WHERE key = 'journal_id'")
-    anchors "$work/sys/new-id.journal" "$nid 30 $(hash_of "$work/n.db" 30) 0 0"
+    anchors "$work/sys/new-id.journal" "$nid 30 $(hash_of "$work/n.db" 30) 0 0 /var/lib/kp2/journal.db"
     run "$cli" audit verify --db "$work/n.db" --system-journal-dir "$work/sys"
-    [ "$rc" -eq 1 ] && grep -q "another journal at this journal's path on this host (id '\?$id'\?, 3 record(s), through event 40" "$work/out" &&
-        ok "a journal whose path and host hold another journal's heads replaced it: not ok, naming it (exit 1)" ||
+    [ "$rc" -eq 1 ] && grep -q "another journal from this journal's host (id '\?$id'\?.*3 record(s), through event 40" "$work/out" &&
+        ok "heads of another journal from the same host, at any path: not ok, naming it (exit 1)" ||
         { not_ok "newid with its own head (exit $rc)"; cat "$work/out"; }
-    run "$cli" audit verify --db "$work/n.db" --system-journal-dir "$work/sys" --allow-replaced-journal
-    [ "$rc" -eq 0 ] && ok "--allow-replaced-journal accepts it (the old one deleted on purpose)" ||
-        { not_ok "--allow-replaced-journal (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/n.db" --system-journal-dir "$work/sys" --expect-journal "$id"
+    [ "$rc" -eq 0 ] && ok "--expect-journal names it (a journal deleted on purpose, or another daemon there)" ||
+        { not_ok "--expect-journal (exit $rc)"; cat "$work/out"; }
+    # Heads without _MACHINE_ID are from every host.
+    anchors "$work/sys/new-id.journal" "$nid 30 $(hash_of "$work/n.db" 30) 0 0 - none"
+    run "$cli" audit verify --db "$work/n.db" --system-journal-dir "$work/sys"
+    [ "$rc" -eq 1 ] && ok "a head without _MACHINE_ID does not hide the host's other journal (exit 1)" ||
+        { not_ok "no machine id (exit $rc)"; cat "$work/out"; }
+    # The daemon's account on the node has a uid this machine does not know: its heads are
+    # named with the fix, and count with --daemon-uid.
+    anchors "$work/uid.journal" "$id 40 $(hash_of "$work/j.db" 40) 998"
+    run "$cli" audit verify --db "$work/j.db" --system-journal-file "$work/uid.journal"
+    [ "$rc" -eq 1 ] && grep -q "sent by other accounts (1 from uid '\?998'\?): if one is the daemon's account on the node, name its uid with --daemon-uid" "$work/out" &&
+        ok "heads from an unknown account: not counted, and the message names the uid and --daemon-uid (exit 1)" ||
+        { not_ok "daemon uid (exit $rc)"; cat "$work/out"; }
+    run "$cli" audit verify --db "$work/j.db" --system-journal-file "$work/uid.journal" --daemon-uid 998
+    [ "$rc" -eq 0 ] && grep -q "^system journal: 1 chain-head record(s)" "$work/out" &&
+        ok "--daemon-uid 998 counts them" || { not_ok "--daemon-uid (exit $rc)"; cat "$work/out"; }
     rm -f "$work/sys/new-id.journal"
     sqlite3 "$work/n.db" "UPDATE meta SET value = '' WHERE key = 'journal_id'"
     run "$cli" audit verify --db "$work/n.db" --no-system-journal
