@@ -10,7 +10,8 @@
 set -euo pipefail
 case "$1" in
 build)
-    src=$2 out=$3
+    # Absolute: ccache's CCACHE_BASEDIR must be (a relative SRC failed with KNOD_CCACHE_DIR).
+    src=$(realpath "$2") out=$3
     mkdir -p "$out"
     flags=(-std=c++2b -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-sanitize=unreachable
            -I"$src" -I"$src/common" -DTOML_HEADER_ONLY=1 '-DTOML_ASSERT(expr)=((void)0)')
