@@ -422,6 +422,8 @@ Result<SystemJournalPart> read_system_journal(const Options &o, journal::Databas
     part.required = required;
     if (o.no_system_journal) {
         part.note = "not checked (--no-system-journal)";
+        // Only for verify --json's journal_id: an unreadable id is verify's to report.
+        if (auto id = journal::read_identity(db)) part.journal_id = id->journal_id;
         return part;
     }
     auto unread = [&](const Error &e) -> Result<SystemJournalPart> {
@@ -564,11 +566,6 @@ int verify(const Options &o) {
             }
     }
     const auto &sys = system->check;
-    // The id its heads carry (KNOD_JOURNAL_ID), for --expect-journal on another journal's
-    // verify; null when the journal has none.
-    nlohmann::json journal_id;
-    if (auto id = journal::read_identity(opened->db()); id && !id->journal_id.empty())
-        journal_id = id->journal_id;
     bool ok = report->ok && (!sys || sys->ok);
     nlohmann::json sys_json{{"checked", sys.has_value()}, {"source", system->source}};
     if (sys) {
@@ -590,7 +587,10 @@ int verify(const Options &o) {
         std::cout << knod::dump_json_escaped(
                          nlohmann::json{
                              {"ok", ok},
-                             {"journal_id", journal_id},
+                             // For --expect-journal on another journal's verify.
+                             {"journal_id", system->journal_id.empty()
+                                                ? nlohmann::json()
+                                                : nlohmann::json(system->journal_id)},
                              {"events_checked", report->events_checked},
                              {"total_events", report->total_events},
                              {"first_seq", report->first_seq},

@@ -139,7 +139,7 @@ Result<void> check_event_row(const Statement &st) {
     if (auto c = check_count(row, "uid", st, 4, true, max_uid); !c) return c;
     if (auto c = check_count(row, "pid", st, 5, true); !c) return c;
     if (st.type(9) == SQLITE_NULL) return {};
-    std::string detail = st.text(9);
+    std::string_view detail = st.text_view(9); // checked in place: no copy per event
     if (detail.size() > max_detail_bytes)
         return impossible(row, "detail",
                           "is " + std::to_string(detail.size()) + " bytes, above " +

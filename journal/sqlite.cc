@@ -196,11 +196,15 @@ void Statement::reset() {
     sqlite3_clear_bindings(stmt_);
 }
 
-std::string Statement::text(int col) const {
+std::string_view Statement::text_view(int col) const {
     auto *p = sqlite3_column_text(stmt_, col);
-    return p ? std::string(reinterpret_cast<const char *>(p),
-                           static_cast<std::size_t>(sqlite3_column_bytes(stmt_, col)))
-             : std::string();
+    return p ? std::string_view(reinterpret_cast<const char *>(p),
+                                static_cast<std::size_t>(sqlite3_column_bytes(stmt_, col)))
+             : std::string_view();
+}
+
+std::string Statement::text(int col) const {
+    return std::string(text_view(col));
 }
 
 std::optional<std::string> Statement::opt_text(int col) const {

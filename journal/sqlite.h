@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace knod::journal {
 
@@ -65,6 +66,8 @@ class Statement {
     int type(int col) const { return sqlite3_column_type(stmt_, col); } // SQLITE_INTEGER, ...
     double real(int col) const { return sqlite3_column_double(stmt_, col); }
     std::string text(int col) const;
+    // The same without a copy, valid until the next step(), reset() or column read as another type.
+    std::string_view text_view(int col) const;
     std::optional<std::string> opt_text(int col) const;
     std::optional<std::int64_t> opt_int64(int col) const;
     std::string blob(int col) const;

@@ -180,12 +180,13 @@ std::vector<OtherJournal> other_journals_on_host(const std::vector<AnchorCopy> &
     return out;
 }
 
-Result<SystemJournalCheck>
-check_anchor_copies(Database &db, const std::string &db_path, const std::vector<AnchorCopy> &copies,
-                    bool allow_pruned, std::optional<std::int64_t> retention_us,
-                    std::optional<std::int64_t> snapshot_at_us,
-                    const std::vector<PruneRecord> &prunes, std::optional<std::int64_t> now_us) {
-    const std::int64_t now = now_us ? *now_us : journal::now_us();
+Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &db_path,
+                                               const std::vector<AnchorCopy> &copies,
+                                               bool allow_pruned,
+                                               std::optional<std::int64_t> retention_us,
+                                               std::optional<std::int64_t> snapshot_at_us,
+                                               const std::vector<PruneRecord> &prunes) {
+    const std::int64_t now = now_us();
     if (sqlite3_get_autocommit(db.get()))
         if (auto r = db.exec("BEGIN"); !r) return std::move(r).error().context(db_path);
     auto first = db.scalar("SELECT coalesce(min(seq), 0) FROM events");

@@ -97,22 +97,20 @@ struct SystemJournalCheck {
 // are public: a wipe of all history chained on a checkpoint that holds a copied head looks like
 // a prune) unless `allow_pruned` (the auditor expects that prune: --allow-pruned-anchor), or
 // unless `retention_us` (--retention AGE), a retention-prune in `prunes` (VerifyReport::prunes)
-// removed it, and journald received every copy of it at least AGE before `now_us` (the
-// auditor's clock): the event was written no later than its copy, so a retention that keeps
-// AGE may have pruned it by now. Nothing the chain says about its prunes' times counts here:
-// whoever rewrites the chain writes them, and can send a head to vouch for them.
-// A copy journald received more than an hour after `now_us` fails: the node's clock was set
-// forward (or the auditor's is wrong), and such times prove nothing.
-// `snapshot_at_us`: `db` is a published snapshot taken then (VerifyReport::snapshot): a copy
-// past its end that journald received at or after that time is counted in
-// newer_than_snapshot, not a failure; one received before it is (the daemon sends a head only
-// after committing it, so the snapshot, whose read began later, must hold that event).
+// removed it, and journald received every copy of it at least AGE ago by this machine's clock: the
+// event was written no later than its copy, so a retention that keeps AGE may have pruned it by
+// now. Nothing the chain says about its prunes' times counts here: whoever rewrites the chain
+// writes them, and can send a head to vouch for them. A copy journald received more than an hour in
+// this clock's future fails: the node's clock was set forward (or the auditor's is wrong), and such
+// times prove nothing. `snapshot_at_us`: `db` is a published snapshot taken then
+// (VerifyReport::snapshot): a copy past its end that journald received at or after that time is
+// counted in newer_than_snapshot, not a failure; one received before it is (the daemon sends a head
+// only after committing it, so the snapshot, whose read began later, must hold that event).
 Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &name,
                                                const std::vector<AnchorCopy> &copies,
                                                bool allow_pruned = false,
                                                std::optional<std::int64_t> retention_us = {},
                                                std::optional<std::int64_t> snapshot_at_us = {},
-                                               const std::vector<PruneRecord> &prunes = {},
-                                               std::optional<std::int64_t> now_us = {});
+                                               const std::vector<PruneRecord> &prunes = {});
 
 } // namespace knod::journal

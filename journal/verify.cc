@@ -35,6 +35,9 @@ struct Anchor {
     std::int64_t seq = 0;
     std::string hash;
     std::optional<SnapshotMark> snapshot;
+    // The file's mtime, in 128 bits (a touched file's time may be anything): when the daemon
+    // wrote it (kept by cp -p) or when it was copied, after its event either way.
+    wide_int modified_us = 0;
 };
 
 // The anchor file as the daemon writes it: {"seq": N, "hash": "<64 hex digits>"}, and for a
@@ -47,7 +50,10 @@ Result<std::optional<Anchor>> read_anchor(const std::string &path) {
     // The daemon writes ~100 bytes; anything much longer is not its anchor (and is never
     // parsed whole, nor nested deep enough to exhaust the stack). A FIFO or device is refused.
     struct stat st {};
-    if (stat(path.c_str(), &st) != 0 && errno == ENOENT) return std::optional<Anchor>();
+    if (stat(path.c_str(), &st) != 0) {
+        if (errno == ENOENT) return std::optional<Anchor>();
+        st = {}; // read_regular_file names the error
+    }
     auto read = read_regular_file(path, 4096);
     if (!read) return make_error(Errc::io, "cannot read the anchor file: " + read.error().message);
     std::string &text = *read;
@@ -63,7 +69,8 @@ Result<std::optional<Anchor>> read_anchor(const std::string &path) {
     if (h.size() != 64 || !std::all_of(h.begin(), h.end(),
                                        [](char c) { return std::isxdigit(c) && !std::isupper(c); }))
         return bad("\"hash\" is not 64 lowercase hex digits");
-    Anchor out{seq->get<std::int64_t>(), h, std::nullopt};
+    Anchor out{seq->get<std::int64_t>(), h, std::nullopt,
+               static_cast<wide_int>(st.st_mtim.tv_sec) * 1000000 + st.st_mtim.tv_nsec / 1000};
     if (auto mark = j.find("snapshot"); mark != j.end()) {
         if (!mark->is_object()) return bad("\"snapshot\" is not an object");
         auto at = mark->find("at_us");
@@ -420,15 +427,10 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                                   ") kept outside the database: the history up to it was "
                                   "rewritten and the checkpoint invented (forged)");
         } else if (use != AnchorUse::allow_pruned && retention_us) {
-            // The anchor's own time: its file's mtime, the daemon's write (kept by cp -p) or
-            // the copy's, both after the event was written. Accepted once that is AGE old by
-            // this clock: the prune's own times are whoever wrote the chain's word.
-            struct stat file {};
+            // Accepted once the anchor file (its mtime) is AGE old by this clock: the prune's
+            // own times are whoever wrote the chain's word.
             std::int64_t now = now_us();
-            std::optional<wide_int> at; // 128 bits: a touched file's time may be anything
-            if (::stat(anchor_path_used.c_str(), &file) == 0)
-                at = static_cast<wide_int>(file.st_mtim.tv_sec) * 1000000 +
-                     file.st_mtim.tv_nsec / 1000;
+            wide_int at = anchor->modified_us;
             std::string head = "the anchor (" + anchor_path_used + ") records event " +
                                std::to_string(anchor->seq) + ", which is no longer in the journal";
             if (prunes.lower_bound(anchor->seq) == prunes.end())
@@ -436,14 +438,12 @@ Result<VerifyReport> verify_chain(ReadOnlyJournal &opened, const std::string &pa
                                       ", and no retention-prune in the chain removed it: it "
                                       "cannot be checked against --retention " +
                                       age_text(*retention_us));
-            else if (!at || *at + *retention_us > now)
+            else if (at + *retention_us > now)
                 fail(anchor->seq,
                      head + "; the anchor file is " +
-                         (at ? age_text(static_cast<std::int64_t>(
-                                   std::clamp<wide_int>(now - *at, INT64_MIN, INT64_MAX))) +
-                                   " old (its mtime)"
-                             : std::string("of unknown age")) +
-                         ", younger than --retention " + age_text(*retention_us) +
+                         age_text(static_cast<std::int64_t>(
+                             std::clamp<wide_int>(now - at, INT64_MIN, INT64_MAX))) +
+                         " old (its mtime), younger than --retention " + age_text(*retention_us) +
                          ": a retention that keeps that long cannot have pruned its event yet (a "
                          "wipe and rewrite; keep the anchor's time when copying it off the host: "
                          "cp -p, rsync -t)");

@@ -54,41 +54,23 @@ inline std::string dump_json_escaped(const nlohmann::json &j, int indent = -1) {
 // near this.
 constexpr std::size_t max_json_depth = 256;
 
-// True when no bracket in `text` (outside strings) nests deeper than `max`. A cheap pre-scan;
-// it does not check the text is JSON.
-inline bool json_depth_within(std::string_view text, std::size_t max = max_json_depth) {
-    std::size_t depth = 0;
-    bool in_string = false;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        char c = text[i];
-        if (in_string) {
-            if (c == '\\')
-                ++i;
-            else if (c == '"')
-                in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            if (++depth > max) return false;
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            --depth;
-        }
-    }
-    return true;
-}
-
 // No object knod writes has more than a few dozen keys (a journal detail, an export record).
 // nlohmann::ordered_json finds each key it inserts by a linear search, and so did the export's
 // duplicate-key check, so an object of N keys took N^2 to read: readers refuse more than this.
 constexpr std::size_t max_json_object_keys = 1024;
 
-// Where `text` first holds an object of more than `max` keys (outside strings), or nullopt if it
-// holds none (or nests deeper than max_json_depth first, which readers refuse on its own). The
-// answer is the top-level member the object is in, as its raw text; empty for the top-level
-// object itself or one in a top-level array. A cheap pre-scan like json_depth_within.
-inline std::optional<std::string> json_object_over_keys(std::string_view text,
-                                                        std::size_t max = max_json_object_keys) {
+// What a cheap pre-scan of `text` (outside strings; it does not check the text is JSON) finds
+// against the two bounds readers hold JSON to.
+struct JsonShape {
+    bool too_deep = false; // a bracket nests deeper than max_json_depth
+    // The first object of more than max_json_object_keys keys: the top-level member it is in,
+    // as its raw text; empty for the top-level object itself or one in a top-level array.
+    std::optional<std::string> over_keys;
+};
+
+inline JsonShape json_shape(std::string_view text) {
     constexpr std::size_t array = std::string_view::npos;
+    JsonShape shape;
     std::vector<std::size_t> keys; // per open bracket: an object's keys so far, or `array`
     std::string_view top_member;
     bool in_string = false, key = false, expect_key = false;
@@ -110,12 +92,15 @@ inline std::optional<std::string> json_object_over_keys(std::string_view text,
             key = expect_key;
             expect_key = false;
             start = i + 1;
-            if (key && ++keys.back() > max)
-                return std::string(keys.size() == 1 ? std::string_view() : top_member);
+            if (key && ++keys.back() > max_json_object_keys && !shape.over_keys)
+                shape.over_keys = std::string(keys.size() == 1 ? std::string_view() : top_member);
             break;
         case '{':
         case '[':
-            if (keys.size() == max_json_depth) return std::nullopt;
+            if (keys.size() == max_json_depth) {
+                shape.too_deep = true;
+                return shape;
+            }
             keys.push_back(c == '{' ? 0 : array);
             expect_key = c == '{';
             break;
@@ -131,7 +116,17 @@ inline std::optional<std::string> json_object_over_keys(std::string_view text,
             break;
         }
     }
-    return std::nullopt;
+    return shape;
+}
+
+// True when no bracket in `text` nests deeper than max_json_depth (json_shape()).
+inline bool json_depth_within(std::string_view text) {
+    return !json_shape(text).too_deep;
+}
+
+// Where `text` first holds an object of more than max_json_object_keys keys (json_shape()).
+inline std::optional<std::string> json_object_over_keys(std::string_view text) {
+    return json_shape(text).over_keys;
 }
 
 struct JsonParseOptions {
@@ -144,7 +139,7 @@ struct JsonParseOptions {
 // (is_discarded()).
 template <typename Json = nlohmann::json>
 Json parse_json(std::string_view text, JsonParseOptions opts = {}) {
-    if (!json_depth_within(text) || json_object_over_keys(text))
+    if (auto shape = json_shape(text); shape.too_deep || shape.over_keys)
         return Json(nlohmann::json::value_t::discarded);
     if (!opts.duplicate_key) return Json::parse(text, nullptr, false);
     // The keys seen so far in each open object, innermost last.
