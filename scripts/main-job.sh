@@ -4,10 +4,13 @@
 # scripted client session (the article's register_buffer / wait_for_data, in C++ and in Python),
 # with traffic from the wire side for an allowed flow and a forbidden one, and the journal trail
 # it leaves. It stops everything and leaves nothing behind.
+# It installs and builds only what it runs (install-deps.sh --for main; the `main` preset: the
+# CLI, the daemon, the client library and the C++ example, warnings as errors, no test suite);
+# scripts/run-tests.sh adds the test rig and builds the rest in the same build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-bash scripts/build.sh ci
+bash scripts/install-deps.sh --for main
+bash scripts/build.sh main
 cli=build/cli/knod-policy
 policy=packaging/policy.example.toml
 step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "${*:2}"; "${@:2}" || true; }

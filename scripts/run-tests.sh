@@ -5,7 +5,7 @@
 # of Debian's 6.12 kernel and of a Debian 12 system; minutes, and a download on first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh --for test
 bash scripts/build.sh ci
 select=()
 if [ -n "${KNOD_SKIP_VM:-}" ]; then
