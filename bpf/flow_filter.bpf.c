@@ -390,13 +390,27 @@ static __always_inline int decide(void *data, void *end, __u32 rx_queue,
     return DECIDED_OFFLOAD;
 }
 
-/* unmatched() for the XDP filter: a passed packet also carries its RX queue in its metadata when
- * a guard runs behind the filter (record_queue). A packet that cannot carry it is dropped: the
- * guard could not tell whether it landed on a bound queue (fail closed). */
-static __always_inline int unmatched_xdp(struct xdp_md *ctx, const struct knod_config *c) {
+static __always_inline int foreign_on_queue(void *data, void *end, __u32 q, struct knod_config *cfg,
+                                            const struct knod_config *c, int decided);
+
+/* unmatched() for the XDP filter: when a guard runs behind the filter (record_queue), a passed
+ * packet either carries its RX queue in its metadata to the tc guard, or meets the guard's
+ * check here. A packet that cannot carry it is dropped: the guard could not tell whether it
+ * landed on a bound queue (fail closed). */
+static __always_inline int unmatched_xdp(struct xdp_md *ctx, struct knod_config *cfg,
+                                         const struct knod_config *c, int decided,
+                                         const int guard_path) {
     int act = unmatched(c);
     if (act != XDP_PASS || !c->record_queue) return act;
     __u32 queue = ctx->rx_queue_index;
+    if (guard_path == KNOD_SIM_GUARD_XDP) {
+        if (queue >= KNOD_MAX_QUEUES) return act;
+        __u32 *owner = bpf_map_lookup_elem(&bound_queues, &queue);
+        if (!owner || *owner == 0) return act;
+        foreign_on_queue((void *)(long)ctx->data, (void *)(long)ctx->data_end, queue, cfg, c,
+                         decided);
+        return XDP_DROP;
+    }
     if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct knod_rx_meta)) != 0) return XDP_DROP;
     struct knod_rx_meta *m = (void *)(long)ctx->data_meta;
     if ((void *)(m + 1) > (void *)(long)ctx->data) return XDP_DROP;
@@ -405,8 +419,11 @@ static __always_inline int unmatched_xdp(struct xdp_md *ctx, const struct knod_c
     return act;
 }
 
-SEC("xdp")
-int knod_flow_filter(struct xdp_md *ctx) {
+/* The filter, in one of two programs by where the sim's guard checks passed packets
+ * (KNOD_SIM_GUARD_*, a constant): the loader loads the one it attaches. Only the tc path's
+ * program calls bpf_xdp_adjust_meta, which some kernels refuse to XDP programs; the other holds
+ * no call to it at all. */
+static __always_inline int flow_filter(struct xdp_md *ctx, const int guard_path) {
     __u32 zero = 0;
     struct knod_config *cfg = bpf_map_lookup_elem(&config, &zero);
     if (!cfg) return XDP_PASS;
@@ -429,16 +446,10 @@ int knod_flow_filter(struct xdp_md *ctx) {
             return XDP_DROP;
         }
     }
-    switch (decided) {
-    case DECIDED_MALFORMED:
-        count(KNOD_STAT_MALFORMED);
-        return unmatched_xdp(ctx, &c);
-    case DECIDED_FRAGMENT:
-        count(KNOD_STAT_FRAGMENT);
-        return unmatched_xdp(ctx, &c);
-    case DECIDED_UNMATCHED:
-        return unmatched_xdp(ctx, &c);
-    }
+    if (decided == DECIDED_MALFORMED) count(KNOD_STAT_MALFORMED);
+    if (decided == DECIDED_FRAGMENT) count(KNOD_STAT_FRAGMENT);
+    if (decided == DECIDED_MALFORMED || decided == DECIDED_FRAGMENT || decided == DECIDED_UNMATCHED)
+        return unmatched_xdp(ctx, cfg, &c, decided, guard_path); /* one inlined copy */
     struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &slot_id);
     if (!cnt) return XDP_DROP;
     if (decided == DECIDED_BINDING_DROP) {
@@ -450,6 +461,20 @@ int knod_flow_filter(struct xdp_md *ctx) {
     cnt->bytes += (__u64)(ctx->data_end - ctx->data);
     /* No socket on the queue: drop rather than leak the packet to the stack. */
     return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_DROP);
+}
+
+/* The filter with the guard's check inside (KNOD_SIM_GUARD_XDP); without a guard behind it
+ * (record_queue off) both programs are the plain filter. */
+SEC("xdp")
+int knod_flow_filter(struct xdp_md *ctx) {
+    return flow_filter(ctx, KNOD_SIM_GUARD_XDP);
+}
+
+/* The filter that hands each passed packet's RX queue to knod_sim_guard at tc ingress
+ * (KNOD_SIM_GUARD_TC). Shown by the kernel, as the other is, as knod_flow_filte. */
+SEC("xdp")
+int knod_flow_filter_meta(struct xdp_md *ctx) {
+    return flow_filter(ctx, KNOD_SIM_GUARD_TC);
 }
 
 /* The sim's stand-in for a NIC's ntuple steering rules and RSS: on the wire end's egress, a
@@ -560,29 +585,39 @@ static __always_inline int guard(struct __sk_buff *skb, long rx_queue) {
     }
     if (decided == DECIDED_MALFORMED) count(KNOD_STAT_MALFORMED);
     if (decided == DECIDED_FRAGMENT) count(KNOD_STAT_FRAGMENT);
+    foreign_on_queue((void *)(long)skb->data, (void *)(long)skb->data_end, q, cfg, &c, decided);
+    return TC_ACT_SHOT;
+}
+
+/* A packet on bound queue `q` that is not an offload of its binding (`decided` says why), to be
+ * dropped: a malformed or fragmented packet of a binding's own flow on that binding's queue is
+ * counted as the binding's drop; anything else is foreign, charged as misrouted to the binding
+ * that holds the queue (steering drift). Returns whether it was foreign. */
+static __always_inline int foreign_on_queue(void *data, void *end, __u32 q, struct knod_config *cfg,
+                                            const struct knod_config *c, int decided) {
     if (decided == DECIDED_MALFORMED || decided == DECIDED_FRAGMENT) {
         /* One of the queue's own flows, malformed or fragmented: dropped as the binding's, not
          * drift (whoever can send on the flow could otherwise end the binding with one packet). */
-        long own = tuple_slot((void *)(long)skb->data, (void *)(long)skb->data_end, &c);
-        if (own >= 0 && own < KNOD_MAX_BINDINGS && *(volatile __u32 *)&cfg->epoch == c.epoch) {
+        long own = tuple_slot(data, end, c);
+        if (own >= 0 && own < KNOD_MAX_BINDINGS && *(volatile __u32 *)&cfg->epoch == c->epoch) {
             __u32 own_id = own;
             struct knod_slot *os = bpf_map_lookup_elem(&slots, &own_id);
             if (os && os->state == KNOD_SLOT_ACTIVE && os->queue == q) {
                 struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &own_id);
                 if (cnt) cnt->drops += 1;
-                return TC_ACT_SHOT;
+                return 0;
             }
         }
     }
     /* Charged to the binding that holds the queue (reread: the slot may have changed). */
-    owner = bpf_map_lookup_elem(&bound_queues, &q);
+    __u32 *owner = bpf_map_lookup_elem(&bound_queues, &q);
     if (owner && *owner) {
         __u32 holder = *owner - 1;
         struct knod_counters *cnt = bpf_map_lookup_elem(&counters, &holder);
         if (cnt) cnt->misrouted += 1;
     }
     count(KNOD_STAT_MISROUTED);
-    return TC_ACT_SHOT;
+    return 1;
 }
 
 SEC("tc")

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <set>
 #include <type_traits>
 
@@ -71,7 +72,8 @@ Result<void> pin_maps(flow_filter_bpf *skel, const std::string &pin_dir) {
     fs::create_directories(pin_dir, ec);
     if (ec) return make_error(Errc::io, "cannot create " + pin_dir + ": " + ec.message());
     for (const char *m : pinned_maps)
-        if (bpf_map__pin(map_named(skel, m), (pin_dir + "/" + m).c_str()) != 0)
+        if (bpf_map__fd(map_named(skel, m)) >= 0 && // xsks only where the XDP filter runs
+            bpf_map__pin(map_named(skel, m), (pin_dir + "/" + m).c_str()) != 0)
             return make_error(Errc::io, std::string("cannot pin map ") + m + ": " + err(errno));
     return {};
 }
@@ -79,6 +81,72 @@ Result<void> pin_maps(flow_filter_bpf *skel, const std::string &pin_dir) {
 // Silences libbpf's own printing; errors come back through Result.
 int quiet(enum libbpf_print_level, const char *, va_list) {
     return 0;
+}
+
+// libbpf's warnings during one load (which program or map failed, and the verifier's log), kept
+// to say what the kernel refused. libbpf's print hook is process-wide: one load at a time.
+std::mutex load_log_mutex;
+std::string *load_log = nullptr;
+
+int keep_warnings(enum libbpf_print_level level, const char *format, va_list args) {
+    if (level == LIBBPF_DEBUG || load_log == nullptr) return 0;
+    va_list copy;
+    va_copy(copy, args);
+    int n = std::vsnprintf(nullptr, 0, format, copy);
+    va_end(copy);
+    if (n <= 0) return 0;
+    std::string line(static_cast<std::size_t>(n) + 1, '\0');
+    std::vsnprintf(line.data(), line.size(), format, args);
+    line.resize(static_cast<std::size_t>(n));
+    if (load_log->size() < (1u << 20)) load_log->append(line); // the verifier's log can be long
+    return 0;
+}
+
+bool starts_with(const std::string &s, const char *prefix) {
+    return s.rfind(prefix, 0) == 0;
+}
+
+// What the kernel refused in a failed load, from libbpf's warnings: "BPF program P: REASON" with
+// the verifier's last word on P, "BPF map M: REASON", or empty when libbpf named nothing.
+std::string refused_part(const std::string &log) {
+    std::vector<std::string> lines;
+    for (std::size_t at = 0; at < log.size();) {
+        std::size_t nl = log.find('\n', at);
+        if (nl == std::string::npos) nl = log.size();
+        lines.push_back(log.substr(at, nl - at));
+        at = nl + 1;
+    }
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+        const std::string &l = lines[i];
+        auto quoted = [&](const char *kind) -> std::string {
+            std::size_t open = l.find('\''), close = l.find('\'', open + 1);
+            if (!starts_with(l, kind) || open == std::string::npos || close == std::string::npos)
+                return {};
+            return l.substr(open + 1, close - open - 1);
+        };
+        if (std::string map = quoted("map '");
+            !map.empty() && l.find("failed to create") != std::string::npos) {
+            std::size_t colon = l.find("failed to create");
+            return "BPF map " + map + ": " + l.substr(colon);
+        }
+        std::string prog = quoted("prog '");
+        if (prog.empty() || l.find("BEGIN PROG LOAD LOG") == std::string::npos) continue;
+        // The verifier's reason is the last line of the log that is not its statistics.
+        std::string reason;
+        for (std::size_t j = i + 1; j < lines.size(); ++j) {
+            const std::string &v = lines[j];
+            if (v.find("END PROG LOAD LOG") != std::string::npos) break;
+            if (v.empty() || starts_with(v, "processed ") || starts_with(v, "verification time") ||
+                starts_with(v, "stack depth") || starts_with(v, "max_states_per_insn") ||
+                starts_with(v, "Validating "))
+                continue;
+            reason = v;
+        }
+        return "BPF program " + prog + ": " + (reason.empty() ? "refused" : reason);
+    }
+    for (auto &l : lines) // no log: libbpf still names the program it failed on
+        if (starts_with(l, "prog '") && l.find("failed to load") != std::string::npos) return l;
+    return {};
 }
 
 } // namespace
@@ -103,9 +171,20 @@ Result<void> FlowFilter::ensure_bpffs(const std::string &pin_root) {
     return {};
 }
 
+const char *to_string(SimGuardPath path) {
+    return path == SimGuardPath::tc ? "tc" : "xdp";
+}
+
 Result<std::unique_ptr<FlowFilter>> FlowFilter::load(const FilterOptions &options) {
+    return load_programs(options, xdp_filter | steer | devmem_guard | devmem_guard_test |
+                                      (options.sim_guard == SimGuardPath::tc ? sim_tc_guard : 0u));
+}
+
+Result<std::unique_ptr<FlowFilter>> FlowFilter::load_programs(const FilterOptions &options,
+                                                              unsigned programs) {
     libbpf_set_print(quiet);
     std::unique_ptr<FlowFilter> f(new FlowFilter());
+    f->sim_guard_ = options.sim_guard;
     f->skel_ = flow_filter_bpf__open();
     if (!f->skel_)
         return make_error(Errc::unavailable, "cannot open the flow filter object: " + err(errno));
@@ -128,10 +207,42 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::load(const FilterOptions &option
         table = std::make_unique<Exact4Table>(hash4);
     for (auto &table : f->exact6_)
         table = std::make_unique<Exact6Table>(hash6);
-    int r = flow_filter_bpf__load(f->skel_);
-    if (r != 0)
-        return make_error(Errc::unavailable, "the kernel refused the flow filter: " + err(r) +
-                                                 " (needs root and BPF support)");
+    auto &progs = f->skel_->progs;
+    bool tc_path = options.sim_guard == SimGuardPath::tc;
+    const std::pair<bpf_program *, unsigned> wanted[] = {
+        {progs.knod_flow_filter, tc_path ? 0u : xdp_filter},
+        {progs.knod_flow_filter_meta, tc_path ? xdp_filter : 0u},
+        {progs.knod_steer, steer},
+        {progs.knod_devmem_guard, devmem_guard},
+        {progs.knod_devmem_guard_test, devmem_guard_test},
+        {progs.knod_sim_guard, sim_tc_guard},
+    };
+    for (auto [prog, bit] : wanted)
+        bpf_program__set_autoload(prog, (programs & bit) != 0);
+    // The AF_XDP socket map only where the XDP filter redirects to it: a kernel without AF_XDP
+    // (CONFIG_XDP_SOCKETS) still runs the devmem guard.
+    bpf_map__set_autocreate(f->skel_->maps.xsks, (programs & xdp_filter) != 0);
+    std::string log;
+    int r = 0;
+    {
+        std::lock_guard lock(load_log_mutex);
+        load_log = &log;
+        libbpf_set_print(keep_warnings);
+        r = flow_filter_bpf__load(f->skel_);
+        libbpf_set_print(quiet);
+        load_log = nullptr;
+    }
+    if (r != 0) {
+        std::string what = refused_part(log);
+        std::string hint = (r == -EPERM || r == -EACCES)
+                               ? " (loading BPF programs needs CAP_BPF, CAP_NET_ADMIN and "
+                                 "CAP_PERFMON, or root)"
+                               : "";
+        return make_error(Errc::unavailable,
+                          "the kernel refused the flow filter's " +
+                              (what.empty() ? "programs: " + err(r) : what + " (" + err(r) + ")") +
+                              hint);
+    }
     if (auto c = f->set_unmatched_drop(options.drop_unmatched); !c) return c.error();
     return f;
 }
@@ -149,11 +260,12 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach(const std::string &ifname
     if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
     auto pin_dir = free_pin_dir(options.pin_root, ifname);
     if (!pin_dir) return pin_dir.error();
-    auto loaded = load(options);
+    auto loaded = load_programs(
+        options, xdp_filter | steer | (options.sim_guard == SimGuardPath::tc ? sim_tc_guard : 0u));
     if (!loaded) return loaded.error();
     auto f = std::move(*loaded);
     f->ifname_ = ifname;
-    int prog = bpf_program__fd(f->skel_->progs.knod_flow_filter);
+    int prog = f->program_fd();
     LIBBPF_OPTS(bpf_link_create_opts, native, .flags = XDP_FLAGS_DRV_MODE);
     f->link_fd_ = bpf_link_create(prog, static_cast<int>(ifindex), BPF_XDP, &native);
     f->mode_ = "native";
@@ -207,7 +319,9 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::attach_guard(const std::string &
     if (auto b = ensure_bpffs(options.pin_root); !b) return b.error();
     auto pin_dir = free_pin_dir(options.pin_root, ifname);
     if (!pin_dir) return pin_dir.error();
-    auto loaded = load(options);
+    // The guard and its test entry (the same code, run by BPF_PROG_TEST_RUN): never the XDP
+    // filter, which a devmem NIC cannot carry and some kernels refuse.
+    auto loaded = load_programs(options, devmem_guard | devmem_guard_test);
     if (!loaded) return loaded.error();
     auto f = std::move(*loaded);
     f->ifname_ = ifname;
@@ -226,6 +340,7 @@ Result<void> FlowFilter::guard_passed_traffic() {
     // Queues recorded first: until the guard is on, a recorded queue is only read by no one.
     config_.record_queue = 1;
     if (auto w = write_config(); !w) return w;
+    if (sim_guard_ == SimGuardPath::xdp) return {}; // the filter checks bound queues itself
     auto ifindex = attach_tc_ingress(ifname_, bpf_program__fd(skel_->progs.knod_sim_guard));
     if (!ifindex) return ifindex.error();
     guard_ifindex_ = *ifindex;
@@ -613,7 +728,8 @@ FilterStats FlowFilter::stats() const {
 }
 
 int FlowFilter::program_fd() const {
-    return bpf_program__fd(skel_->progs.knod_flow_filter);
+    return bpf_program__fd(sim_guard_ == SimGuardPath::tc ? skel_->progs.knod_flow_filter_meta
+                                                          : skel_->progs.knod_flow_filter);
 }
 int FlowFilter::steer_program_fd() const {
     return bpf_program__fd(skel_->progs.knod_steer);

@@ -40,15 +40,31 @@ struct FilterStats {
     std::uint64_t misrouted = 0; // the devmem guard: foreign packets on bound queues, dropped
 };
 
+// Where the sim's guard checks a packet the XDP filter passed (guard_passed_traffic).
+enum class SimGuardPath {
+    // knod_sim_guard at tc ingress, the devmem guard's own place, handed the RX queue in XDP
+    // metadata: needs bpf_xdp_adjust_meta in XDP programs, which some kernels refuse.
+    tc,
+    // the same check inside the XDP filter, where the RX queue is known: any kernel.
+    xdp,
+};
+const char *to_string(SimGuardPath path);
+
 struct FilterOptions {
     std::string pin_root = "/sys/fs/bpf/knod";
     bool drop_unmatched = false;
     bool allow_generic = true; // fall back to generic XDP when native is refused
+    SimGuardPath sim_guard = SimGuardPath::xdp;
 };
 
 class FlowFilter {
   public:
-    // Loads the program and its maps without attaching them (for BPF_PROG_TEST_RUN).
+    // Loads the programs and their maps without attaching them (for BPF_PROG_TEST_RUN): the XDP
+    // filter, the steering program, the devmem guard and its test entry, and the sim's tc guard
+    // where options.sim_guard is tc. Each program is loaded only where it is used: attach() loads
+    // the XDP filter and steering (and the tc guard on that path), attach_guard() the devmem
+    // guard alone, so a program this kernel refuses takes down only what needs it. A refusal
+    // names the program and the kernel's reason (the verifier's last word).
     static Result<std::unique_ptr<FlowFilter>> load(const FilterOptions &options = {});
     // Loads, attaches to `ifname` and pins. Refuses an interface that already has an XDP program.
     static Result<std::unique_ptr<FlowFilter>> attach(const std::string &ifname,
@@ -103,7 +119,19 @@ class FlowFilter {
     const std::string &mode_note() const { return mode_note_; } // why generic, if it is
     const std::string &pin_dir() const { return pin_dir_; }
 
+    SimGuardPath sim_guard() const { return sim_guard_; }
+
   private:
+    // The programs of flow_filter.bpf.c, as a set of bits: what one load asks the kernel for.
+    enum Program : unsigned {
+        xdp_filter = 1u << 0,
+        steer = 1u << 1,
+        devmem_guard = 1u << 2,
+        devmem_guard_test = 1u << 3,
+        sim_tc_guard = 1u << 4,
+    };
+    static Result<std::unique_ptr<FlowFilter>> load_programs(const FilterOptions &options,
+                                                             unsigned programs);
     FlowFilter() = default;
     // Writes what changed since the idle generation was last written (this change's keys and
     // buckets and the one before), then flips the config to it.
@@ -129,6 +157,7 @@ class FlowFilter {
     std::string pin_dir_;
     std::string mode_ = "none";
     std::string mode_note_;
+    SimGuardPath sim_guard_ = SimGuardPath::xdp;
     // Every binding's flows, compiled and kept up to date one binding at a time.
     RuleSet rules_;
     // Per generation: the exact keys and prefix buckets changed since it was last written.

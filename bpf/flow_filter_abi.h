@@ -32,7 +32,8 @@ struct knod_config {
     __u32 unmatched;  /* KNOD_UNMATCHED_* */
     __u32 prefixes4;  /* buckets in the IPv4 trie for this generation; 0 skips the lookup */
     __u32 prefixes6;
-    __u32 record_queue; /* 1: a passed packet carries its RX queue in XDP metadata (knod_rx_meta) */
+    __u32 record_queue; /* 1: a guard checks passed packets: in the filter, or behind it
+                           (knod_rx_meta) */
 };
 
 /* What the XDP filter puts before a packet it passes when record_queue is on, for the guard
@@ -40,6 +41,11 @@ struct knod_config {
  * the RX queue a packet arrived on (skb->queue_mapping reads 0 once XDP reallocated the skb), so
  * the filter, which knows it (rx_queue_index), hands it over. Metadata never comes from the wire:
  * only an XDP program on this host can write it. */
+/* Where the sim's guard checks a passed packet's RX queue (the program's sim_guard_path, set by
+ * the loader): at tc ingress, the queue handed over in XDP metadata; or inside the XDP filter. */
+#define KNOD_SIM_GUARD_TC 0
+#define KNOD_SIM_GUARD_XDP 1
+
 #define KNOD_RX_META_MAGIC 0x4b4e5251u /* "KNRQ" */
 struct knod_rx_meta {
     __u32 magic;

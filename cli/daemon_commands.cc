@@ -71,10 +71,14 @@ int run_status(client::Client &client, const BusOptions &o) {
     auto st = client.status();
     if (!st) return call_failed("status", st.error(), o.address);
     nlohmann::json datapath = nlohmann::json::object(), sinks = nlohmann::json::object();
+    nlohmann::json notes = nlohmann::json::array();
     if (auto report = client.host_report(); report) {
         auto j = nlohmann::json::parse(*report, nullptr, false);
         if (j.is_object() && j.contains("datapath")) datapath = j["datapath"];
         if (j.is_object() && j.contains("sinks")) sinks = j["sinks"];
+        if (j.is_object() && j.contains("driver_notes") && j["driver_notes"].is_array())
+            for (auto &n : j["driver_notes"])
+                if (n.is_string()) notes.push_back(n);
     }
     if (o.json) {
         std::cout << knod::dump_json_escaped(
@@ -91,12 +95,15 @@ int run_status(client::Client &client, const BusOptions &o) {
                                         {"resource_failures", st->resource_failures},
                                         {"last_resource_failure", st->last_resource_failure},
                                         {"datapath", datapath},
+                                        {"driver_notes", notes},
                                         {"sinks", sinks}},
                          2)
                   << "\n";
     } else {
-        std::cout << "knod-policyd " << st->version << ", driver " << st->driver << "\n"
-                  << "rules:    " << st->rules << (st->permissive ? " (PERMISSIVE)" : "") << "\n"
+        std::cout << "knod-policyd " << st->version << ", driver " << st->driver << "\n";
+        for (auto &n : notes)
+            std::cout << "  " << knod::escape_untrusted(n.get<std::string>()) << "\n";
+        std::cout << "rules:    " << st->rules << (st->permissive ? " (PERMISSIVE)" : "") << "\n"
                   << "bindings: " << st->bindings << "\n"
                   << "journal:  "
                   << (!st->journal_available        ? "UNAVAILABLE (requests are refused)"

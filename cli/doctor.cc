@@ -3,6 +3,7 @@
 // The same report as the daemon's GetHostReport; reads sysfs and /proc, no daemon needed.
 #include "cli/commands.h"
 #include "host/caller_identity.h"
+#include "host/kernel_features.h"
 #include "host/report.h"
 #include "knod/json.h"
 
@@ -92,9 +93,12 @@ int run(Options o) {
         return exit_usage;
     }
     // The running kernel and bus, not a fixture's: only for this host.
-    if (o.host_root.empty())
+    if (o.host_root.empty()) {
         report->checks.push_back(host::caller_identity_check(host::kernel_has_peer_pidfd(),
                                                              bus_sends_pidfd(o.bus_address)));
+        for (auto &c : host::kernel_feature_checks(host::probe_kernel_features()))
+            report->checks.push_back(std::move(c));
+    }
     if (o.json)
         std::cout << knod::dump_json_escaped(report->to_json(), 2) << "\n";
     else
@@ -129,7 +133,11 @@ Runner add_doctor(CLI::App &app) {
     cmd->footer(
         "Every check prints pass, info, warn or fail, with the fix under each one that is "
         "not a pass.\nACS bits come from PCI config space, which only root reads past 64 "
-        "bytes.\nExit codes: 0 no check fails; 1 a check fails; 2 bad usage, or a --nic or --gpu "
+        "bytes.\nOn this host (no --host-root) the kernel features the drivers use are probed "
+        "too (kernel.feature.*: BPF program and map types, the helpers the filters call, AF_XDP, "
+        "tc BPF, the netdev family): each says which driver needs it and what its absence "
+        "costs; most probes need root.\nExit codes: 0 no check fails; 1 a check fails; 2 bad "
+        "usage, or a --nic or --gpu "
         "this host does not have (the message lists the ones it has).\n\n"
         "Example:\n  knod-policy doctor --nic eth2 --gpu 0000:03:00.0\n"
         "  knod-policy doctor --host-root tests/data/hosts/mi250x-cx6 --json");

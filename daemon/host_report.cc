@@ -17,6 +17,7 @@ std::string host_report_json(const BindingManager &manager) {
     for (auto &g : d.gpus())
         j["gpus"].push_back({{"name", g.name}, {"names", g.names}, {"vram_bytes", g.vram_bytes}});
     j["datapath"] = d.stats();
+    j["driver_notes"] = d.notes();
     // Inventory and isolation checks, as `knod-policy doctor --json` prints them.
     if (auto host = host::build_report(manager.host_paths()))
         j["host"] = host->to_json();

@@ -9,6 +9,7 @@
 #include "daemon/driver/sim_driver.h"
 #include "daemon/fd_store.h"
 #include "daemon/state_dir.h"
+#include "host/kernel_features.h"
 #include "host/link_monitor.h"
 #include "knod/file_lock.h"
 #include "policy/parser.h"
@@ -147,6 +148,11 @@ knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
         return std::unique_ptr<knod::driver::Driver>(std::move(*d));
     }
     if (which == "devmem") {
+        // What the guards and bind-rx need, named at start rather than at the first binding.
+        for (auto &f : knod::host::probe_kernel_features(false))
+            if (f.probe.missing() && (f.id == "bpf.prog.sched_cls" || f.id == "bpf.map.lpm_trie" ||
+                                      f.id == "netdev.genl"))
+                log("kernel: " + knod::host::describe_missing(f) + "; fix: " + f.fix);
         auto d = knod::driver::DevmemDriver::open(o.host, knod::driver::require_devmem_device,
                                                   o.sim.pin_root);
         if (!d) return std::move(d).error().context("devmem driver");
@@ -158,6 +164,8 @@ knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
     auto sim = std::make_unique<knod::driver::SimDriver>(o.sim, loop);
     if (auto r = sim->start(); !r) return std::move(r).error().context("sim driver");
     if (auto note = sim->datapath_note(); !note.empty()) log(note);
+    for (auto &note : sim->notes())
+        log(note);
     return std::unique_ptr<knod::driver::Driver>(std::move(sim));
 }
 
@@ -216,6 +224,13 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
         ->capture_default_str();
     app.add_option("--sim-datapath", o.sim.datapath,
                    "sim: build the veth/XDP/AF_XDP data path (off: control half only)")
+        ->capture_default_str();
+    app.add_option("--sim-guard", o.sim.guard,
+                   "sim: where the guard checks what the filter passed onto a bound RX queue: tc "
+                   "(at tc ingress, handed the queue in XDP metadata: needs bpf_xdp_adjust_meta), "
+                   "xdp (inside the XDP filter), or auto (tc where the kernel allows it, else "
+                   "xdp; the log says which and why)")
+        ->check(CLI::IsMember({"auto", "tc", "xdp"}))
         ->capture_default_str();
     app.add_option("--sim-netns", o.sim.netns, "sim: the wire side's network namespace")
         ->capture_default_str();

@@ -81,6 +81,9 @@ class Driver {
     virtual std::map<std::string, std::string> drifted() { return {}; }
     // Driver-wide counters for the host report (traffic no binding claimed, and so on).
     virtual std::map<std::string, std::uint64_t> stats() const { return {}; }
+    // What the driver runs without or around on this kernel, and why (a refused helper and the
+    // path taken instead): the daemon logs them at start and the host report carries them.
+    virtual std::vector<std::string> notes() const { return {}; }
     // Whether netdevs() are real links whose going down or away ends their bindings (the sim
     // without its data path names a netdev that does not exist; a real link of the same name,
     // someone else's, is none of its business).

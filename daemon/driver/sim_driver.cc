@@ -7,6 +7,7 @@
 
 #include "daemon/driver/devmem_guards.h"
 #include "daemon/driver/frame.h"
+#include "host/kernel_features.h"
 
 #include <fcntl.h>
 #include <net/if.h>
@@ -47,6 +48,8 @@ Result<void> SimDriver::start() {
         return lock.error();
     }
     netdev_lock_ = std::move(*lock);
+    auto path = check_kernel();
+    if (!path) return path.error();
     SimNetworkConfig n;
     n.netns = config_.netns;
     n.nic = config_.netdev;
@@ -54,10 +57,66 @@ Result<void> SimDriver::start() {
     n.queues = config_.queues;
     n.filter.pin_root = config_.pin_root;
     n.filter.drop_unmatched = config_.drop_unmatched;
+    n.filter.sim_guard = *path;
     auto net = SimNetwork::create(n);
+    if (!net && config_.guard == "auto" && *path == bpf::SimGuardPath::tc) {
+        // The probe let the helper through but the kernel refused the real program: the guard
+        // moves into the filter rather than the sim going down.
+        notes_.push_back("sim guard: xdp (the tc path was refused at load: " + net.error().message +
+                         ")");
+        n.filter.sim_guard = bpf::SimGuardPath::xdp;
+        net = SimNetwork::create(n);
+    }
     if (!net) return net.error();
     network_ = std::move(*net);
     return {};
+}
+
+Result<bpf::SimGuardPath> SimDriver::check_kernel() {
+    // Everything the data path needs but namespaces of its own (the unit forbids them; `ip`
+    // makes the sim's).
+    auto features = host::probe_kernel_features(false);
+    const host::KernelFeature *meta = nullptr;
+    for (auto &f : features) {
+        if (f.id == "bpf.helper.xdp_adjust_meta") {
+            meta = &f;
+            continue;
+        }
+        bool needed = f.id == "bpf.prog.xdp" || f.id == "bpf.prog.sched_cls" ||
+                      f.id == "bpf.map.lpm_trie" || f.id == "bpf.map.xskmap" ||
+                      f.id == "bpf.helper.redirect_map" || f.id == "af_xdp";
+        if (needed && f.probe.missing())
+            return make_error(Errc::unsupported,
+                              "the sim's data path needs " + f.what +
+                                  ", which this kernel refuses (" + f.probe.detail + "); fix: " +
+                                  f.fix + ", or run --sim-datapath=off for the control half alone");
+    }
+    bool meta_refused = meta && meta->probe.missing();
+    std::string why = meta_refused
+                          ? "this kernel refuses " + meta->what + " (" + meta->probe.detail + ")"
+                          : std::string();
+    if (config_.guard == "tc") {
+        if (meta_refused)
+            return make_error(Errc::unsupported,
+                              "--sim-guard=tc needs bpf_xdp_adjust_meta in XDP programs, but " +
+                                  why +
+                                  "; --sim-guard=xdp (or auto) checks passed packets "
+                                  "inside the filter instead");
+        notes_.push_back("sim guard: tc (--sim-guard=tc)");
+        return bpf::SimGuardPath::tc;
+    }
+    if (config_.guard == "xdp") {
+        notes_.push_back("sim guard: xdp (--sim-guard=xdp)");
+        return bpf::SimGuardPath::xdp;
+    }
+    if (meta_refused) {
+        notes_.push_back("sim guard: xdp, inside the filter: " + why +
+                         ", so no guard can run at tc ingress behind it; steering drift is "
+                         "still caught");
+        return bpf::SimGuardPath::xdp;
+    }
+    notes_.push_back("sim guard: tc (the kernel lets XDP hand the RX queue over in metadata)");
+    return bpf::SimGuardPath::tc;
 }
 
 std::string SimDriver::datapath_note() const {
@@ -222,12 +281,15 @@ std::map<std::string, std::string> SimDriver::drifted() {
     std::map<std::uint32_t, std::uint64_t> on_queue;
     for (auto &[id, s] : slots_)
         on_queue[s.queue] += network_->filter().counters(s.slot).misrouted;
-    // Asked only while a binding is active: one rtnetlink dump per tick.
+    // Asked only while a binding is active: one rtnetlink dump per tick. Only a guard at tc
+    // ingress can be blinded by what runs beside it; inside the XDP filter it sees every packet
+    // first.
     std::optional<std::string> blind;
     bool any_active = std::any_of(slots_.begin(), slots_.end(), [](auto &e) {
         return e.second.active && !e.second.drift_reported;
     });
-    if (any_active) blind = guard_blinded(config_.netdev);
+    if (any_active && network_->filter().sim_guard() == bpf::SimGuardPath::tc)
+        blind = guard_blinded(config_.netdev);
     for (auto &[id, s] : slots_) {
         if (!s.active || s.drift_reported) continue;
         std::uint64_t misrouted = on_queue[s.queue];

@@ -26,6 +26,10 @@ struct SimConfig {
     std::string netns = "knod-sim";
     std::string pin_root = "/sys/fs/bpf/knod";
     bool drop_unmatched = false;
+    // Where the guard checks what the filter passed onto a bound queue: "tc" (at tc ingress,
+    // handed the RX queue in XDP metadata, as on a devmem NIC), "xdp" (inside the filter), or
+    // "auto" (tc where the kernel lets XDP programs call bpf_xdp_adjust_meta, else xdp).
+    std::string guard = "auto";
     // Where the per-netdev lock lives (sim-NETDEV.lock): two daemons never build, reconcile or
     // tear down the same sim network. Not an option of the daemon: two daemons given different
     // directories would not see each other's lock.
@@ -41,6 +45,8 @@ class SimDriver : public Driver {
     Result<void> start();
     // Why the filter runs in generic XDP, when it does; empty for native.
     std::string datapath_note() const;
+    // Where the guard runs, and why there when the kernel chose it.
+    std::vector<std::string> notes() const override { return notes_; }
 
     std::string name() const override { return "sim"; }
     RegionKind region_kind() const override { return RegionKind::memfd; }
@@ -87,8 +93,13 @@ class SimDriver : public Driver {
     Result<void> open_queue(std::uint32_t queue);
     void park_queue_if_idle(std::uint32_t queue);
 
+    // The kernel features the data path cannot run without, probed before anything is built;
+    // and where the guard will run.
+    Result<bpf::SimGuardPath> check_kernel();
+
     SimConfig config_;
     EventLoop *loop_;
+    std::vector<std::string> notes_;
     std::optional<FileLock> netdev_lock_; // held while network_ lives (declared first: freed last)
     std::unique_ptr<SimNetwork> network_;
     std::map<std::string, Slot> slots_;

@@ -193,6 +193,13 @@ TEST_F(FlowFilterVeth, DevmemGuardAttachesOnTcIngressAndLeavesNothingBehind) {
         EXPECT_EQ(attached_program(ifindex), 0u) << "no XDP: bind-rx would refuse it";
         EXPECT_TRUE(bpf::FlowFilter::guard_attached(veth_->host));
         EXPECT_TRUE(fs::exists(pin_dir + "/bound_queues"));
+        // Only the guard was loaded (issue 50): an XDP program or AF_XDP map the kernel refuses
+        // cannot take the devmem guard down with it.
+        EXPECT_GE(guard.guard_program_fd(), 0);
+        EXPECT_LT(guard.program_fd(), 0) << "the XDP filter was loaded with the guard";
+        EXPECT_LT(guard.steer_program_fd(), 0) << "the sim's steering was loaded with the guard";
+        EXPECT_LT(guard.xsks_fd(), 0) << "the AF_XDP socket map was made for the guard";
+        EXPECT_FALSE(fs::exists(pin_dir + "/xsks"));
         ASSERT_TRUE(guard.set_slot(1, bpf::SlotState::active, 3).ok());
         ASSERT_TRUE(
             guard.set_flows(1, {*policy::parse_flow_spec("tcp 10.77.0.2:* -> 10.77.0.1:6000")})
