@@ -1,9 +1,12 @@
 # Shared by the live-kernel tests (source it): builds a small initramfs around a guest script and
-# boots Debian's 6.12 kernel on it under QEMU (TCG), with a 9p share for the guest's results.
+# boots one of Debian 12's kernels on it under QEMU (TCG), with a 9p share for the guest's results.
 #
 #   . tests/vm/lib.sh
 #   vm_setup                         # assets (cached), a temp dir, cleanup on exit; 77 if no QEMU
+#   vm_kernel 6.1                    # optional: boot Debian 12's own 6.1 from now on (default
+#                                    # 6.12, or VM_SERIES before vm_setup); no netdevsim on 6.1
 #   VM_BINARIES="build/cli/knod-policy ..."  VM_MODULES="netdevsim vgem"  VM_FILES="src:/dest ..."
+#   (a VM_BINARIES entry "src:/dest" puts the binary at /dest instead of /usr/bin/NAME)
 #   vm_initramfs guest.sh "$VM_TMP/a.cpio"   # guest.sh runs as root in the guest, under dash
 #   vm_boot "$VM_TMP/a.cpio" "$VM_TMP/out-a" "extra kernel args" -- extra qemu args...
 #   # then: $VM_TMP/out-a/rc (guest.sh's exit status), guest.log, dmesg; console.log (host side)
@@ -30,14 +33,20 @@ vm_require() {
     done
 }
 
-vm_setup() {
-    export PATH=$PATH:/usr/sbin:/sbin
-    vm_require
-    VM_ASSETS=$("$VM_SELF_DIR/assets.sh" | tail -1) || {
-        echo "vm: the kernel assets could not be fetched (see above)" >&2
+# vm_kernel SERIES (6.12 or 6.1): the kernel the next vm_initramfs and vm_boot use (fetched and
+# cached by assets.sh); sets VM_ASSETS and VM_KVER.
+vm_kernel() {
+    VM_ASSETS=$("$VM_SELF_DIR/assets.sh" --series "$1" | tail -1) || {
+        echo "vm: the kernel assets ($1) could not be fetched (see above)" >&2
         exit 1
     }
     VM_KVER=$(cat "$VM_ASSETS/KVER")
+}
+
+vm_setup() {
+    export PATH=$PATH:/usr/sbin:/sbin
+    vm_require
+    vm_kernel "${VM_SERIES:-6.12}"
     VM_TMP=$(mktemp -d /tmp/knod-vm.XXXXXX)
     VM_PIDS=()
     trap vm_cleanup EXIT
@@ -71,7 +80,25 @@ vm_copy_binary() {
         [ -e "$root$lib" ] && continue
         mkdir -p "$root$(dirname "$lib")"
         cp -L "$lib" "$root$lib"
+        # A library of the build tree (libknod-client.so.1, found through the binary's RUNPATH)
+        # also goes where the loader looks by default: the RUNPATH's folder may be hidden in the
+        # guest (a build under /tmp: the guest mounts its own /tmp when it has none to keep).
+        case "$lib" in
+        /lib/* | /lib64/* | /usr/lib/* | /usr/lib64/*) ;;
+        *)
+            mkdir -p "$root/usr/lib/x86_64-linux-gnu"
+            cp -L "$lib" "$root/usr/lib/x86_64-linux-gnu/$(basename "$lib")"
+            ;;
+        esac
     done
+    # ldd names what the binary needs, not whether the guest's loader will find it: every
+    # library must resolve inside the initramfs, or the guest test would fail to start.
+    local missing
+    missing=$(ldd "$src" 2>/dev/null | grep 'not found')
+    [ -z "$missing" ] || {
+        vm_log "$src: libraries not found on the host: $missing"
+        return 1
+    }
 }
 
 # vm_initramfs GUEST_SCRIPT OUT_CPIO: the guest script plus VM_BINARIES, VM_MODULES (names, their
@@ -101,7 +128,12 @@ vm_initramfs() {
     [ -d /usr/share/misc ] && mkdir -p "$root/usr/share/misc" &&
         cp -L /usr/share/misc/pci.ids "$root/usr/share/misc/" 2>/dev/null
     local b
-    for b in ${VM_BINARIES:-}; do vm_copy_binary "$root" "$b"; done
+    for b in ${VM_BINARIES:-}; do
+        case "$b" in
+        *:*) vm_copy_binary "$root" "${b%%:*}" "${b#*:}" ;;
+        *) vm_copy_binary "$root" "$b" ;;
+        esac
+    done
     local pair
     for pair in ${VM_FILES:-}; do
         mkdir -p "$root$(dirname "${pair#*:}")"
@@ -112,7 +144,8 @@ vm_initramfs() {
     local mods=/lib/modules/$VM_KVER m f
     mkdir -p "$root$mods"
     cp "$VM_ASSETS/root$mods"/modules.{order,builtin,builtin.modinfo} "$root$mods/" 2>/dev/null
-    for m in 9pnet_virtio 9p ${VM_MODULES:-}; do
+    # virtio_pci: built into 6.12, a module in 6.1 (without it the 9p share has no channel).
+    for m in virtio_pci 9pnet_virtio 9p ${VM_MODULES:-}; do
         for f in $(modprobe -d "$VM_ASSETS/root" -S "$VM_KVER" --show-depends "$m" 2>/dev/null |
             awk '$1 == "insmod" {print $2}'); do
             mkdir -p "$root$(dirname "${f#"$VM_ASSETS/root"}")"
@@ -122,8 +155,8 @@ vm_initramfs() {
     depmod -b "$root" "$VM_KVER"
     cp "$VM_ASSETS/config" "$root/boot/config-$VM_KVER"
 
-    printf 'root:x:0:0:root:/root:/bin/sh\nknoduser:x:1000:1000:knod test user:/home/knoduser:/bin/sh\n' >"$root/etc/passwd"
-    printf 'root:x:0:\nknoduser:x:1000:\n' >"$root/etc/group"
+    printf 'root:x:0:0:root:/root:/bin/sh\nknoduser:x:1000:1000:knod test user:/home/knoduser:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n' >"$root/etc/passwd"
+    printf 'root:x:0:\nknoduser:x:1000:\nnogroup:x:65534:\n' >"$root/etc/group"
     chown 1000:1000 "$root/home/knoduser"
     cp "$guest" "$root/guest.sh"
     cat >"$root/init" <<'EOF'
@@ -132,16 +165,24 @@ export PATH=/usr/bin:/usr/sbin:/bin:/sbin HOME=/root
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-mount -t tmpfs tmpfs /tmp
+# A build tree under /tmp (a clone there) was copied in at its own path: a tmpfs over /tmp would
+# hide it (its binaries, and the libraries their RUNPATH names). The initramfs is memory already.
+if [ -z "$(ls -A /tmp)" ]; then mount -t tmpfs tmpfs /tmp; else chmod 1777 /tmp; fi
 mount -t tmpfs tmpfs /run
 mkdir -p /dev/pts /dev/shm && mount -t tmpfs tmpfs /dev/shm
 mount -t bpf bpf /sys/fs/bpf
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
-modprobe 9pnet_virtio && modprobe 9p
-if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 knodout /out; then
-    echo "KNOD-VM: cannot mount the results share" >/dev/console
-    poweroff -f
-fi
+modprobe virtio_pci && modprobe 9pnet_virtio && modprobe 9p
+# The share's virtio channel appears when its PCI device has been probed: poll (up to 60 s).
+i=0
+until mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 knodout /out 2>/dev/null; do
+    i=$((i + 1))
+    if [ $i -ge 600 ]; then
+        echo "KNOD-VM: cannot mount the results share" >/dev/console
+        poweroff -f
+    fi
+    sleep 0.1
+done
 ip link set lo up
 sh /guest.sh >/out/guest.log 2>&1
 echo $? >/out/rc
