@@ -26,7 +26,11 @@ step "... and on this machine (a VM: no IOMMU, no GPU, so hardware bindings woul
     $cli doctor
 
 printf '\n\033[1m== knod-policyd with the sim driver on a private bus\033[0m\n'
-scripts/knod-sandbox.sh -- bash -c '
+# KNOD_SIM_GUARD=tc|xdp forces where the sim's guard runs (knod-policyd --sim-guard); by default
+# the daemon probes the kernel and says in `status` which it took and why.
+sandbox_args=()
+[ -n "${KNOD_SIM_GUARD:-}" ] && sandbox_args+=(--daemon-arg "--sim-guard=$KNOD_SIM_GUARD")
+scripts/knod-sandbox.sh "${sandbox_args[@]}" -- bash -c '
 set -u
 cli=build/cli/knod-policy
 step() { printf "\n\033[1m== %s\033[0m\n$ %s\n" "$1" "${*:2}"; "${@:2}" || true; }
@@ -67,8 +71,8 @@ coproc HOLD { exec build/examples/knod-example-receive --netdev knodsim0 --gpu s
 exec {hold}<&"${HOLD[0]}"
 while read -r line <&$hold; do echo "  client: $line"; case $line in activated*) break;; esac; done
 echo "  (a stray steering rule, as a misconfigured NIC would have, puts port 5003 on every offload"
-echo "   queue; the devmem guard behind the filter drops it on the bound one and the daemon ends"
-echo "   the binding within a second: steering-drift)"
+echo "   queue; the guard (behind the filter at tc ingress, or inside it: status says which) drops"
+echo "   it on the bound one and the daemon ends the binding within a second: steering-drift)"
 for q in 1 2 3; do $cli sim-send --to 10.99.0.2:5003 --data STRAY --queue $q; done
 while read -r line <&$hold; do echo "  client: $line"; done
 step "The guard counted it (misrouted)" $cli status
@@ -82,6 +86,9 @@ printf "\n\033[1m== What the clients printed, checked against the journal\033[0m
 figures_rc=0 # a figure the main job printed that the journal contradicts fails the job
 scripts/check-client-figures.sh "$KNOD_SANDBOX/rx.log" "$KNOD_STATE_DIR/journal.db" "C++ client" || figures_rc=1
 scripts/check-client-figures.sh "$KNOD_SANDBOX/py.log" "$KNOD_STATE_DIR/journal.db" "Python client" || figures_rc=1
+drifted=$(sqlite3 "$KNOD_STATE_DIR/journal.db" "select count(*) from sessions where end_reason = '"'"'steering-drift'"'"'")
+if [ "$drifted" = 1 ]; then echo "  the held binding ended as steering-drift, as shown"
+else echo "  FAILED: $drifted session(s) ended as steering-drift; the stray steering went unseen"; figures_rc=1; fi
 exit $figures_rc
 ' </dev/null
 printf '\n\033[1m== Left behind\033[0m\n'
