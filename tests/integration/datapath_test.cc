@@ -4,7 +4,10 @@
 
 #include "knod/hex.h"
 
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
 #include <fcntl.h>
+#include <linux/bpf.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -12,9 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <future>
+#include <iostream>
 #include <sstream>
+#include <stdexcept>
 
 using namespace knod;
 using namespace knod::test;
@@ -360,7 +367,8 @@ TEST_F(DatapathTest, ForeignTrafficOnASharedQueueRevokesEveryBindingOnIt) {
 // The guard is one tc ingress filter among any others on the NIC (a firewall's, a CNI's). One
 // ahead of it that ends classification (here a classic BPF filter that matches everything and
 // passes it) means the guard never sees a packet: foreign traffic on a bound queue must still
-// end the binding (fail closed), not go unseen.
+// end the binding (fail closed), not go unseen. Where the guard runs inside the XDP filter
+// (--sim-guard=xdp) nothing at tc can hide a packet from it: the binding ends all the same.
 TEST_F(DatapathTest, AFilterAheadOfTheGuardDoesNotHideSteeringDrift) {
     auto c = sandbox_->client();
     int fd = make_region(4096);
@@ -369,6 +377,8 @@ TEST_F(DatapathTest, AFilterAheadOfTheGuardDoesNotHideSteeringDrift) {
     close(fd);
     ASSERT_TRUE(g.ok()) << g.error().message;
     ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    // The tc path's guard made the clsact qdisc; the XDP path's did not.
+    (void)std::system(("tc qdisc add dev " + netdev_ + " clsact >/dev/null 2>&1").c_str());
     ASSERT_EQ(std::system(("tc filter add dev " + netdev_ +
                            " ingress prio 1 bpf bytecode '1,6 0 0 4294967295,'")
                               .c_str()),
@@ -378,4 +388,69 @@ TEST_F(DatapathTest, AFilterAheadOfTheGuardDoesNotHideSteeringDrift) {
     EXPECT_TRUE(eventually([&] { return c.list()->empty(); }))
         << "foreign traffic landed on the binding's queue, unseen by the guard";
     (void)std::system(("tc filter del dev " + netdev_ + " ingress prio 1 >/dev/null 2>&1").c_str());
+}
+
+// The sim's guard has two paths (issue 50): at tc ingress, fed the RX queue by the XDP filter
+// through XDP metadata (bpf_xdp_adjust_meta), or inside the XDP filter. Whether this kernel lets
+// an XDP program call the helper is asked of the kernel here, apart from the daemon, with a
+// four-instruction XDP program that calls it: where it may, the daemon forced to the tc path
+// starts and serves a grant; where it may not (this project's 6.18 machines), the daemon refuses
+// to start and its error names the helper (never "needs root and BPF support"). The data path
+// under each forced path is DatapathTest with KNOD_TEST_SIM_GUARD (ctest's integration.sim-xdp.*,
+// and vm.sim on Debian's 6.1 and 6.12, which allow the helper).
+TEST(SimGuardPath, TcRunsWhereTheKernelAllowsXdpMetadataAndOtherwiseNamesTheHelper) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    // r2 = 0; call bpf_xdp_adjust_meta(ctx, 0); return XDP_PASS. (Not libbpf 1.1's
+    // libbpf_probe_bpf_helper: it takes 6.x's "program of this type cannot use helper" for yes.)
+    const bpf_insn program[] = {
+        {BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_2, 0, 0, 0},
+        {BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_xdp_adjust_meta},
+        {BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_0, 0, 0, XDP_PASS},
+        {BPF_JMP | BPF_EXIT, 0, 0, 0, 0},
+    };
+    char log[4096] = "";
+    LIBBPF_OPTS(bpf_prog_load_opts, load, .log_level = 1, .log_size = sizeof log, .log_buf = log);
+    int probe = bpf_prog_load(BPF_PROG_TYPE_XDP, "knod_meta_probe", "GPL", program,
+                              sizeof program / sizeof program[0], &load);
+    int load_errno = errno;
+    if (probe >= 0) close(probe);
+    ASSERT_TRUE(probe >= 0 || load_errno == EINVAL || load_errno == EACCES)
+        << "the kernel did not judge the probe: " << std::strerror(load_errno) << "\n" << log;
+    bool allowed = probe >= 0;
+    if (!allowed) {
+        ASSERT_NE(std::string(log).find("xdp_adjust_meta"), std::string::npos)
+            << "refused for another reason:\n" << log;
+    }
+    std::cout << "# this kernel " << (allowed ? "allows" : "refuses")
+              << " bpf_xdp_adjust_meta to XDP programs\n";
+    std::string netdev = unique("knodsimg"), netns = unique("knod-simg"),
+                pins = "/sys/fs/bpf/" + unique("knodsimg");
+    {
+        Sandbox s(sim_policy,
+                  {"--sim-datapath=true", "--sim-netdev", netdev, "--sim-netns", netns,
+                   "--bpf-pin-root", pins, "--sim-guard=tc"},
+                  0, false);
+        if (allowed) {
+            ASSERT_NO_THROW(s.start_daemon());
+            auto c = s.client();
+            int fd = make_region(4096);
+            auto g = c.request_binding(netdev, "sim0", "rx-only", fd, 0, 4096,
+                                       {"udp 10.99.0.1:* -> 10.99.0.2:5000"});
+            close(fd);
+            ASSERT_TRUE(g.ok()) << g.error().message;
+            EXPECT_EQ(s.stop_daemon(SIGTERM), 0);
+        } else {
+            std::string error;
+            try {
+                s.start_daemon();
+            } catch (const std::runtime_error &e) {
+                error = e.what();
+            }
+            ASSERT_NE(error, "") << "the daemon started on the tc path, which needs the helper";
+            EXPECT_NE(error.find("bpf_xdp_adjust_meta"), std::string::npos) << error;
+        }
+    }
+    EXPECT_FALSE(fs::exists("/sys/class/net/" + netdev)) << "link left behind";
+    EXPECT_FALSE(fs::exists("/run/netns/" + netns)) << "namespace left behind";
+    EXPECT_FALSE(fs::exists(pins)) << "pinned objects left behind";
 }

@@ -149,6 +149,16 @@ void Sandbox::start_daemon() {
         daemon_args_.end())
         argv.push_back("--sim-datapath=false");
     argv.insert(argv.end(), daemon_args_.begin(), daemon_args_.end());
+    // KNOD_TEST_SIM_GUARD=tc|xdp: the sim's guard path forced for every sim data path a test
+    // builds (the suite and vm.sim run the data path tests once per path); a test that names
+    // --sim-guard itself keeps its own.
+    const char *guard = getenv("KNOD_TEST_SIM_GUARD");
+    if (guard && *guard &&
+        std::find(argv.begin(), argv.end(), "--sim-datapath=true") != argv.end() &&
+        std::find(argv.begin(), argv.end(), "--driver=sim") != argv.end() &&
+        std::none_of(daemon_args_.begin(), daemon_args_.end(),
+                     [](const std::string &a) { return a.rfind("--sim-guard", 0) == 0; }))
+        argv.push_back(std::string("--sim-guard=") + guard);
     if (daemon_uid_ != 0) {
         // packaging/systemd/knod-policyd.service: AmbientCapabilities and CapabilityBoundingSet.
         const std::string caps = "+net_admin,+bpf,+perfmon,+sys_ptrace,+audit_write";
@@ -189,17 +199,30 @@ void Sandbox::start_daemon() {
         if (log >= 0) dup2(log, 2);
         exec_argv(argv);
     }
+    // A daemon that exits (an option it refuses, a driver that cannot start) ends the wait at
+    // once: nothing would answer later.
+    bool exited = false;
     bool up = eventually(
         [&] {
+            int status = 0;
+            if (waitpid(daemon_pid_, &status, WNOHANG) == daemon_pid_) {
+                exited = true;
+                daemon_pid_ = -1;
+                return true;
+            }
             auto c = client::Client::connect(address());
             return c && c->status().ok();
         },
         5000);
-    if (!up) throw std::runtime_error("knod-policyd did not start: " + slurp(dir_ + "/daemon.log"));
+    if (!up || exited)
+        throw std::runtime_error(std::string("knod-policyd did not start") +
+                                 (exited ? " (it exited)" : "") + ": " +
+                                 slurp(dir_ + "/daemon.log"));
 }
 
 int Sandbox::stop_daemon(int sig) {
     int status = -1;
+    if (daemon_pid_ <= 0) return status; // never kill(-1): none runs (it exited at its start)
     kill(daemon_pid_, sig);
     waitpid(daemon_pid_, &status, 0);
     daemon_pid_ = -1;
@@ -233,6 +256,7 @@ void Sandbox::kill_bus() {
 
 int Sandbox::wait_daemon_exit(int ms) {
     int status = -1;
+    if (daemon_pid_ <= 0) return status;
     bool gone =
         eventually([&] { return waitpid(daemon_pid_, &status, WNOHANG) == daemon_pid_; }, ms);
     if (!gone) return -1;

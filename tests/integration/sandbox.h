@@ -27,6 +27,10 @@ enum class BusKind { dbus_daemon, dbus_broker };
 // Whether dbus-broker can be run here (it was fetched); why not otherwise.
 std::string dbus_broker_missing();
 
+// The daemon gets `--driver=sim` unless a test names a driver, and `--sim-guard=VALUE` from
+// KNOD_TEST_SIM_GUARD (tc or xdp: where the sim's guard runs) whenever it builds a sim data path
+// and the test names no --sim-guard itself. A daemon that exits while starting ends the wait at
+// once; start_daemon() then throws with its log (daemon_pid() is -1).
 class Sandbox {
   public:
     // `daemon_uid` != 0: the daemon runs as that uid with exactly the capabilities the shipped
