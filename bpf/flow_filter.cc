@@ -84,9 +84,12 @@ int quiet(enum libbpf_print_level, const char *, va_list) {
 }
 
 // libbpf's warnings during one load (which program or map failed, and the verifier's log), kept
-// to say what the kernel refused. libbpf's print hook is process-wide: one load at a time.
+// to say what the kernel refused. libbpf's print hook is process-wide: loads take turns, and the
+// hook writes only into the log of the thread that is loading (another thread's warnings are
+// dropped, as quiet() drops them).
 std::mutex load_log_mutex;
-std::string *load_log = nullptr;
+thread_local std::string *load_log = nullptr;
+constexpr std::size_t load_log_cap = 1u << 20;
 
 int keep_warnings(enum libbpf_print_level level, const char *format, va_list args) {
     if (level == LIBBPF_DEBUG || load_log == nullptr) return 0;
@@ -98,7 +101,9 @@ int keep_warnings(enum libbpf_print_level level, const char *format, va_list arg
     std::string line(static_cast<std::size_t>(n) + 1, '\0');
     std::vsnprintf(line.data(), line.size(), format, args);
     line.resize(static_cast<std::size_t>(n));
-    if (load_log->size() < (1u << 20)) load_log->append(line); // the verifier's log can be long
+    // A verifier log can be tens of MiB and its reason is at its end: keep each message's tail.
+    if (line.size() > load_log_cap) line.erase(0, line.size() - load_log_cap);
+    load_log->append(line);
     return 0;
 }
 
@@ -116,6 +121,9 @@ std::string refused_part(const std::string &log) {
         lines.push_back(log.substr(at, nl - at));
         at = nl + 1;
     }
+    // libbpf prefixes its own messages ("libbpf: prog 'x': ..."); the verifier's lines come bare.
+    for (auto &l : lines)
+        if (starts_with(l, "libbpf: ")) l.erase(0, 8);
     for (std::size_t i = 0; i < lines.size(); ++i) {
         const std::string &l = lines[i];
         auto quoted = [&](const char *kind) -> std::string {
@@ -227,9 +235,9 @@ Result<std::unique_ptr<FlowFilter>> FlowFilter::load_programs(const FilterOption
     {
         std::lock_guard lock(load_log_mutex);
         load_log = &log;
-        libbpf_set_print(keep_warnings);
+        auto before = libbpf_set_print(keep_warnings);
         r = flow_filter_bpf__load(f->skel_);
-        libbpf_set_print(quiet);
+        libbpf_set_print(before);
         load_log = nullptr;
     }
     if (r != 0) {
@@ -305,8 +313,8 @@ Result<int> attach_tc_ingress(const std::string &ifname, int prog_fd) {
     LIBBPF_OPTS(bpf_tc_opts, opts, .prog_fd = prog_fd, .flags = BPF_TC_F_REPLACE,
                 .handle = guard_handle, .priority = guard_priority);
     if ((r = bpf_tc_attach(&hook, &opts)) != 0)
-        return make_error(Errc::unavailable, "cannot attach the devmem guard to " + ifname +
-                                                 " (tc ingress): " + err(r));
+        return make_error(Errc::unavailable,
+                          "cannot attach the guard to " + ifname + " (tc ingress): " + err(r));
     return ifindex;
 }
 

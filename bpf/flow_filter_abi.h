@@ -36,16 +36,17 @@ struct knod_config {
                            (knod_rx_meta) */
 };
 
+/* Where the sim's guard checks a passed packet's RX queue: at tc ingress, the queue handed over
+ * in XDP metadata (knod_flow_filter_meta + knod_sim_guard); or inside the XDP filter
+ * (knod_flow_filter). The loader loads the XDP program of the path it runs. */
+#define KNOD_SIM_GUARD_TC 0
+#define KNOD_SIM_GUARD_XDP 1
+
 /* What the XDP filter puts before a packet it passes when record_queue is on, for the guard
  * behind it at tc ingress (the sim runs the devmem guard that way). veth's skb path does not keep
  * the RX queue a packet arrived on (skb->queue_mapping reads 0 once XDP reallocated the skb), so
  * the filter, which knows it (rx_queue_index), hands it over. Metadata never comes from the wire:
  * only an XDP program on this host can write it. */
-/* Where the sim's guard checks a passed packet's RX queue (the program's sim_guard_path, set by
- * the loader): at tc ingress, the queue handed over in XDP metadata; or inside the XDP filter. */
-#define KNOD_SIM_GUARD_TC 0
-#define KNOD_SIM_GUARD_XDP 1
-
 #define KNOD_RX_META_MAGIC 0x4b4e5251u /* "KNRQ" */
 struct knod_rx_meta {
     __u32 magic;

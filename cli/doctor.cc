@@ -1,6 +1,8 @@
 // knod-policy doctor: the host report (GPUs, netdevs, IOMMU groups, PCIe ACS, P2P distance,
 // kernel parameters and configuration, ROCm) with pass/warn/fail and the fix for each check.
-// The same report as the daemon's GetHostReport; reads sysfs and /proc, no daemon needed.
+// The same report as the daemon's GetHostReport; reads sysfs and /proc, no daemon needed. On this
+// host it also probes the kernel features the drivers use (host/kernel_features.h): it loads
+// small BPF programs and tries tc BPF in a network namespace of its own, touching nothing else.
 #include "cli/commands.h"
 #include "host/caller_identity.h"
 #include "host/kernel_features.h"

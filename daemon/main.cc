@@ -142,6 +142,8 @@ knod::Result<std::unique_ptr<knod::driver::Driver>> open_driver(Options &o,
         which = choice.driver;
         reason = choice.reason;
     }
+    if (which != "sim" && o.sim.guard != "auto")
+        log("--sim-guard=" + o.sim.guard + " is ignored: the driver is " + which + ", not the sim");
     if (which == "knod") {
         auto d = knod::driver::KnodDriver::open(o.host);
         if (!d) return std::move(d).error().context("knod driver");

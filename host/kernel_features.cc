@@ -128,7 +128,10 @@ FeatureProbe probe_af_xdp() {
         return available();
     }
     if (no_privilege(e)) return unknown("not probed: AF_XDP sockets need CAP_NET_RAW");
-    return missing(std::string("socket(AF_XDP): ") + std::strerror(e));
+    // EAFNOSUPPORT also comes from a sandbox's address-family filter (RestrictAddressFamilies).
+    return missing(
+        std::string("socket(AF_XDP): ") + std::strerror(e) +
+        (e == EAFNOSUPPORT ? " (no CONFIG_XDP_SOCKETS, or a sandbox that forbids it)" : ""));
 }
 
 FeatureProbe probe_tc_bpf() {
@@ -136,9 +139,12 @@ FeatureProbe probe_tc_bpf() {
     // A thread's network namespace is its own: unshare() here moves this thread alone.
     std::thread probe([&out] {
         if (unshare(CLONE_NEWNET) != 0) {
-            out = unknown(std::string("not probed: a network namespace of its own needs "
-                                      "CAP_SYS_ADMIN (") +
-                          std::strerror(errno) + ")");
+            int e = errno;
+            out = unknown(no_privilege(e) ? "not probed: a network namespace of its own needs "
+                                            "CAP_SYS_ADMIN (or a sandbox forbids namespaces)"
+                                          : std::string("not probed: no network namespace of "
+                                                        "its own: ") +
+                                                std::strerror(e));
             return;
         }
         libbpf_set_print(quiet);
@@ -191,7 +197,7 @@ std::vector<KernelFeature> probe_kernel_features(bool with_namespaces) {
         "the devmem driver's guards, the sim's steering",
         "the devmem driver cannot guard a bound RX queue and refuses every binding; " +
             std::string(sim_datapath),
-        "boot a kernel with CONFIG_NET_CLS_BPF", CheckStatus::warn,
+        "boot a kernel with CONFIG_BPF_SYSCALL and CONFIG_NET_CLS_BPF", CheckStatus::warn,
         probe_bpf_prog_type(BPF_PROG_TYPE_SCHED_CLS));
     add("bpf.map.lpm_trie", "BPF LPM trie maps", "every flow filter and guard (prefix rules)",
         "the devmem driver refuses every binding; " + std::string(sim_datapath),

@@ -10,7 +10,7 @@ namespace knod::driver {
 
 std::string misrouted_note(std::uint64_t packets, std::uint32_t queue, const std::string &netdev) {
     return std::to_string(packets) + " foreign packet(s) landed on queue " + std::to_string(queue) +
-           " of " + netdev + " (the devmem guard dropped them)";
+           " of " + netdev + " (the guard dropped them)";
 }
 
 std::optional<std::string> guard_blinded(const std::string &netdev) {

@@ -59,11 +59,13 @@ Result<void> SimDriver::start() {
     n.filter.drop_unmatched = config_.drop_unmatched;
     n.filter.sim_guard = *path;
     auto net = SimNetwork::create(n);
-    if (!net && config_.guard == "auto" && *path == bpf::SimGuardPath::tc) {
-        // The probe let the helper through but the kernel refused the real program: the guard
-        // moves into the filter rather than the sim going down.
-        notes_.push_back("sim guard: xdp (the tc path was refused at load: " + net.error().message +
-                         ")");
+    if (!net && config_.guard == "auto" && *path == bpf::SimGuardPath::tc &&
+        net.error().message.find("knod_flow_filter_meta") != std::string::npos) {
+        // The probe let the helper through but the kernel refused the program that calls it:
+        // the guard moves into the filter rather than the sim going down.
+        notes_.back() = "sim guard: xdp, inside the filter: the kernel refused the tc path's "
+                        "filter (" +
+                        net.error().message + "); steering drift is still caught";
         n.filter.sim_guard = bpf::SimGuardPath::xdp;
         net = SimNetwork::create(n);
     }
@@ -288,8 +290,13 @@ std::map<std::string, std::string> SimDriver::drifted() {
     bool any_active = std::any_of(slots_.begin(), slots_.end(), [](auto &e) {
         return e.second.active && !e.second.drift_reported;
     });
-    if (any_active && network_->filter().sim_guard() == bpf::SimGuardPath::tc)
+    if (any_active && network_->filter().sim_guard() == bpf::SimGuardPath::tc) {
         blind = guard_blinded(config_.netdev);
+        // A guard taken off the NIC (its clsact qdisc deleted) sees nothing: fail closed.
+        if (!blind && !bpf::FlowFilter::guard_attached(config_.netdev))
+            blind = "the guard is no longer attached to " + config_.netdev +
+                    "'s tc ingress, so foreign traffic on its queues would go unseen";
+    }
     for (auto &[id, s] : slots_) {
         if (!s.active || s.drift_reported) continue;
         std::uint64_t misrouted = on_queue[s.queue];

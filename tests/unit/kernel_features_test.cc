@@ -11,6 +11,7 @@
 #include <linux/bpf.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
 
 using namespace knod;
@@ -41,6 +42,13 @@ TEST_F(KernelFeatures, TheXdpMetadataProbeAgreesWithTheKernelOnTheRealProgram) {
     ASSERT_NE(probe.state, host::FeatureProbe::State::unknown) << probe.detail;
     std::cout << "# this kernel " << (probe.available() ? "allows" : "refuses")
               << " bpf_xdp_adjust_meta to XDP programs " << probe.detail << "\n";
+    // Under tests/tools/refuse_xdp_meta.c (KNOD_EXPECT_META_REFUSED): a shim that failed to load
+    // would otherwise turn this into the allowing kernel's test.
+    if (getenv("KNOD_EXPECT_META_REFUSED")) {
+        EXPECT_TRUE(probe.missing()) << "the refusing kernel's shim is not in effect";
+        EXPECT_NE(probe.detail.find("cannot use helper bpf_xdp_adjust_meta"), std::string::npos)
+            << probe.detail;
+    }
     bpf::FilterOptions tc;
     tc.sim_guard = bpf::SimGuardPath::tc;
     auto loaded = bpf::FlowFilter::load(tc);
