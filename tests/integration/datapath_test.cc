@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -442,6 +443,29 @@ static bool kernel_allows_xdp_metadata() {
     return allowed;
 }
 
+// The names of a SimGuardPath test's sim, and the check that nothing of them outlived its daemon.
+struct SimNames {
+    explicit SimNames(const char *stem)
+        : netdev(unique(stem)), netns(unique(stem) + "-ns"), pins("/sys/fs/bpf/" + unique(stem)) {}
+    void expect_gone() const {
+        EXPECT_FALSE(fs::exists("/sys/class/net/" + netdev)) << "link left behind";
+        EXPECT_FALSE(fs::exists("/run/netns/" + netns)) << "namespace left behind";
+        EXPECT_FALSE(fs::exists(pins)) << "pinned objects left behind";
+    }
+    std::string netdev, netns, pins;
+};
+
+// A sandbox on those names with the guard path `guard`; the test starts the daemon.
+struct GuardPathSim {
+    GuardPathSim(const char *stem, const std::string &guard)
+        : names(stem), sandbox(sim_policy,
+                               {"--sim-datapath=true", "--sim-netdev", names.netdev, "--sim-netns",
+                                names.netns, "--bpf-pin-root", names.pins, "--sim-guard=" + guard},
+                               0, false) {}
+    SimNames names;
+    Sandbox sandbox;
+};
+
 // The sim's guard has two paths (issue 50): at tc ingress, fed the RX queue by the XDP filter
 // through XDP metadata (bpf_xdp_adjust_meta), or inside the XDP filter. Whether this kernel lets
 // an XDP program call the helper is asked of the kernel here, apart from the daemon, with a
@@ -454,13 +478,11 @@ TEST(SimGuardPath, TcRunsWhereTheKernelAllowsXdpMetadataAndOtherwiseNamesTheHelp
     if (geteuid() != 0) GTEST_SKIP() << "needs root";
     bool allowed = kernel_allows_xdp_metadata();
     if (HasFatalFailure()) return;
-    std::string netdev = unique("knodsimg"), netns = unique("knod-simg"),
-                pins = "/sys/fs/bpf/" + unique("knodsimg");
+    std::optional<GuardPathSim> sim;
+    sim.emplace("knodsimg", "tc");
     {
-        Sandbox s(sim_policy,
-                  {"--sim-datapath=true", "--sim-netdev", netdev, "--sim-netns", netns,
-                   "--bpf-pin-root", pins, "--sim-guard=tc"},
-                  0, false);
+        Sandbox &s = sim->sandbox;
+        const std::string &netdev = sim->names.netdev;
         if (allowed) {
             ASSERT_NO_THROW(s.start_daemon());
             auto c = s.client();
@@ -481,9 +503,9 @@ TEST(SimGuardPath, TcRunsWhereTheKernelAllowsXdpMetadataAndOtherwiseNamesTheHelp
             EXPECT_NE(error.find("bpf_xdp_adjust_meta"), std::string::npos) << error;
         }
     }
-    EXPECT_FALSE(fs::exists("/sys/class/net/" + netdev)) << "link left behind";
-    EXPECT_FALSE(fs::exists("/run/netns/" + netns)) << "namespace left behind";
-    EXPECT_FALSE(fs::exists(pins)) << "pinned objects left behind";
+    SimNames names = sim->names;
+    sim.reset(); // the daemon and its sandbox go first
+    names.expect_gone();
 }
 
 // --sim-guard=auto (the default) takes the tc path where the kernel allows XDP metadata and the
@@ -496,13 +518,11 @@ TEST(SimGuardPath, AutoTakesTheTcPathWhereTheKernelAllowsItAndTheFilterPathWhere
     if (geteuid() != 0) GTEST_SKIP() << "needs root";
     bool allowed = kernel_allows_xdp_metadata();
     if (HasFatalFailure()) return;
-    std::string netdev = unique("knodsima"), netns = unique("knod-sima"),
-                pins = "/sys/fs/bpf/" + unique("knodsima");
+    std::optional<GuardPathSim> sim;
+    sim.emplace("knodsima", "auto");
     {
-        Sandbox s(sim_policy,
-                  {"--sim-datapath=true", "--sim-netdev", netdev, "--sim-netns", netns,
-                   "--bpf-pin-root", pins, "--sim-guard=auto"},
-                  0, false);
+        Sandbox &s = sim->sandbox;
+        const std::string &netdev = sim->names.netdev;
         ASSERT_NO_THROW(s.start_daemon());
         auto c = s.client();
         auto report = c.host_report();
@@ -525,7 +545,7 @@ TEST(SimGuardPath, AutoTakesTheTcPathWhereTheKernelAllowsItAndTheFilterPathWhere
         ASSERT_TRUE(g.ok()) << g.error().message;
         EXPECT_EQ(s.stop_daemon(SIGTERM), 0);
     }
-    EXPECT_FALSE(fs::exists("/sys/class/net/" + netdev)) << "link left behind";
-    EXPECT_FALSE(fs::exists("/run/netns/" + netns)) << "namespace left behind";
-    EXPECT_FALSE(fs::exists(pins)) << "pinned objects left behind";
+    SimNames names = sim->names;
+    sim.reset(); // the daemon and its sandbox go first
+    names.expect_gone();
 }
