@@ -10,7 +10,8 @@ The article's example, on this package::
         print(buffer.sum().item())
     # leaving the block releases the binding
 
-numpy works the same way (numpy.frombuffer(knod.SimBuffer(4096), dtype=numpy.uint8)).
+numpy works the same way (numpy.frombuffer(knod.SimBuffer(4096), dtype=numpy.uint8)). No view
+outlives a SimBuffer's memory: see knod.SimBuffer for what close() refuses and what waits.
 
 Everything goes through libknod-client.so.1 (the C API, loaded with ctypes); nothing of the
 D-Bus protocol is in Python. A Client and its Bindings are for one thread at a time (a lock
@@ -178,9 +179,24 @@ def _array_region(array, offset, length):
                         "numpy.frombuffer(knod.SimBuffer(n))); a GPU tensor is bound through "
                         "knod.gpu.export_dmabuf(tensor)")
     sim, start = found
+    if sim.closed:
+        raise ValueError(f"the {len(sim)}-byte SimBuffer this {kind} views is closed: bind a "
+                         "view of an open one")
     if length is not None:
         _integer("length", length, 1, nbytes)
     return sim.fileno(), start, nbytes if length is None else length
+
+
+def _sim_buffer_of(buffer):
+    """The SimBuffer whose memory a binding of `buffer` covers (itself, or the one a CPU tensor
+    or array lies in); None for a dma-buf."""
+    if isinstance(buffer, SimBuffer):
+        return buffer
+    memory = _array_memory(buffer)
+    if memory is None or memory[3] != "cpu":
+        return None
+    found = sim_region(memory[0], max(memory[1], 1))
+    return found[0] if found else None
 
 
 def _region_unchecked(buffer, offset, length):
@@ -188,6 +204,7 @@ def _region_unchecked(buffer, offset, length):
         off = buffer.offset if offset is None else offset
         return buffer.fd, off, buffer.length if length is None else length
     if isinstance(buffer, SimBuffer):
+        buffer._require_open()
         off = 0 if offset is None else _integer("offset", offset, 0, _U64)
         return buffer.fileno(), off, (len(buffer) - off) if length is None else length
     if _array_memory(buffer) is not None:
@@ -227,8 +244,13 @@ class Client:
         if _gpu_tensor(buffer):  # exported for the caller; the Binding closes it
             exported, region = _export_tensor(buffer, offset, length)
             offset = length = None
+        pin = None
         try:
             fd, off, n = _region(region, offset, length)
+            sim = _sim_buffer_of(region)
+            # The binding holds the buffer's export until it is released or closed: mmap then
+            # refuses to unmap it (a tensor from torch.frombuffer holds none of its own).
+            pin = memoryview(sim) if sim is not None else None
             if isinstance(flows, str):
                 flows = [flows]
             specs = (ctypes.c_char_p * max(1, len(flows)))(*[_text("a flow", f) for f in flows])
@@ -238,10 +260,16 @@ class Client:
                       _text("gpu", gpu), _text("mode", mode), fd, off, n, specs, len(flows),
                       ctypes.byref(out))
         except BaseException:
+            if pin is not None:
+                pin.release()
             if exported is not None:
                 exported.close()
             raise
-        return Binding(self, out.value, buffer, exported)
+        binding = Binding(self, out.value, buffer, exported)
+        if pin is not None:
+            binding._pin = pin
+            sim._bindings.add(binding)
+        return binding
 
     def register_buffer(self, buffer: Buffer, flows: Flows, **kw: Any) -> Binding:
         """The article's register_buffer: request_binding(), then activate() (a grant whose
@@ -281,6 +309,7 @@ class Binding:
                  dmabuf: Optional[DmaBuf] = None) -> None:
         self._client, self._handle, self._lib = client, handle, client._lib
         self._buffer = buffer  # kept alive while bound
+        self._pin: Optional[memoryview] = None  # a SimBuffer's export, held while bound
         self.dmabuf = dmabuf
         self._seen = 0
         self._final_end = (None, False)
@@ -339,9 +368,20 @@ class Binding:
         return until.value
 
     def release(self) -> None:
-        """Ends the binding (end reason "release"); again, or after it ended, does nothing."""
+        """Ends the binding (end reason "release"); again, or after it ended, does nothing.
+        A SimBuffer it covered may close from then on."""
         with self._client._lock:
             _call(self._lib.knod_binding_release, self._live())
+            self._unpin()
+
+    def _unpin(self) -> None:
+        if self._pin is not None:
+            self._pin.release()
+            self._pin = None
+
+    def _holds(self, sim: SimBuffer) -> bool:
+        """Whether this binding holds `sim`'s export (for SimBuffer.close()'s refusal)."""
+        return self._pin is not None and self._pin.obj is sim
 
     def _end(self):
         if not self._handle:
@@ -380,6 +420,7 @@ class Binding:
                 self._lib.knod_binding_free(self._handle)
                 self._handle = None
                 self._buffer = None  # no longer bound: its memory may go
+                self._unpin()
                 if self.dmabuf is not None:
                     self.dmabuf.close()
 

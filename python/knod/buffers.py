@@ -16,12 +16,20 @@ _live: "weakref.WeakSet[SimBuffer]" = weakref.WeakSet()
 
 class SimBuffer(mmap.mmap):
     """`nbytes` bytes of shared memory standing in for VRAM with the sim driver: a memfd sealed
-    against shrinking (what the daemon requires of a sim region), mapped read-write. It is an
-    mmap, so it has the buffer protocol: numpy.frombuffer(buf, dtype=numpy.uint8) or
-    torch.frombuffer(buf, dtype=torch.uint8) is a view that sees the bytes the daemon writes.
-    Byte i of a binding's stream lands at offset + (i mod length).
+    against shrinking (what the daemon requires of a sim region), mapped read-write. Byte i of a
+    binding's stream lands at offset + (i mod length).
 
-    close() unmaps and closes the fd (views must be gone first: mmap's BufferError otherwise).
+    Views, safest first: buf.tensor() (or knod.sim_tensor(n)) and numpy.frombuffer(buf,
+    dtype=numpy.uint8) hold the buffer's export, as a memoryview does, and so does a binding of
+    the buffer (or of a tensor or array in it) until it is released or closed: close() raises
+    BufferError, naming the bindings, while any of them lives. torch.frombuffer(buf) works too,
+    but torch keeps a reference to the buffer, not an export, so close() cannot see its tensor:
+    that is why close() and leaving a `with` block never unmap the memory, which goes when the
+    last reference to the buffer does (mmap unmaps it then). No view outlives the memory.
+
+    close() closes the memfd and marks the buffer closed (it can no longer be bound or give a
+    tensor). Leaving a `with` block closes it the same way even while views or bindings hold it
+    (an exception there would replace the block's own): the memory waits for them.
     """
 
     def __new__(cls, nbytes: int) -> SimBuffer:
@@ -41,6 +49,10 @@ class SimBuffer(mmap.mmap):
         # buffer is collected (a sim_tensor() whose tensor went), never left open.
         self._close_fd = weakref.finalize(self, os.close, fd)
         self._address = _mapping_address(self)
+        self._closed = False
+        # Bindings that hold this buffer's export, to name them when close() is refused (the
+        # refusal itself is mmap's export count, which no caller can bypass).
+        self._bindings: "weakref.WeakSet[Any]" = weakref.WeakSet()
         _live.add(self)
         return self
 
@@ -56,12 +68,47 @@ class SimBuffer(mmap.mmap):
         """The buffer's size in bytes."""
         return len(self)
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() (or the end of a `with` block) closed it."""
+        return self._closed
+
     def close(self) -> None:
-        if not self.closed:
-            super().close()
+        """Closes the buffer: refused (BufferError, naming what holds it) while a binding or a
+        view holding its export lives; again, does nothing. The memory stays mapped until the
+        last reference to this object goes (a torch.frombuffer tensor keeps one)."""
+        if self._closed:
+            return
+        if _exported(self):
+            raise BufferError(self._in_use())
+        self._close()
+
+    def __exit__(self, *exc: object) -> None:
+        # Never raises: a BufferError here would replace the block's own exception, and the
+        # memory waits for the views and bindings still holding it anyway.
+        self._close()
+
+    def _close(self) -> None:
+        # Never super().close(): that unmaps whenever no export lives, and a tensor from
+        # torch.frombuffer(self) holds a reference, not an export. mmap unmaps when the
+        # object goes, after every holder of either kind.
+        self._closed = True
         if self._fd >= 0:
             self._close_fd()
             self._fd = -1
+
+    def _in_use(self) -> str:
+        bound = sorted(b.id for b in list(self._bindings) if b._holds(self))
+        what = (f"bound by binding{'s' if len(bound) > 1 else ''} {', '.join(bound)} (release "
+                "or close them first: Binding.close(), or leave their with block)"
+                if bound else
+                "views of its memory still live (a memoryview, a numpy array, buf.tensor() or a "
+                "slice of one): delete them first")
+        return f"this {len(self)}-byte SimBuffer is still in use, so it cannot close: {what}"
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"this {len(self)}-byte SimBuffer is closed: make a new one")
 
     def resize(self, newsize: int) -> None:
         """Refused: the region the daemon was handed has this size (sealed against shrinking),
@@ -77,6 +124,7 @@ class SimBuffer(mmap.mmap):
         import numpy
         import torch
 
+        self._require_open()
         dtype = torch.uint8 if dtype is None else dtype
         itemsize = torch.empty(0, dtype=dtype).element_size()
         if len(self) % itemsize:
@@ -86,7 +134,21 @@ class SimBuffer(mmap.mmap):
         return torch.from_numpy(numpy.frombuffer(self, dtype=numpy.uint8)).view(dtype)
 
     def __repr__(self) -> str:
-        return f"<knod.SimBuffer {len(self) if not self.closed else 'closed'} bytes fd={self._fd}>"
+        state = " closed" if self._closed else ""
+        return f"<knod.SimBuffer {len(self)} bytes{state} fd={self._fd}>"
+
+
+def _exported(buf: mmap.mmap) -> bool:
+    """Whether anything holds an export of `buf`'s memory, by mmap's own count: resize()
+    checks it before anything else and changes nothing when refused, and -1 is refused by the
+    next check (ValueError) when no export lives."""
+    try:
+        mmap.mmap.resize(buf, -1)
+    except BufferError:
+        return True
+    except ValueError:
+        return False
+    return True  # resized to -1: cannot happen; count it as held
 
 
 def _mapping_address(buf: mmap.mmap) -> int:
@@ -101,10 +163,10 @@ def _mapping_address(buf: mmap.mmap) -> int:
 
 
 def sim_region(address: int, nbytes: int) -> Optional[Tuple[SimBuffer, int]]:
-    """The live SimBuffer whose mapping holds [address, address + nbytes), and the offset of
-    `address` in it; None when no SimBuffer does."""
+    """The SimBuffer whose mapping holds [address, address + nbytes) (closed ones too: a view
+    can outlive the close), and the offset of `address` in it; None when no SimBuffer does."""
     for buf in list(_live):
-        if buf.closed:
+        if mmap.mmap.closed.__get__(buf):  # unmapped behind our back: its address is free
             continue
         start = buf._address
         if start <= address and address + nbytes <= start + len(buf):
