@@ -37,6 +37,26 @@ void print_sinks(const nlohmann::json &sinks) {
     }
 }
 
+// systemd's fd store, where the daemon keeps bindings through a restart: what the notify socket
+// did not take (PID 1 not reading it) ends at the next stop instead.
+void print_fd_store(const nlohmann::json &fs) {
+    if (!fs.value("enabled", false)) return;
+    auto n = [&](const char *k) {
+        auto it = fs.find(k);
+        return it != fs.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : 0;
+    };
+    std::cout << "fd store: " << n("kept") << " handle(s) kept";
+    if (n("not_kept") || n("remove_failed")) {
+        std::cout << ", " << n("not_kept") << " NOT KEPT (those bindings end at the next stop), "
+                  << n("remove_failed") << " removal(s) not sent";
+        auto e = fs.find("last_error");
+        if (e != fs.end() && e->is_string())
+            std::cout << (fs.value("failing", false) ? " (FAILING: " : " (last error: ")
+                      << escape_untrusted(e->get<std::string>()) << ")";
+    }
+    std::cout << "\n";
+}
+
 } // namespace
 
 const char *const daemon_exit_codes =
@@ -71,11 +91,14 @@ int run_status(client::Client &client, const BusOptions &o) {
     auto st = client.status();
     if (!st) return call_failed("status", st.error(), o.address);
     nlohmann::json datapath = nlohmann::json::object(), sinks = nlohmann::json::object();
+    nlohmann::json fd_store = nlohmann::json::object();
     nlohmann::json notes = nlohmann::json::array();
     if (auto report = client.host_report(); report) {
         auto j = nlohmann::json::parse(*report, nullptr, false);
         if (j.is_object() && j.contains("datapath")) datapath = j["datapath"];
         if (j.is_object() && j.contains("sinks")) sinks = j["sinks"];
+        if (j.is_object() && j.contains("fd_store") && j["fd_store"].is_object())
+            fd_store = j["fd_store"];
         if (j.is_object() && j.contains("driver_notes") && j["driver_notes"].is_array())
             for (auto &n : j["driver_notes"])
                 if (n.is_string()) notes.push_back(n);
@@ -96,7 +119,8 @@ int run_status(client::Client &client, const BusOptions &o) {
                                         {"last_resource_failure", st->last_resource_failure},
                                         {"datapath", datapath},
                                         {"driver_notes", notes},
-                                        {"sinks", sinks}},
+                                        {"sinks", sinks},
+                                        {"fd_store", fd_store}},
                          2)
                   << "\n";
     } else {
@@ -119,6 +143,7 @@ int run_status(client::Client &client, const BusOptions &o) {
                       << " call(s) refused for want of fds, memory or disk; the last: "
                       << knod::escape_untrusted(st->last_resource_failure) << "\n";
         if (!sinks.empty()) print_sinks(sinks);
+        print_fd_store(fd_store);
         if (!datapath.empty()) {
             std::cout << "datapath:";
             for (auto &[k, v] : datapath.items())

@@ -286,6 +286,26 @@ std::string render_metrics(const nlohmann::json &m) {
         }
     for (const Family *f : {&written, &failed, &sink_dropped, &failing})
         f->write(out);
+
+    // systemd's fd store (only where the daemon keeps bindings through a restart): a handle the
+    // notify socket did not take is a binding that ends at the next stop.
+    const nlohmann::json fs =
+        m.is_object() ? m.value("fd_store", nlohmann::json::object()) : nlohmann::json::object();
+    if (fs.is_object() && fs.value("enabled", false)) {
+        Family kept("knod_fd_store_kept_handles_total", "counter",
+                    "Binding handles sent to systemd's file-descriptor store.");
+        Family not_kept("knod_fd_store_not_kept_handles_total", "counter",
+                        "Binding handles systemd's notify socket did not take (PID 1 not "
+                        "reading it): those bindings end at the next stop.");
+        Family unremoved("knod_fd_store_remove_failed_total", "counter",
+                         "FDSTOREREMOVE messages not sent: the fd stays in the store until the "
+                         "next start discards it.");
+        if (auto n = count(fs, "kept")) kept.add({}, *n);
+        if (auto n = count(fs, "not_kept")) not_kept.add({}, *n);
+        if (auto n = count(fs, "remove_failed")) unremoved.add({}, *n);
+        for (const Family *f : {&kept, &not_kept, &unremoved})
+            f->write(out);
+    }
     return out;
 }
 

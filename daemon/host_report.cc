@@ -1,5 +1,7 @@
 #include "daemon/host_report.h"
 
+#include "daemon/fd_store.h"
+
 #include "host/report.h"
 #include "knod/json.h"
 
@@ -37,6 +39,7 @@ std::string host_report_json(const BindingManager &manager) {
     }
     j["sinks"] = {
         {"names", st.sinks}, {"dropped", st.sink_dropped}, {"failed", failed}, {"each", each}};
+    j["fd_store"] = fd_store_json();
     j["journal"] = {{"available", st.journal_available},
                     {"pending_records", st.pending_records},
                     {"dropped_records", st.journal_dropped}};

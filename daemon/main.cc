@@ -626,11 +626,13 @@ std::optional<int> Daemon::build(Options &o) {
             if (l->keep_bindings) {
                 // A restart (or a stop: then systemd discards the store, the kernel closes the
                 // handles, and the next start ends the sessions as daemon-restart).
-                sd_notify(0, "STOPPING=1\nSTATUS=Handing live bindings to the fd store");
+                (void)knod::daemon::notify_nowait(
+                    "STOPPING=1\nSTATUS=Handing live bindings to the fd store");
                 std::size_t n = l->manager->hand_off();
                 log("handed " + std::to_string(n) + " binding(s) to systemd's fd store");
             } else {
-                sd_notify(0, "STOPPING=1\nSTATUS=Releasing every binding");
+                (void)knod::daemon::notify_nowait(
+                    "STOPPING=1\nSTATUS=Releasing every binding");
                 l->manager->shutdown();
             }
             return sd_event_exit(sd_event_source_get_event(s), 0);
@@ -644,7 +646,8 @@ std::optional<int> Daemon::build(Options &o) {
         return knod::bus::guarded("bus disconnect", nullptr, [&] {
             auto *l = static_cast<Loop *>(ud);
             log("knod-policyd: lost the connection to the bus; ending every binding and exiting");
-            sd_notify(0, "STOPPING=1\nSTATUS=Lost the bus; releasing every binding");
+            (void)knod::daemon::notify_nowait(
+                "STOPPING=1\nSTATUS=Lost the bus; releasing every binding");
             l->manager->shutdown();
             return sd_event_exit(l->event, 2);
         });
@@ -660,7 +663,7 @@ std::optional<int> Daemon::build(Options &o) {
 
     auto on_tick = [](sd_event_source *s, uint64_t usec, void *ud) -> int {
         sd_event_source_set_time(s, usec + 1'000'000);
-        return knod::bus::guarded("tick", nullptr, [ud] {
+        return knod::bus::guarded("tick", nullptr, [ud, usec] {
             auto *l = static_cast<Loop *>(ud);
             if (!l->confirmed) {
                 // Calls queued before the bus applied the daemon's match have been served by
@@ -669,6 +672,7 @@ std::optional<int> Daemon::build(Options &o) {
                 l->confirmed = true;
             }
             l->manager->tick(knod::journal::now_us());
+            knod::daemon::watchdog_tick(usec); // never waits for PID 1 (fd_store.h)
             return 0;
         });
     };
@@ -678,7 +682,6 @@ std::optional<int> Daemon::build(Options &o) {
     sd_event_add_time(event.get(), &tick, CLOCK_MONOTONIC, now + 1'000'000, 100'000, on_tick,
                       &loop);
     sd_event_source_set_enabled(tick, SD_EVENT_ON);
-    sd_event_set_watchdog(event.get(), 1);
 
     std::string status = "Serving org.knod.Policy1 with the " + driver.name() + " driver, " +
                          std::to_string(manager.policy().rules.size()) + " rule(s)";

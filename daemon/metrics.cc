@@ -1,6 +1,7 @@
 #include "daemon/metrics.h"
 
 #include "daemon/binding_manager.h"
+#include "daemon/fd_store.h"
 #include "journal/records.h"
 #include "knod/json.h"
 
@@ -119,6 +120,7 @@ std::string metrics_json(const BindingManager &manager, const std::string &versi
                          {"dropped", k.dropped},
                          {"failing", k.failing}});
     j["sinks"] = sinks;
+    j["fd_store"] = fd_store_json();
     return knod::dump_json(j);
 }
 

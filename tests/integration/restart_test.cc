@@ -8,6 +8,7 @@
 #include "knod/unique_fd.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -551,5 +552,92 @@ TEST_F(RestartTest, AHoldersNotifierIsReplacedAfterARestart) {
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.error().code, Errc::denied);
     ASSERT_TRUE(c.release(g->id).ok());
+    close(fd);
+}
+
+// PID 1 that does not read its notify socket (a long daemon-reload, #52 item 5): the daemon's
+// notify messages (FDSTORE, FDSTOREREMOVE, STOPPING, WATCHDOG) must never wait for it. The test
+// binds the notify socket and never reads it, so it fills after net.unix.max_dgram_qlen
+// datagrams; grants, releases and Ping still answer, the handles that did not fit are "not kept"
+// (host report and metrics say so), and a stop ends those bindings as daemon-stop (the holder is
+// told) instead of handing them over. Before the fix the loop blocked in sendmsg at the first
+// message that did not fit: the next call answered nobody.
+TEST(NotifySocketTest, APidOneThatDoesNotReadNeverBlocksTheLoop) {
+    std::string address = "@knod-test-deaf-notify-" + std::to_string(getpid());
+    UniqueFd deaf(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    ASSERT_GE(deaf.get(), 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path + 1, address.data() + 1, address.size() - 1); // abstract
+    socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
+    ASSERT_EQ(bind(deaf.get(), reinterpret_cast<sockaddr *>(&sa), len), 0) << strerror(errno);
+    int small = 1; // the kernel's minimum; the queue's length is what fills first
+    setsockopt(deaf.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    // How many datagrams fit before a sender waits (10 on Debian, 512 under systemd's sysctl).
+    std::size_t qlen = 10;
+    if (std::ifstream f("/proc/sys/net/unix/max_dgram_qlen"); f) f >> qlen;
+    qlen = std::min<std::size_t>(qlen, 1000);
+
+    Sandbox s(sim_policy, {"--keep-bindings-on-restart=true"}, 0, false);
+    s.set_notify_socket(address);
+    s.start_daemon();
+    // A daemon stuck in sendmsg ignores SIGTERM (the loop reads its signalfd): killed, not waited
+    // for, when the test stops early.
+    struct Reaper {
+        Sandbox &s;
+        ~Reaper() {
+            if (s.daemon_pid() > 0) s.stop_daemon(SIGKILL);
+        }
+    } reaper{s};
+    auto c = s.client();
+    int fd = make_region(4096);
+    // Held from before the socket fills: kept; its release's FDSTOREREMOVE will not fit.
+    auto early = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096,
+                                   {"udp 10.99.0.1:* -> 10.99.0.2:5009"});
+    ASSERT_TRUE(early.ok()) << early.error().message;
+    // Twice the queue in grant/release pairs (an FDSTORE and an FDSTOREREMOVE each): the socket
+    // fills halfway through. A call that does not answer fails at sd-bus's timeout (the guard).
+    for (std::size_t i = 0; i < qlen + 8; ++i) {
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096,
+                                   {"udp 10.99.0.1:* -> 10.99.0.2:5000"});
+        ASSERT_TRUE(g.ok()) << "grant " << i << ": " << g.error().message;
+        ASSERT_TRUE(c.release(g->id).ok()) << "release " << i;
+    }
+    ASSERT_TRUE(c.ping().ok());
+    ASSERT_TRUE(c.release(early->id).ok());
+    // Three held bindings whose handles systemd never got: not kept.
+    std::vector<std::string> held;
+    for (int i = 0; i < 3; ++i) {
+        auto g = c.request_binding("knodsim0", "sim0", "rx-only", fd, 0, 4096,
+                                   {"udp 10.99.0.1:* -> 10.99.0.2:" + std::to_string(5010 + i)});
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        held.push_back(g->id);
+    }
+    auto report = c.host_report();
+    ASSERT_TRUE(report.ok()) << report.error().message;
+    auto j = nlohmann::json::parse(*report);
+    ASSERT_TRUE(j.contains("fd_store")) << *report;
+    EXPECT_TRUE(j["fd_store"]["enabled"].get<bool>());
+    EXPECT_GE(j["fd_store"]["not_kept"].get<std::uint64_t>(), 3u) << j["fd_store"].dump();
+    EXPECT_GE(j["fd_store"]["remove_failed"].get<std::uint64_t>(), 1u) << j["fd_store"].dump();
+    EXPECT_TRUE(j["fd_store"]["failing"].get<bool>()) << j["fd_store"].dump();
+    EXPECT_NE(j["fd_store"]["last_error"].get<std::string>().find("not kept"), std::string::npos)
+        << j["fd_store"].dump();
+    auto metrics = c.metrics();
+    ASSERT_TRUE(metrics.ok());
+    EXPECT_NE(metrics->find("\"not_kept\""), std::string::npos) << *metrics;
+
+    // The stop: STOPPING=1 does not fit either, and must not hold the exit. The held bindings
+    // were not kept, so they end now (daemon-stop, their holder told) rather than being handed
+    // to a store that does not have their handles.
+    kill(s.daemon_pid(), SIGTERM);
+    int status = s.wait_daemon_exit(min_wait_ms);
+    ASSERT_NE(status, -1) << "the daemon did not exit on SIGTERM";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    for (auto &id : held)
+        EXPECT_EQ(s.sql("SELECT end_reason FROM sessions WHERE id='" + id + "'"), "daemon-stop");
+    EXPECT_EQ(s.sql("SELECT json_extract(detail, '$.handed_over') FROM events WHERE "
+                    "kind='daemon-stop' ORDER BY seq DESC LIMIT 1"),
+              "0");
     close(fd);
 }
