@@ -631,8 +631,7 @@ std::optional<int> Daemon::build(Options &o) {
                 std::size_t n = l->manager->hand_off();
                 log("handed " + std::to_string(n) + " binding(s) to systemd's fd store");
             } else {
-                (void)knod::daemon::notify_nowait(
-                    "STOPPING=1\nSTATUS=Releasing every binding");
+                (void)knod::daemon::notify_nowait("STOPPING=1\nSTATUS=Releasing every binding");
                 l->manager->shutdown();
             }
             return sd_event_exit(sd_event_source_get_event(s), 0);
