@@ -109,16 +109,33 @@ Result<T> property(sd_bus *bus, const std::string &path, const char *iface, cons
 
 // The daemon unicasts BindingReleased/BindingRevoked to the holder's connection; a filter (no
 // match rule on the bus is needed for a unicast signal) records them as sd_bus_process meets
-// them. Only signals from the connection that answered our calls as org.knod.Policy1 count:
-// sd-bus cannot match a well-known sender name, and anyone may send us a signal.
+// them. Only signals from the connection that answered our calls as org.knod.Policy1 count, or
+// from the one the bus itself announces as its new owner (NameOwnerChanged): a restarted daemon
+// tells a holder whose binding it did not take back before the holder calls it (#52). sd-bus
+// cannot match a well-known sender name, and anyone may send us a signal.
 struct Client::Ends {
     static constexpr std::size_t max_kept = 4096; // bounded for long-lived subscribers
     sd_bus_slot *slot = nullptr;
+    sd_bus_slot *owner_slot = nullptr;
+    // One name per daemon start this connection saw: only the name's owner (the bus policy's
+    // daemon account) adds one.
     std::set<std::string> daemons;
     std::map<std::string, BindingEnd> ended;
     std::deque<std::string> order;
 
-    ~Ends() { sd_bus_slot_unref(slot); }
+    ~Ends() {
+        sd_bus_slot_unref(owner_slot);
+        sd_bus_slot_unref(slot);
+    }
+
+    // NameOwnerChanged comes from the bus driver only: no connection can send as it.
+    void note_owner(sd_bus_message *m) {
+        const char *sender = sd_bus_message_get_sender(m);
+        if (!sender || std::strcmp(sender, "org.freedesktop.DBus") != 0) return;
+        const char *name = nullptr, *old_owner = nullptr, *new_owner = nullptr;
+        if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) < 0) return;
+        if (std::strcmp(name, service_name) == 0 && *new_owner) daemons.insert(new_owner);
+    }
 
     void trust_sender_of(sd_bus_message *reply) {
         if (const char *sender = reply ? sd_bus_message_get_sender(reply) : nullptr)
@@ -127,6 +144,10 @@ struct Client::Ends {
 
     static int on_message(sd_bus_message *m, void *self, sd_bus_error *) {
         auto *e = static_cast<Ends *>(self);
+        if (sd_bus_message_is_signal(m, "org.freedesktop.DBus", "NameOwnerChanged") > 0) {
+            e->note_owner(m);
+            return 0;
+        }
         bool revoked = sd_bus_message_is_signal(m, manager_interface, "BindingRevoked") > 0;
         if (!revoked && sd_bus_message_is_signal(m, manager_interface, "BindingReleased") <= 0)
             return 0;
@@ -146,6 +167,15 @@ struct Client::Ends {
 Client::Client(sd_bus *bus) : bus_(bus), ends_(std::make_unique<Ends>()) {
     // Without the filter the client still works; it only cannot say why a binding ended.
     sd_bus_add_filter(bus_, &ends_->slot, Ends::on_message, ends_.get());
+    // Asynchronous: nothing waits for the bus here; the rule is in place before any reply to a
+    // later call arrives (the bus handles a connection's messages in order).
+    std::string rule = std::string("type='signal',sender='org.freedesktop.DBus',"
+                                   "interface='org.freedesktop.DBus',member='NameOwnerChanged',"
+                                   "arg0='") +
+                       service_name + "'";
+    // The filter above reads the signal; the match only asks the bus to route it here.
+    auto routed = [](sd_bus_message *, void *, sd_bus_error *) { return 0; };
+    sd_bus_add_match_async(bus_, &ends_->owner_slot, rule.c_str(), routed, nullptr, nullptr);
 }
 
 Result<Client> Client::connect(const std::string &address) {

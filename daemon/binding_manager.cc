@@ -160,6 +160,8 @@ void BindingManager::start() {
     // holders live; every other open session (a crash, a stop that discarded the fd store, a
     // holder gone meanwhile) ends now: its binding did not survive.
     std::set<std::string> kept;
+    // Holders of authentic records not taken back, told once their sessions are closed (#52).
+    std::vector<std::pair<Binding, std::string>> to_tell;
     for (auto &[id, text] : handoffs) {
         auto record = open_handoff(id, text);
         auto adopted = record ? adopt(id, *record) : Result<void>(record.error());
@@ -173,6 +175,8 @@ void BindingManager::start() {
                                 record->at("driver").get<std::string>());
             } catch (const std::exception &) {
             }
+            if (auto told = holder_to_tell(id, *record))
+                to_tell.emplace_back(std::move(*told), adopted.error().message);
         } else {
             // Not the record this daemon's secret vouches for: nothing in it is acted on (its
             // netdev and driver state could name another binding's rules).
@@ -186,7 +190,12 @@ void BindingManager::start() {
         no.reason = adopted.error().message;
         audit_.record(std::move(no));
     }
-    (void)journal->close_open_sessions(to_string(EndReason::daemon_restart), kept);
+    auto closed = journal->close_open_sessions(to_string(EndReason::daemon_restart), kept);
+    // The holder waits on BindingReleased: it learns here that its binding did not survive
+    // the restart, and why (the not-adopted reason).
+    for (auto &[b, why] : to_tell)
+        if (closed && std::find(closed->begin(), closed->end(), b.id) != closed->end())
+            events_.binding_ended(b, EndReason::daemon_restart, why);
     // A restart may bring a new policy: what it no longer grants ends as on a reload.
     for (auto &id : kept)
         if (auto it = bindings_.find(id);
@@ -299,6 +308,28 @@ Result<nlohmann::json> BindingManager::open_handoff(const std::string &id,
         return make_error(Errc::corrupt,
                           "its handoff record was written for another journal (moved)");
     return j;
+}
+
+std::optional<Binding> BindingManager::holder_to_tell(const std::string &id,
+                                                      const nlohmann::json &record) {
+    // Only from a record the MAC vouched for (open_handoff), and only while the same process
+    // (pid and start time) lives: its bus name is then still its connection's, as the bus never
+    // gives a unique name twice. Nobody else learns of the binding.
+    Binding b;
+    b.id = id;
+    try {
+        auto &o = record.at("owner");
+        auto name = from_hex(o.at("bus_name").get<std::string>());
+        if (!name || name->empty()) return std::nullopt;
+        b.owner.bus_name.assign(name->begin(), name->end());
+        b.owner.uid = o.at("uid").get<uid_t>();
+        b.owner.pid = o.at("pid").get<pid_t>();
+        b.owner.start_time = o.at("start_time").get<std::uint64_t>();
+    } catch (const std::exception &) {
+        return std::nullopt;
+    }
+    if (!pin_process(b.owner.pid, b.owner.start_time)) return std::nullopt;
+    return b;
 }
 
 Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &j) {

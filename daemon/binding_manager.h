@@ -27,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -282,6 +283,8 @@ class BindingManager {
     // Takes back one handed-over binding from its opened record; the error says why not (its
     // session is then closed).
     Result<void> adopt(const std::string &id, const nlohmann::json &record);
+    // The holder of an authentic handoff record not taken back, to be told why (#52).
+    std::optional<Binding> holder_to_tell(const std::string &id, const nlohmann::json &record);
     // Non-const: the journal (whose id the record names) opens on first use.
     std::string handoff_of(const Binding &b, const std::string &driver_state);
     // Keeps the binding's region fd and the driver's handles in the store, by binding id.

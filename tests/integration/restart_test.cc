@@ -260,6 +260,97 @@ TEST_F(RestartTest, AStopThatDiscardsTheStoreEndsSessionsAsDaemonRestart) {
     EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'"), "daemon-restart");
 }
 
+// #52: a stop and a later start (a package's preinst stop, an admin's) leave the handed-over
+// binding without its fds: the start ends it, and tells its holder, which is still connected
+// and would otherwise wait for ever, why (BindingReleased from the new daemon, whose name this
+// connection has never called).
+TEST_F(RestartTest, AHolderWhoseBindingIsNotTakenBackIsTold) {
+    auto c = sandbox_->client(); // this process holds the binding on this connection
+    int fd = make_region(4096);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5250"});
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "1");
+    sandbox_->start_daemon(); // the store was not handed over: systemd emptied it at the stop
+    auto end = c.wait_for_end(g->id, min_wait_ms);
+    ASSERT_TRUE(end.ok()) << end.error().message;
+    EXPECT_FALSE(end->revoked);
+    EXPECT_EQ(end->reason.rfind("daemon-restart: its region fd did not come back", 0), 0u)
+        << end->reason;
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + g->id + "'"), "daemon-restart");
+    close(fd);
+}
+
+// The library trusts a new daemon only as the bus announces it: a connection that sends the
+// holder a NameOwnerChanged naming itself as org.knod.Policy1's owner, then BindingReleased,
+// ends nothing (it is not the bus driver), and the binding still lives.
+TEST_F(RestartTest, ASpoofedNewOwnerCannotTellAHolderItsBindingEnded) {
+    auto c = sandbox_->client();
+    int fd = make_region(4096);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, 4096,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5260"});
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    sd_bus *spoofer = nullptr;
+    ASSERT_GE(sd_bus_new(&spoofer), 0);
+    ASSERT_GE(sd_bus_set_address(spoofer, sandbox_->address().c_str()), 0);
+    ASSERT_GE(sd_bus_set_bus_client(spoofer, 1), 0);
+    ASSERT_GE(sd_bus_start(spoofer), 0);
+    const char *me = nullptr;
+    ASSERT_GE(sd_bus_get_unique_name(spoofer, &me), 0);
+    // The holder's connection: this process's other one (the client keeps its bus private).
+    std::vector<std::string> mine;
+    char **names = nullptr;
+    ASSERT_GE(sd_bus_list_names(spoofer, &names, nullptr), 0);
+    for (char **n = names; n && *n; ++n) {
+        sd_bus_creds *creds = nullptr;
+        pid_t pid = 0;
+        if (**n == ':' && std::strcmp(*n, me) != 0 &&
+            sd_bus_get_name_creds(spoofer, *n, SD_BUS_CREDS_PID, &creds) >= 0 &&
+            sd_bus_creds_get_pid(creds, &pid) >= 0 && pid == getpid())
+            mine.emplace_back(*n);
+        sd_bus_creds_unref(creds);
+        free(*n);
+    }
+    free(names);
+    ASSERT_EQ(mine.size(), 1u);
+    const std::string *holder = &mine.front();
+    auto send = [&](const char *path, const char *iface, const char *member, const char *a,
+                    const char *b, const char *text) {
+        sd_bus_message *m = nullptr;
+        int r = sd_bus_message_new_signal(spoofer, &m, path, iface, member);
+        if (r >= 0) r = sd_bus_message_set_destination(m, holder->c_str());
+        if (r >= 0) r = sd_bus_message_append(m, member[0] == 'N' ? "sss" : "oss", a, b, text);
+        if (r >= 0) r = sd_bus_send(spoofer, m, nullptr);
+        sd_bus_message_unref(m);
+        return r;
+    };
+    ASSERT_GE(send("/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged",
+                   "org.knod.Policy1", "", me),
+              0);
+    std::string path = "/org/knod/Policy1/binding/" + g->id;
+    ASSERT_GE(send("/org/knod/Policy1", "org.knod.Policy1.Manager", "BindingReleased", path.c_str(),
+                   g->id.c_str(), "daemon-restart: spoofed"),
+              0);
+    // Fences: the bus has routed both once it answers the spoofer, and the holder has them
+    // queued before the daemon's answer to its next call.
+    sd_bus_message *reply = nullptr;
+    ASSERT_GE(sd_bus_call_method(spoofer, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                                 "org.freedesktop.DBus", "GetId", nullptr, &reply, ""),
+              0);
+    sd_bus_message_unref(reply);
+    auto list = c.list();
+    ASSERT_TRUE(list.ok()) << list.error().message;
+    auto end = c.end_of(g->id);
+    ASSERT_TRUE(end.ok()) << end.error().message;
+    EXPECT_FALSE(end->has_value()) << (*end)->reason;
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ(list->front().id, g->id);
+    sd_bus_flush_close_unref(spoofer);
+    close(fd);
+}
+
 TEST_F(RestartTest, WithoutSystemdASigtermStillEndsEveryBinding) {
     Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5300"}, 0, true);
     ASSERT_TRUE(h.ok()) << h.line();

@@ -8,7 +8,8 @@
 //   renew-flood ID N                 Renew ID with a wrong key N times: "ERRORNAME COUNT"...,
 //   "done" renew-own NETDEV GPU BYTES FLOW...  request, activate and renew one binding: "renewed ID
 //   US" hold-until-end NETDEV GPU BYTES FLOW...  request and activate, print "ok ID KEYHEX", then
-//                                   wait (30 s at most) for the daemon to say the binding ended:
+//                                   wait (30 s at most, or KNOD_TEST_WAIT_MS) for the daemon to
+//                                   say the binding ended:
 //                                   "ended revoked|released REASON"
 //   hostile-notifier NETDEV GPU BYTES FLOW...  hold-until-end, also taking the data notifier
 //                                   (RxNotifier), making its end blocking, shrinking the pipe to
@@ -42,6 +43,7 @@
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -289,7 +291,11 @@ int main(int argc, char **argv) {
             wrote = write(notifier, &big, sizeof big) > 0;
         }
         std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
-        auto end = client->wait_for_end(g->id, 30000);
+        // KNOD_TEST_WAIT_MS: longer, for a holder that waits out a daemon's stop and start.
+        int wait_ms = 30000;
+        if (const char *w = std::getenv("KNOD_TEST_WAIT_MS"); w && std::atoi(w) > 0)
+            wait_ms = std::atoi(w);
+        auto end = client->wait_for_end(g->id, wait_ms);
         if (!end) return report(end.error());
         std::cout << "ended " << (end->revoked ? "revoked " : "released ") << end->reason;
         if (notifier >= 0) {
