@@ -36,7 +36,20 @@ struct Reply {
     }
 };
 
+// What a forked child is told when it uses its parent's client (sd-bus says only ECHILD).
+Error forked_error(std::optional<pid_t> creator) {
+    return make_error(
+        Errc::invalid_argument,
+        "this knod client was created in " +
+            (creator ? "process " + std::to_string(*creator) : std::string("another process")) +
+            " and this is process " + std::to_string(::getpid()) +
+            ": a forked child must create its own knod client (a D-Bus connection "
+            "belongs to the process that opened it)");
+}
+
 Error bus_failure(const sd_bus_error &e, int r, const char *what) {
+    if (sd_bus_error_is_set(&e) && sd_bus_error_has_name(&e, "System.Error.ECHILD"))
+        return forked_error(std::nullopt);
     if (sd_bus_error_is_set(&e)) {
         std::string name = e.name;
         // The bus answered for a daemon that is not there: not a refusal by the daemon.
@@ -58,6 +71,7 @@ Error bus_failure(const sd_bus_error &e, int r, const char *what) {
             code = Errc::denied;
         return make_error(code, name + ": " + (e.message ? e.message : ""));
     }
+    if (r == -ECHILD) return forked_error(std::nullopt);
     bool gone = r == -ENOTCONN || r == -ECONNRESET || r == -EPIPE || r == -ETIMEDOUT;
     return make_error(gone ? Errc::unavailable : Errc::io,
                       std::string(what) + ": " + std::strerror(-r));
@@ -164,7 +178,7 @@ struct Client::Ends {
     }
 };
 
-Client::Client(sd_bus *bus) : bus_(bus), ends_(std::make_unique<Ends>()) {
+Client::Client(sd_bus *bus) : bus_(bus), pid_(::getpid()), ends_(std::make_unique<Ends>()) {
     // Without the filter the client still works; it only cannot say why a binding ended.
     sd_bus_add_filter(bus_, &ends_->slot, Ends::on_message, ends_.get());
     // Asynchronous: nothing waits for the bus here; the rule is in place before any reply to a
@@ -178,7 +192,7 @@ Client::Client(sd_bus *bus) : bus_(bus), ends_(std::make_unique<Ends>()) {
     sd_bus_add_match_async(bus_, &ends_->owner_slot, rule.c_str(), routed, nullptr, nullptr);
 }
 
-Result<Client> Client::connect(const std::string &address) {
+Result<Client> Client::connect(const std::string &address, std::uint64_t call_timeout_us) {
     sd_bus *bus = nullptr;
     int r = 0;
     if (address.empty()) {
@@ -194,6 +208,8 @@ Result<Client> Client::connect(const std::string &address) {
                                                  address_tried(address) + ": " + std::strerror(-r) +
                                                  " (is dbus running? or give --bus-address)");
     }
+    // Every call that passes 0 (all of this client's) waits at most this long, attest too.
+    if (call_timeout_us) (void)sd_bus_set_method_call_timeout(bus, call_timeout_us);
     Client c(bus);
     // Proven from the start: root's rights (auditor, admin) and rules naming units need it.
     // No daemon yet, or one that refuses: each call says so itself, and asks again.
@@ -212,16 +228,23 @@ std::string Client::address_tried(const std::string &address) {
 }
 
 Client::Client(Client &&o) noexcept
-    : bus_(std::exchange(o.bus_, nullptr)), ends_(std::move(o.ends_)), proof_(std::move(o.proof_)) {
-}
+    : bus_(std::exchange(o.bus_, nullptr)), pid_(o.pid_), ends_(std::move(o.ends_)),
+      proof_(std::move(o.proof_)) {}
 Client &Client::operator=(Client &&o) noexcept {
     std::swap(bus_, o.bus_);
+    std::swap(pid_, o.pid_);
     std::swap(ends_, o.ends_);
     std::swap(proof_, o.proof_);
     return *this;
 }
 
+Result<void> Client::same_process() const {
+    if (::getpid() != pid_) return forked_error(pid_);
+    return {};
+}
+
 Result<std::string> Client::attest() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     if (!proof_.empty()) return proof_;
     // The kernel stamps both ends with this process's credentials and pidfd (unix(7)); the
     // daemon checks that it is the process the bus names and that it still runs. The pair is
@@ -265,6 +288,7 @@ Result<void> Client::drain() {
 }
 
 Result<std::optional<BindingEnd>> Client::end_of(const std::string &id) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     if (auto r = drain(); !r) return r.error();
     auto it = ends_->ended.find(id);
     if (it == ends_->ended.end()) return std::optional<BindingEnd>();
@@ -272,6 +296,7 @@ Result<std::optional<BindingEnd>> Client::end_of(const std::string &id) {
 }
 
 Result<BindingEnd> Client::wait_for_end(const std::string &id, int timeout_ms) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         auto end = end_of(id);
@@ -289,6 +314,7 @@ Result<BindingEnd> Client::wait_for_end(const std::string &id, int timeout_ms) {
 }
 
 Result<void> Client::subscribe() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "Subscribe",
                                &reply.e, &reply.m, "");
@@ -302,6 +328,7 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
                                                std::uint64_t offset, std::uint64_t length,
                                                const std::vector<std::string> &flows,
                                                bool retried) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     (void)attest(); // refused or unreachable: the request says so itself
     sd_bus_message *call = nullptr;
     int r = sd_bus_message_new_method_call(bus_, &call, service_name, manager_path,
@@ -342,12 +369,14 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
 }
 
 Result<void> Client::activate(const std::string &id, const std::vector<std::uint8_t> &key) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     (void)attest();
     Reply reply;
     return call_with_key(bus_, id, "Activate", key, reply);
 }
 
 Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std::uint8_t> &key) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     (void)attest();
     Reply reply;
     if (auto r = call_with_key(bus_, id, "Renew", key, reply); !r) return r.error();
@@ -358,6 +387,7 @@ Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std
 }
 
 Result<void> Client::release(const std::string &id) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, path_of(id).c_str(), binding_interface,
                                "Release", &reply.e, &reply.m, "");
@@ -366,6 +396,7 @@ Result<void> Client::release(const std::string &id) {
 }
 
 Result<BindingCounters> Client::counters(const std::string &id) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     BindingCounters c;
     auto get = [&](const char *name, std::uint64_t &out) -> Result<void> {
         auto v = property<std::uint64_t>(bus_, path_of(id), binding_interface, name, 't');
@@ -382,6 +413,7 @@ Result<BindingCounters> Client::counters(const std::string &id) {
 
 Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t seen,
                                             int timeout_ms) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         auto rx = property<std::uint64_t>(bus_, path_of(id), binding_interface, "RxBytes", 't');
@@ -403,6 +435,7 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
 
 Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
                                                const std::vector<std::uint8_t> &key) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     (void)attest();
     Reply reply;
     if (auto r = call_with_key(bus_, id, "RxNotifier", key, reply); !r) return r.error();
@@ -420,6 +453,7 @@ Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
 
 Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n,
                                             std::uint64_t seen, int timeout_ms) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     using namespace std::chrono;
     auto deadline = steady_clock::now() + milliseconds(timeout_ms);
     for (;;) {
@@ -472,10 +506,12 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n
 }
 
 Result<std::string> Client::rule(const std::string &id) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     return property<std::string>(bus_, path_of(id), binding_interface, "Rule", 's');
 }
 
 Result<BindingDetails> Client::details(const std::string &id) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     BindingDetails d;
     auto rule_name = rule(id);
     if (!rule_name) return rule_name.error();
@@ -515,10 +551,12 @@ Result<BindingDetails> Client::details(const std::string &id) {
 }
 
 Result<std::string> Client::state(const std::string &id) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     return property<std::string>(bus_, path_of(id), binding_interface, "State", 's');
 }
 
 Result<std::vector<BindingSummary>> Client::list() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "ListBindings",
                                &reply.e, &reply.m, "");
@@ -545,6 +583,7 @@ Result<std::vector<BindingSummary>> Client::list() {
 }
 
 Result<void> Client::revoke(const std::string &id, const std::string &reason) {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "RevokeBinding",
                                &reply.e, &reply.m, "ss", id.c_str(), reason.c_str());
@@ -553,6 +592,7 @@ Result<void> Client::revoke(const std::string &id, const std::string &reason) {
 }
 
 Result<std::pair<std::uint32_t, std::uint32_t>> Client::reload() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "ReloadPolicy",
                                &reply.e, &reply.m, "");
@@ -564,6 +604,7 @@ Result<std::pair<std::uint32_t, std::uint32_t>> Client::reload() {
 }
 
 Result<std::string> Client::host_report() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "GetHostReport",
                                &reply.e, &reply.m, "");
@@ -575,6 +616,7 @@ Result<std::string> Client::host_report() {
 }
 
 Result<std::string> Client::metrics() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "GetMetrics",
                                &reply.e, &reply.m, "");
@@ -586,6 +628,7 @@ Result<std::string> Client::metrics() {
 }
 
 Result<void> Client::ping() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, "org.freedesktop.DBus.Peer",
                                "Ping", &reply.e, &reply.m, "");
@@ -594,6 +637,7 @@ Result<void> Client::ping() {
 }
 
 Result<ManagerStatus> Client::status() {
+    if (auto here = same_process(); !here) return std::move(here).error();
     ManagerStatus st;
     auto version = property<std::string>(bus_, manager_path, manager_interface, "Version", 's');
     if (!version) return version.error();

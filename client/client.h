@@ -7,6 +7,8 @@
 #include "knod/unique_fd.h"
 
 #include <array>
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -84,7 +86,10 @@ struct ManagerStatus {
 class Client {
   public:
     // An empty address means the system bus (DBUS_SYSTEM_BUS_ADDRESS is honoured).
-    static Result<Client> connect(const std::string &address = {});
+    // `call_timeout_us`: how long each call waits for the daemon's answer (0: sd-bus's default,
+    // 25 s); a collector that must not hang on a stopped daemon gives its own.
+    static Result<Client> connect(const std::string &address = {},
+                                  std::uint64_t call_timeout_us = 0);
     // The address connect(address) tries: `address`, else DBUS_SYSTEM_BUS_ADDRESS, else the
     // system bus's socket. For messages that say which bus was unreachable.
     static std::string address_tried(const std::string &address);
@@ -160,7 +165,11 @@ class Client {
     explicit Client(sd_bus *bus);
     // Dispatches what has arrived (end signals among it) without waiting.
     Result<void> drain();
+    // sd-bus refuses a connection in any process but the one that made it (ECHILD, "No child
+    // processes"): each call checks first and says what happened.
+    Result<void> same_process() const;
     sd_bus *bus_ = nullptr;
+    pid_t pid_ = 0; // the process that made the connection
     std::unique_ptr<Ends> ends_;
     std::string proof_; // attest()'s answer; empty until the daemon gave one
 };

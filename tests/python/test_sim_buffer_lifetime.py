@@ -145,3 +145,38 @@ def test_a_binding_of_a_tensor_or_array_holds_its_sim_buffer(client):
         arr = numpy.frombuffer(other, dtype=numpy.uint8)
     with pytest.raises(ValueError, match="closed"):
         client.request_binding(arr, flow(5161), netdev=NETDEV)
+
+
+def test_a_forked_child_is_told_to_make_its_own_client():
+    """#52 minor: a child using the client its parent made was told "No child processes"
+    (sd-bus's fork check, ECHILD); it is told what happened. The parent's client still works."""
+    rc, out, err = run_python(f"""
+        import os, knod, numpy
+        client = knod.Client()
+        parent = os.getpid()
+        buf = knod.SimBuffer(4096)
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                client.request_binding(buf, {flow(5162)!r}, netdev={NETDEV!r})
+                msg = "granted"
+            except knod.Error as e:
+                msg = type(e).__name__ + ": " + str(e)
+            os.write(w, msg.encode())
+            os._exit(0)
+        os.close(w)
+        told = os.read(r, 4096).decode()
+        assert os.waitpid(child, 0)[1] == 0
+        print(told)
+        print(f"parent={{parent}} child={{child}}")
+        with client.register_buffer(buf, {flow(5162)!r}, netdev={NETDEV!r}) as b:
+            print("parent still bound", b.length)
+    """)
+    assert rc == 0, (rc, out, err)
+    told, pids, bound = out.strip().splitlines()
+    parent, child = (p.split("=")[1] for p in pids.split())
+    assert "No child processes" not in told, told
+    assert (f"created in process {parent}" in told and f"process {child}" in told
+            and "forked child must create its own knod client" in told), told
+    assert bound == "parent still bound 4096"

@@ -9,7 +9,9 @@
  *
  * Conventions:
  *  - Handles are opaque. A knod_binding keeps its knod_client alive (reference counted), so
- *    they may be freed in any order. One handle is used by one thread at a time.
+ *    they may be freed in any order. One handle is used by one thread at a time, in the
+ *    process that made it: in a forked child its calls fail (KNOD_ERR_INVALID_ARGUMENT, naming
+ *    both processes); the child connects anew.
  *  - Every call that can fail returns a knod_errc (KNOD_OK is 0) and, when `error` is not
  *    NULL, stores a knod_error the caller frees with knod_error_free(). Outputs are written
  *    only on success.
