@@ -580,6 +580,17 @@ int verify(const Options &o) {
         sys_json["first_bad_event"] = sys->bad_seq;
         sys_json["problem"] = sys->problem;
         sys_json["newer_than_snapshot"] = sys->newer_than_snapshot;
+        sys_json["last_event"] = sys->last_event;
+        sys_json["head_runs"] = sys->runs;
+        sys_json["missing_heads"] = sys->missing_heads;
+        nlohmann::json gaps = nlohmann::json::array();
+        for (auto &m : sys->missing)
+            gaps.push_back({{"run", m.run},
+                            {"first", m.first},
+                            {"last", m.last},
+                            {"after_event", m.after_seq},
+                            {"before_event", m.before_seq}});
+        sys_json["missing"] = gaps;
     } else {
         sys_json["note"] = system->note;
     }
@@ -672,8 +683,8 @@ int verify(const Options &o) {
             std::cout << " (" << sys->pruned_by_retention << " recorded at least --retention "
                       << o.retention << " ago: old enough to have been pruned)";
         if (sys->newest)
-            std::cout << "; newest: event " << sys->newest->seq << " at "
-                      << format_time(sys->newest->at_us);
+            std::cout << "; newest: event " << sys->newest->seq << " of " << sys->last_event
+                      << " at " << format_time(sys->newest->at_us);
         else
             std::cout << " (none found for this journal)";
         if (sys->newer_than_snapshot)
@@ -684,6 +695,10 @@ int verify(const Options &o) {
         std::cout << "FAILED: system journal: " << sys->problem << "\n"
                   << "system journal: " << sys->records << " chain-head record(s) of this journal "
                   << "read from " << system->source << ", " << sys->compared << " match\n";
+        for (auto &m : sys->missing)
+            std::cout << "system journal: missing head(s) " << m.first << ".." << m.last
+                      << " of daemon run " << m.run << ", between the heads of events "
+                      << m.after_seq << " and " << m.before_seq << "\n";
     }
     return ok ? exit_ok : exit_failed;
 }

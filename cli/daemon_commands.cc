@@ -28,6 +28,12 @@ void print_sinks(const nlohmann::json &sinks) {
                   << k.value("written", std::uint64_t{0}) << " written, "
                   << k.value("failed", std::uint64_t{0}) << " failed, "
                   << k.value("dropped", std::uint64_t{0}) << " dropped";
+        if (auto h = k.find("heads_written");
+            h != k.end() && h->is_number_unsigned() && k.value("name", "") == "journald")
+            std::cout << "; " << h->get<std::uint64_t>()
+                      << " chain head(s) sent, the newest for event "
+                      << k.value("last_head_seq", std::int64_t{0})
+                      << " (whether journald kept them: knod-policy audit verify)";
         if (k.value("failing", false))
             std::cout << " (FAILING: " << escape_untrusted(k.value("last_error", "")) << ")";
         else if (k.value("failed", std::uint64_t{0}) > 0)

@@ -275,6 +275,11 @@ std::string render_metrics(const nlohmann::json &m) {
     Family sink_dropped("knod_sink_dropped_records_total", "counter",
                         "Journal events that did not fit a copy sink's queue.");
     Family failing("knod_sink_failing", "gauge", "1 while a copy sink's last write failed.");
+    Family heads("knod_sink_written_heads_total", "counter",
+                 "Chain heads (journal-anchor records) a copy sink took (journald). Whether "
+                 "journald kept them is for `knod-policy audit verify` to say.");
+    Family head_seq("knod_sink_last_head_event", "gauge",
+                    "The journal event the newest chain head a copy sink took names.");
     if (m.is_object() && m.contains("sinks") && m["sinks"].is_array())
         for (auto &k : m["sinks"]) {
             Labels l{{"sink", str(k, "name")}};
@@ -283,8 +288,11 @@ std::string render_metrics(const nlohmann::json &m) {
             if (auto n = count(k, "dropped")) sink_dropped.add(l, *n);
             if (k.is_object() && k.contains("failing") && k["failing"].is_boolean())
                 failing.add(l, std::uint64_t{k["failing"].get<bool>()});
+            if (str(k, "name") != "journald") continue; // only it keeps heads
+            if (auto n = count(k, "heads_written")) heads.add(l, *n);
+            if (auto n = count(k, "last_head_seq")) head_seq.add(l, *n);
         }
-    for (const Family *f : {&written, &failed, &sink_dropped, &failing})
+    for (const Family *f : {&written, &failed, &sink_dropped, &failing, &heads, &head_seq})
         f->write(out);
 
     // systemd's fd store (only where the daemon keeps bindings through a restart): a handle the

@@ -3,10 +3,16 @@
 #include "daemon/metrics.h"
 
 #include "journal/journal.h"
+#include "knod/hex.h"
 #include "knod/json.h"
 
 #include <nlohmann/json.hpp>
 
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -26,6 +32,19 @@ Written timed(Metrics *metrics, Written done) {
         metrics->commit_latency().observe(std::chrono::steady_clock::now() - start);
         done(std::move(r));
     };
+}
+
+// 128 random bits, as hex: tells this run's heads from another's (uniqueness, not secrecy, so
+// the clock and pid stand in if getrandom fails).
+std::string head_run_id() {
+    std::array<std::uint8_t, 16> b{};
+    if (getrandom(b.data(), b.size(), 0) != static_cast<ssize_t>(b.size())) {
+        auto t = static_cast<std::uint64_t>(journal::now_us());
+        auto p = static_cast<std::uint64_t>(getpid());
+        std::memcpy(b.data(), &t, sizeof t);
+        std::memcpy(b.data() + 8, &p, sizeof p);
+    }
+    return knod::to_hex(b);
 }
 
 } // namespace
@@ -83,21 +102,25 @@ journal::Journal *AuditTrail::journal() {
     std::error_code ec;
     auto absolute = std::filesystem::absolute(config_.journal_path, ec);
     std::string path = ec ? config_.journal_path : absolute.lexically_normal().string();
+    if (heads_->run.empty()) heads_->run = head_run_id();
     // A second anchor of the chain head, in the system journal, at most once a second.
-    journal_->set_commit_listener([this, last = std::make_shared<std::atomic<std::int64_t>>(0),
+    journal_->set_commit_listener([this, heads = heads_,
                                    journal_id = journal_->identity().journal_id,
                                    path](std::int64_t seq, const journal::Hash &head) {
         if (snapshots_) snapshots_->note_commit();
         std::int64_t now = journal::now_us();
-        if (!sinks_ || now - last->load() < 1000000) return;
-        last->store(now);
+        if (!sinks_ || now - heads->last_us.load() < 1000000) return;
+        heads->last_us.store(now);
         journal::Event e;
         e.kind = journal::kind::anchor;
-        // The journal's id and path: `audit verify` matches each copy to one journal.
+        // The journal's id and path: `audit verify` matches each copy to one journal; the run
+        // and the head's number in it: it names the heads that did not arrive.
         e.detail = knod::dump_json(nlohmann::json{{"journal_id", journal_id},
                                                   {"path", path},
                                                   {"seq", seq},
-                                                  {"hash", journal::to_hex(head)}});
+                                                  {"hash", journal::to_hex(head)},
+                                                  {"run", heads->run},
+                                                  {"n", ++heads->sent}});
         e.reason = "chain head " + std::to_string(seq) + " " + journal::to_hex(head);
         sinks_->offer({e, {}, {}});
     });

@@ -157,6 +157,15 @@ class AuditTrail {
     // finds this expired.
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     std::int64_t last_retention_us_ = 0;
+    // The chain heads this run sent to the sinks: numbered 1, 2, ... under a random run id, so
+    // `audit verify` can name those journald did not keep. Shared with the commit listener, which
+    // runs on the journal's writer thread and is set again when the journal reopens.
+    struct Heads {
+        std::string run;
+        std::atomic<std::int64_t> sent{0};
+        std::atomic<std::int64_t> last_us{0};
+    };
+    std::shared_ptr<Heads> heads_ = std::make_shared<Heads>();
 };
 
 } // namespace knod::daemon

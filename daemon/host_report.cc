@@ -35,7 +35,9 @@ std::string host_report_json(const BindingManager &manager) {
                         {"failed", k.failed},
                         {"dropped", k.dropped},
                         {"failing", k.failing},
-                        {"last_error", k.last_error}});
+                        {"last_error", k.last_error},
+                        {"heads_written", k.heads_written},
+                        {"last_head_seq", k.last_head_seq}});
     }
     j["sinks"] = {
         {"names", st.sinks}, {"dropped", st.sink_dropped}, {"failed", failed}, {"each", each}};

@@ -118,7 +118,9 @@ std::string metrics_json(const BindingManager &manager, const std::string &versi
                          {"written", k.written},
                          {"failed", k.failed},
                          {"dropped", k.dropped},
-                         {"failing", k.failing}});
+                         {"failing", k.failing},
+                         {"heads_written", k.heads_written},
+                         {"last_head_seq", k.last_head_seq}});
     j["sinks"] = sinks;
     j["fd_store"] = fd_store_json();
     return knod::dump_json(j);

@@ -49,6 +49,12 @@ bool is_hex64(const std::string &h) {
            });
 }
 
+bool is_run_id(const std::string &r) {
+    return r.size() == 32 && std::all_of(r.begin(), r.end(), [](unsigned char c) {
+               return std::isxdigit(c) && !std::isupper(c);
+           });
+}
+
 // Who may have sent a chain head: root and the daemon's account. Anyone may send journald
 // entries with any KNOD_* fields, but _UID is journald's own (from the socket's credentials).
 std::set<std::string> trusted_uids(const std::optional<std::string> &daemon_uid) {
@@ -141,6 +147,17 @@ Result<std::vector<AnchorCopy>> read_anchor_copies(const SystemJournalSource &so
         if (sd_journal_get_realtime_usec(j.get(), &t) >= 0) c.at_us = static_cast<std::int64_t>(t);
         c.journal_path = field(j.get(), "KNOD_JOURNAL_PATH").value_or("");
         c.machine_id = field(j.get(), "_MACHINE_ID").value_or("");
+        // Numbered heads (#52): both fields or neither; a malformed number is not a number.
+        auto run = field(j.get(), "KNOD_HEAD_RUN");
+        auto n = field(j.get(), "KNOD_HEAD_N");
+        if (run && n && is_run_id(*run)) {
+            std::int64_t v = 0;
+            auto [e, err] = std::from_chars(n->data(), n->data() + n->size(), v);
+            if (err == std::errc() && e == n->data() + n->size() && v >= 1) {
+                c.run = *run;
+                c.head_n = v;
+            }
+        }
         auto id = field(j.get(), "KNOD_JOURNAL_ID");
         if (id && *id == journal_id) {
             out.push_back(std::move(c));
@@ -259,6 +276,32 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
         check.bad_seq = seq;
         check.problem = std::move(why);
     };
+    check.last_event = *last;
+    // Each run's numbers: a gap between two heads journald holds is heads it did not keep. Before
+    // the lowest it holds is not a gap: journald's vacuum removes the oldest files first.
+    {
+        std::map<std::string, std::map<std::int64_t, std::int64_t>> runs; // run: n -> seq
+        for (auto &c : copies)
+            if (c.head_n > 0) runs[c.run].emplace(c.head_n, c.seq);
+        check.runs = static_cast<std::int64_t>(runs.size());
+        for (auto &[run, heads] : runs) {
+            auto prev = heads.begin();
+            for (auto it = std::next(prev); it != heads.end(); prev = it++) {
+                if (it->first == prev->first + 1) continue;
+                ++check.missing_ranges;
+                check.missing_heads += it->first - prev->first - 1;
+                if (check.missing.size() < max_missing_listed)
+                    check.missing.push_back(
+                        {run, prev->first + 1, it->first - 1, prev->second, it->second});
+            }
+        }
+        // Oldest first, by the events around them.
+        std::sort(check.missing.begin(), check.missing.end(),
+                  [](const MissingHeads &a, const MissingHeads &b) {
+                      return std::tie(a.after_seq, a.run, a.first) <
+                             std::tie(b.after_seq, b.run, b.first);
+                  });
+    }
     const AnchorCopy *future = nullptr;
     for (auto &c : copies)
         if (static_cast<wide_int>(c.at_us) > static_cast<wide_int>(now) + hour_us &&
@@ -317,6 +360,25 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
                       "): it cannot be compared, and a wipe and rewrite of all history looks the "
                       "same, even on a checkpoint that holds its hash (heads are public) (pass "
                       "--allow-pruned-anchor or --retention AGE if that prune is expected)");
+    }
+    if (check.ok && !check.missing.empty()) {
+        const MissingHeads &m = check.missing.front();
+        auto range = [](std::int64_t a, std::int64_t b) {
+            return a == b ? "head " + std::to_string(a)
+                          : "heads " + std::to_string(a) + ".." + std::to_string(b);
+        };
+        fail(m.after_seq + 1,
+             "the system journal's newest head is event " +
+                 std::to_string(check.newest ? check.newest->seq : 0) + " of " +
+                 std::to_string(*last) + ", but " + range(m.first, m.last) + " of daemon run " +
+                 m.run + " (sent between the heads of events " + std::to_string(m.after_seq) +
+                 " and " + std::to_string(m.before_seq) + ") are missing" +
+                 (check.missing_ranges > 1
+                      ? " (" + std::to_string(check.missing_heads) + " head(s) in " +
+                            std::to_string(check.missing_ranges) + " gap(s) in all)"
+                      : std::string()) +
+                 ": journald did not keep them (its rate limit, its disk) or they were removed, "
+                 "so a cut of the events they covered would not be seen");
     }
     return check;
 }

@@ -34,6 +34,19 @@ struct AnchorCopy {
     std::int64_t at_us = 0;   // when journald received it (realtime)
     std::string journal_path; // where the daemon's journal was (KNOD_JOURNAL_PATH)
     std::string machine_id;   // the host whose journald received it (_MACHINE_ID)
+    // The daemon run that sent it (KNOD_HEAD_RUN, 32 hex digits) and its number in that run
+    // (KNOD_HEAD_N, from 1); empty and 0 for heads of daemons before #52.
+    std::string run;
+    std::int64_t head_n = 0;
+};
+
+// Heads of one daemon run that the system journal does not hold, between two it does: journald
+// did not keep them (its rate limit, its disk) or they were removed from it.
+struct MissingHeads {
+    std::string run;
+    std::int64_t first = 0, last = 0; // the missing numbers, first..last
+    std::int64_t after_seq = 0;       // the event the head before them names
+    std::int64_t before_seq = 0;      // the event the head after them names
 };
 
 // The heads of another journal than the one read.
@@ -55,6 +68,7 @@ struct OtherHeads {
     std::map<std::string, std::int64_t> untrusted_senders;
 };
 inline constexpr std::size_t max_other_journals = 4096;
+inline constexpr std::size_t max_missing_listed = 16;
 
 // Every anchor record of `journal_id` in `source`, oldest first, sent by a trusted account.
 // With `others`, also the heads of every other journal there and this journal's heads from
@@ -81,6 +95,13 @@ struct SystemJournalCheck {
     std::optional<AnchorCopy> newest;     // the copy with the highest seq
     std::int64_t bad_seq = 0;             // the event a failing copy names
     std::string problem;
+    std::int64_t last_event = 0; // the journal's (or snapshot's) last event, for "N of M"
+    std::int64_t runs = 0;       // daemon runs whose heads are numbered
+    // Gaps in those numbers, oldest first (at most max_missing_listed; missing_ranges counts all).
+    // Any makes the check fail: an auditor cannot tell a head journald dropped from a cut.
+    std::vector<MissingHeads> missing;
+    std::int64_t missing_ranges = 0;
+    std::int64_t missing_heads = 0;
     // A snapshot: copies past its end that journald received after it was taken (not in it,
     // as expected), and the newest of them.
     std::int64_t newer_than_snapshot = 0;

@@ -8,6 +8,7 @@
 #include <systemd/sd-journal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -38,7 +39,7 @@ namespace {
 // The anchor's fields from its detail ({"journal_id", "path", "seq", "hash"}); empty where
 // absent, so every record has the same fields.
 struct AnchorFields {
-    std::string journal_id, path, seq, hash;
+    std::string journal_id, path, seq, hash, run, n;
 };
 
 AnchorFields anchor_fields(const journal::Event &e) {
@@ -51,7 +52,15 @@ AnchorFields anchor_fields(const journal::Event &e) {
         if (it == j.end()) return std::string();
         return it->is_string() ? it->get<std::string>() : it->dump();
     };
-    return {text("journal_id"), text("path"), text("seq"), text("hash")};
+    return {text("journal_id"), text("path"), text("seq"), text("hash"), text("run"), text("n")};
+}
+
+// The event a chain head names; 0 for any other record.
+std::int64_t head_seq(const journal::Event &e) {
+    if (e.kind != journal::kind::anchor || !e.detail) return 0;
+    auto j = nlohmann::json::parse(*e.detail, nullptr, false);
+    if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_integer()) return 0;
+    return j["seq"].get<std::int64_t>();
 }
 
 } // namespace
@@ -72,7 +81,9 @@ Result<void> JournaldSink::write(const SinkRecord &r) {
     if (e.uid) message += " uid " + std::to_string(*e.uid);
     if (e.rule) message += " rule " + *e.rule;
     if (e.reason) message += ": " + *e.reason;
-    int priority = e.kind == journal::kind::denied || e.kind == journal::kind::revoked ||
+    // A head has the warning pool of journald's rate limit to itself (sinks.h).
+    int priority = e.kind == journal::kind::anchor ? LOG_WARNING
+                   : e.kind == journal::kind::denied || e.kind == journal::kind::revoked ||
                            e.kind == journal::kind::sink_failing
                        ? LOG_NOTICE
                        : LOG_INFO;
@@ -85,7 +96,8 @@ Result<void> JournaldSink::write(const SinkRecord &r) {
         r.gpu.c_str(), "KNOD_RULE=%s", e.rule.value_or("").c_str(), "KNOD_DECISION=%s",
         e.decision.value_or("").c_str(), "KNOD_REASON=%s", e.reason.value_or("").c_str(),
         "KNOD_JOURNAL_ID=%s", a.journal_id.c_str(), "KNOD_JOURNAL_PATH=%s", a.path.c_str(),
-        "KNOD_SEQ=%s", a.seq.c_str(), "KNOD_HASH=%s", a.hash.c_str(), nullptr);
+        "KNOD_SEQ=%s", a.seq.c_str(), "KNOD_HASH=%s", a.hash.c_str(), "KNOD_HEAD_RUN=%s",
+        a.run.c_str(), "KNOD_HEAD_N=%s", a.n.c_str(), nullptr);
     if (rc < 0) return make_error(Errc::io, std::string("sd_journal_send: ") + std::strerror(-rc));
     return {};
 }
@@ -149,7 +161,13 @@ void SinkQueue::offer(SinkRecord r) {
         std::lock_guard lock(mu_);
         if (queue_.size() >= capacity_) {
             ++dropped_;
-            return;
+            // A head replaces the oldest record that is not one: a lost head is a gap an
+            // auditor cannot tell from a cut, a lost event line is not (the database has it).
+            auto other = std::find_if(queue_.begin(), queue_.end(), [](const SinkRecord &q) {
+                return q.event.kind != journal::kind::anchor;
+            });
+            if (r.event.kind != journal::kind::anchor || other == queue_.end()) return;
+            queue_.erase(other);
         }
         queue_.push_back(std::move(r));
     }
@@ -168,8 +186,8 @@ std::vector<SinkStats> SinkQueue::stats() const {
     std::vector<SinkStats> out;
     for (std::size_t i = 0; i < sinks_.size(); ++i) {
         const State &s = state_[i];
-        out.push_back(
-            {sinks_[i]->name(), s.written, s.failed, dropped_.load(), s.last_failed, s.last_error});
+        out.push_back({sinks_[i]->name(), s.written, s.failed, dropped_.load(), s.last_failed,
+                       s.last_error, s.heads_written, s.last_head_seq});
     }
     return out;
 }
@@ -182,7 +200,7 @@ void SinkQueue::drain() {
 // Counts the result and decides whether it is a change to report: the first failure after
 // success (or at the start), the first success after a reported failure; a change within the
 // hold-off of the last report waits for a later record.
-void SinkQueue::account(std::size_t i, const Result<void> &r) {
+void SinkQueue::account(std::size_t i, const Result<void> &r, std::int64_t head) {
     bool report = false, failing = !r;
     std::string error;
     {
@@ -194,6 +212,10 @@ void SinkQueue::account(std::size_t i, const Result<void> &r) {
             s.last_error = r.error().message;
         } else {
             ++s.written;
+            if (head > 0) {
+                ++s.heads_written;
+                s.last_head_seq = std::max(s.last_head_seq, head);
+            }
         }
         auto now = std::chrono::steady_clock::now();
         bool held = s.ever_reported && now - s.reported < hold_off_;
@@ -223,8 +245,9 @@ void SinkQueue::run() {
             busy_ = true;
         }
         for (auto &r : batch) {
+            std::int64_t head = head_seq(r.event);
             for (std::size_t i = 0; i < sinks_.size(); ++i)
-                account(i, sinks_[i]->write(r));
+                account(i, sinks_[i]->write(r), sinks_[i]->keeps_heads() ? head : 0);
             ++written_;
         }
     }

@@ -35,15 +35,22 @@ class Sink {
     virtual const char *name() const = 0;
     // An error says why the record did not reach the sink (with the system's reason).
     virtual Result<void> write(const SinkRecord &r) = 0;
+    // Whether it keeps chain heads (journal-anchor records); the others skip them.
+    virtual bool keeps_heads() const { return false; }
 };
 
 // sd_journal_send; fields KNOD_EVENT, KNOD_UID, KNOD_BINDING, KNOD_NETDEV, KNOD_GPU, KNOD_RULE,
 // KNOD_DECISION, KNOD_REASON, and MESSAGE_ID per kind (message_id()). Anchor records (the chain
 // head) also carry KNOD_JOURNAL_ID, KNOD_JOURNAL_PATH, KNOD_SEQ and KNOD_HASH, from the
-// record's detail, so `audit verify` can match each to one journal.
+// record's detail, so `audit verify` can match each to one journal, and KNOD_HEAD_RUN and
+// KNOD_HEAD_N (the daemon run's id and the head's number in it: 1, 2, ...), so it can name the
+// heads journald did not keep. Heads go at LOG_WARNING: journald's rate limit keeps one pool per
+// priority level (notice and info share one), and the per-event lines (info, notice) must never
+// use up the heads' share.
 class JournaldSink : public Sink {
   public:
     const char *name() const override { return "journald"; }
+    bool keeps_heads() const override { return true; }
     Result<void> write(const SinkRecord &r) override;
     // Where sd_journal_send sends (fixed in libsystemd).
     static constexpr const char *socket_path = "/run/systemd/journal/socket";
@@ -68,11 +75,13 @@ class LinuxAuditSink : public Sink {
 // One sink's counts, as status shows them.
 struct SinkStats {
     std::string name;
-    std::uint64_t written = 0; // records the sink took
-    std::uint64_t failed = 0;  // records the sink refused (write returned an error)
-    std::uint64_t dropped = 0; // records that did not fit the queue (never offered to it)
-    bool failing = false;      // its last write failed
-    std::string last_error;    // why the last failed write failed; kept after a recovery
+    std::uint64_t written = 0;       // records the sink took
+    std::uint64_t failed = 0;        // records the sink refused (write returned an error)
+    std::uint64_t dropped = 0;       // records that did not fit the queue (never offered to it)
+    bool failing = false;            // its last write failed
+    std::string last_error;          // why the last failed write failed; kept after a recovery
+    std::uint64_t heads_written = 0; // chain heads (journal-anchor records) the sink took
+    std::int64_t last_head_seq = 0;  // the event the newest of them names
 };
 
 // A sink started failing (`failing`, with the error) or works again. Called on the queue's
@@ -90,7 +99,8 @@ class SinkQueue {
     ~SinkQueue(); // drains what is queued, then stops
     // Set before the first offer().
     void on_transition(SinkTransition listener) { listener_ = std::move(listener); }
-    // Never blocks: a full queue drops the record and counts it.
+    // Never blocks: a full queue drops the record and counts it. A chain head is never the one
+    // dropped: it takes the place of the oldest queued record that is not one.
     void offer(SinkRecord r);
     std::uint64_t dropped() const { return dropped_.load(); }
     std::uint64_t written() const { return written_.load(); }
@@ -101,7 +111,8 @@ class SinkQueue {
 
   private:
     struct State {
-        std::uint64_t written = 0, failed = 0;
+        std::uint64_t written = 0, failed = 0, heads_written = 0;
+        std::int64_t last_head_seq = 0;
         bool failing = false; // the state last reported (or not yet reported) as a change
         bool last_failed = false;
         std::string last_error;
@@ -109,7 +120,7 @@ class SinkQueue {
         bool ever_reported = false;
     };
     void run();
-    void account(std::size_t i, const Result<void> &r);
+    void account(std::size_t i, const Result<void> &r, std::int64_t head_seq);
     std::vector<std::unique_ptr<Sink>> sinks_;
     std::size_t capacity_;
     std::chrono::milliseconds hold_off_;

@@ -240,7 +240,8 @@ TEST_F(JournalSnapshotTest, SystemJournalHeadsAfterTheSnapshotAreExpectedOnlyAft
     ASSERT_TRUE(db.ok());
     std::string h(64, 'a');
     std::int64_t at = published->at_us;
-    std::vector<AnchorCopy> later{{7, h, at + 1000000, live_, ""}, {9, h, at + 2000000, live_, ""}};
+    std::vector<AnchorCopy> later{{7, h, at + 1000000, live_, "", "", 0},
+                                  {9, h, at + 2000000, live_, "", "", 0}};
     auto c = check_anchor_copies(*db, pub.path(), later, false, std::nullopt, at);
     ASSERT_TRUE(c.ok()) << c.error().message;
     EXPECT_TRUE(c->ok) << c->problem;
@@ -251,7 +252,7 @@ TEST_F(JournalSnapshotTest, SystemJournalHeadsAfterTheSnapshotAreExpectedOnlyAft
     ASSERT_TRUE(c.ok());
     EXPECT_FALSE(c->ok);
     // A head received before the snapshot was taken, past its end: its tail was removed.
-    std::vector<AnchorCopy> earlier{{7, h, at - 1, live_, ""}};
+    std::vector<AnchorCopy> earlier{{7, h, at - 1, live_, "", "", 0}};
     c = check_anchor_copies(*db, pub.path(), earlier, false, std::nullopt, at);
     ASSERT_TRUE(c.ok());
     EXPECT_FALSE(c->ok);

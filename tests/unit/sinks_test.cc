@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -251,4 +252,83 @@ TEST(Sinks, AFullQueueDropsAndCountsInsteadOfBlocking) {
     q.reset(); // drains what was queued
     EXPECT_LE(dropped, 100u);
     EXPECT_GE(dropped, 100u - 8u - 2u); // the queue held 8, the thread may have taken a batch
+}
+
+// #52 item 4: a head carries its run and number, and goes at LOG_WARNING (journald's rate limit
+// keeps a pool per priority; notice and info share the event lines' one).
+TEST(Sinks, HeadsAreNumberedAndSentAtWarning) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root for a private mount namespace";
+    sinks::SinkRecord rec;
+    rec.event.kind = journal::kind::anchor;
+    rec.event.detail = R"({"journal_id":"0123456789abcdef0123456789abcdef","path":"/j.db",)"
+                       R"("seq":42,"run":"00112233445566778899aabbccddeeff","n":7,"hash":")" +
+                       std::string(64, 'a') + "\"}";
+    int status = 0;
+    auto f = journald_fields(rec, status);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    EXPECT_EQ(f["KNOD_HEAD_RUN"], "00112233445566778899aabbccddeeff");
+    EXPECT_EQ(f["KNOD_HEAD_N"], "7");
+    EXPECT_EQ(f["PRIORITY"], "4");
+    sinks::SinkRecord line;
+    line.event.kind = journal::kind::granted;
+    f = journald_fields(line, status);
+    EXPECT_EQ(f["PRIORITY"], "6");
+    EXPECT_EQ(f["KNOD_HEAD_N"], "");
+}
+
+namespace {
+// Keeps heads; its first write waits until released, so the queue behind it fills.
+class GateSink : public sinks::Sink {
+  public:
+    const char *name() const override { return "journald"; }
+    bool keeps_heads() const override { return true; }
+    Result<void> write(const sinks::SinkRecord &) override {
+        std::unique_lock lock(mu_);
+        entered_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [this] { return open_; });
+        return {};
+    }
+    void wait_entered() {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [this] { return entered_; });
+    }
+    void open() {
+        std::lock_guard lock(mu_);
+        open_ = true;
+        cv_.notify_all();
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool entered_ = false, open_ = false;
+};
+} // namespace
+
+// #52 item 4: a full queue drops an event line (the database has the event), never a head (a
+// head lost is a gap an auditor cannot tell from a cut).
+TEST(Sinks, AFullQueueNeverDropsAHead) {
+    std::vector<std::unique_ptr<sinks::Sink>> list;
+    list.push_back(std::make_unique<GateSink>());
+    auto *gate = static_cast<GateSink *>(list.back().get());
+    sinks::SinkQueue q(std::move(list), 4);
+    sinks::SinkRecord line;
+    line.event.kind = journal::kind::granted;
+    q.offer(line);
+    gate->wait_entered(); // the thread holds that one; the queue is empty
+    for (int i = 0; i < 4; ++i)
+        q.offer(line);
+    sinks::SinkRecord head;
+    head.event.kind = journal::kind::anchor;
+    head.event.detail = R"({"seq":42,"run":"00112233445566778899aabbccddeeff","n":1})";
+    q.offer(head); // the queue is full
+    EXPECT_EQ(q.dropped(), 1u);
+    gate->open();
+    q.drain();
+    auto st = q.stats();
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0].heads_written, 1u);
+    EXPECT_EQ(st[0].last_head_seq, 42);
+    EXPECT_EQ(st[0].written, 5u); // the first line, three of the four, the head
 }
