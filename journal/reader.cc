@@ -387,7 +387,11 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
     if (fd < 0) {
         int err = errno;
         if (err == ENOENT) return make_error(Errc::not_found, "no journal at " + path);
-        return make_error(Errc::io, "cannot read the journal " + path + ": " + std::strerror(err));
+        std::string why = "cannot read the journal " + path + ": " + std::strerror(err);
+        // The daemon's own journal, before its first snapshot: say that, not only EACCES.
+        if (err == EACCES)
+            if (auto note = snapshot_not_published(path)) why += "; " + *note;
+        return make_error(Errc::io, why);
     }
     auto regular = require_regular(fd, path);
     // The database header's read and write versions (bytes 18 and 19): 1 for a rollback journal,
@@ -398,6 +402,15 @@ Result<ReadOnlyJournal> ReadOnlyJournal::open(const std::string &path) {
         header[18] == 1 && header[19] == 1;
     ::close(fd);
     if (!regular) return regular.error();
+    // Where the daemon publishes, a file without a rollback journal's header is not a whole
+    // copy (one an unfinished publication of an older daemon left; the daemon now renames each
+    // first copy into place whole): never read as a journal, whatever its bytes say.
+    if (!rollback_mode && published_snapshot_of(path))
+        return make_error(Errc::unavailable,
+                          "cannot read the journal " + path + ": it is not a whole auditors' " +
+                              "snapshot (no SQLite rollback-journal header): the daemon has " +
+                              "not finished publishing it; its next publication replaces it " +
+                              "whole: retry then");
 
     auto exists = [](const std::string &p) {
         struct stat s {};

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 namespace knod::journal {
@@ -53,7 +54,53 @@ Result<void> own_file(const std::string &path, mode_t mode) {
     return out;
 }
 
+// Whether `path` starts as a whole SQLite database in rollback-journal mode does: its header
+// (16 bytes of magic) and read/write versions 1 (bytes 18, 19). A copy being filled page by
+// page has no header yet; a reader would open it unlocked (journal/reader.cc) and see it torn.
+bool whole_copy_at(const std::string &path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return false;
+    unsigned char header[20] = {};
+    struct stat st {};
+    bool whole = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                 ::pread(fd, header, sizeof header, 0) == static_cast<ssize_t>(sizeof header) &&
+                 std::memcmp(header, "SQLite format 3", 16) == 0 && header[18] == 1 &&
+                 header[19] == 1;
+    ::close(fd);
+    return whole;
+}
+
+Result<void> sync_path(const std::string &path, int flags) {
+    int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+    if (fd < 0) return system_error(Errc::io, errno, "open " + path);
+    int r = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (r != 0) return system_error(Errc::io, err, "fsync " + path);
+    return {};
+}
+
 } // namespace
+
+std::optional<std::string> snapshot_not_published(const std::string &live_path) {
+    std::string snapshot = snapshot_path(live_path);
+    struct stat st {};
+    if (::lstat(snapshot.c_str(), &st) == 0 || errno != ENOENT) return std::nullopt;
+    std::string dir = snapshot_dir(live_path);
+    if (::lstat(dir.c_str(), &st) == 0)
+        return S_ISDIR(st.st_mode)
+                   ? std::optional<std::string>(
+                         "the daemon has not published an auditors' snapshot yet (" + snapshot +
+                         " is absent: it publishes one moments after it starts, after its first "
+                         "event, then at most every --snapshot-interval seconds after the "
+                         "journal changes); retry then (docs/audit.md, \"Reading as an "
+                         "auditor\")")
+                   : std::nullopt;
+    if (errno != ENOENT) return std::nullopt;
+    return "there is no auditors' snapshot dir " + dir +
+           " beside it: the daemon has not started with this state dir, or runs with "
+           "--snapshot-interval 0 (docs/audit.md, \"Reading as an auditor\")";
+}
 
 std::string snapshot_dir(const std::string &live_path) {
     auto parent = std::filesystem::path(live_path).parent_path();
@@ -160,6 +207,67 @@ Result<Published> SnapshotPublisher::publish() {
             head = (*last)->hash;
         }
     }
+    if (!whole_copy_at(published_)) {
+        if (auto r = publish_whole(); !r) return r.error();
+    } else if (auto r = publish_in_place(); !r) {
+        return r.error();
+    }
+    ::unlink(work_.c_str());
+    if (out.seq > 0) {
+        auto anchor = nlohmann::json{{"seq", out.seq},
+                                     {"hash", to_hex(head)},
+                                     {"snapshot", {{"at_us", out.at_us}, {"live", live_}}}};
+        if (auto r =
+                write_anchor_file(anchor_path(published_), knod::dump_json(anchor) + "\n", mode_);
+            !r)
+            return r.error();
+    }
+    return out;
+}
+
+// The first copy (or one over a file that is not a whole copy: a publication an older daemon did
+// not finish) appears whole: filled in a private file in the snapshot dir, synced, given its
+// mode and renamed into place. Readers never see it being filled.
+Result<void> SnapshotPublisher::publish_whole() {
+    std::string prefix = "." + std::filesystem::path(published_).filename().string() + ".first-";
+    // What a publication cut short (a crash) left; no one else writes here.
+    std::error_code ec;
+    for (auto &entry : std::filesystem::directory_iterator(dir_, ec))
+        if (entry.path().filename().string().starts_with(prefix))
+            std::filesystem::remove(entry.path(), ec);
+    std::string temp = dir_ + "/" + prefix + "XXXXXX";
+    int fd = ::mkostemp(temp.data(), O_CLOEXEC); // 0600 until it is whole
+    if (fd < 0) return system_error(Errc::io, errno, "create " + temp);
+    ::close(fd);
+    auto fail = [&](Error e) -> Result<void> {
+        ::unlink(temp.c_str());
+        ::unlink((temp + "-journal").c_str());
+        return e;
+    };
+    {
+        auto work =
+            Database::open(file_uri(work_, "mode=ro"), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+        if (!work) return fail(std::move(work).error().context("snapshot"));
+        auto copy = Database::open(temp, SQLITE_OPEN_READWRITE);
+        if (!copy) return fail(std::move(copy).error().context("snapshot"));
+        if (auto r = copy_pages(*work, *copy, temp); !r) return fail(r.error());
+    }
+    if (::chmod(temp.c_str(), mode_) != 0)
+        return fail(system_error(Errc::io, errno, "chmod " + temp));
+    if (auto r = sync_path(temp, O_RDONLY); !r) return fail(r.error());
+    // A rollback journal left beside a file that was never whole would be played into the new
+    // copy by its first reader or writer.
+    std::string stale = published_ + "-journal";
+    if (::unlink(stale.c_str()) != 0 && errno != ENOENT)
+        return fail(system_error(Errc::io, errno, "remove " + stale));
+    if (::rename(temp.c_str(), published_.c_str()) != 0)
+        return fail(system_error(Errc::io, errno, "rename " + temp + " to " + published_));
+    return sync_path(dir_, O_RDONLY | O_DIRECTORY);
+}
+
+// Every later copy replaces the pages of the published one in place, under SQLite's locking
+// (never renamed over: an old copy a reader keeps open would pin its disk space).
+Result<void> SnapshotPublisher::publish_in_place() {
     if (auto r = own_file(published_, mode_); !r) return r.error();
     {
         auto work =
@@ -175,17 +283,7 @@ Result<Published> SnapshotPublisher::publish() {
             return std::move(r).error().context("snapshot " + published_);
         if (auto r = copy_pages(*work, *published, published_); !r) return r.error();
     }
-    ::unlink(work_.c_str());
-    if (out.seq > 0) {
-        auto anchor = nlohmann::json{{"seq", out.seq},
-                                     {"hash", to_hex(head)},
-                                     {"snapshot", {{"at_us", out.at_us}, {"live", live_}}}};
-        if (auto r =
-                write_anchor_file(anchor_path(published_), knod::dump_json(anchor) + "\n", mode_);
-            !r)
-            return r.error();
-    }
-    return out;
+    return {};
 }
 
 } // namespace knod::journal

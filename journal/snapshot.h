@@ -14,9 +14,11 @@
 //                      before its read transaction began) and which journal it copies
 // Each publication copies the live journal (one read transaction, SQLite's backup API) into a
 // private 0600 work file beside the live journal, turns that into a rollback-journal database,
-// then copies the work file into the published one. A reader that holds the published copy's
-// lock makes one publication wait `busy_wait`, then fail with Errc::unavailable: the snapshot
-// falls behind (the daemon says so in `status`), the live journal never waits.
+// then copies the work file into the published one; the first (and one over a file that is not
+// a whole copy) is filled in a private file in the snapshot dir, synced and renamed into place,
+// so the published path never holds a copy being filled (#52). A reader that holds the published
+// copy's lock makes one publication wait `busy_wait`, then fail with Errc::unavailable: the
+// snapshot falls behind (the daemon says so in `status`), the live journal never waits.
 #pragma once
 
 #include "knod/result.h"
@@ -46,6 +48,11 @@ std::string snapshot_path(const std::string &live_path);
 // daemon's alone) and the snapshot can; nullopt otherwise (read `path`, and let its error say
 // why not).
 std::optional<std::string> snapshot_instead(const std::string &path);
+
+// For an auditor who may not read the live journal at `live_path`: why there is no snapshot to
+// read instead, when that is why (the snapshot dir holds none yet, or there is no snapshot dir);
+// nullopt when one exists or the reader may not look (it is not told what lies there).
+std::optional<std::string> snapshot_not_published(const std::string &live_path);
 
 // The live journal `path` is a published snapshot of, judged by the file system alone, never by
 // anything its anchor says: `path` names, with no symbolic link on the way, DIR/snapshot/NAME,
@@ -85,6 +92,8 @@ class SnapshotPublisher {
   private:
     SnapshotPublisher(std::string live, std::string dir, mode_t mode,
                       std::chrono::milliseconds busy_wait);
+    Result<void> publish_whole();    // the work file renamed into place whole
+    Result<void> publish_in_place(); // the work file's pages copied over the published ones
     std::string live_, dir_, published_, work_;
     mode_t mode_;
     std::chrono::milliseconds busy_wait_;

@@ -280,5 +280,42 @@ for name in "a%41b.db" "x#y.db" "q?z.db"; do
 done
 [ "$(ls -A "$work/p" | wc -l)" -eq 8 ] && ok "nothing was created beside those files" || not_ok "files appeared: $(ls -A "$work/p")"
 
+# --- an auditor before the daemon's first snapshot (#52) ------------------------------------
+# The live journal is the daemon's alone (0600); an auditor who may enter the state dir finds no
+# snapshot yet: told so, not only "Permission denied"; a file at the snapshot's path that is not
+# a whole copy (what an unfinished first publication used to leave) is never read as a journal.
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
+    st=$work/state
+    mkdir -p "$st"
+    cp "$work/j.db" "$st/journal.db"
+    chmod 755 "$work" "$st"
+    chmod 600 "$st/journal.db"
+    as_auditor() { run setpriv --reuid=65534 --regid=65534 --clear-groups "$cli" "$@"; }
+    as_auditor audit verify --no-system-journal --db "$st/journal.db"
+    [ "$rc" -eq 2 ] && grep -q "Permission denied; there is no auditors' snapshot dir $st/snapshot" "$work/out" &&
+        grep -q -- "--snapshot-interval 0" "$work/out" &&
+        ok "no snapshot dir: the auditor is told there is none, and why there may be none" ||
+        { not_ok "no snapshot dir (exit $rc)"; cat "$work/out"; }
+    mkdir -m 755 "$st/snapshot"
+    for sub in "verify --no-system-journal" sessions events; do
+        # shellcheck disable=SC2086
+        as_auditor audit $sub --db "$st/journal.db"
+        [ "$rc" -eq 2 ] && grep -q "the daemon has not published an auditors' snapshot yet ($st/snapshot/journal.db is absent" "$work/out" &&
+            ok "audit $sub before the first snapshot: not published yet, said so" ||
+            { not_ok "audit $sub before the first snapshot (exit $rc)"; cat "$work/out"; }
+    done
+    for torn in empty header-less; do
+        if [ "$torn" = empty ]; then : >"$st/snapshot/journal.db"; else head -c 4096 /dev/zero >"$st/snapshot/journal.db"; fi
+        chmod 644 "$st/snapshot/journal.db"
+        as_auditor audit verify --no-system-journal --db "$st/journal.db"
+        [ "$rc" -eq 2 ] && grep -q "is not a whole auditors' snapshot" "$work/out" &&
+            ! grep -q "not a knod journal\|not a database" "$work/out" &&
+            ok "a $torn file at the snapshot's path is not read as a journal" ||
+            { not_ok "a $torn file at the snapshot's path (exit $rc)"; cat "$work/out"; }
+    done
+else
+    skip "reading as another user needs root and setpriv"
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
