@@ -20,6 +20,7 @@ enforces it). Byte counts are bytes, times microseconds since the Unix epoch, ti
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 from typing import Any, List, NamedTuple, Optional, Sequence, Union
@@ -575,15 +576,22 @@ class DevmemReceiver:
 
 
 _default = None
+_default_pid = 0
+_inherited: List[Client] = []  # a parent's default clients, kept unused in a forked child
 _default_lock = threading.Lock()
 
 
 def default_client() -> Client:
-    """The module's own Client on the system bus, made on first use."""
-    global _default
+    """The module's own Client on the system bus, made on first use in each process: a forked
+    child's first use makes its own (a connection belongs to the process that opened it)."""
+    global _default, _default_pid
     with _default_lock:
-        if _default is None:
+        if _default is None or _default_pid != os.getpid():
+            if _default is not None:
+                # Never freed here: the parent's connection and bindings are the parent's.
+                _inherited.append(_default)
             _default = Client()
+            _default_pid = os.getpid()
         return _default
 
 

@@ -153,6 +153,7 @@ def test_a_forked_child_is_told_to_make_its_own_client():
     rc, out, err = run_python(f"""
         import os, knod, numpy
         client = knod.Client()
+        assert knod.default_client() is knod.default_client()
         parent = os.getpid()
         buf = knod.SimBuffer(4096)
         r, w = os.pipe()
@@ -163,6 +164,13 @@ def test_a_forked_child_is_told_to_make_its_own_client():
                 msg = "granted"
             except knod.Error as e:
                 msg = type(e).__name__ + ": " + str(e)
+            # The module's own client is per process: the child's first use makes its own.
+            try:
+                with knod.register_buffer(knod.SimBuffer(64), flows={flow(5163)!r},
+                                          netdev={NETDEV!r}) as b:
+                    msg += "\\nchild bound " + str(b.length)
+            except knod.Error as e:
+                msg += "\\nchild's default client: " + str(e)
             os.write(w, msg.encode())
             os._exit(0)
         os.close(w)
@@ -174,7 +182,8 @@ def test_a_forked_child_is_told_to_make_its_own_client():
             print("parent still bound", b.length)
     """)
     assert rc == 0, (rc, out, err)
-    told, pids, bound = out.strip().splitlines()
+    told, child_bound, pids, bound = out.strip().splitlines()
+    assert child_bound == "child bound 64", child_bound
     parent, child = (p.split("=")[1] for p in pids.split())
     assert "No child processes" not in told, told
     assert (f"created in process {parent}" in told and f"process {child}" in told
