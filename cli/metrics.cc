@@ -18,6 +18,9 @@ constexpr const char *textfile_name = "knod-policy.prom";
 struct Options {
     BusOptions bus;
     std::string textfile_dir;
+    // The whole run's deadline: a daemon that does not answer (stopped, hung) is reported as
+    // down (knod_up 0) within it, never after sd-bus's 25 s per call.
+    double timeout_s = 4;
 };
 
 // Where the text goes; a failure to write it is exit 2 (the directory is the caller's input).
@@ -40,7 +43,9 @@ int run_metrics(const Options &o) {
         if (!o.textfile_dir.empty()) return deliver(o, render_down(), rc);
         return rc;
     };
-    auto client = client::Client::connect(o.bus.address);
+    // Two calls (AttestProcess, GetMetrics) share the deadline.
+    auto client =
+        client::Client::connect(o.bus.address, static_cast<std::uint64_t>(o.timeout_s * 1e6 / 2));
     if (!client) return failed(client.error());
     auto text = client->metrics();
     if (!text) return failed(text.error());
@@ -73,6 +78,12 @@ Runner add_metrics(CLI::App &app) {
                     "write DIR/knod-policy.prom (temporary file, fsync, rename) instead of "
                     "printing; Debian's node_exporter reads /var/lib/prometheus/node-exporter")
         ->type_name("DIR");
+    cmd->add_option("--timeout", o->timeout_s,
+                    "seconds to wait for the daemon in all; one that does not answer in time "
+                    "counts as down (exit 2, knod_up 0 in the file)")
+        ->check(CLI::Range(0.2, 60.0))
+        ->type_name("SECONDS")
+        ->capture_default_str();
     return [=]() -> int {
         if (!cmd->parsed()) return -1;
         return run_metrics(*o);

@@ -14,6 +14,7 @@
 #include "knod/file_lock.h"
 #include "policy/parser.h"
 #include "protocol/names.h"
+#include "protocol/pod_spool.h"
 
 #include <CLI/CLI.hpp>
 #include <net/if.h>
@@ -53,6 +54,7 @@ struct Options {
     std::int64_t retain_events = 0;
     int snapshot_interval = 10;
     std::string keep_bindings = "auto";
+    std::string cni_spool = knod::pod_spool::default_dir;
     knod::host::HostPaths host;
     knod::bus::CallerLimits limits;
     std::size_t max_bindings = knod::daemon::ManagerConfig{}.max_bindings;
@@ -287,6 +289,10 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
                    "them back at the next start instead of ending them (auto: when NOTIFY_SOCKET "
                    "is set, i.e. under systemd)")
         ->check(CLI::IsMember({"auto", "true", "false"}))
+        ->capture_default_str();
+    app.add_option("--cni-spool", o.cni_spool,
+                   "carry out the pod registrations and deletions knod-cni left here while "
+                   "this daemon did not answer (at the start and every second; empty: none)")
         ->capture_default_str();
     app.add_option("--max-connections-per-user", o.limits.connections_per_uid,
                    "connections of one uid the daemon remembers (credentials, subscription, "
@@ -590,7 +596,7 @@ std::optional<int> Daemon::build(Options &o) {
     if (fd_store.enabled()) manager.set_handle_store(&fd_store);
     // The objects before the start: bindings taken back are watched and shown through them.
     // Calls wait in the queue until the loop runs.
-    if (auto r = service.start(manager); !r) {
+    if (auto r = service.start(manager, o.cni_spool); !r) {
         std::cerr << "knod-policyd: " << r.error().message << "\n";
         return 1;
     }
@@ -598,6 +604,8 @@ std::optional<int> Daemon::build(Options &o) {
     service.check_connections();
     if (std::size_t stale = fd_store.discard_untaken())
         log("discarded " + std::to_string(stale) + " stored fd(s) no binding took back");
+    // Pods started while no daemon answered become theirs now (and again on every tick).
+    service.admission().consume_spool();
     if (std::size_t n = manager.bindings().size())
         log("took back " + std::to_string(n) + " binding(s) from before the restart");
     if (!fd_store.last_error().empty()) log("knod-policyd: " + fd_store.last_error());
@@ -672,6 +680,7 @@ std::optional<int> Daemon::build(Options &o) {
             }
             l->manager->tick(knod::journal::now_us());
             knod::daemon::watchdog_tick(usec); // never waits for PID 1 (fd_store.h)
+            l->service->admission().consume_spool();
             return 0;
         });
     };

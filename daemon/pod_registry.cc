@@ -45,13 +45,18 @@ Result<void> check(const PodSandbox &s, std::size_t max_annotations) {
     if (auto r = check_length("ifname", s.ifname, 1, 15); !r) return r;
     if (!all_of(s.ifname, printable) || s.ifname.find('/') != std::string::npos)
         return invalid("ifname " + quote_untrusted(s.ifname, 16) + " is no interface name");
-    // Kubernetes names: a namespace is a DNS label (63), a pod name a DNS subdomain (253).
+    // A namespace is a DNS label (63): Kubernetes' own, or the conflist's "namespace".
     if (auto r = check_length("pod namespace", s.pod.k8s_namespace, 1, 63); !r) return r;
+    if (!all_of(s.pod.k8s_namespace, dns_char))
+        return invalid("pod namespace " + quote_untrusted(s.pod.k8s_namespace, 64) +
+                       ": only lowercase letters, digits, '-' and '.'");
+    // A pod name as runtimes give it: Kubernetes' DNS subdomain (253), podman's container name
+    // ([a-zA-Z0-9][a-zA-Z0-9_.-]*: `nifty_pasteur`, `MyInference`), or the container id when
+    // there is no name. Nothing that needs quoting in a journal row, a label or a terminal.
     if (auto r = check_length("pod name", s.pod.name, 1, 253); !r) return r;
-    for (auto *v : {&s.pod.k8s_namespace, &s.pod.name})
-        if (!all_of(*v, dns_char))
-            return invalid("pod namespace or name " + quote_untrusted(*v, 64) +
-                           ": only lowercase letters, digits, '-' and '.'");
+    if (!std::isalnum(static_cast<unsigned char>(s.pod.name[0])) || !all_of(s.pod.name, id_char))
+        return invalid("pod name " + quote_untrusted(s.pod.name, 64) +
+                       ": a letter or digit, then letters, digits, '_', '.' and '-'");
     if (auto r = check_length("network", s.network, 0, 253); !r) return r;
     if (!all_of(s.network, printable))
         return invalid("network " + quote_untrusted(s.network, 64) + " is no network name");

@@ -66,7 +66,8 @@ class PodRegistry {
     explicit PodRegistry(PodLimits limits = {}) : limits_(limits) {}
 
     // Checks the strings (InvalidArgument naming the field: container id 1-256 bytes of
-    // [A-Za-z0-9_.-], ifname 1-15, namespace 1-63 and name 1-253 of DNS characters, uid at most
+    // [A-Za-z0-9_.-], ifname 1-15, namespace 1-63 of DNS characters, name 1-253 of
+    // [A-Za-z0-9_.-] starting with a letter or digit (podman's container names too), uid at most
     // 64, network at most 253 printable bytes, annotations under the prefix, keys at most 317 and
     // values at most 4,096 bytes), then keeps it. The same (container id, ifname) again replaces
     // the entry (a repeated ADD); a network namespace already registered for another container id

@@ -83,8 +83,10 @@ for a in "${daemon_args[@]}"; do
     esac
 done
 export KNOD_SIM_NETDEV KNOD_SIM_NETNS
+# knod-cni's spool (issue 52) is the sandbox's own, never the host's /run/knod-cni.
+KNOD_CNI_SPOOL=$work/cni-spool
 "$build/daemon/knod-policyd" --bus-address="$DBUS_SYSTEM_BUS_ADDRESS" --policy "$policy" \
-    --state-dir "$state" "${daemon_args[@]}" 2>"$work/daemon.log" &
+    --state-dir "$state" --cni-spool="$KNOD_CNI_SPOOL" "${daemon_args[@]}" 2>"$work/daemon.log" &
 daemon_pid=$!
 # Ready means the daemon itself answers: it owns its name before it builds the sim network and
 # the BPF filter (calls queue until then), so the bus knowing the name proves nothing yet.
@@ -97,7 +99,7 @@ answers() {
 up=
 wait_until 120 "knod-policyd to answer a Ping" answers && up=1
 [ -n "$up" ] || { cat "$work/daemon.log" >&2; echo "knod-sandbox: knod-policyd never answered a Ping" >&2; exit 1; }
-export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid
+export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid KNOD_CNI_SPOOL
 set +e
 "$@"
 rc=$?

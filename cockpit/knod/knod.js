@@ -105,8 +105,12 @@ function errorText(e) {
     return e.message || e.problem || String(e);
 }
 
+// Every call has a deadline: a daemon that is stopped or hung (issue 52) shows as an error
+// on the page within it, instead of a page that waits for ever for its reads.
+const CALL_TIMEOUT_MS = 5000;
+
 function call(path, iface, method, args) {
-    return bus.call(path, iface, method, args || []);
+    return bus.call(path, iface, method, args || [], { timeout: CALL_TIMEOUT_MS });
 }
 
 /* --- the daemon and its policy ------------------------------------------------------------ */

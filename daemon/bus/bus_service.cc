@@ -417,8 +417,9 @@ BusService::BusService(sd_bus *bus, CallerLimits limits)
 
 BusService::~BusService() = default;
 
-Result<void> BusService::start(daemon::BindingManager &manager) {
+Result<void> BusService::start(daemon::BindingManager &manager, const std::string &pod_spool) {
     manager_ = &manager;
+    admission_ = std::make_unique<daemon::PodAdmission>(manager, pod_spool);
     sd_bus_slot *slot = nullptr;
     auto add = [&](int r, const char *what) -> Result<void> {
         if (r < 0) return make_error(Errc::io, std::string(what) + ": " + std::strerror(-r));
@@ -901,19 +902,6 @@ Result<std::map<std::string, std::string>> read_string_map(sd_bus_message *m, co
     return out;
 }
 
-// The network namespace an fd refers to; InvalidArgument for anything else.
-Result<daemon::NamespaceId> network_namespace_of(int fd) {
-    int type = ::ioctl(fd, NS_GET_NSTYPE);
-    if (type != CLONE_NEWNET)
-        return make_error(Errc::invalid_argument,
-                          "netns: the fd is not a network namespace (open the sandbox's "
-                          "CNI_NETNS path and pass that)");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0)
-        return make_error(Errc::invalid_argument, "netns: cannot fstat the fd");
-    return daemon::NamespaceId{st.st_dev, st.st_ino};
-}
-
 } // namespace
 
 // A pod method from anyone but the host's root: refused, and journaled (pod-refused,
@@ -949,69 +937,18 @@ int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
         if (!pod) return fail(err, pod.error());
         auto annotations = read_string_map(m, "annotations", 64, 4096);
         if (!annotations) return fail(err, annotations.error());
-        auto netns = network_namespace_of(fd);
-        if (!netns) return fail(err, netns.error());
-        struct stat host {};
-        if (::stat("/proc/self/ns/net", &host) == 0 &&
-            daemon::NamespaceId{host.st_dev, host.st_ino} == *netns)
-            return fail(err, make_error(Errc::invalid_argument,
-                                        "netns: that is the host's network namespace (a pod with "
-                                        "hostNetwork is no pod to knod-policyd)"));
-        daemon::PodSandbox sandbox;
-        sandbox.container_id = container;
-        sandbox.ifname = ifname;
-        sandbox.netns = *netns;
+        // The message owns the fd; the registration holds a copy of its own.
         int held = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
         if (held < 0)
             return fail(err, system_error(Errc::out_of_resources, errno,
                                           "cannot hold the sandbox's network namespace"));
-        sandbox.netns_fd = std::make_shared<UniqueFd>(held);
-        for (auto &[k, v] : *pod) {
-            if (k == "namespace")
-                sandbox.pod.k8s_namespace = v;
-            else if (k == "name")
-                sandbox.pod.name = v;
-            else if (k == "uid")
-                sandbox.pod.uid = v;
-            else if (k == "network")
-                sandbox.network = v;
-            else
-                return fail(err, make_error(Errc::invalid_argument,
-                                            "pod: keys are namespace, name, uid and network, not " +
-                                                quote_untrusted(k, 32)));
-        }
-        sandbox.pod.annotations = *annotations;
-        sandbox.registered_us = journal::now_us();
-        // What the pod declares it will ask for is decided now: a misconfigured pod fails at
-        // its start, in the runtime's own error.
-        auto wants = [&](const char *key) {
-            auto it = annotations->find(std::string(policy::pod_annotation_prefix) + key);
-            return it == annotations->end() ? std::string() : it->second;
-        };
-        if (std::string flows = wants("flows"); !flows.empty()) {
-            daemon::BindingManager::PodOffload o;
-            o.netdev = wants("netdev");
-            o.gpu = wants("gpu");
-            for (std::size_t at = 0; at <= flows.size();) {
-                std::size_t end = std::min(flows.find(',', at), flows.size());
-                std::string one = flows.substr(at, end - at);
-                one.erase(0, one.find_first_not_of(" \t\n"));
-                one.erase(one.find_last_not_of(" \t\n") + 1);
-                if (!one.empty()) o.flows.push_back(one);
-                at = end + 1;
-            }
-            std::string region = wants("region");
-            auto bytes = policy::parse_size(region.empty() ? "4KiB" : region);
-            if (!bytes)
-                return fail(err, make_error(Errc::invalid_argument,
-                                            std::string(policy::pod_annotation_prefix) +
-                                                "region: a size like 64MiB, not " +
-                                                quote_untrusted(region, 32)));
-            o.region_bytes = *bytes;
-            if (auto checked = s->manager_->check_pod(sandbox, o); !checked)
-                return fail(err, checked.error());
-        }
-        if (auto added = s->manager_->pods().add(std::move(sandbox)); !added)
+        daemon::PodRegistration reg;
+        reg.container_id = container;
+        reg.ifname = ifname;
+        reg.netns = UniqueFd(held);
+        reg.pod = std::move(*pod);
+        reg.annotations = std::move(*annotations);
+        if (auto added = s->admission().register_pod(std::move(reg)); !added)
             return fail(err, added.error());
         return sd_bus_reply_method_return(m, "");
     });
@@ -1033,7 +970,7 @@ int BusService::unregister_pod(sd_bus_message *m, void *self, sd_bus_error *err)
         for (auto check : {limits::check_length("container_id", container, 256),
                            limits::check_length("ifname", ifname, 15)})
             if (!check) return fail(err, check.error());
-        auto ended = s->manager_->pod_deleted(container, ifname);
+        auto ended = s->admission().unregister_pod(container, ifname);
         return sd_bus_reply_method_return(m, "u", static_cast<std::uint32_t>(ended));
     });
 }
@@ -1076,7 +1013,7 @@ int BusService::collect_pods(sd_bus_message *m, void *self, sd_bus_error *err) {
         if (r < 0 || sd_bus_message_exit_container(m) < 0)
             return fail(err, make_error(Errc::invalid_argument, "valid: cannot be read"));
         std::size_t ended = 0;
-        std::size_t collected = s->manager_->pods_collected(network, valid, ended);
+        std::size_t collected = s->admission().collect_pods(network, valid, ended);
         return sd_bus_reply_method_return(m, "uu", static_cast<std::uint32_t>(collected),
                                           static_cast<std::uint32_t>(ended));
     });

@@ -6,6 +6,7 @@
 #include "daemon/bus/authorizer.h"
 #include "daemon/bus/bus_ptr.h"
 #include "daemon/bus/unicast.h"
+#include "daemon/pod_admission.h"
 
 #include <cstdint>
 #include <functional>
@@ -40,8 +41,11 @@ class BusService : public daemon::BindingEvents {
     explicit BusService(sd_bus *bus, CallerLimits limits = {});
     ~BusService() override;
 
-    // Registers the objects and takes the well-known name.
-    Result<void> start(daemon::BindingManager &manager);
+    // Registers the objects and takes the well-known name. `pod_spool`: where knod-cni spools
+    // what it could not hand over in time (empty: none is read; protocol/pod_spool.h).
+    Result<void> start(daemon::BindingManager &manager, const std::string &pod_spool = {});
+    // The pod methods' core (valid after start()); the daemon's tick consumes the spool here.
+    daemon::PodAdmission &admission() { return *admission_; }
 
     void binding_created(const daemon::Binding &b) override;
     void binding_ended(const daemon::Binding &b, daemon::EndReason why,
@@ -128,6 +132,7 @@ class BusService : public daemon::BindingEvents {
     // (the signal goes only to those entitled to it).
     const daemon::Binding *emitting_ = nullptr;
     std::vector<SlotPtr> slots_;
+    std::unique_ptr<daemon::PodAdmission> admission_;
     CallerLimits limits_;
     // Every connection that called us (once the bus vouched for it and its process was read),
     // and every holder's connection taken back after a restart: what the bus vouched for (a

@@ -67,6 +67,8 @@ passed=0 failed=0
 check() { if eval "$2"; then passed=$((passed + 1)); echo "ok - $1"; else failed=$((failed + 1)); echo "not ok - $1"; return 1; fi; }
 exporter_pid= prometheus_pid= a_pid= b_pid=
 cleanup() {
+    # A daemon left stopped by a failed check would never hear the sandbox's SIGTERM.
+    [ -n "${KNOD_DAEMON_PID:-}" ] && kill -CONT "$KNOD_DAEMON_PID" 2>/dev/null
     for p in $exporter_pid $prometheus_pid $a_pid $b_pid; do
         kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
     done
@@ -250,6 +252,18 @@ check "rate() over the RX counter works (a counter, one series per netdev and GP
 # --- the daemon gone: the file says knod_up 0, and so does Prometheus ---------------------
 echo >&"$b_in" 2>/dev/null
 exec {b_in}>&- {b_out}<&-
+# --- a hung daemon (issue 52): knod_up 0 within the collector's own deadline -----------------
+# SIGSTOP: the bus takes the calls and nobody answers. sd-bus's default is 25 s a call (two
+# calls: ~50 s of knod_up 1); the guard (20 s) only detects a hang.
+kill -STOP "$KNOD_DAEMON_PID"
+timeout 20 "$cli" metrics --textfile "$textdir" >"$work/out" 2>&1
+hung_rc=$?
+kill -CONT "$KNOD_DAEMON_PID"
+check "a stopped daemon: metrics returns in its deadline (exit 2) and the file holds knod_up 0 alone" \
+    '[ $hung_rc -eq 2 ] && [ "$(grep -v "^#" "$textdir/knod-policy.prom")" = "knod_up 0" ]' || cat "$work/out"
+"$cli" metrics --textfile "$textdir" >"$work/out" 2>&1
+check "... and knod_up 1 again once it runs" 'grep -q "^knod_up 1$" "$textdir/knod-policy.prom"'
+
 wait "$b_pid" 2>/dev/null
 b_pid=
 kill -TERM "$KNOD_DAEMON_PID"

@@ -15,15 +15,20 @@ passed=0 failed=0
 ok() { passed=$((passed + 1)); echo "ok - $*"; }
 not_ok() { failed=$((failed + 1)); echo "not ok - $*"; }
 tag=$(($$ % 100000))
-pod_a=knodpoda$tag pod_b=knodpodb$tag pod_c=knodpodc$tag
+pod_a=knodpoda$tag pod_b=knodpodb$tag pod_c=knodpodc$tag pod_h=knodpodh$tag pod_n=knodpodn$tag
+# The spool knod-cni leaves work in when the daemon does not answer (the sandbox's daemon reads it).
+spool=${KNOD_CNI_SPOOL:-$work/cni-spool}
 holders=()
 cleanup() {
+    # A daemon left stopped by a failed check must not outlive the test stopped.
+    [ -n "${KNOD_DAEMON_PID:-}" ] && kill -CONT "$KNOD_DAEMON_PID" 2>/dev/null
     exec {hold_in}>&-
     for p in "${holders[@]}"; do kill "$p" 2>/dev/null; done
-    for ns in "$pod_a" "$pod_b" "$pod_c"; do ip netns del "$ns" 2>/dev/null; done
+    for ns in "$pod_a" "$pod_b" "$pod_c" "$pod_h" "$pod_n"; do ip netns del "$ns" 2>/dev/null; done
+    rm -rf "$spool"
 }
 trap cleanup EXIT
-for ns in "$pod_a" "$pod_b" "$pod_c"; do ip netns add "$ns" || { echo "not ok - ip netns add $ns"; exit 1; }; done
+for ns in "$pod_a" "$pod_b" "$pod_c" "$pod_h" "$pod_n"; do ip netns add "$ns" || { echo "not ok - ip netns add $ns"; exit 1; }; done
 # Holders keep their binding until their stdin closes: a FIFO this shell holds open for writing.
 mkfifo "$work/hold-in"
 exec {hold_in}<>"$work/hold-in"
@@ -34,13 +39,13 @@ plugin() {
     local command=$1 container=$2 netns=$3 args=$4 annotations=${5:-"{}"}
     local netns_path=
     [ -n "$netns" ] && netns_path=/var/run/netns/$netns
-    printf '{"cniVersion":"1.0.0","name":"knod-test","type":"knod-cni","runtimeConfig":{"io.kubernetes.cri.pod-annotations":%s},"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.88.0.7/16"}]}}' \
-        "$annotations" |
+    printf '{"cniVersion":"1.0.0","name":"knod-test","type":"knod-cni","spoolDir":"%s"%s,"runtimeConfig":{"io.kubernetes.cri.pod-annotations":%s},"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.88.0.7/16"}]}}' \
+        "$spool" "$PLUGIN_CONFIG" "$annotations" |
         env CNI_COMMAND="$command" CNI_CONTAINERID="$container" CNI_NETNS="$netns_path" CNI_IFNAME=eth0 \
             CNI_ARGS="$args" CNI_PATH=/usr/lib/cni "${PLUGIN_PREFIX[@]}" "$cni" >"$work/out" 2>"$work/err"
     rc=$?
 }
-PLUGIN_PREFIX=()
+PLUGIN_PREFIX=() PLUGIN_CONFIG=
 k8s() { echo "IgnoreUnknown=1;K8S_POD_NAMESPACE=$1;K8S_POD_NAME=$2;K8S_POD_UID=$3;K8S_POD_INFRA_CONTAINER_ID=x"; }
 json_field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get(sys.argv[2]))' "$work/out" "$1"; }
 
@@ -179,7 +184,7 @@ wait_until 60 "the GC pod's holder" grep -q "^ok \|^error" "$work/g1"
 id_g1=$(awk '/^ok /{print $2; exit}' "$work/g1")
 gc() { # NETWORK ATTACHMENTS_JSON: a GC as a CNI 1.1 runtime sends it
     printf '{"cniVersion":"1.1.0","name":"%s","type":"knod-cni","cni.dev/valid-attachments":%s}' "$1" "$2" |
-        env CNI_COMMAND=GC CNI_PATH=/usr/lib/cni "$cni" >"$work/out" 2>"$work/err"
+        env CNI_COMMAND=GC CNI_PATH=/usr/lib/cni "${PLUGIN_PREFIX[@]}" "$cni" >"$work/out" 2>"$work/err"
     rc=$?
 }
 gc other-net '[]'
@@ -220,9 +225,9 @@ plugin_fifo() {
 }
 plugin_fifo
 rc=$?
-# The pod asks for no offload, so it starts (exit 0); what matters is that nothing waited on the
-# FIFO and no pod was made of it.
-[ "$rc" -ne 124 ] && grep -q "not a network namespace" "$work/err" && ok "a FIFO as CNI_NETNS does not hang the plugin, and is no pod's namespace" || not_ok "FIFO netns (exit $rc): $(cat "$work/out" "$work/err")"
+# Nothing waited on the FIFO and no pod was made of it; the ADD fails, saying why (issue 52: a
+# refused registration is never a pod started unregistered).
+[ "$rc" -eq 1 ] && grep -q "not a network namespace" "$work/err" && ok "a FIFO as CNI_NETNS does not hang the plugin, and is no pod's namespace" || not_ok "FIFO netns (exit $rc): $(cat "$work/out" "$work/err")"
 
 # --- a network configuration with wrong types is an error, not a crash --------------------------
 typed_ok=1
@@ -249,10 +254,71 @@ assert r["team-b"]["sessions"] == 0 and r["team-b"]["denials"] >= 1, r' "$work/r
 grep -A3 "^per Kubernetes namespace" "$work/report.txt" | grep -q "^  team-a " && grep -q "Per Kubernetes namespace" "$work/report.html" &&
     ok "... and in the tables and the page" || { not_ok "report tables per namespace"; cat "$work/report.txt"; }
 
+# --- podman's names are pods (issue 52, item 2) ------------------------------------------------
+# Podman passes the container's name as K8S_POD_NAME (generated `nifty_pasteur`, a user's
+# `MyInference`) and no namespace (the conflist's "namespace" stands for it). Rule podman-named
+# names k8s_pods = ["MyInference"]: exactly that pod, case and all.
+PLUGIN_CONFIG=',"namespace":"podman"'
+plugin ADD "sandbox-n1-$tag" "$pod_n" "IgnoreUnknown=1;K8S_POD_NAME=MyInference"
+[ "$rc" -eq 0 ] && ok "ADD of podman's MyInference succeeds" || { not_ok "ADD MyInference (exit $rc)"; cat "$work/out" "$work/err"; }
+in_pod "$pod_n" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:7001" >"$work/n1" 2>&1 </dev/null
+grep -q "^ok " "$work/n1" && ok "a process of pod podman/MyInference is granted by the rule naming it" || not_ok "MyInference's process: $(cat "$work/n1")"
+plugin DEL "sandbox-n1-$tag" "$pod_n" ""
+plugin ADD "sandbox-n2-$tag" "$pod_n" "IgnoreUnknown=1;K8S_POD_NAME=nifty_pasteur"
+[ "$rc" -eq 0 ] && ok "ADD of podman's generated nifty_pasteur succeeds" || { not_ok "ADD nifty_pasteur (exit $rc)"; cat "$work/out" "$work/err"; }
+in_pod "$pod_n" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:7002" >"$work/n2" 2>&1 </dev/null
+grep -q "Denied" "$work/n2" && grep -q "k8s_pods" "$work/n2" && ! grep -q "no registered pod" "$work/n2" &&
+    ok "... it is a registered pod, and the rule naming MyInference does not match it" || not_ok "nifty_pasteur's process: $(cat "$work/n2")"
+plugin DEL "sandbox-n2-$tag" "$pod_n" ""
+plugin ADD "sandbox-n3-$tag" "$pod_n" "IgnoreUnknown=1;K8S_POD_NAME=myinference"
+in_pod "$pod_n" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:7003" >"$work/n3" 2>&1 </dev/null
+[ "$rc" -eq 0 ] && grep -q "Denied" "$work/n3" && ok "a rule naming MyInference does not match myinference" || not_ok "myinference (exit $rc): $(cat "$work/n3")"
+plugin DEL "sandbox-n3-$tag" "$pod_n" ""
+bad_names_ok=1
+for bad in 'two words' '-leading' 'semi%3Bcolon' "$(printf 'esc\033[31m')" 'cafÃ©'; do
+    plugin ADD "sandbox-n4-$tag" "$pod_n" "IgnoreUnknown=1;K8S_POD_NAME=$bad"
+    [ "$rc" -eq 1 ] && [ "$(json_field code)" = 4 ] && grep -q "no pod name" "$work/out" && ! grep -q $'\033' "$work/out" ||
+        { not_ok "K8S_POD_NAME '$bad' (exit $rc): $(cat "$work/out" "$work/err")"; bad_names_ok=0; }
+done
+[ "$bad_names_ok" = 1 ] && ok "a K8S_POD_NAME no runtime gives fails ADD with error 4 and the reason, escaped (never a pod started unregistered)"
+plugin ADD "sandbox-n5-$tag" "$pod_n" "IgnoreUnknown=1"
+[ "$rc" -eq 0 ] && ok "without K8S_POD_NAME the container id names the pod" || { not_ok "ADD without a name (exit $rc)"; cat "$work/out" "$work/err"; }
+plugin DEL "sandbox-n5-$tag" "$pod_n" ""
+PLUGIN_CONFIG=
+
+# --- a hung daemon never stalls the node (issue 52, item 1) -------------------------------------
+# knod-policyd stopped (SIGSTOP: debugged, swapped out, blocked): ADD of a pod that asks for no
+# offload and DEL return within the plugin's budget (2.5 s by default; the 15 s guard only detects
+# a hang: sd-bus's default alone is 25 s), the work waits in the spool, and once the daemon runs
+# again the pod is that pod, and the deleted one is gone.
+PLUGIN_PREFIX=(timeout 15)
+kill -STOP "$KNOD_DAEMON_PID"
+plugin ADD "sandbox-h-$tag" "$pod_h" "$(k8s team-a hung-0 uid-h)"
+[ "$rc" -eq 0 ] && grep -q "is queued in $spool" "$work/err" && [ -f "$spool/sandbox-h-$tag@eth0" ] &&
+    ok "a stopped daemon: ADD of a pod asking for nothing returns, its registration queued" || { not_ok "ADD with the daemon stopped (exit $rc)"; cat "$work/out" "$work/err"; }
+plugin ADD "sandbox-i-$tag" "$pod_c" "$(k8s team-a hung-1 uid-i)" "{\"knod.io/flows\":\"$flow\"}"
+[ "$rc" -eq 1 ] && [ "$(json_field code)" = 11 ] && [ ! -e "$spool/sandbox-i-$tag@eth0" ] &&
+    ok "... a pod asking for offload gets 11 (try again later) in time, nothing queued" || { not_ok "offload ADD with the daemon stopped (exit $rc)"; cat "$work/out" "$work/err"; }
+plugin DEL "sandbox-b-$tag" "$pod_b" ""
+[ "$rc" -eq 0 ] && grep -q "deletion of sandbox sandbox-b-$tag is queued" "$work/err" && [ -f "$spool/sandbox-b-$tag@eth0" ] &&
+    ok "... DEL returns in time, the deletion queued" || { not_ok "DEL with the daemon stopped (exit $rc)"; cat "$work/out" "$work/err"; }
+gc knod-test "[]"
+[ "$rc" -eq 1 ] && [ "$(json_field code)" = 11 ] && ok "... GC returns in time with 11 (the next GC does it)" || { not_ok "GC with the daemon stopped (exit $rc)"; cat "$work/out" "$work/err"; }
+PLUGIN_PREFIX=()
+kill -CONT "$KNOD_DAEMON_PID"
+wait_until 60 "the daemon to take the queued entries" bash -c "[ ! -e '$spool/sandbox-h-$tag@eth0' ] && [ ! -e '$spool/sandbox-b-$tag@eth0' ]"
+in_pod "$pod_h" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5130" >"$work/h1" 2>&1 </dev/null
+grep -q "^ok " "$work/h1" && ok "once the daemon runs again, the pod started meanwhile is team-a/hung-0 (granted by its rule)" || not_ok "queued pod: $(cat "$work/h1")"
+in_pod "$pod_b" "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5131" >"$work/b3" 2>&1 </dev/null
+grep -q "no registered pod" "$work/b3" && ok "... and the sandbox deleted meanwhile is no pod's" || not_ok "queued DEL: $(cat "$work/b3")"
+plugin ADD "sandbox-h-$tag" "$pod_h" "$(k8s team-a hung-0 uid-h)"
+[ "$rc" -eq 0 ] && ok "ADD again of the queued sandbox (the late call and the spool are one pod)" || { not_ok "ADD again (exit $rc)"; cat "$work/out" "$work/err"; }
+plugin DEL "sandbox-h-$tag" "$pod_h" ""
+
 # --- no daemon: a pod that asks for nothing starts; one that asks for offload is told to retry ---
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/no-bus
 plugin ADD "sandbox-d-$tag" "$pod_b" "$(k8s team-a quiet uid-d)"
-[ "$rc" -eq 0 ] && ok "no daemon: a pod asking for nothing is not blocked" || { not_ok "ADD without daemon (exit $rc)"; cat "$work/out"; }
+[ "$rc" -eq 0 ] && grep -q "is queued in $spool" "$work/err" && ok "no daemon: a pod asking for nothing is not blocked (its registration queued)" || { not_ok "ADD without daemon (exit $rc)"; cat "$work/out" "$work/err"; }
 plugin ADD "sandbox-e-$tag" "$pod_b" "$(k8s team-a eager uid-e)" "{\"knod.io/flows\":\"$flow\"}"
 [ "$rc" -ne 0 ] && [ "$(json_field code)" = 11 ] && ok "no daemon: a pod asking for offload gets 11 (try again later)" || { not_ok "ADD offload without daemon (exit $rc)"; cat "$work/out"; }
 plugin DEL "sandbox-e-$tag" "" ""

@@ -111,3 +111,35 @@ TEST(PodRegistry, GcCollectsOnlyItsOwnNetworksSandboxesThatAreNoLongerValid) {
     EXPECT_EQ(r.collect("rdma", {}).size(), 1u);
     EXPECT_FALSE(r.add(on(sandbox("c4", 400), "bad\nname"))) << "a network name is printable";
 }
+
+// Issue 52, item 2: podman passes the container's name as K8S_POD_NAME (a generated
+// `nifty_pasteur`, a user's `MyInference`), and a runtime without names the container id: each
+// is a pod name; anything else is refused with the reason (the plugin then fails the ADD).
+TEST(PodRegistry, TakesThePodNamesRuntimesGiveAndRefusesTheRest) {
+    PodRegistry r;
+    ino_t ino = 100;
+    auto named = [&](const std::string &name) {
+        auto s = sandbox("c" + std::to_string(ino), ino);
+        ++ino;
+        s.pod.name = name;
+        return r.add(s);
+    };
+    for (const char *ok : {"nifty_pasteur", "MyInference", "infer-0", "web.v2",
+                           "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"})
+        EXPECT_TRUE(named(ok)) << ok;
+    EXPECT_TRUE(named(std::string(253, 'a'))) << "253 bytes, a DNS subdomain's bound";
+    for (const char *bad : {"", "-leading", ".hidden", "_x", "a b", "a/b", "a\nb", "a\x1b[31m",
+                            "caf\xc3\xa9", "a:b"}) {
+        auto added = named(bad);
+        ASSERT_FALSE(added) << bad;
+        EXPECT_EQ(added.error().code, Errc::invalid_argument);
+        EXPECT_NE(added.error().message.find("pod name"), std::string::npos)
+            << added.error().message;
+        EXPECT_EQ(added.error().message.find('\x1b'), std::string::npos)
+            << "the refusal quotes what it refuses";
+    }
+    EXPECT_FALSE(named(std::string(254, 'a')));
+    auto ns = sandbox("c-ns", 999);
+    ns.pod.k8s_namespace = "Team-A";
+    EXPECT_FALSE(r.add(ns)) << "a namespace is still a DNS label (the conflist's or Kubernetes')";
+}
