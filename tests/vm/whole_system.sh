@@ -131,6 +131,14 @@ chmod 0755 "$work/initrd/init"
 # --- boot ---------------------------------------------------------------------------------
 mkdir -p "$work/share"
 cp "${KNOD_WS_GUEST:-$src/tests/vm/whole_system_guest.sh}" "$work/share/guest.sh"
+# The upgrade the guest installs over the running package (phase E): the same package under a
+# higher version, so apt and dpkg run every maintainer script of an upgrade.
+version=$(dpkg-deb -f "$deb" Version)
+dpkg-deb -R "$deb" "$work/upgrade" &&
+    sed -i "s/^Version: .*/Version: $version+wsupgrade1/" "$work/upgrade/DEBIAN/control" &&
+    dpkg-deb --root-owner-group -b "$work/upgrade" "$work/share/knod-policy-upgrade.deb" >/dev/null ||
+    die "cannot make the upgrade package"
+rm -rf "$work/upgrade"
 [ -n "${KNOD_WS_SIMCONF:-}" ] && cp "$KNOD_WS_SIMCONF" "$work/share/sim.conf"
 chmod 0777 "$work/share"
 stamp "booting"
@@ -140,7 +148,7 @@ stamp "booting"
 tap=knodws$$
 # In the background: a signal to this script runs its traps at once, not after QEMU ends.
 # thread=single: see vm_boot in lib.sh (multi-threaded TCG let a vCPU run stale live-patched code).
-timeout 420 qemu-system-x86_64 -accel tcg,thread=single -cpu max -smp 2 -m 2G -M q35 \
+timeout 540 qemu-system-x86_64 -accel tcg,thread=single -cpu max -smp 2 -m 2G -M q35 \
     -nographic -no-reboot -pidfile "$work/qemu.pid" \
     -kernel "$kdir/vmlinuz" -initrd "$work/initrd.img" \
     -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.show_status=0 net.ifnames=0" \

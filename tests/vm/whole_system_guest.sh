@@ -9,7 +9,9 @@
 # with a real udmabuf dma-buf: refused before the kernel is asked (no PCI parent);
 # D. chain heads leave the node through systemd-journal-upload to a systemd-journal-remote, and
 # `audit verify --system-journal-dir` on what it collected finds a rollback of the database
-# together with its anchor (#35).
+# together with its anchor (#35); E. apt upgrades the package over itself with a live holder (kept
+# through the fd store), a stop and start tells a holder it did not keep, remove stops the
+# daemon and the timer, purge leaves nothing (#52 item 3).
 set -uo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export SYSTEMD_COLORS=0 SYSTEMD_PAGER=
@@ -366,6 +368,76 @@ knod-policy audit verify --db "$work/old.db" --system-journal-dir $remote \
 check "against the collected heads the rollback is found (exit 1: its tail was removed)" \
     '[ $? -eq 1 ] && grep -q "its tail was removed (truncated, or rolled back with its anchor)" "$work/out"' ||
     cat "$work/out"
+
+# --- E. upgrade, remove, purge (#52 item 3) -------------------------------------------------
+note "phase E: apt upgrade over a live holder, then remove and purge"
+# node_exporter's directory (the metrics unit's condition) and the timer, as on a monitored node.
+textfile=/var/lib/prometheus/node-exporter/knod-policy.prom
+show() { sed 's/^/# /' "$@"; } # what a failed check prints: never read as a TAP line
+# PATTERN FILTERS...: an event of the sim's journal matches (with wait_for: bounded in time, as
+# each read of the journal takes a while under TCG).
+journaled() { events $simdb "${@:2}" | grep -q -- "$1"; }
+mkdir -p /var/lib/prometheus/node-exporter
+timeout 90 systemctl start $unit knod-policy-metrics.timer
+check "the daemon and the metrics timer run before the upgrade" \
+    '[ "$(prop ActiveState)" = active ] && wait_for 60 grep -qsx "knod_up 1" $textfile' ||
+    show $textfile
+start_holder h7 7 hold knodsim0 sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5020"
+id7=$(holder_id h7)
+pid_before=$(prop MainPID)
+note "upgrading"
+upgrade=/mnt/host/knod-policy-upgrade.deb
+new_version=$(dpkg-deb -f $upgrade Version)
+DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q $upgrade >"$work/apt.log" 2>&1
+check "apt upgrades the package over itself to $new_version" \
+    '[ $? -eq 0 ] && [ "$(dpkg-query -W -f "\${Version}" knod-policy)" = "$new_version" ]' ||
+    tail -20 "$work/apt.log" | show
+check "the daemon runs after the upgrade, restarted (a new process)" \
+    '[ "$(prop ActiveState)" = active ] && [ "$(prop MainPID)" != "$pid_before" ]' ||
+    systemctl show -p ActiveState -p MainPID $unit | show
+as knodt-user "$client" list >"$work/out" 2>&1
+check "the upgrade keeps the live holder's binding (taken back through the fd store, same id)" \
+    '[ -n "$id7" ] && grep -q "$id7" "$work/out" && wait_for 60 journaled "$id7" --kind adopted' ||
+    show "$work/h7.out" "$work/out"
+check "the metrics timer runs after the upgrade" \
+    '[ "$(systemctl show -P ActiveState knod-policy-metrics.timer)" = active ]'
+# A stop empties the fd store: the next start cannot take the binding back, and tells its
+# holder why instead of leaving it waiting.
+KNOD_TEST_WAIT_MS=600000 start_holder h8 8 hold-until-end knodsim0 sim0 4096 \
+    "udp 10.99.0.1:* -> 10.99.0.2:5021"
+id8=$(holder_id h8)
+note "stop and start"
+timeout 60 systemctl stop $unit
+check "a stopped daemon's textfile says knod_up 0 (the timer rewrites it), no figures" \
+    'wait_for 60 grep -qx "knod_up 0" $textfile && [ "$(grep -vc "^#" $textfile)" = 1 ]' ||
+    show $textfile
+timeout 90 systemctl start $unit
+check "a holder whose binding a stop and start did not keep is told (BindingReleased, daemon-restart)" \
+    '[ -n "$id8" ] && wait_for 60 grep -q "^ended released daemon-restart" "$work/h8.out"' ||
+    show "$work/h8.out"
+check "its session ends as daemon-restart, after a not-adopted event" \
+    'wait_for 60 journaled "$id8" --kind not-adopted &&
+     wait_for 60 journaled "$id8" --kind session-ended --reason daemon-restart' ||
+    events $simdb --kind session-ended | tail -3 | show
+exec 7>&- 8>&-
+note "remove and purge"
+DEBIAN_FRONTEND=noninteractive timeout 180 apt-get remove -y -q knod-policy >"$work/apt.log" 2>&1
+check "apt removes the package" '[ $? -eq 0 ]' || tail -20 "$work/apt.log" | show
+check "removal stops the daemon and the metrics timer" \
+    '[ "$(prop ActiveState)" != active ] && [ "$(systemctl show -P ActiveState knod-policy-metrics.timer)" != active ]' ||
+    systemctl status $unit knod-policy-metrics.timer --no-pager | show
+check "removal takes the textfile away (nothing vouches for it)" '[ ! -e $textfile ]' || show $textfile
+# The test's policy file is the admin's, not the package's: dpkg leaves it, and /etc/knod with it.
+rm -f /etc/knod/policy.d/50-wholesys.toml
+KNOD_PURGE_JOURNAL=yes DEBIAN_FRONTEND=noninteractive timeout 180 apt-get purge -y -q knod-policy \
+    >"$work/apt.log" 2>&1
+check "apt purges the package (KNOD_PURGE_JOURNAL=yes)" \
+    '[ $? -eq 0 ] && ! dpkg-query -W -f "\${Status}" knod-policy 2>/dev/null | grep -q installed' ||
+    tail -20 "$work/apt.log" | show
+check "purge leaves no textfile, state, run or pin dir, config" \
+    '! ls /var/lib/prometheus/node-exporter | grep -q knod && [ ! -e /var/lib/knod-policy ] &&
+     [ ! -e /run/knod-policy ] && [ ! -e /sys/fs/bpf/knod ] && [ ! -e /etc/knod ]' ||
+    ls -d /var/lib/prometheus/node-exporter/* /var/lib/knod-policy /run/knod-policy /sys/fs/bpf/knod /etc/knod 2>&1 | show
 
 note "done: $n checks, $failed failed"
 if [ "$failed" -gt 0 ]; then
