@@ -589,7 +589,8 @@ int verify(const Options &o) {
                             {"first", m.first},
                             {"last", m.last},
                             {"after_event", m.after_seq},
-                            {"before_event", m.before_seq}});
+                            {"before_event", m.before_seq},
+                            {"tail", m.tail}});
         sys_json["missing"] = gaps;
     } else {
         sys_json["note"] = system->note;
@@ -697,8 +698,10 @@ int verify(const Options &o) {
                   << "read from " << system->source << ", " << sys->compared << " match\n";
         for (auto &m : sys->missing)
             std::cout << "system journal: missing head(s) " << m.first << ".." << m.last
-                      << " of daemon run " << m.run << ", between the heads of events "
-                      << m.after_seq << " and " << m.before_seq << "\n";
+                      << " of daemon run " << m.run
+                      << (m.tail ? ", after the head of event " : ", between the heads of events ")
+                      << m.after_seq << (m.tail ? "; its daemon-stop is event " : " and ")
+                      << m.before_seq << "\n";
     }
     return ok ? exit_ok : exit_failed;
 }

@@ -321,6 +321,15 @@ void AuditTrail::stop() {
 
 void AuditTrail::finish(journal::Event last) {
     record_coalesced(journal::now_us(), true);
+    // How many heads this run sent, in the chain: `audit verify` then names heads journald lost
+    // after the newest one it kept, which no later head of this run can show as a gap.
+    if (std::int64_t sent = heads_->sent.load(); sent > 0) {
+        auto d = last.detail ? nlohmann::json::parse(*last.detail, nullptr, false)
+                             : nlohmann::json::object();
+        if (!d.is_object()) d = nlohmann::json::object();
+        d["heads"] = {{"run", heads_->run}, {"sent", sent}};
+        last.detail = knod::dump_json(d);
+    }
     record(std::move(last));
     report_unwritten(flush_pending_now());
     // The auditors read the stopped daemon's journal through the snapshot: it ends where the

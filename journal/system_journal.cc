@@ -284,6 +284,29 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
         for (auto &c : copies)
             if (c.head_n > 0) runs[c.run].emplace(c.head_n, c.seq);
         check.runs = static_cast<std::int64_t>(runs.size());
+        // A run's daemon-stop says how many heads it sent (#52): those after the newest one
+        // journald holds are missing too. Only for runs journald holds a head of (a run it
+        // holds none of may be older than its vacuum).
+        auto stops = db.prepare(
+            "SELECT seq, json_extract(detail, '$.heads.run'), json_extract(detail, "
+            "'$.heads.sent') FROM events WHERE kind = 'daemon-stop' AND json_valid(detail) AND "
+            "json_type(detail, '$.heads.sent') = 'integer'");
+        if (!stops) return stops.error();
+        while (true) {
+            auto row = stops->step();
+            if (!row) return row.error();
+            if (!*row) break;
+            auto it = runs.find(stops->text(1));
+            if (it == runs.end() || it->second.empty()) continue;
+            auto newest = std::prev(it->second.end());
+            std::int64_t sent = stops->int64(2);
+            if (sent <= newest->first) continue;
+            ++check.missing_ranges;
+            check.missing_heads += sent - newest->first;
+            if (check.missing.size() < max_missing_listed)
+                check.missing.push_back(
+                    {it->first, newest->first + 1, sent, newest->second, stops->int64(0), true});
+        }
         for (auto &[run, heads] : runs) {
             auto prev = heads.begin();
             for (auto it = std::next(prev); it != heads.end(); prev = it++) {
@@ -292,7 +315,7 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
                 check.missing_heads += it->first - prev->first - 1;
                 if (check.missing.size() < max_missing_listed)
                     check.missing.push_back(
-                        {run, prev->first + 1, it->first - 1, prev->second, it->second});
+                        {run, prev->first + 1, it->first - 1, prev->second, it->second, false});
             }
         }
         // Oldest first, by the events around them.
@@ -371,8 +394,13 @@ Result<SystemJournalCheck> check_anchor_copies(Database &db, const std::string &
              "the system journal's newest head is event " +
                  std::to_string(check.newest ? check.newest->seq : 0) + " of " +
                  std::to_string(*last) + ", but " + range(m.first, m.last) + " of daemon run " +
-                 m.run + " (sent between the heads of events " + std::to_string(m.after_seq) +
-                 " and " + std::to_string(m.before_seq) + ") are missing" +
+                 m.run +
+                 (m.tail ? " (sent after the head of event " + std::to_string(m.after_seq) +
+                               "; its daemon-stop, event " + std::to_string(m.before_seq) +
+                               ", says it sent " + std::to_string(m.last) + ")"
+                         : " (sent between the heads of events " + std::to_string(m.after_seq) +
+                               " and " + std::to_string(m.before_seq) + ")") +
+                 " are missing" +
                  (check.missing_ranges > 1
                       ? " (" + std::to_string(check.missing_heads) + " head(s) in " +
                             std::to_string(check.missing_ranges) + " gap(s) in all)"

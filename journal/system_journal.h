@@ -46,7 +46,9 @@ struct MissingHeads {
     std::string run;
     std::int64_t first = 0, last = 0; // the missing numbers, first..last
     std::int64_t after_seq = 0;       // the event the head before them names
-    std::int64_t before_seq = 0;      // the event the head after them names
+    std::int64_t before_seq = 0;      // the event the head after them names, or for a tail
+                                      // the run's daemon-stop, which says how many it sent
+    bool tail = false;                // after the newest head journald holds of that run
 };
 
 // The heads of another journal than the one read.

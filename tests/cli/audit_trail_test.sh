@@ -81,7 +81,7 @@ else
         "$id 40 $(hash_of "$work/j.db" 40) 0"
     [ -s "$work/sys/system.journal" ] || not_ok "systemd-journal-remote wrote no journal file"
     run "$cli" audit verify --db "$work/j.db" --system-journal-file "$work/sys/system.journal"
-    [ "$rc" -eq 0 ] && grep -q "^system journal: 3 chain-head record(s) in the journal file .* match; newest: event 40 at " "$work/out" &&
+    [ "$rc" -eq 0 ] && grep -q "^system journal: 3 chain-head record(s) in the journal file .* match; newest: event 40 of [0-9]* at " "$work/out" &&
         ok "an intact journal: its 3 records match, the newest named; another journal's are ignored" || { not_ok "intact (exit $rc)"; cat "$work/out"; }
     run "$cli" audit verify --db "$work/j.db" --system-journal-dir "$work/sys" --json
     py 'import json,sys; d=json.load(open(sys.argv[1])); s=d["system_journal"]; assert d["ok"] and s["checked"] and s["compared"]==3 and s["records"]==3 and s["newest_seq"]==40, d' "$work/out" &&

@@ -1581,3 +1581,54 @@ TEST_F(JournalTest, MissingNumberedHeadsFailNamingTheGap) {
     EXPECT_EQ(c->missing[0].run, std::string(32, 'd'));
     EXPECT_EQ(c->missing[0].first, 2);
 }
+
+// #52 item 4: heads journald lost after the newest one it holds of a run leave no gap in the
+// numbers; the run's daemon-stop says how many it sent, and verify names the rest.
+TEST_F(JournalTest, HeadsLostAfterTheNewestKeptAreNamedThroughTheDaemonStop) {
+    const std::string run(32, 'e');
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        for (int i = 0; i < 6; ++i) {
+            Event e;
+            e.kind = kind::denied;
+            ASSERT_TRUE(j->append(e).ok());
+        }
+        Event stop;
+        stop.kind = kind::daemon_stop;
+        stop.detail = R"({"handed_over":0,"heads":{"run":")" + run + R"(","sent":5}})";
+        ASSERT_TRUE(j->append(stop).ok());
+    }
+    auto db = Database::open(path_, SQLITE_OPEN_READONLY);
+    ASSERT_TRUE(db.ok());
+    std::map<std::int64_t, std::string> hash;
+    auto q = db->prepare("SELECT seq, lower(hex(hash)) FROM events");
+    ASSERT_TRUE(q.ok());
+    while (q->step().value())
+        hash[q->int64(0)] = q->text(1);
+    std::int64_t stop_seq = hash.rbegin()->first;
+    auto head = [&](std::int64_t seq, std::int64_t n) {
+        return AnchorCopy{seq, hash.at(seq), now_us(), path_, "", run, n};
+    };
+    auto c = check_anchor_copies(*db, path_, {head(1, 1), head(2, 2), head(3, 3)});
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_FALSE(c->ok);
+    ASSERT_EQ(c->missing.size(), 1u);
+    EXPECT_TRUE(c->missing[0].tail);
+    EXPECT_EQ(c->missing[0].first, 4);
+    EXPECT_EQ(c->missing[0].last, 5);
+    EXPECT_EQ(c->missing[0].after_seq, 3);
+    EXPECT_EQ(c->missing[0].before_seq, stop_seq);
+    EXPECT_NE(c->problem.find("heads 4..5 of daemon run " + run +
+                              " (sent after the head of event 3; its daemon-stop, event " +
+                              std::to_string(stop_seq) + ", says it sent 5)"),
+              std::string::npos)
+        << c->problem;
+    // All five kept: nothing missing. A run journald holds nothing of is not judged.
+    c = check_anchor_copies(*db, path_,
+                            {head(1, 1), head(2, 2), head(3, 3), head(4, 4), head(5, 5)});
+    ASSERT_TRUE(c.ok());
+    EXPECT_TRUE(c->ok) << c->problem;
+    c = check_anchor_copies(*db, path_, {{1, hash.at(1), now_us(), path_, "", "", 0}});
+    ASSERT_TRUE(c.ok());
+    EXPECT_TRUE(c->ok) << c->problem;
+}
