@@ -90,7 +90,7 @@ Result<void> notify_nowait(const std::string &msg, const int *fds, std::size_t n
     sa.sun_family = AF_UNIX;
     // A path, or '@' for an abstract name (sd_notify's two AF_UNIX forms); systemd's vsock form
     // is not one a host daemon gets.
-    if ((path[0] != '/' && path[0] != '@') || path.size() > sizeof sa.sun_path)
+    if ((path[0] != '/' && path[0] != '@') || path.size() + (path[0] == '/') > sizeof sa.sun_path)
         return make_error(Errc::unavailable, "NOTIFY_SOCKET is not an AF_UNIX address");
     std::memcpy(sa.sun_path, path.data(), path.size());
     if (path[0] == '@') sa.sun_path[0] = '\0';
