@@ -26,7 +26,9 @@ not_ok() { failed=$((failed + 1)); echo "not ok - $*"; }
 tag=$(($$ % 100000))
 net_a=knoda$tag net_b=knodb$tag
 bridge_a=kbra$tag bridge_b=kbrb$tag
-ctr_a=knod-pa-$tag ctr_b=knod-pb-$tag
+# Container A has a name as podman users give them (issue 52: upper case and '_' are no DNS
+# label, and podman passes the name as K8S_POD_NAME): it must still be that pod.
+ctr_a=Knod_PodA_$tag ctr_b=knod-pb-$tag
 outside=
 podman_() {
     podman --root "$work/storage" --runroot "$work/run" --tmpdir "$work/tmp" --storage-driver vfs "$@"
