@@ -323,6 +323,24 @@ plugin ADD "sandbox-e-$tag" "$pod_b" "$(k8s team-a eager uid-e)" "{\"knod.io/flo
 [ "$rc" -ne 0 ] && [ "$(json_field code)" = 11 ] && ok "no daemon: a pod asking for offload gets 11 (try again later)" || { not_ok "ADD offload without daemon (exit $rc)"; cat "$work/out"; }
 plugin DEL "sandbox-e-$tag" "" ""
 [ "$rc" -eq 0 ] && ok "no daemon: DEL succeeds" || not_ok "DEL without daemon (exit $rc)"
+# The spool as the plugin keeps it while no daemon reads it: root's alone; an ADD queued while no
+# daemon ran is withdrawn by its pod's DEL; a full spool is 11, never success for work nobody does.
+daemons_spool=$spool spool=$work/unread-spool
+plugin ADD "sandbox-q-$tag" "$pod_c" "$(k8s team-a queued uid-q)"
+[ "$rc" -eq 0 ] && [ -f "$spool/sandbox-q-$tag@eth0" ] && [ "$(stat -c %u "$spool")" = 0 ] &&
+    [ $((0$(stat -c %a "$spool") & 7)) -eq 0 ] && [ $((0$(stat -c %a "$spool/sandbox-q-$tag@eth0") & 022)) -eq 0 ] &&
+    ok "no daemon: the queued registration is root's, in a directory closed to others" || { not_ok "spool ADD (exit $rc)"; ls -la "$spool"; }
+plugin DEL "sandbox-q-$tag" "$pod_c" ""
+[ "$rc" -eq 0 ] && [ ! -e "$spool/sandbox-q-$tag@eth0" ] && grep -q "withdrawn" "$work/err" &&
+    ok "... and the pod's DEL withdraws it (it never reached a daemon)" || { not_ok "spool DEL (exit $rc)"; cat "$work/err"; ls -la "$spool"; }
+for i in $(seq 1 1024); do : >"$spool/filler-$i@eth0"; done
+plugin ADD "sandbox-r-$tag" "$pod_c" "$(k8s team-a full uid-r)"
+add_rc=$rc add_code=$(json_field code)
+plugin DEL "sandbox-r-$tag" "$pod_c" ""
+[ "$add_rc" -eq 1 ] && [ "$add_code" = 11 ] && [ "$rc" -eq 1 ] && [ "$(json_field code)" = 11 ] && grep -q "cannot be queued" "$work/out" &&
+    ok "... a full spool (1,024 entries) makes ADD and DEL 11 (try again later)" || { not_ok "full spool (ADD $add_rc/$add_code, DEL $rc)"; cat "$work/out"; }
+rm -rf "$spool"
+spool=$daemons_spool
 
 echo "# $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
