@@ -26,9 +26,9 @@
 // that asks for no offload, and DEL, leave the work in a root-only spool ("spoolDir", default
 // /run/knod-cni; protocol/pod_spool.h) and succeed: the daemon carries it out when it answers,
 // so the pod is that pod from then on. A pod that asks for offload gets 11 (try again later):
-// its request cannot be decided in time, and the runtime retries the sandbox. A GC that times
-// out is 11 too (the runtime's next GC does it). Should the spool not take the entry, ADD and
-// DEL are 11 as well: never success for work nobody will do.
+// its request cannot be decided in time, and the runtime retries the sandbox. A GC is 11 too
+// unless the bus says no daemon runs (the runtime's next GC does it). Should the spool not take the
+// entry, ADD and DEL are 11 as well: never success for work nobody will do.
 //
 // Errors follow the spec: exit 1 with {"cniVersion", "code", "msg", "details"} on stdout (1
 // incompatible version, 4 invalid environment, 6 undecodable config, 7 invalid config, 11 try
@@ -154,6 +154,7 @@ struct CallResult {
     // Not reached because nothing serves the name (no daemon running, no bus): the call went
     // nowhere. Otherwise (a timeout) it may still be served when the daemon runs again.
     bool not_running = false;
+    bool no_bus = false; // of those, the bus itself took no connection (it may be full)
     bool timed_out = false;
     std::string error_name, message;
     std::uint32_t ended = 0, collected = 0;
@@ -176,7 +177,7 @@ CallResult call(const char *method, const std::function<int(sd_bus_message *)> &
     Bus b;
     int r = sd_bus_open_system(&b.bus);
     if (r < 0) {
-        out.not_running = true;
+        out.not_running = out.no_bus = true;
         out.message = std::string("cannot connect to the system bus: ") + std::strerror(-r);
         return out;
     }
@@ -549,10 +550,12 @@ int gc(const json &config, const std::string &version, const Budget &budget) {
             return rr < 0 ? rr : sd_bus_message_close_container(m);
         },
         budget);
-    if (!r.reached && !r.not_running)
+    // Success only when the bus says no daemon runs (nothing is registered then); a daemon
+    // that did not answer, or a bus that took no connection, leaves the work undone.
+    if (!r.reached && (!r.not_running || r.no_bus))
         return fail(version, {11,
-                              "knod-policyd did not collect the sandboxes in time (the "
-                              "runtime's next GC does)",
+                              "knod-policyd did not collect the sandboxes (the runtime's next "
+                              "GC does)",
                               r.message});
     if (!r.reached) {
         std::cerr << "knod-cni: " << r.message << " (no daemon: nothing registered to collect)\n";

@@ -325,6 +325,8 @@ plugin DEL "sandbox-e-$tag" "" ""
 [ "$rc" -eq 0 ] && ok "no daemon: DEL succeeds" || not_ok "DEL without daemon (exit $rc)"
 # The spool as the plugin keeps it while no daemon reads it: root's alone; an ADD queued while no
 # daemon ran is withdrawn by its pod's DEL; a full spool is 11, never success for work nobody does.
+gc knod-test "[]"
+[ "$rc" -eq 1 ] && [ "$(json_field code)" = 11 ] && ok "no bus: GC is 11 (nothing collected is no success)" || { not_ok "GC without a bus (exit $rc)"; cat "$work/out"; }
 daemons_spool=$spool spool=$work/unread-spool
 plugin ADD "sandbox-q-$tag" "$pod_c" "$(k8s team-a queued uid-q)"
 [ "$rc" -eq 0 ] && [ -f "$spool/sandbox-q-$tag@eth0" ] && [ "$(stat -c %u "$spool")" = 0 ] &&
