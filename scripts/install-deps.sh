@@ -60,6 +60,9 @@ test_packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev llvm clang-format
   # xdp-filter's object, the filter bench's baseline (bench/filter_bench.cc)
   xdp-tools
+  # callgrind: the control plane's instructions per pair, guarded by bench.control_instructions
+  # (bench/control_profile.sh --check; without valgrind that test skips)
+  valgrind
   # no target links libcap today; kept with the test rig as it always was
   libcap-dev
   # the audit report's page, rendered and measured by its test; the Cockpit page, driven in
