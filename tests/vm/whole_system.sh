@@ -148,7 +148,7 @@ stamp "booting"
 tap=knodws$$
 # In the background: a signal to this script runs its traps at once, not after QEMU ends.
 # thread=single: see vm_boot in lib.sh (multi-threaded TCG let a vCPU run stale live-patched code).
-timeout 540 qemu-system-x86_64 -accel tcg,thread=single -cpu max -smp 2 -m 2G -M q35 \
+timeout 780 qemu-system-x86_64 -accel tcg,thread=single -cpu max -smp 2 -m 2G -M q35 \
     -nographic -no-reboot -pidfile "$work/qemu.pid" \
     -kernel "$kdir/vmlinuz" -initrd "$work/initrd.img" \
     -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.show_status=0 net.ifnames=0" \
