@@ -8,6 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "knod/untrusted.h"
+
+#include <grp.h>
+
+#include <charconv>
 #include <iostream>
 
 namespace knod::cli {
@@ -21,7 +26,19 @@ struct Options {
     // The whole run's deadline: a daemon that does not answer (stopped, hung) is reported as
     // down (knod_up 0) within it, never after sd-bus's 25 s per call.
     double timeout_s = 4;
+    std::string textfile_group = "prometheus"; // Debian's node_exporter runs as prometheus
 };
+
+// The collector's group, by name or number.
+Result<gid_t> collector_group(const std::string &name) {
+    gid_t gid = 0;
+    auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), gid);
+    if (ec == std::errc() && end == name.data() + name.size() && !name.empty()) return gid;
+    if (const struct group *g = ::getgrnam(name.c_str())) return g->gr_gid;
+    return make_error(Errc::invalid_argument,
+                      "--textfile-group: no group " + quote_untrusted(name) +
+                          " here; name the group node_exporter runs as (Debian's: prometheus)");
+}
 
 // Where the text goes; a failure to write it is exit 2 (the directory is the caller's input).
 int deliver(const Options &o, const std::string &text, int rc) {
@@ -29,7 +46,12 @@ int deliver(const Options &o, const std::string &text, int rc) {
         std::cout << text << std::flush;
         return rc;
     }
-    if (auto w = write_textfile(o.textfile_dir, textfile_name, text); !w) {
+    auto gid = collector_group(o.textfile_group);
+    if (!gid) {
+        std::cerr << "knod-policy metrics: " << gid.error().message << "\n";
+        return exit_usage;
+    }
+    if (auto w = write_textfile(o.textfile_dir, textfile_name, text, *gid); !w) {
         std::cerr << "knod-policy metrics: " << w.error().message << "\n";
         return exit_usage;
     }
@@ -83,6 +105,11 @@ Runner add_metrics(CLI::App &app) {
                     "counts as down (exit 2, knod_up 0 in the file)")
         ->check(CLI::Range(0.2, 60.0))
         ->type_name("SECONDS")
+        ->capture_default_str();
+    cmd->add_option("--textfile-group", o->textfile_group,
+                    "the group the file is readable by (mode 0640): the one node_exporter runs "
+                    "as; no other local user reads it")
+        ->type_name("GROUP")
         ->capture_default_str();
     return [=]() -> int {
         if (!cmd->parsed()) return -1;

@@ -318,7 +318,7 @@ std::string render_metrics(const nlohmann::json &m) {
 }
 
 Result<void> write_textfile(const std::string &dir, const std::string &name,
-                            const std::string &text) {
+                            const std::string &text, gid_t gid) {
     auto fail = [&](const std::string &what) {
         return make_error(Errc::io,
                           what + " in " + quote_untrusted(dir) + ": " + std::strerror(errno));
@@ -340,8 +340,11 @@ Result<void> write_textfile(const std::string &dir, const std::string &name,
         ::close(dfd);
         return e;
     };
-    // node_exporter runs as another user (prometheus): the file must be world-readable.
-    if (::fchmod(fd, 0644) != 0) return undo("cannot set the mode of " + tmp);
+    // node_exporter runs as another user (prometheus): readable by its group, and by nobody
+    // else (GetMetrics answers only root, auditors and admins).
+    if (::fchown(fd, static_cast<uid_t>(-1), gid) != 0)
+        return undo("cannot give " + tmp + " to group " + std::to_string(gid));
+    if (::fchmod(fd, 0640) != 0) return undo("cannot set the mode of " + tmp);
     for (std::size_t at = 0; at < text.size();) {
         ssize_t n = ::write(fd, text.data() + at, text.size() - at);
         if (n < 0 && errno == EINTR) continue;

@@ -27,9 +27,10 @@ std::string render_metrics(const nlohmann::json &m);
 std::string render_down();
 
 // Writes `text` as DIR/NAME atomically, as node_exporter's textfile collector needs: a
-// temporary file in DIR (a name the collector does not read), mode 0644, fsync, rename over
+// temporary file in DIR (a name the collector does not read), mode 0640 and group `gid` (the
+// collector's: per-rule figures are not every local user's, issue #51), fsync, rename over
 // NAME, fsync of DIR. A reader sees the old file or the new one, never half of one.
 Result<void> write_textfile(const std::string &dir, const std::string &name,
-                            const std::string &text);
+                            const std::string &text, gid_t gid);
 
 } // namespace knod::cli

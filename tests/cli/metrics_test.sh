@@ -136,8 +136,11 @@ setpriv --reuid=65534 --regid=65534 --clear-groups "$cli" metrics >"$work/out" 2
 check "nobody may not read the metrics (exit 1, Denied)" '[ $? -eq 1 ] && grep -q "Error.Denied" "$work/out"'
 
 "$cli" metrics --textfile "$textdir" >"$work/out" 2>&1
-check "--textfile writes knod-policy.prom, world-readable, and leaves no temporary file" \
-    '[ $? -eq 0 ] && [ "$(ls -A "$textdir")" = knod-policy.prom ] && [ "$(stat -c %a "$textdir/knod-policy.prom")" = 644 ]'
+check "--textfile writes knod-policy.prom, readable by the collector's group only (issue #51), and leaves no temporary file" \
+    '[ $? -eq 0 ] && [ "$(ls -A "$textdir")" = knod-policy.prom ] && [ "$(stat -c %a:%G "$textdir/knod-policy.prom")" = 640:prometheus ]'
+"$cli" metrics --textfile "$textdir" --textfile-group no-such-group-knod >"$work/out" 2>&1
+check "a collector group that does not exist is exit 2, naming the fix" \
+    '[ $? -eq 2 ] && grep -q "name the group node_exporter runs as" "$work/out"'
 check "the textfile lints clean too" 'promtool check metrics <"$textdir/knod-policy.prom" >/dev/null 2>&1'
 
 # --- node_exporter and Prometheus, on ports of their own ----------------------------------
@@ -249,9 +252,6 @@ rate_series() { [ "$(promql 'rate(knod_rx_bytes_total[1m]) >= 0' | wc -l)" = 1 ]
 wait_until 60 "rate() over knod_rx_bytes_total" rate_series
 check "rate() over the RX counter works (a counter, one series per netdev and GPU)" '[ $? -eq 0 ]'
 
-# --- the daemon gone: the file says knod_up 0, and so does Prometheus ---------------------
-echo >&"$b_in" 2>/dev/null
-exec {b_in}>&- {b_out}<&-
 # --- a hung daemon (issue 52): knod_up 0 within the collector's own deadline -----------------
 # SIGSTOP: the bus takes the calls and nobody answers. sd-bus's default is 25 s a call (two
 # calls: ~50 s of knod_up 1); the guard (20 s) only detects a hang.
@@ -264,6 +264,9 @@ check "a stopped daemon: metrics returns in its deadline (exit 2) and the file h
 "$cli" metrics --textfile "$textdir" >"$work/out" 2>&1
 check "... and knod_up 1 again once it runs" 'grep -q "^knod_up 1$" "$textdir/knod-policy.prom"'
 
+# --- the daemon gone: the file says knod_up 0, and so does Prometheus ---------------------
+echo >&"$b_in" 2>/dev/null
+exec {b_in}>&- {b_out}<&-
 wait "$b_pid" 2>/dev/null
 b_pid=
 kill -TERM "$KNOD_DAEMON_PID"

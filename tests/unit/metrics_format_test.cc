@@ -92,19 +92,24 @@ TEST(MetricsFormat, TextfileIsReplacedWholeAndReadable) {
     auto dir = std::filesystem::temp_directory_path() /
                ("knod-metrics-test-" + std::to_string(::getpid()));
     std::filesystem::create_directory(dir);
-    ::umask(077); // the file is 0644 whatever the umask: node_exporter is another user
-    ASSERT_TRUE(knod::cli::write_textfile(dir, "k.prom", "a 1\n").ok());
-    ASSERT_TRUE(knod::cli::write_textfile(dir, "k.prom", "b 2\n").ok());
+    // The file is 0640 and the collector's group whatever the umask: node_exporter is another
+    // user, and no other local user reads per-rule figures (issue #51). A group this process is
+    // in stands for the collector's.
+    ::umask(077);
+    gid_t collector = ::getegid();
+    ASSERT_TRUE(knod::cli::write_textfile(dir, "k.prom", "a 1\n", collector).ok());
+    ASSERT_TRUE(knod::cli::write_textfile(dir, "k.prom", "b 2\n", collector).ok());
     std::ifstream f(dir / "k.prom");
     std::stringstream got;
     got << f.rdbuf();
     EXPECT_EQ(got.str(), "b 2\n");
     struct stat st {};
     ASSERT_EQ(::stat((dir / "k.prom").c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0644u);
+    EXPECT_EQ(st.st_mode & 0777, 0640u);
+    EXPECT_EQ(st.st_gid, collector);
     EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1); // no temp left
     std::filesystem::remove_all(dir);
-    auto missing = knod::cli::write_textfile(dir, "k.prom", "x\n");
+    auto missing = knod::cli::write_textfile(dir, "k.prom", "x\n", collector);
     ASSERT_FALSE(missing.ok());
     EXPECT_NE(missing.error().message.find(dir.string()), std::string::npos)
         << missing.error().message;
