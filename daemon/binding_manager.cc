@@ -8,8 +8,13 @@
 
 #include "knod/json.h"
 #include <fcntl.h>
+#include <linux/nsfs.h>
 #include <nlohmann/json.hpp>
 #include <openssl/rand.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -82,6 +87,9 @@ constexpr std::string_view handoff_purpose = "knod-policyd restart handoff 2";
 // one text). Computed over what was parsed, so what the MAC vouches for is exactly what
 // adoption reads: an edit of any member, a number turned into a float, a member added or
 // removed changes this text.
+constexpr std::string_view pods_handoff_purpose = "knod-policyd pod registrations 1";
+constexpr const char *pods_handoff_name = "pods.handoff";
+
 std::string handoff_canonical(nlohmann::json record) {
     record.erase("mac");
     return knod::dump_json(record);
@@ -131,16 +139,16 @@ void BindingManager::start() {
     journal::Journal *journal = audit_.journal();
     if (journal)
         if (auto taken = journal->take_handoffs()) handoffs = std::move(*taken);
+    // The pods first: the bindings taken back below are decided as their pods' (issue #51).
+    std::size_t pods_restored = journal ? restore_pods() : 0;
     // The daemon loads the policy it starts with: its own uid and pid are the actor's.
     Peer self;
     self.uid = ::getuid();
     self.pid = ::getpid();
     journal::Event e = event_for(journal::kind::daemon_start, self);
-    nlohmann::json detail{{"driver", driver_.name()},
-                          {"rules", policy_.rules.size()},
-                          {"handed_over", handoffs.size()},
-                          {"policy", policy_.digest},
-                          {"files", policy_files(policy_)}};
+    nlohmann::json detail{{"driver", driver_.name()},       {"rules", policy_.rules.size()},
+                          {"handed_over", handoffs.size()}, {"pods_restored", pods_restored},
+                          {"policy", policy_.digest},       {"files", policy_files(policy_)}};
     // The retention in force, inside the chain: verify then knows a prune event that records
     // none (written to look like an older build's) is not this daemon's.
     std::optional<std::int64_t> age;
@@ -243,6 +251,18 @@ std::string BindingManager::handoff_of(const Binding &b, const std::string &driv
                          {"host_namespaces", b.owner.host_namespaces},
                          {"host_netns", b.owner.host_netns},
                          {"namespaces", b.owner.namespaces}};
+    // Its pod (issue #51): the sandbox that placed it and the identity the policy decided on,
+    // as the pod registrations themselves are kept (keep_pods).
+    if (!b.owner.pod_sandbox.empty()) owner["pod_sandbox"] = b.owner.pod_sandbox;
+    if (b.owner.pod) {
+        nlohmann::json annotations = nlohmann::json::object();
+        for (auto &[k, v] : b.owner.pod->annotations)
+            annotations[k] = hex(v);
+        owner["pod"] = {{"namespace", b.owner.pod->k8s_namespace},
+                        {"name", b.owner.pod->name},
+                        {"uid", b.owner.pod->uid},
+                        {"annotations", annotations}};
+    }
     nlohmann::json region{{"device", b.region_id.device},
                           {"inode", b.region_id.inode},
                           {"offset", b.region_id.offset},
@@ -370,8 +390,18 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
         // Absent in records of builds before #32: what they knew rested on the pid alone.
         if (auto proof = o.find("process_proof"); proof != o.end())
             b.owner.process_proof = parse_process_proof(proof->get<std::string>());
-        // Where the holder ran (#34); records of earlier builds knew only host processes. A
-        // pod's identity does not come back: the registry starts empty (docs/kubernetes.md).
+        // Where the holder ran (#34); records of earlier builds knew only host processes. Its
+        // pod comes back with the registrations (restore_pods); one whose pod did not ends.
+        b.owner.pod_sandbox = o.value("pod_sandbox", std::string());
+        if (auto p = o.find("pod"); p != o.end()) {
+            policy::PodIdentity pod;
+            pod.k8s_namespace = p->at("namespace").get<std::string>();
+            pod.name = p->at("name").get<std::string>();
+            pod.uid = p->at("uid").get<std::string>();
+            for (auto &[k, v] : p->at("annotations").items())
+                pod.annotations[k] = unhex(v);
+            b.owner.pod = std::move(pod);
+        }
         b.owner.host_namespaces = o.value("host_namespaces", true);
         b.owner.host_netns = o.value("host_netns", true);
         b.owner.namespaces = o.value("namespaces", std::string());
@@ -396,6 +426,11 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
     }
     if (!store_)
         return make_error(Errc::unavailable, "no file-descriptor store (not under systemd)");
+    // A pod's binding needs its pod: a holder that is not placed would match no rule.
+    if (!b.owner.pod_sandbox.empty() && !pods_.has_container(b.owner.pod_sandbox))
+        return make_error(Errc::not_found, "its pod's registration (sandbox " +
+                                               escape_untrusted(b.owner.pod_sandbox) +
+                                               ") did not come back");
     // A key that ran out while no daemon ran: the binding ends here, before its data path is
     // set up again (taken back, it would take packets until the first tick expired it).
     if (b.expires_us <= journal::now_us())
@@ -458,8 +493,10 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
     return {};
 }
 
-Result<void> BindingManager::throttle(uid_t uid, pid_t pid, bool exempt, const char *method) {
-    if (exempt || limiter_.admit(uid, std::chrono::steady_clock::now())) return {};
+Result<void> BindingManager::throttle(const PrincipalKey &who, pid_t pid, bool exempt,
+                                      const char *method) {
+    if (exempt || limiter_.admit(who, std::chrono::steady_clock::now())) return {};
+    uid_t uid = who.uid;
     metrics_.rate_limited(method);
     journal::Event e;
     e.kind = journal::kind::rate_limited;
@@ -471,7 +508,7 @@ Result<void> BindingManager::throttle(uid_t uid, pid_t pid, bool exempt, const c
     char rate[64];
     std::snprintf(rate, sizeof rate, "%g per second (bursts of %g)", limiter_.per_second(),
                   limiter_.burst());
-    return make_error(Errc::quota_exceeded, "too many requests from uid " + std::to_string(uid) +
+    return make_error(Errc::quota_exceeded, "too many requests from " + who.to_string() +
                                                 ": at most " + rate +
                                                 " per user, over all its connections; retry later");
 }
@@ -490,13 +527,17 @@ Error BindingManager::refuse_limit(uid_t uid, pid_t pid, bool exempt, const char
                       std::string("limits exceeded: uid ") + std::to_string(uid) + ": " + what);
 }
 
-policy::Usage BindingManager::usage_of(uid_t uid, const std::string &except_id) const {
-    auto it = usage_.find(uid);
+policy::Usage BindingManager::usage_of(const PrincipalKey &who,
+                                       const std::string &except_id) const {
+    auto it = usage_.find(who);
     policy::Usage u = it == usage_.end() ? policy::Usage{} : it->second;
-    if (auto b = bindings_.find(except_id); b != bindings_.end() && b->second.owner.uid == uid) {
-        u.bindings -= 1;
-        u.bytes -= b->second.region_id.length;
-    }
+    // A live binding, or one in flight (which counts from its commit on).
+    for (auto *from : {&bindings_, &inflight_})
+        if (auto b = from->find(except_id);
+            b != from->end() && b->second.owner.principal() == who) {
+            u.bindings -= 1;
+            u.bytes -= b->second.region_id.length;
+        }
     return u;
 }
 
@@ -506,10 +547,11 @@ std::size_t BindingManager::caller_fds() const {
 }
 
 void BindingManager::count_usage(const Binding &b, int sign) {
-    policy::Usage &u = usage_[b.owner.uid];
+    PrincipalKey who = b.owner.principal();
+    policy::Usage &u = usage_[who];
     u.bindings += static_cast<std::uint32_t>(sign);
     u.bytes += static_cast<std::uint64_t>(sign) * b.region_id.length;
-    if (u.bindings == 0) usage_.erase(b.owner.uid);
+    if (u.bindings == 0) usage_.erase(who);
 }
 
 void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantDone done) {
@@ -521,7 +563,8 @@ void BindingManager::request(const Peer &caller, const RequestArgs &args, GrantD
 // host refused) before the next one takes anything.
 Result<void> BindingManager::start_grant(const Peer &caller, const RequestArgs &args,
                                          GrantDone &done) {
-    if (auto r = throttle(caller.uid, caller.pid, caller.root_in_host(), "RequestBinding"); !r)
+    if (auto r = throttle(caller.principal(), caller.pid, caller.root_in_host(), "RequestBinding");
+        !r)
         return r.error();
     // The daemon-wide bounds before anything is parsed or taken: a refused caller leaves nothing.
     if (bindings_.size() + inflight_.size() >= config_.max_bindings)
@@ -648,7 +691,7 @@ Result<BindingManager::Decided> BindingManager::decide_request(const Peer &calle
     const driver::NetdevInfo *netdev = &parsed.netdev;
     Decided decided;
     policy::Decision &d = decided.decision;
-    d = policy::decide(policy_, req, usage_of(caller.uid));
+    d = policy::decide(policy_, req, usage_of(caller.principal()));
     journal::Event &decision = decided.event;
     decision = event_for(d.granted() ? journal::kind::granted : journal::kind::denied, caller);
     decision.rule = d.rule.empty() ? std::nullopt : std::optional(d.rule);
@@ -760,6 +803,7 @@ Result<BindingManager::Prepared> BindingManager::prepare_grant(const Peer &calle
     b.region_id = {region->device, region->inode, args.offset, args.length};
     b.rule = d.rule;
     b.created_us = journal::now_us();
+    b.policy_generation = policy_generation_;
     auto lifetime = std::chrono::duration_cast<std::chrono::microseconds>(d.key_lifetime);
     b.expires_us = b.created_us + lifetime.count();
     b.deadline = BootClock::now() + lifetime;
@@ -823,15 +867,25 @@ void BindingManager::commit_grant(const RequestArgs &args, const Decided &decide
 
 void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                                   const GrantDone &done) {
+    // Decided again at commit: whatever changed while the journal wrote (a reload, a pod's
+    // DEL) has the last word before the key leaves (issue #51).
+    if (auto it = inflight_.find(id); it != inflight_.end() && written)
+        if (auto no = still_granted(it->second)) abandon_grant(id, no->why, no->note);
     if (auto gone = abandoned_.find(id); gone != abandoned_.end()) {
-        // The caller left while its grant was in flight: the data path, key, quota and flows
-        // went at once (abandon_grant); here the session, if it reached the disk, is closed.
+        // The grant was withdrawn while in flight: the data path, key, quota and flows went at
+        // once (abandon_grant); here the session, if it reached the disk, is closed.
         Abandoned a = std::move(gone->second);
         abandoned_.erase(gone);
-        if (written) close_session(a.binding, a.why, {}, {});
-        return done(make_error(Errc::denied, std::string("the caller went away (") +
-                                                 to_string(a.why) +
-                                                 ") before its grant was durable"));
+        if (written) close_session(a.binding, a.why, {}, {}, a.note);
+        if (a.why == EndReason::disconnect || a.why == EndReason::process_exit)
+            return done(make_error(Errc::denied, std::string("the caller went away (") +
+                                                     to_string(a.why) +
+                                                     ") before its grant was durable"));
+        return done(make_error(Errc::denied, std::string("the grant was withdrawn before it was "
+                                                         "durable (") +
+                                                 to_string(a.why) + ")" +
+                                                 (a.note.empty() ? "" : ": " + a.note) +
+                                                 "; nothing is granted"));
     }
     auto it = inflight_.find(id);
     if (it == inflight_.end()) return done(make_error(Errc::unavailable, "the daemon is stopping"));
@@ -877,7 +931,9 @@ void BindingManager::finish_grant(const std::string &id, Granted g, Result<std::
 
 Result<void> BindingManager::activate(const std::string &id, const Peer &presenter,
                                       std::span<const std::uint8_t> key) {
-    if (auto r = throttle(presenter.uid, presenter.pid, presenter.root_in_host(), "Activate"); !r)
+    if (auto r =
+            throttle(presenter.principal(), presenter.pid, presenter.root_in_host(), "Activate");
+        !r)
         return r.error();
     auto it = bindings_.find(id);
     if (it == bindings_.end())
@@ -915,7 +971,9 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
 Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string &id,
                                                                const Peer &presenter,
                                                                std::span<const std::uint8_t> key) {
-    if (auto r = throttle(presenter.uid, presenter.pid, presenter.root_in_host(), "RxNotifier"); !r)
+    if (auto r =
+            throttle(presenter.principal(), presenter.pid, presenter.root_in_host(), "RxNotifier");
+        !r)
         return r.error();
     auto it = bindings_.find(id);
     if (it == bindings_.end())
@@ -953,7 +1011,7 @@ policy::Decision BindingManager::decide_again(const Binding &b) const {
     req.mode = b.mode;
     req.region_bytes = b.region_id.length;
     req.flows = b.flows;
-    return policy::decide(policy_, req, usage_of(b.owner.uid, b.id));
+    return policy::decide(policy_, req, usage_of(b.owner.principal(), b.id));
 }
 
 Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &presenter,
@@ -1039,8 +1097,7 @@ void BindingManager::release(const std::string &id, const Peer &by, bool privile
     auto it = bindings_.find(id);
     if (it == bindings_.end())
         return done(make_error(Errc::not_found, "no binding " + quote_untrusted(id)));
-    if (!privileged &&
-        (it->second.owner.uid != by.uid || it->second.owner.pod_sandbox != by.pod_sandbox))
+    if (!privileged && (it->second.owner.uid != by.uid || it->second.owner.domain() != by.domain()))
         return done(make_error(Errc::denied, "binding " + id + " belongs to uid " +
                                                  std::to_string(it->second.owner.uid) +
                                                  "; only its owner or an admin may release it"));
@@ -1049,12 +1106,17 @@ void BindingManager::release(const std::string &id, const Peer &by, bool privile
 
 void BindingManager::revoke(const std::string &id, const std::string &why, const Peer &by,
                             Done done) {
-    if (!bindings_.count(id))
+    bool in_flight = inflight_.count(id) != 0;
+    if (!bindings_.count(id) && !in_flight)
         return done(make_error(Errc::not_found, "no binding " + quote_untrusted(id)));
     journal::Event e = event_for(journal::kind::revoked, by);
     e.session_id = id;
     e.reason = escape_untrusted(why.substr(0, limits::reason), Escape::message);
     audit_.record(std::move(e));
+    if (in_flight) { // its session is closed once it is on disk (finish_grant)
+        abandon_grant(id, EndReason::revoke, escape_untrusted(why, Escape::message, 256));
+        return done({});
+    }
     end_binding(id, EndReason::revoke, std::move(done), why);
 }
 
@@ -1081,20 +1143,28 @@ Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,
         return err;
     }
     policy_ = std::move(next);
+    policy_generation_ += 1;
     if (policy_.digest.empty()) policy_.digest = policy::policy_digest(policy_.text);
     std::vector<std::string> doomed;
     for (auto &[id, b] : bindings_) {
         if (!decide_again(b).granted()) doomed.push_back(id);
     }
+    std::vector<std::string> withdrawn; // in flight: never handed out
+    for (auto &[id, b] : inflight_)
+        if (!decide_again(b).granted()) withdrawn.push_back(id);
+    for (auto &id : withdrawn)
+        abandon_grant(id, EndReason::policy_reload);
     journal::Event e = event_for(journal::kind::reload, by);
     e.reason = "reloaded by " + via; // as before: "uid N" (D-Bus) or "SIGHUP"
-    e.detail = knod::dump_json(nlohmann::json{
-        {"rules", policy_.rules.size()}, {"revoked", doomed}, {"files", policy_files(policy_)}});
+    e.detail = knod::dump_json(nlohmann::json{{"rules", policy_.rules.size()},
+                                              {"revoked", doomed},
+                                              {"withdrawn", withdrawn},
+                                              {"files", policy_files(policy_)}});
     audit_.record_load(std::move(e));
     for (auto &id : doomed)
         end_binding(id, EndReason::policy_reload);
-    events_.policy_reloaded(policy_.rules.size(), doomed.size());
-    return doomed.size();
+    events_.policy_reloaded(policy_.rules.size(), doomed.size() + withdrawn.size());
+    return doomed.size() + withdrawn.size();
 }
 
 Result<std::size_t> BindingManager::reload(const Peer &by, const std::string &via) {
@@ -1113,7 +1183,25 @@ void BindingManager::holder_gone(const std::string &id, EndReason why) {
     end_binding(id, why);
 }
 
-void BindingManager::abandon_grant(const std::string &id, EndReason why) {
+template <typename Pred> std::size_t BindingManager::withdraw_grants(Pred which, EndReason why) {
+    std::vector<std::string> ids;
+    for (auto &[id, b] : inflight_)
+        if (which(b)) ids.push_back(id);
+    for (auto &id : ids)
+        abandon_grant(id, why);
+    return ids.size();
+}
+
+std::optional<BindingManager::Withdrawal> BindingManager::still_granted(const Binding &b) const {
+    if (!b.owner.pod_sandbox.empty() && !pods_.has_container(b.owner.pod_sandbox))
+        return Withdrawal{EndReason::pod_deleted, "its pod's sandbox was deleted"};
+    if (b.policy_generation == policy_generation_) return std::nullopt; // decided under it
+    if (policy::Decision d = decide_again(b); !d.granted())
+        return Withdrawal{EndReason::policy_reload, "the policy in force refuses it: " + d.reason};
+    return std::nullopt;
+}
+
+void BindingManager::abandon_grant(const std::string &id, EndReason why, const std::string &note) {
     auto it = inflight_.find(id);
     if (it == inflight_.end()) return;
     driver_.detach(id);
@@ -1124,7 +1212,7 @@ void BindingManager::abandon_grant(const std::string &id, EndReason why) {
     // leaves in a loop must not keep regions and pidfds open while the journal is slow.
     it->second.region.reset();
     it->second.owner.pidfd.reset();
-    abandoned_.emplace(id, Abandoned{std::move(it->second), why});
+    abandoned_.emplace(id, Abandoned{std::move(it->second), why, note});
     inflight_.erase(it);
 }
 
@@ -1142,6 +1230,7 @@ void BindingManager::connection_gone(const std::string &bus_name) {
 }
 
 void BindingManager::netdev_gone(const std::string &netdev, EndReason why) {
+    withdraw_grants([&](const Binding &b) { return b.netdev == netdev; }, why);
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
         if (b.netdev == netdev) ids.push_back(id);
@@ -1217,12 +1306,16 @@ std::size_t BindingManager::end_pods_gone(std::vector<PodSandbox> gone) {
     // A pod on several networks keeps its identity until its last registration goes.
     for (auto *left : pods_.all())
         containers.erase(left->container_id);
+    auto of_a_pod_gone = [&](const Binding &b) {
+        return !b.owner.pod_sandbox.empty() && containers.count(b.owner.pod_sandbox);
+    };
+    std::size_t withdrawn = withdraw_grants(of_a_pod_gone, EndReason::pod_deleted);
     std::vector<std::string> ids;
     for (auto &[id, b] : bindings_)
-        if (b.owner.pod && containers.count(b.owner.pod_sandbox)) ids.push_back(id);
+        if (of_a_pod_gone(b)) ids.push_back(id);
     for (auto &id : ids)
         end_binding(id, EndReason::pod_deleted);
-    return ids.size();
+    return ids.size() + withdrawn;
 }
 
 void BindingManager::tick(std::int64_t now_us, BootClock::time_point boot_now) {
@@ -1249,8 +1342,122 @@ void BindingManager::shutdown() {
     audit_.finish(std::move(e));
 }
 
+std::size_t BindingManager::keep_pods() {
+    journal::Journal *journal = audit_.journal();
+    if (!store_ || !journal || pods_.size() == 0) return 0;
+    auto hex = [](const std::string &s) {
+        return to_hex({reinterpret_cast<const std::uint8_t *>(s.data()), s.size()});
+    };
+    nlohmann::json pods = nlohmann::json::array();
+    std::size_t n = 0;
+    for (const PodSandbox *s : pods_.all()) {
+        std::string handle = "pod-" + std::to_string(n) + ".netns";
+        if (!s->netns_fd || !store_->store(handle, s->netns_fd->get())) continue;
+        ++n;
+        nlohmann::json annotations = nlohmann::json::object();
+        for (auto &[k, v] : s->pod.annotations) // values are the pod spec's bytes: as hex
+            annotations[k] = hex(v);
+        pods.push_back({{"handle", handle},
+                        {"container_id", s->container_id},
+                        {"ifname", s->ifname},
+                        {"network", s->network},
+                        {"netns_dev", static_cast<std::uint64_t>(s->netns.dev)},
+                        {"netns_ino", static_cast<std::uint64_t>(s->netns.ino)},
+                        {"namespace", s->pod.k8s_namespace},
+                        {"name", s->pod.name},
+                        {"uid", s->pod.uid},
+                        {"annotations", annotations},
+                        {"registered_us", s->registered_us}});
+    }
+    nlohmann::json record{
+        {"version", 1}, {"journal_id", journal->identity().journal_id}, {"pods", pods}};
+    record = knod::parse_json(knod::dump_json(record));
+    record["mac"] = to_hex(keys_.seal(pods_handoff_purpose, handoff_canonical(record)));
+    std::string text = knod::dump_json(record);
+    UniqueFd fd(::memfd_create("knod-pods-handoff", MFD_CLOEXEC));
+    bool written = fd.valid() &&
+                   ::write(fd.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    if (!written || !store_->store(pods_handoff_name, fd.get())) {
+        std::cerr << "knod-policyd: the pod registrations could not be kept for the next start; "
+                     "running pods are unknown to it until the runtime registers them again"
+                  << std::endl;
+        return 0;
+    }
+    return n;
+}
+
+std::size_t BindingManager::restore_pods() {
+    if (!store_) return 0;
+    auto fd = store_->take(pods_handoff_name);
+    if (!fd) return 0;
+    auto refuse = [](const std::string &why) {
+        std::cerr << "knod-policyd: pod registrations not taken back: " << why << std::endl;
+        return std::size_t{0};
+    };
+    struct stat st {};
+    if (::fstat(fd->get(), &st) != 0 || st.st_size <= 0 || st.st_size > (16 << 20))
+        return refuse("the record is empty or too large");
+    std::string text(static_cast<std::size_t>(st.st_size), '\0');
+    if (::pread(fd->get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+        return refuse("the record cannot be read");
+    auto record = knod::parse_json(text);
+    if (!record.is_object()) return refuse("the record is not a JSON object");
+    auto mac = record.find("mac");
+    auto mac_bytes = mac != record.end() && mac->is_string()
+                         ? from_hex(mac->get<std::string>())
+                         : std::optional<std::vector<std::uint8_t>>();
+    if (!mac_bytes || !keys_.sealed(pods_handoff_purpose, handoff_canonical(record), *mac_bytes))
+        return refuse("the record does not match its MAC (edited, or another key secret)");
+    journal::Journal *journal = audit_.journal();
+    if (!journal || record.value("journal_id", nlohmann::json()) != journal->identity().journal_id)
+        return refuse("the record was written for another journal");
+    std::size_t restored = 0;
+    try {
+        for (auto &p : record.at("pods")) {
+            PodSandbox s;
+            s.container_id = p.at("container_id").get<std::string>();
+            s.ifname = p.at("ifname").get<std::string>();
+            s.network = p.at("network").get<std::string>();
+            s.netns = {static_cast<dev_t>(p.at("netns_dev").get<std::uint64_t>()),
+                       static_cast<ino_t>(p.at("netns_ino").get<std::uint64_t>())};
+            s.pod.k8s_namespace = p.at("namespace").get<std::string>();
+            s.pod.name = p.at("name").get<std::string>();
+            s.pod.uid = p.at("uid").get<std::string>();
+            for (auto &[k, v] : p.at("annotations").items()) {
+                auto bytes = from_hex(v.get<std::string>());
+                if (!bytes) throw std::runtime_error("bad hex");
+                s.pod.annotations[k] = std::string(bytes->begin(), bytes->end());
+            }
+            s.registered_us = p.at("registered_us").get<std::int64_t>();
+            auto ns = store_->take(p.at("handle").get<std::string>());
+            // The fd must still be that very namespace: it was held open, so its inode was
+            // never handed to another.
+            struct stat at {};
+            if (!ns || ::ioctl(ns->get(), NS_GET_NSTYPE) != CLONE_NEWNET ||
+                ::fstat(ns->get(), &at) != 0 || at.st_dev != s.netns.dev ||
+                at.st_ino != s.netns.ino) {
+                std::cerr << "knod-policyd: pod sandbox "
+                          << escape_untrusted(s.container_id, Escape::value, 64)
+                          << " not taken back: its network namespace did not come back"
+                          << std::endl;
+                continue;
+            }
+            s.netns_fd = std::make_shared<UniqueFd>(std::move(*ns));
+            if (auto added = pods_.add(std::move(s)); added)
+                ++restored;
+            else
+                std::cerr << "knod-policyd: a pod sandbox not taken back: " << added.error().message
+                          << std::endl;
+        }
+    } catch (const std::exception &) {
+        return refuse("the record is malformed") + restored;
+    }
+    return restored;
+}
+
 std::size_t BindingManager::hand_off() {
     audit_.stop();
+    std::size_t pods_kept = keep_pods();
     std::map<std::string, std::string> rows;
     std::vector<std::string> ending;
     for (auto &[id, b] : bindings_) {
@@ -1275,8 +1482,8 @@ std::size_t BindingManager::hand_off() {
     e.kind = journal::kind::daemon_stop;
     e.reason = std::to_string(rows.size()) +
                " binding(s) handed to systemd's file-descriptor store for the next start";
-    e.detail =
-        knod::dump_json(nlohmann::json{{"handed_over", rows.size()}, {"ended", ending.size()}});
+    e.detail = knod::dump_json(nlohmann::json{
+        {"handed_over", rows.size()}, {"ended", ending.size()}, {"pods_kept", pods_kept}});
     audit_.finish(std::move(e));
     // The handed-over bindings stay as they are: no detach, no revoke, their sessions open.
     // The process exit closes the daemon's copies of their fds; systemd holds its own.

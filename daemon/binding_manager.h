@@ -58,7 +58,8 @@ struct Binding {
     std::int64_t expires_us = 0;
     BootClock::time_point deadline{};
     BindingState state = BindingState::granted;
-    std::vector<std::string> stored; // names of its handles in the fd store (HandleStore)
+    std::vector<std::string> stored;     // names of its handles in the fd store (HandleStore)
+    std::uint64_t policy_generation = 0; // BindingManager's, when it was decided
 };
 
 // How the manager tells the outside world; the bus adaptor implements it.
@@ -178,11 +179,12 @@ class BindingManager {
     };
     Result<RxNotifier> rx_notifier(const std::string &id, const Peer &presenter,
                                    std::span<const std::uint8_t> key);
-    // The per-uid rate limit, for every method (the bus adaptor calls it for those that do not
-    // come in here): QuotaExceeded when `uid` has no token left; refusals are journaled,
-    // coalesced. Root is not limited: it can stop the daemon or edit the journal anyway.
-    // `exempt`: Peer::root_in_host() of the caller (a container's root is limited).
-    Result<void> throttle(uid_t uid, pid_t pid, bool exempt, const char *method);
+    // The per-user rate limit (a uid in its domain: a pod's users are not the host's), for every
+    // method (the bus adaptor calls it for those that do not come in here): QuotaExceeded when
+    // `uid` has no token left; refusals are journaled, coalesced. Root is not limited: it can stop
+    // the daemon or edit the journal anyway. `exempt`: Peer::root_in_host() of the caller (a
+    // container's root is limited).
+    Result<void> throttle(const PrincipalKey &who, pid_t pid, bool exempt, const char *method);
     // A call refused because its caller reached a bound on what the daemon keeps for it (`what`:
     // which bound, and its value): journaled and coalesced as the rate limit's refusals are
     // (kind rate-limited, detail {"method", "limit"}); the error is LimitsExceeded.
@@ -287,6 +289,13 @@ class BindingManager {
     std::optional<Binding> holder_to_tell(const std::string &id, const nlohmann::json &record);
     // Non-const: the journal (whose id the record names) opens on first use.
     std::string handoff_of(const Binding &b, const std::string &driver_state);
+    // Pod registrations across a restart (issue #51): at hand_off each sandbox's network
+    // namespace goes to the handle store ("pod-N.netns"), and beside it a record of who they
+    // are ("pods.handoff", a memfd), sealed under the key secret and bound to this journal;
+    // restore_pods at start takes back those whose record is authentic and whose fd is still
+    // that namespace, before any binding is taken back. Returns how many were kept / restored.
+    std::size_t keep_pods();
+    std::size_t restore_pods();
     // Keeps the binding's region fd and the driver's handles in the store, by binding id.
     void store_handles(Binding &b);
     void end_binding(const std::string &id, EndReason why, Done durable = {},
@@ -294,9 +303,20 @@ class BindingManager {
     // Journals a session's end (now, or kept for when the journal is back).
     void close_session(const Binding &b, EndReason why, const driver::Counters &c, Done durable,
                        const std::string &seen = {});
-    // A grant in flight whose caller left: everything it held goes now; finish_grant closes
-    // its session instead of handing out the key.
-    void abandon_grant(const std::string &id, EndReason why);
+    // A grant in flight that will not be handed out (its caller left, or what ends bindings
+    // reached it first: a pod's DEL or GC, a reload, a revoke, its netdev going; issue #51):
+    // everything it held goes now; finish_grant closes its session, with `why`, instead of
+    // handing out the key, and tells the caller.
+    void abandon_grant(const std::string &id, EndReason why, const std::string &note = {});
+    // The in-flight grants matching `which`, withdrawn as abandon_grant; returns how many.
+    template <typename Pred> std::size_t withdraw_grants(Pred which, EndReason why);
+    // Whether a grant in flight may still be handed out now that its session is durable:
+    // decided again against the policy and the pods in force; nullopt when it may, else why not.
+    struct Withdrawal {
+        EndReason why;
+        std::string note;
+    };
+    std::optional<Withdrawal> still_granted(const Binding &b) const;
     // RequestBinding's steps (start_grant runs them in order; each may refuse).
     struct ParsedRequest {
         policy::Request request;
@@ -327,7 +347,7 @@ class BindingManager {
                       GrantDone &done);
     void finish_grant(const std::string &id, Granted g, Result<std::int64_t> written,
                       const GrantDone &done);
-    policy::Usage usage_of(uid_t uid, const std::string &except_id = {}) const;
+    policy::Usage usage_of(const PrincipalKey &who, const std::string &except_id = {}) const;
     // The current policy's decision on a live binding, as if it were asked for now (its own
     // usage not counted against it): reload and Renew.
     policy::Decision decide_again(const Binding &b) const;
@@ -348,10 +368,12 @@ class BindingManager {
     struct Abandoned {
         Binding binding;
         EndReason why;
+        std::string note; // what withdrew it, for the caller's error
     };
     std::map<std::string, Abandoned> abandoned_; // in flight, caller gone: nothing to hand out
-    std::map<uid_t, policy::Usage> usage_;       // live and in-flight bindings per uid, for quotas
-    std::set<std::string> notified_;             // bindings whose holder has a notifier pipe
+    // Live and in-flight bindings per principal (a uid in its domain), for quotas.
+    std::map<PrincipalKey, policy::Usage> usage_;
+    std::set<std::string> notified_; // bindings whose holder has a notifier pipe
     RateLimiter limiter_;
     FlowClaims claims_; // flows of live and in-flight bindings, per netdev
     PodRegistry pods_;
@@ -359,6 +381,7 @@ class BindingManager {
     std::unique_ptr<HolderWatch> holders_;
     PolicyLoader loader_;
     host::SysfsHost host_;
+    std::uint64_t policy_generation_ = 0; // one more at each reload
 };
 
 } // namespace knod::daemon

@@ -101,7 +101,7 @@ const std::vector<std::optional<NamespaceId>> &own_namespaces() {
 } // namespace
 
 bool Peer::root_in_host() const {
-    return uid == 0 && host_namespaces && !pod;
+    return uid == 0 && host_namespaces && pod_sandbox.empty();
 }
 
 bool Peer::host_root() const {
@@ -109,7 +109,7 @@ bool Peer::host_root() const {
 }
 
 std::string Peer::domain() const {
-    if (pod) return "pod:" + pod_sandbox;
+    if (!pod_sandbox.empty()) return (pod ? "pod:" : "unproven-pod:") + pod_sandbox;
     if (host_namespaces) return "host";
     return "ns:" + namespaces;
 }
@@ -336,6 +336,7 @@ policy::Caller Peer::caller() const {
     c.executable = executable;
     c.process_proven = process_proof != ProcessProof::pid_only;
     c.pod = pod;
+    c.pod_unproven = !pod && !pod_sandbox.empty();
     c.placed = placed();
     return c;
 }

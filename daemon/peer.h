@@ -19,6 +19,7 @@
 
 #include "daemon/keys/key_authority.h"
 #include "daemon/pod_registry.h"
+#include "daemon/principal.h"
 #include "knod/result.h"
 #include "knod/unique_fd.h"
 #include "policy/engine.h"
@@ -72,6 +73,9 @@ struct Peer {
     std::string namespaces; // its pid, user and cgroup namespaces' inodes, as one key
     // The registered pod whose sandbox's network namespace it is in (set by whoever holds the
     // registry: the bus adaptor, from BindingManager::pods()).
+    // Only a proven process (process_proof) is given its pod's identity; an unproven one in a
+    // pod's network namespace has `pod_sandbox` alone (its bounds are that pod's) and matches
+    // no allow rule (policy::Caller::pod_unproven).
     std::optional<policy::PodIdentity> pod;
     std::string pod_sandbox; // that sandbox's container id
 
@@ -85,14 +89,18 @@ struct Peer {
     // proven (the bus's pidfd, or attested), so that no recycled pid lends them.
     bool host_root() const;
     // The caller's domain: a bindings' owner is a uid in a domain. "pod:SANDBOX" in a
-    // registered pod, "host" in the daemon's pid, user and cgroup namespaces, else
-    // "ns:PID/USER/CGROUP" (inodes): a container's uid 1000 is not the host's, nor another's.
+    // registered pod, "unproven-pod:SANDBOX" for an unproven process in one (it owns nothing:
+    // the pid may be another's since), "host" in the daemon's pid, user and cgroup namespaces,
+    // else "ns:PID/USER/CGROUP" (inodes): a container's uid 1000 is not the host's, nor
+    // another's.
     std::string domain() const;
+    // What its quotas, rate bucket and per-user bounds are counted for.
+    PrincipalKey principal() const { return principal_key(uid, pod_sandbox); }
     // In the daemon's network namespace or a registered pod's: only such a caller can receive
     // what it could bind, and only it matches allow rules (policy::Caller::placed).
-    bool placed() const { return pod.has_value() || host_netns; }
+    bool placed() const { return pod.has_value() || (host_netns && pod_sandbox.empty()); }
     // In a registered pod, or in a pid, user or cgroup namespace not the daemon's.
-    bool contained() const { return pod.has_value() || !host_namespaces; }
+    bool contained() const { return !pod_sandbox.empty() || !host_namespaces; }
 
     keys::Holder holder() const { return {pid, start_time}; }
     policy::Caller caller() const; // for the policy engine, with names from NSS

@@ -142,6 +142,11 @@ const PodSandbox *PodRegistry::by_netns(const NamespaceId &netns) const {
     return nullptr;
 }
 
+bool PodRegistry::has_container(const std::string &container_id) const {
+    auto it = sandboxes_.lower_bound({container_id, std::string()});
+    return it != sandboxes_.end() && it->first.first == container_id;
+}
+
 std::vector<const PodSandbox *> PodRegistry::all() const {
     std::vector<const PodSandbox *> out;
     for (auto &[key, s] : sandboxes_)

@@ -85,6 +85,8 @@ class PodRegistry {
                                     const std::set<std::pair<std::string, std::string>> &valid);
     // The pod whose sandbox has this network namespace, if any.
     const PodSandbox *by_netns(const NamespaceId &netns) const;
+    // Whether any registration of this container id is left.
+    bool has_container(const std::string &container_id) const;
     std::size_t size() const { return sandboxes_.size(); }
     std::vector<const PodSandbox *> all() const;
 

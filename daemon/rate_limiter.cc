@@ -20,7 +20,7 @@ void RateLimiter::make_room(Clock::time_point now) {
     buckets_.erase(oldest);
 }
 
-bool RateLimiter::admit(std::uint32_t key, Clock::time_point now) {
+bool RateLimiter::admit(const PrincipalKey &key, Clock::time_point now) {
     auto it = buckets_.find(key);
     if (it == buckets_.end()) {
         if (buckets_.size() >= max_keys_) make_room(now);

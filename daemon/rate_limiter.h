@@ -1,12 +1,15 @@
-// Token buckets keyed by uid: each user may make `per_second` calls a second on average, with
-// bursts of `burst`, however many bus connections it opens. The map is bounded: when full, full
-// (idle) buckets go first, then the longest unused, which only gives a fresh bucket to a uid
-// that has been quiet longest (and having more uids than the bound takes root to arrange).
+// Token buckets keyed by principal (a uid in its domain, PrincipalKey): each user may make
+// `per_second` calls a second on average, with bursts of `burst`, however many connections it
+// opens; a pod's uid 1000 has a bucket of its own, not the host user's. The map is bounded: when
+// full, full (idle) buckets go first, then the longest unused, which only gives a fresh bucket to a
+// uid that has been quiet longest (and having more uids than the bound takes root to arrange).
 #pragma once
+
+#include "daemon/principal.h"
 
 #include <chrono>
 #include <cstdint>
-#include <unordered_map>
+#include <map>
 
 namespace knod::daemon {
 
@@ -16,7 +19,7 @@ class RateLimiter {
     RateLimiter(double per_second, double burst, std::size_t max_keys = 4096);
 
     // Takes one token for `key`; false when there is none (the call is refused).
-    bool admit(std::uint32_t key, Clock::time_point now);
+    bool admit(const PrincipalKey &key, Clock::time_point now);
     std::size_t size() const { return buckets_.size(); }
     double per_second() const { return per_second_; }
     double burst() const { return burst_; }
@@ -31,7 +34,7 @@ class RateLimiter {
     double per_second_;
     double burst_;
     std::size_t max_keys_;
-    std::unordered_map<std::uint32_t, Bucket> buckets_;
+    std::map<PrincipalKey, Bucket> buckets_;
 };
 
 } // namespace knod::daemon

@@ -51,9 +51,25 @@ bool names_pod(const Rule &r) {
     return !r.k8s_namespaces.empty() || !r.k8s_pods.empty() || !r.k8s_annotations.empty();
 }
 
-// Why a pod rule does not match the caller; empty when it does (or names no pod).
+// Why the rule's domain is not the caller's, or why a pod rule does not match the caller;
+// empty when it matches. Domains are separate (issue #51): a pod's creator chooses its uid and
+// groups (runAsUser, supplementalGroups), so a rule written for host users and groups never
+// matches a pod's process, allow or deny, and a pod rule never matches a host process.
 std::string pod_mismatch(const Rule &rule, const Caller &c) {
-    if (!names_pod(rule)) return {};
+    if (c.pod_unproven) {
+        if (names_pod(rule) && rule.action == Action::deny) return {}; // fail closed
+        return "caller is in a registered pod's network namespace but its process is not proven "
+               "(the bus gave only a pid, which another process may have taken since the caller "
+               "connected): pod rules match only a process the bus (ProcessFD) or the client "
+               "library (AttestProcess) proved, and rules for host callers never match a pod";
+    }
+    if (!names_pod(rule)) {
+        if (!c.pod) return {};
+        return "caller is in pod " +
+               quote_untrusted(c.pod->k8s_namespace + "/" + c.pod->name, 256) +
+               ": rules without k8s_namespaces, k8s_pods or k8s_annotations are for host callers "
+               "only";
+    }
     if (!c.pod)
         return "caller is in no registered pod: rules naming k8s_namespaces, k8s_pods or "
                "k8s_annotations match only processes of a pod the node's CNI plugin registered";
@@ -100,6 +116,7 @@ const char *to_string(Verdict v) {
 
 std::string mismatch(const Rule &rule, const Request &r) {
     const Caller &c = r.caller;
+    if (auto why = pod_mismatch(rule, c); !why.empty()) return why;
     if (!c.placed && rule.action == Action::allow)
         return "caller's network namespace is neither the host's nor a registered pod's: it "
                "could receive nothing it binds, and no allow rule matches it";
@@ -119,7 +136,6 @@ std::string mismatch(const Rule &rule, const Request &r) {
                                                  [&](auto &p) { return in_group(p, c); }))
             return "caller is in none of groups [" + join_principals(rule.groups) + "]";
     }
-    if (auto why = pod_mismatch(rule, c); !why.empty()) return why;
     if (names_process(rule) && !c.process_proven) {
         // Fail closed both ways: a deny rule is not escaped by showing another process's unit.
         if (rule.action == Action::allow)

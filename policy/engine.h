@@ -43,6 +43,11 @@ struct Caller {
     // Set when the caller's process is in a registered pod; rules naming k8s_namespaces,
     // k8s_pods or k8s_annotations match no other caller (allow or deny).
     std::optional<PodIdentity> pod;
+    // In a registered pod's network namespace, but its process is not proven (see
+    // process_proven): the pid may since name another process, so the pod's identity is not
+    // the caller's (issue #51). `pod` is then empty: it matches no allow rule (pod or host),
+    // every deny rule naming pods, and no rule for host callers.
+    bool pod_unproven = false;
     // False when a pod's request is checked before any of its processes runs (the CNI
     // plugin's ADD): its uid and groups are not known yet, so allow rules naming users or
     // groups do not match it and deny rules naming them do (as for an unproven process).

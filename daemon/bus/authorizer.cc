@@ -59,7 +59,7 @@ Result<void> Authorizer::check_admin(const Credentials &c, const policy::Setting
         return {};
     }
     auto &f = *in_flight_;
-    if (auto it = f.per_uid.find(c.uid); it != f.per_uid.end() && it->second >= per_uid_)
+    if (auto it = f.per_uid.find(c.principal); it != f.per_uid.end() && it->second >= per_uid_)
         return make_error(Errc::limits_exceeded,
                           "at most " + std::to_string(per_uid_) +
                               " polkit questions in flight per user; wait for the answers");
@@ -75,11 +75,11 @@ namespace {
 struct PolkitQuestion {
     std::function<void(bool)> done;
     std::shared_ptr<Authorizer::InFlight> in_flight;
-    uid_t uid = 0;
+    daemon::PrincipalKey who;
     bool answered = false;
     ~PolkitQuestion() {
         in_flight->total -= 1;
-        if (auto it = in_flight->per_uid.find(uid); it != in_flight->per_uid.end())
+        if (auto it = in_flight->per_uid.find(who); it != in_flight->per_uid.end())
             if (--it->second == 0) in_flight->per_uid.erase(it);
     }
 };
@@ -132,8 +132,8 @@ void Authorizer::ask_polkit(const Credentials &c, std::function<void(bool)> done
                               sender.c_str(), manage_action, 0, 0u, "") < 0)
         return done(false);
     in_flight_->total += 1;
-    in_flight_->per_uid[c.uid] += 1;
-    auto *q = new PolkitQuestion{std::move(done), in_flight_, c.uid};
+    in_flight_->per_uid[c.principal] += 1;
+    auto *q = new PolkitQuestion{std::move(done), in_flight_, c.principal};
     sd_bus_slot *slot = nullptr;
     if (int r = sd_bus_call_async(bus_, &slot, call.get(), on_polkit_answer, q, 5'000'000); r < 0) {
         in_flight_->failed += 1;

@@ -49,6 +49,11 @@ struct Credentials {
     std::optional<policy::PodIdentity> pod;
     std::string pod_sandbox;
     std::string domain; // Peer::domain; empty: unidentified, owns nothing
+    // Peer::principal: whom its rate bucket and per-user bounds count (a uid in its domain).
+    daemon::PrincipalKey principal;
+    // The start time of the process first read at `pid` (daemon::Peer::start_time): a later
+    // call finding another process there is refused (its connection's maker is gone).
+    std::uint64_t start_time = 0;
 };
 
 class Authorizer {
@@ -75,7 +80,7 @@ class Authorizer {
     struct InFlight {
         bool alive = true;
         std::size_t total = 0;
-        std::map<uid_t, std::size_t> per_uid;
+        std::map<daemon::PrincipalKey, std::size_t> per_uid;
         std::uint64_t failed = 0;
     };
 

@@ -544,30 +544,76 @@ Result<Credentials> ask_bus(sd_bus *bus, const char *sender) {
 
 } // namespace
 
+namespace {
+
+// What a call's credentials keep of the process the daemon identified behind them.
+void take_identity(Credentials &c, daemon::Peer p) {
+    c.gids = std::move(p.gids);
+    c.host_root = p.host_root();
+    c.root_in_host = p.root_in_host();
+    c.contained = p.contained();
+    c.domain = p.domain();
+    c.principal = p.principal();
+    c.start_time = p.start_time;
+    c.pod = std::move(p.pod);
+    c.pod_sandbox = std::move(p.pod_sandbox);
+}
+
+} // namespace
+
+Result<void> BusService::maker_gone(const Credentials &c) const {
+    // Proven: the pidfd says whether the very process still runs. Known by its pid only: a
+    // process started at another time holds that pid now (the maker exited, its pid was
+    // recycled). Identity read on the first call stays with the connection; a connection whose
+    // first call came after the pid changed hands is why pod rules need a proven process.
+    if (c.process.pidfd) {
+        if (daemon::still_running(c.process.pidfd->get())) return {};
+        return refuse_maker_gone(c, "its pidfd says it exited");
+    }
+    if (c.start_time == 0) return {}; // never identified: owns nothing, matches nothing
+    auto now = daemon::process_start_time(c.pid);
+    if (now && *now == c.start_time) return {};
+    if (!now && now.error().code == Errc::out_of_resources) return now.error();
+    return refuse_maker_gone(c, now ? "another process holds its pid now" : "its pid is gone");
+}
+
+Error BusService::refuse_maker_gone(const Credentials &c, const char *how) const {
+    auto denied = make_error(
+        Errc::denied, std::string("the process that made this connection has exited (") + how +
+                          "); a connection speaks only for its maker: connect again "
+                          "from the calling process");
+    daemon::Peer who;
+    who.uid = c.uid;
+    who.pid = c.pid;
+    who.bus_name = c.sender;
+    manager_->refuse_action(journal::kind::attest_refused, who, "connector-gone", denied.message);
+    return denied;
+}
+
 Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     const char *sender_name = sd_bus_message_get_sender(m);
     if (!sender_name || sender_name[0] != ':')
         return make_error(Errc::denied, "the bus did not name the caller's connection");
     auto hit = connections_.find(sender_name);
-    if (hit != connections_.end() && hit->second.creds) return *hit->second.creds;
+    if (hit != connections_.end() && hit->second.creds) {
+        if (auto gone = maker_gone(*hit->second.creds); !gone) return gone.error();
+        return *hit->second.creds;
+    }
     auto asked = ask_bus(bus_, sender_name);
     if (!asked) return asked.error();
     Credentials c = std::move(*asked);
+    // A connection speaks only for the process that made it (issue #51): once the bus says
+    // that process exited, nothing said on it is anyone's.
+    if (c.connector_gone) return refuse_maker_gone(c, "the bus says so: ProcessFD");
     // The groups for visibility and admin checks: the process's, read once per connection (as
     // the bus's own are a snapshot taken when it connected). Grants read them afresh (peer()).
     // A process that cannot be identified holds no group for us (and is not remembered).
     auto process = daemon::identify_peer(c.uid, c.pid, c.bus_gids, c.sender, c.process);
     if (!process) return c;
     place(*process);
-    c.gids = std::move(process->gids);
-    c.host_root = process->host_root();
-    c.root_in_host = process->root_in_host();
-    c.contained = process->contained();
-    c.domain = process->domain();
-    c.pod = std::move(process->pod);
-    c.pod_sandbox = std::move(process->pod_sandbox);
+    take_identity(c, std::move(*process));
     // Remembered only once there is room for it: a refused caller leaves nothing behind.
-    auto entry = remember(c.sender, c.uid, c.pid, m, c.root_in_host);
+    auto entry = remember(c.sender, c.principal, c.pid, m, c.root_in_host);
     if (!entry) return entry.error();
     (*entry)->creds = c;
     return c;
@@ -580,7 +626,8 @@ int BusService::refuse_limit(sd_bus_message *m, const Credentials &c, const Erro
                                             why.message));
 }
 
-Result<BusService::Connection *> BusService::remember(const std::string &name, uid_t uid, pid_t pid,
+Result<BusService::Connection *> BusService::remember(const std::string &name,
+                                                      const daemon::PrincipalKey &who, pid_t pid,
                                                       sd_bus_message *m, bool exempt) const {
     if (name.empty() || name[0] != ':')
         return make_error(Errc::denied, "the bus did not name the caller's connection");
@@ -588,7 +635,7 @@ Result<BusService::Connection *> BusService::remember(const std::string &name, u
     if (!exempt && m) {
         const char *method = sd_bus_message_get_member(m);
         method = method ? method : "call";
-        std::size_t &mine = connections_of_[uid];
+        std::size_t &mine = connections_of_[who];
         std::string what;
         if (mine >= limits_.connections_per_uid)
             what = "at most " + std::to_string(limits_.connections_per_uid) +
@@ -597,13 +644,13 @@ Result<BusService::Connection *> BusService::remember(const std::string &name, u
         else if (unprivileged_connections_ >= limits_.connections)
             what = "at most " + std::to_string(limits_.connections) +
                    " connections are remembered in all; retry later";
-        if (mine == 0) connections_of_.erase(uid);
-        if (!what.empty()) return manager_->refuse_limit(uid, pid, false, method, what);
+        if (mine == 0) connections_of_.erase(who);
+        if (!what.empty()) return manager_->refuse_limit(who.uid, pid, false, method, what);
     }
     auto [it, added] = connections_.emplace(name, Connection{});
-    it->second.uid = uid;
+    it->second.principal = who;
     it->second.exempt = exempt;
-    connections_of_[uid] += 1;
+    connections_of_[who] += 1;
     if (!exempt) unprivileged_connections_ += 1;
     return &it->second;
 }
@@ -611,12 +658,12 @@ Result<BusService::Connection *> BusService::remember(const std::string &name, u
 void BusService::forget(const std::string &name) {
     auto it = connections_.find(name);
     if (it == connections_.end()) return;
-    uid_t uid = it->second.uid;
-    if (auto n = connections_of_.find(uid); n != connections_of_.end() && --n->second == 0)
+    const daemon::PrincipalKey &who = it->second.principal;
+    if (auto n = connections_of_.find(who); n != connections_of_.end() && --n->second == 0)
         connections_of_.erase(n);
     if (!it->second.exempt) unprivileged_connections_ -= 1;
     if (subscribers_.erase(name)) {
-        if (auto n = subscriptions_of_.find(uid); n != subscriptions_of_.end() && --n->second == 0)
+        if (auto n = subscriptions_of_.find(who); n != subscriptions_of_.end() && --n->second == 0)
             subscriptions_of_.erase(n);
         if (!it->second.exempt_subscription) unprivileged_subscriptions_ -= 1;
     }
@@ -654,15 +701,18 @@ void BusService::place(daemon::Peer &p) const {
     p.pod.reset();
     p.pod_sandbox.clear();
     if (const daemon::PodSandbox *sb = manager_->pods().by_netns(p.netns)) {
-        p.pod = sb->pod;
+        // A pod's identity only for a proven process: an unproven pid may since name a
+        // process of this pod that is not the caller (issue #51: a recycled pid lent a pod's
+        // identity). Its bounds are the pod's either way.
         p.pod_sandbox = sb->container_id;
+        if (p.process_proof != daemon::ProcessProof::pid_only) p.pod = sb->pod;
     }
 }
 
 Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
     auto c = credentials(m);
     if (!c) return c.error();
-    return manager_->throttle(c->uid, c->pid, c->root_in_host, method);
+    return manager_->throttle(c->principal, c->pid, c->root_in_host, method);
 }
 
 bool BusService::visible(const daemon::Binding &b) const {
@@ -818,14 +868,8 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         Credentials c;
         c.uid = caller->uid;
         c.pid = caller->pid;
-        c.gids = caller->gids;
         c.sender = caller->bus_name;
-        c.host_root = caller->host_root();
-        c.root_in_host = caller->root_in_host();
-        c.contained = caller->contained();
-        c.domain = caller->domain();
-        c.pod = caller->pod;
-        c.pod_sandbox = caller->pod_sandbox;
+        take_identity(c, *caller);
         auto done = reply_when_done(m);
         auto asked = s->authorizer_.check_admin(
             c, s->manager_->policy().settings,
@@ -1183,7 +1227,7 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
                                                       "not be identified"));
         if (!s->subscribers_.count(c->sender)) {
             // A second Subscribe on a subscribed connection costs nothing; a new one counts.
-            auto mine = s->subscriptions_of_.find(c->uid);
+            auto mine = s->subscriptions_of_.find(c->principal);
             std::size_t held = mine == s->subscriptions_of_.end() ? 0 : mine->second;
             std::string what;
             bool exempt = c->root_in_host;
@@ -1196,7 +1240,7 @@ int BusService::subscribe(sd_bus_message *m, void *self, sd_bus_error *err) {
             if (!what.empty())
                 return fail(err, s->manager_->refuse_limit(c->uid, c->pid, c->root_in_host,
                                                            "Subscribe", what));
-            s->subscriptions_of_[c->uid] += 1;
+            s->subscriptions_of_[c->principal] += 1;
             if (!exempt) s->unprivileged_subscriptions_ += 1;
             it->second.exempt_subscription = exempt;
             s->subscribers_.insert(c->sender);
@@ -1240,13 +1284,17 @@ int BusService::attest_process(sd_bus_message *m, void *self, sd_bus_error *err)
             }
             held = {std::make_shared<UniqueFd>(std::move(attested->pidfd)),
                     daemon::ProcessProof::attested, attested->pid};
-            // The process read at this pid is now the one that connected: root's rights, if
-            // it is the host's root (Peer::host_root).
-            it->second.creds->host_root = it->second.creds->root_in_host;
+            // The process read at this pid is now the one that connected: read again as such
+            // (root's rights if it is the host's root, its pod's identity if it is in one).
+            Credentials &creds = *it->second.creds;
+            auto proven =
+                daemon::identify_peer(creds.uid, creds.pid, creds.bus_gids, creds.sender, held);
+            if (!proven) return fail(err, proven.error());
+            s->place(*proven);
+            take_identity(creds, std::move(*proven));
             // A subscriber's copy of the credentials too.
             if (it->second.subscriber) {
-                it->second.subscriber->creds.process = held;
-                it->second.subscriber->creds.host_root = it->second.creds->host_root;
+                it->second.subscriber->creds = creds;
             }
         }
         return sd_bus_reply_method_return(m, "s", daemon::to_string(held.proof));
@@ -1357,7 +1405,7 @@ void BusService::binding_adopted(const daemon::Binding &b) {
     // Its holder's connection, if it is still there (check_connections() asks the bus): a
     // binding's holder is remembered whatever the bounds (it was admitted before the restart).
     if (!b.owner.bus_name.empty())
-        (void)remember(b.owner.bus_name, b.owner.uid, 0, nullptr, b.owner.root_in_host());
+        (void)remember(b.owner.bus_name, b.owner.principal(), 0, nullptr, b.owner.root_in_host());
 }
 
 void BusService::binding_created(const daemon::Binding &b) {

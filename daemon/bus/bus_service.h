@@ -113,6 +113,10 @@ class BusService : public daemon::BindingEvents {
     // The per-uid rate limit for methods the core does not see (RequestBinding and Activate
     // are limited there).
     Result<void> throttle(sd_bus_message *m, const char *method) const;
+    // Refuses (Denied, journaled) a call on a connection whose maker has exited since it was
+    // identified: a connection speaks only for the process that made it.
+    Result<void> maker_gone(const Credentials &c) const;
+    Error refuse_maker_gone(const Credentials &c, const char *how) const;
     // May the sender of the message being handled see this binding?
     bool visible(const daemon::Binding &b) const;
     const daemon::Binding *binding_at(const char *path) const;
@@ -128,11 +132,11 @@ class BusService : public daemon::BindingEvents {
     sd_bus *bus_;
     Authorizer authorizer_;
     daemon::BindingManager *manager_ = nullptr;
+    std::unique_ptr<daemon::PodAdmission> admission_;
     // The binding whose InterfacesAdded is being built: its getters skip the visibility check
     // (the signal goes only to those entitled to it).
     const daemon::Binding *emitting_ = nullptr;
     std::vector<SlotPtr> slots_;
-    std::unique_ptr<daemon::PodAdmission> admission_;
     CallerLimits limits_;
     // Every connection that called us (once the bus vouched for it and its process was read),
     // and every holder's connection taken back after a restart: what the bus vouched for (a
@@ -147,7 +151,7 @@ class BusService : public daemon::BindingEvents {
         bool sees_all = false;
     };
     struct Connection {
-        uid_t uid = 0;
+        daemon::PrincipalKey principal;
         std::optional<Credentials> creds; // none: only known as a taken-back binding's holder
         std::optional<Subscriber> subscriber;
         // Counted in no bound (the host's root: Peer::root_in_host), as it was remembered.
@@ -156,8 +160,8 @@ class BusService : public daemon::BindingEvents {
     };
     // Remembers `name` for `uid`, or refuses the call being handled (LimitsExceeded, journaled);
     // `exempt`: the host's root, counted in no bound.
-    Result<Connection *> remember(const std::string &name, uid_t uid, pid_t pid, sd_bus_message *m,
-                                  bool exempt) const;
+    Result<Connection *> remember(const std::string &name, const daemon::PrincipalKey &who,
+                                  pid_t pid, sd_bus_message *m, bool exempt) const;
     void forget(const std::string &name);
     // Asks the bus (NameHasOwner, waited for) whether each name is still connected; one that is
     // not is forgotten, and its bindings end. No answer keeps it.
@@ -166,14 +170,15 @@ class BusService : public daemon::BindingEvents {
     int refuse_limit(sd_bus_message *m, const Credentials &c, const Error &why,
                      sd_bus_error *err) const;
     mutable std::unordered_map<std::string, Connection> connections_;
-    mutable std::map<uid_t, std::size_t> connections_of_; // remembered connections per uid
-    mutable std::size_t unprivileged_connections_ = 0;    // remembered, of uids other than 0
+    // Remembered connections per principal (a uid in its domain).
+    mutable std::map<daemon::PrincipalKey, std::size_t> connections_of_;
+    mutable std::size_t unprivileged_connections_ = 0; // remembered, of uids other than 0
     // Connections that called Subscribe (each also in connections_). Whether one sees every
     // binding is decided once per admin/auditor group setting, so that a signal costs no
     // user-database lookups however many subscribers there are.
     std::set<std::string> subscribers_;
-    std::map<uid_t, std::size_t> subscriptions_of_; // subscribed connections per uid
-    std::size_t unprivileged_subscriptions_ = 0;    // subscribed, of uids other than 0
+    std::map<daemon::PrincipalKey, std::size_t> subscriptions_of_; // per principal
+    std::size_t unprivileged_subscriptions_ = 0; // subscribed, of uids other than 0
 };
 
 std::string binding_path(const std::string &id);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 using namespace knod;
@@ -408,6 +410,11 @@ bool write_file(const std::string &path, const std::string &text) {
     return ok;
 }
 
+// Moves the calling process into the unit whose cgroup directory is `dir`.
+std::function<bool()> join_cgroup(const std::string &dir) {
+    return [dir] { return write_file(dir + "/cgroup.procs", "0"); };
+}
+
 // The recycled-pid attack of issue #32, played for real. A process of `uid` outside the unit
 // connects to the bus (the bus takes its pid from SO_PEERCRED at connect(2)), forks a child that
 // keeps the socket, and exits. The test then forks, with /proc/sys/kernel/ns_last_pid set just
@@ -416,7 +423,7 @@ bool write_file(const std::string &path, const std::string &text) {
 // inherited socket, tries to attest with a socketpair of its own, and asks for a binding.
 // Returns what the child saw ("attest: ..." and "request: ..." lines), or "" when the pid could
 // not be recycled (another process on the machine took it each time).
-std::string recycled_pid_attack(const Sandbox &s, const std::string &unit_cgroup, uid_t uid,
+std::string recycled_pid_attack(const Sandbox &s, const std::function<bool()> &join, uid_t uid,
                                 const std::string &flow) {
     std::string bus_path = s.dir() + "/bus";
     int go[2], result[2], connected[2];
@@ -489,10 +496,8 @@ std::string recycled_pid_attack(const Sandbox &s, const std::string &unit_cgroup
             close(go[1]);
             close(result[0]);
             if (getpid() != attacker) _exit(0);
-            // Into the unit, then as the attacker's uid, and wait (until killed).
-            if (!write_file(unit_cgroup + "/cgroup.procs", "0") || setresgid(uid, uid, uid) != 0 ||
-                setresuid(uid, uid, uid) != 0)
-                _exit(1);
+            // Into the unit (or the pod), then as the attacker's uid, and wait (until killed).
+            if (!join() || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) _exit(1);
             (void)!::write(ready[1], "r", 1);
             for (;;)
                 pause();
@@ -536,7 +541,7 @@ TEST_F(IdentityTest, ARecycledPidDoesNotPassForTheUnitThatTookIt) {
     TestCgroup unit(root, "system.slice/inference@recycled" + tag + ".service");
     ASSERT_TRUE(unit.ok());
     Sandbox s(sim_rule("inference", "units = [\"inference@*.service\"]", 5000));
-    std::string said = recycled_pid_attack(s, unit.dir(), nobody, flow_5000);
+    std::string said = recycled_pid_attack(s, join_cgroup(unit.dir()), nobody, flow_5000);
     if (said.empty()) GTEST_SKIP() << "the attacker's pid went to another process 100 times";
     EXPECT_NE(said.find("attest: org.knod.Policy1.Error.Denied"), std::string::npos)
         << "a socketpair of the inheriting child names the child, not the bus's pid: " << said;
@@ -583,13 +588,62 @@ TEST_F(IdentityTest, OnDbusBrokerTheBussPidfdDecidesWhoCalls) {
               "bus-pidfd");
     if (::access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
         GTEST_SKIP() << "/proc/sys/kernel/ns_last_pid is not writable here";
-    std::string said = recycled_pid_attack(s, unit.dir(), nobody, flow_5000);
+    std::string said = recycled_pid_attack(s, join_cgroup(unit.dir()), nobody, flow_5000);
     if (said.empty()) GTEST_SKIP() << "the attacker's pid went to another process 100 times";
-    EXPECT_NE(said.find("attest: org.knod.Policy1.Error.Denied: the bus says the process that "
-                        "made this connection has exited"),
-              std::string::npos)
-        << "a connection whose connector the bus saw exit can never be attested: " << said;
+    // Issue #51: a connection whose connector the bus saw exit speaks for nobody: every call on
+    // it is refused, not only its attestation.
+    for (const char *call : {"attest", "request"})
+        EXPECT_NE(said.find(std::string(call) +
+                            ": org.knod.Policy1.Error.Denied: the process that made this "
+                            "connection has exited (the bus says so: ProcessFD)"),
+                  std::string::npos)
+            << call << ": " << said;
+    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "1");
+}
+
+// Issue #51, failure 4: a pod's identity is lent by a recycled pid no more than a unit's. A
+// host process of uid nobody connects, hands the connection to a child and exits; a process of
+// a pod the policy allows, with the same uid, takes its pid. Before the fix the daemon read the
+// pod off the pid and granted; now pod rules need a proven process, as units do. An honest
+// process of the pod, through the SDK (which attests), is granted as that pod.
+TEST_F(IdentityTest, ARecycledPidDoesNotPassForThePodThatTookIt) {
+    if (::access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+        GTEST_SKIP() << "/proc/sys/kernel/ns_last_pid is not writable here";
+    std::string tag = std::to_string(getpid());
+    Sandbox s(sim_rule("ml-pods", "k8s_namespaces = [\"ml\"]", 5000));
+    TestPod pod("knodid-pod" + tag, "ml");
+    ASSERT_EQ(pod.register_with(s), "");
+    std::string said = recycled_pid_attack(s, pod.join(), nobody, flow_5000);
+    if (said.empty()) GTEST_SKIP() << "the attacker's pid went to another process 100 times";
+    EXPECT_NE(said.find("attest: org.knod.Policy1.Error.Denied"), std::string::npos) << said;
     EXPECT_NE(said.find("request: org.knod.Policy1.Error.Denied"), std::string::npos) << said;
     EXPECT_NE(said.find("not proven"), std::string::npos) << said;
-    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "1");
+    EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "0");
+    Output honest = request_once(s, pod.enter_as(nobody), flow_5000);
+    EXPECT_TRUE(starts_with(honest.out, "ok")) << "the pod's own process, attested: " << honest.out;
+    EXPECT_EQ(s.sql("SELECT json_extract(detail, '$.pod.namespace') FROM events WHERE kind = "
+                    "'request-granted'"),
+              "ml");
+}
+
+// Issue #51, failure 3 through the daemon: a pod's process whose uid is a host user's gets none
+// of her grants, and what it holds under a pod rule does not spend her quota (nor she its).
+TEST_F(IdentityTest, APodWithAHostUsersUidGetsNoneOfHerGrantsNorHerQuota) {
+    std::string tag = std::to_string(getpid());
+    Sandbox s(sim_rule("nobody-on-the-host", "users = [65534]\nmax_bindings_per_uid = 1", 5000) +
+              sim_rule("ml-pods-as-nobody",
+                       "k8s_namespaces = [\"ml\"]\nusers = [65534]\nmax_bindings_per_uid = 1",
+                       5001));
+    TestPod pod("knodid-uid" + tag, "ml");
+    ASSERT_EQ(pod.register_with(s), "");
+    Output o = request_once(s, pod.enter_as(nobody), flow_5000);
+    EXPECT_TRUE(starts_with(o.out, "error")) << o.out;
+    EXPECT_NE(o.out.find("for host callers only"), std::string::npos) << o.out;
+    Holder in_pod(s, pod.enter_as(nobody), {"knodsim0", "sim0", "4096", flow_5001});
+    ASSERT_TRUE(in_pod.ok()) << in_pod.line();
+    Holder on_host(s, {"knodsim0", "sim0", "4096", flow_5000}, nobody);
+    EXPECT_TRUE(on_host.ok()) << "the pod's binding is not the host user's: " << on_host.line();
+    // Each holds its own one: a second in the pod is over the pod's quota, not the host's.
+    Output second = request_once(s, pod.enter_as(nobody), "udp 10.99.0.1:* -> 10.99.0.2:5001");
+    EXPECT_NE(second.out.find("QuotaExceeded"), std::string::npos) << second.out;
 }

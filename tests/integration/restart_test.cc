@@ -250,6 +250,50 @@ TEST_F(RestartTest, LiveHoldersKeepTheirBindingsAcrossARestart) {
     close(fd);
 }
 
+// Issue #51, failure 6: a restart that keeps bindings keeps the pods too. The registration
+// (its network namespace held through the fd store, who it is in a sealed record beside it)
+// and the pod identity of its binding come back; the binding is not ended as policy-reload
+// under the same policy, and the pod's processes are still the pod's (a new grant by its rule).
+TEST_F(RestartTest, PodsAndTheirBindingsSurviveARestart) {
+    const std::string pod_rule =
+        "[[rule]]\nname = \"ml-pods\"\nk8s_namespaces = [\"ml\"]\n"
+        "netdevs = [\"knodsim*\"]\ngpus = [\"sim0\"]\nmax_region = "
+        "\"1MiB\"\nflows = [\"udp 10.99.0.0/24:* -> 10.99.0.2:6300-6399\"]\n"
+        "iommu = \"any\"\n";
+    sandbox_->write_policy(std::string(sim_policy) + "\n" + pod_rule);
+    ASSERT_TRUE(sandbox_->client().reload().ok());
+    TestPod pod(unique("knodrst-pod"), "ml");
+    ASSERT_EQ(pod.register_with(*sandbox_), "");
+    Holder h(*sandbox_, pod.enter_as(65534),
+             {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:6300"}, true);
+    ASSERT_TRUE(h.ok()) << h.line();
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    EXPECT_TRUE(store_.has("pods.handoff"));
+    EXPECT_TRUE(store_.has("pod-0.netns"));
+    EXPECT_EQ(sql("SELECT json_extract(detail, '$.pods_kept') FROM events WHERE "
+                  "kind='daemon-stop' ORDER BY seq DESC LIMIT 1"),
+              "1");
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    store_.drain();
+    EXPECT_EQ(sql("SELECT json_extract(detail, '$.pods_restored') FROM events WHERE "
+                  "kind='daemon-start' ORDER BY seq DESC LIMIT 1"),
+              "1");
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE id='" + h.id() + "' AND ended_us IS NULL"),
+              "1")
+        << sql("SELECT end_reason FROM sessions WHERE id='" + h.id() + "'");
+    auto list = sandbox_->client().list();
+    ASSERT_TRUE(list.ok());
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ(list->front().id, h.id());
+    // Still the pod's: another of its processes is granted by the pod rule.
+    Output again =
+        sandbox_->run_client_with(pod.enter_as(65534), {"hold", netdev_, "sim0", "4096",
+                                                        "udp 10.99.0.1:* -> 10.99.0.2:6301"});
+    EXPECT_EQ(again.out.rfind("ok", 0), 0u) << again.out;
+}
+
 TEST_F(RestartTest, AStopThatDiscardsTheStoreEndsSessionsAsDaemonRestart) {
     Holder h(*sandbox_, {netdev_, "sim0", "4096", "udp 10.99.0.1:* -> 10.99.0.2:5200"}, 0, true);
     ASSERT_TRUE(h.ok()) << h.line();

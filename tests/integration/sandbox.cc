@@ -2,10 +2,13 @@
 
 #include <fcntl.h>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <systemd/sd-bus.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -293,13 +296,18 @@ std::string Sandbox::sql(const std::string &query) const {
     return s;
 }
 
-Holder::Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid,
-               bool activate) {
-    std::vector<std::string> argv = {KNOD_TEST_CLIENT_BIN, activate ? "hold-active" : "hold"};
+Holder::Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid, bool activate)
+    : Holder(s, as_uid(uid, {}), request, activate) {}
+
+Holder::Holder(const Sandbox &s, const std::vector<std::string> &prefix,
+               const std::vector<std::string> &request, bool activate) {
+    std::vector<std::string> argv = prefix;
+    argv.push_back(KNOD_TEST_CLIENT_BIN);
+    argv.push_back(activate ? "hold-active" : "hold");
     argv.insert(argv.end(), request.begin(), request.end());
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
-    pid_ = spawn(as_uid(uid, argv), in[0], out[1], s.dir() + "/client.log");
+    pid_ = spawn(argv, in[0], out[1], s.dir() + "/client.log");
     close(in[0]);
     close(out[1]);
     stdin_fd_ = in[1];
@@ -373,6 +381,61 @@ int make_region(std::size_t size) {
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
         throw std::runtime_error("memfd");
     return fd;
+}
+
+TestPod::TestPod(const std::string &name, const std::string &k8s_namespace)
+    : name_(name), k8s_namespace_(k8s_namespace) {
+    made_ = std::system(("ip netns add " + name_ + " 2>/dev/null").c_str()) == 0;
+}
+
+TestPod::~TestPod() {
+    if (made_) (void)!std::system(("ip netns del " + name_ + " 2>/dev/null").c_str());
+}
+
+std::string TestPod::register_with(const Sandbox &) const {
+    if (!made_) return "ip netns add failed";
+    sd_bus *bus = nullptr;
+    if (sd_bus_open_system(&bus) < 0) return "cannot open the sandbox's bus";
+    std::string said;
+    auto call = [&](const char *member, const char *types, auto &&...args) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = nullptr;
+        int r = sd_bus_call_method(bus, "org.knod.Policy1", "/org/knod/Policy1",
+                                   "org.knod.Policy1.Manager", member, &e, &reply, types, args...);
+        if (r < 0)
+            said += std::string(member) + ": " + (e.name ? e.name : "?") + ": " +
+                    (e.message ? e.message : "") + "\n";
+        sd_bus_error_free(&e);
+        sd_bus_message_unref(reply);
+    };
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0) {
+        call("AttestProcess", "h", pair[0]);
+        ::close(pair[0]);
+        ::close(pair[1]);
+    }
+    int ns = ::open(path().c_str(), O_RDONLY | O_CLOEXEC);
+    call("RegisterPod", "ssha{ss}a{ss}", name_.c_str(), "eth0", ns, 3, "namespace",
+         k8s_namespace_.c_str(), "name", name_.c_str(), "uid", "0f0e0d0c", 0);
+    if (ns >= 0) ::close(ns);
+    sd_bus_flush_close_unref(bus);
+    return said;
+}
+
+std::vector<std::string> TestPod::enter_as(uid_t uid) const {
+    std::vector<std::string> argv = {"ip", "netns", "exec", name_};
+    auto who = as_uid(uid, {});
+    argv.insert(argv.end(), who.begin(), who.end());
+    return argv;
+}
+
+std::function<bool()> TestPod::join() const {
+    return [path = path()] {
+        int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        bool ok = fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0;
+        if (fd >= 0) ::close(fd);
+        return ok;
+    };
 }
 
 } // namespace knod::test

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,9 @@ class Holder {
     // `activate`: the holder presents its own key (hold-active), so data flows to it.
     Holder(const Sandbox &s, const std::vector<std::string> &request, uid_t uid = 0,
            bool activate = false);
+    // Run under `prefix` (which says who runs it and where: setpriv, ip netns exec, ...).
+    Holder(const Sandbox &s, const std::vector<std::string> &prefix,
+           const std::vector<std::string> &request, bool activate = false);
     ~Holder();
     bool ok() const { return ok_; }
     const std::string &line() const { return line_; }
@@ -108,6 +112,28 @@ class Holder {
     int stdin_fd_ = -1;
     bool ok_ = false;
     std::string line_, id_, key_hex_;
+};
+
+// A pod sandbox for the daemon: a named network namespace (ip netns), registered as the node's
+// CNI plugin registers one (RegisterPod, as the host's root, attested), removed when it goes.
+class TestPod {
+  public:
+    TestPod(const std::string &name, const std::string &k8s_namespace);
+    ~TestPod();
+    TestPod(const TestPod &) = delete;
+    TestPod &operator=(const TestPod &) = delete;
+    std::string path() const { return "/run/netns/" + name_; }
+    // "" when registered, else what the daemon said (on the bus DBUS_SYSTEM_BUS_ADDRESS names:
+    // the sandbox's).
+    std::string register_with(const Sandbox &s) const;
+    // A prefix that runs the rest in the pod's network namespace as `uid`.
+    std::vector<std::string> enter_as(uid_t uid) const;
+    // Moves the calling process into the pod's network namespace (a forked child).
+    std::function<bool()> join() const;
+
+  private:
+    std::string name_, k8s_namespace_;
+    bool made_ = false;
 };
 
 // Waits until `pred` holds; returns whether it did. The deadline is `ms` but never less than

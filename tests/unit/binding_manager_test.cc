@@ -728,3 +728,93 @@ TEST_F(BindingManagerTest, MetricsCountEachOutcomeOnceAndRxNeverGoesDown) {
         EXPECT_EQ(text.find(key), std::string::npos) << key << " in " << text;
     m->shutdown();
 }
+
+// Issue #51, failure 5: what ends bindings ends the grants still waiting for their journal
+// commit too, and says so in its count: a reload that withdraws their rule, a pod's DEL, a
+// revoke, their netdev going. The caller is refused with the reason, nothing is attached, and
+// the session (it reached the disk) ends with that reason.
+TEST_F(BindingManagerTest, GrantsInFlightAreWithdrawnByWhatEndsBindings) {
+    std::string policy = fake_rule(16) + "\n[[rule]]\nname = \"ml-pods\"\nk8s_namespaces = "
+                                         "[\"ml\"]\nnetdevs = [\"nic0\"]\nmax_region = \"1MiB\"\n"
+                                         "flows = [\"udp * -> *:*\"]\niommu = \"any\"\n";
+    auto m = make(policy);
+    daemon::PodSandbox sandbox;
+    sandbox.container_id = "sandbox-a";
+    sandbox.ifname = "eth0";
+    sandbox.netns = {1, 4242};
+    sandbox.pod = {"ml", "infer-0", "u-1", {}};
+    ASSERT_TRUE(m->pods().add(sandbox).ok());
+    daemon::Peer in_pod = user(1000);
+    in_pod.pod = sandbox.pod;
+    in_pod.pod_sandbox = sandbox.container_id;
+    in_pod.process_proof = daemon::ProcessProof::attested;
+    in_pod.host_netns = false;
+
+    // A reload that no longer grants it.
+    std::optional<Result<daemon::Granted>> reloaded, deleted, netdev;
+    ask(*m, user(2000), 5001, reloaded);
+    ASSERT_FALSE(reloaded.has_value()) << "waits for the journal";
+    std::string only_1000 = policy;
+    only_1000.replace(only_1000.find("any_caller = true"), 17, "users = [1000]");
+    m->set_policy_loader([&] { return Result<policy::Policy>(parse_or_fail(only_1000)); });
+    auto revoked = m->reload(user(0), "test");
+    ASSERT_TRUE(revoked.ok()) << revoked.error().message;
+    EXPECT_EQ(*revoked, 1u) << "the grant in flight is counted";
+    // A pod's DEL.
+    ask(*m, in_pod, 5002, deleted);
+    ASSERT_FALSE(deleted.has_value());
+    EXPECT_EQ(m->pod_deleted("sandbox-a", "eth0"), 1u) << "the grant in flight is counted";
+    // Its netdev going.
+    ask(*m, user(1000), 5003, netdev);
+    ASSERT_FALSE(netdev.has_value());
+    m->netdev_gone("nic0", daemon::EndReason::link_removed);
+
+    ASSERT_TRUE(drain([&] { return reloaded && deleted && netdev; }));
+    for (auto [answer, reason] :
+         std::initializer_list<std::pair<std::optional<Result<daemon::Granted>> *, const char *>>{
+             {&reloaded, "policy-reload"}, {&deleted, "pod-deleted"}, {&netdev, "link-removed"}}) {
+        ASSERT_FALSE((*answer)->ok()) << reason << ": granted anyway";
+        EXPECT_EQ((*answer)->error().code, Errc::denied) << reason;
+        EXPECT_NE((*answer)->error().message.find(reason), std::string::npos)
+            << (*answer)->error().message;
+    }
+    EXPECT_TRUE(driver.attached.empty()) << "nothing withdrawn stays on the data path";
+    EXPECT_TRUE(m->bindings().empty());
+    m->shutdown();
+    for (const char *reason : {"policy-reload", "pod-deleted", "link-removed"})
+        EXPECT_EQ(
+            count(rig.config.journal_path,
+                  std::string("SELECT count(*) FROM sessions WHERE end_reason = '") + reason + "'"),
+            1)
+            << reason;
+}
+
+// Decided again at commit: a grant whose pod went away without the manager ending it (its
+// registration replaced while in flight) is not handed out.
+TEST_F(BindingManagerTest, AGrantInFlightIsDecidedAgainAtCommit) {
+    std::string policy = "[[rule]]\nname = \"ml-pods\"\nk8s_namespaces = [\"ml\"]\nnetdevs = "
+                         "[\"nic0\"]\nmax_region = \"1MiB\"\nflows = [\"udp * -> *:*\"]\niommu = "
+                         "\"any\"\n";
+    auto m = make(policy);
+    daemon::PodSandbox sandbox;
+    sandbox.container_id = "sandbox-b";
+    sandbox.ifname = "eth0";
+    sandbox.netns = {1, 4343};
+    sandbox.pod = {"ml", "infer-1", "u-2", {}};
+    ASSERT_TRUE(m->pods().add(sandbox).ok());
+    daemon::Peer in_pod = user(1000);
+    in_pod.pod = sandbox.pod;
+    in_pod.pod_sandbox = sandbox.container_id;
+    in_pod.process_proof = daemon::ProcessProof::attested;
+    in_pod.host_netns = false;
+    std::optional<Result<daemon::Granted>> answer;
+    ask(*m, in_pod, 5004, answer);
+    ASSERT_FALSE(answer.has_value());
+    (void)m->pods().remove("sandbox-b", ""); // not through pod_deleted: only the commit sees it
+    ASSERT_TRUE(drain([&] { return answer.has_value(); }));
+    ASSERT_FALSE(answer->ok());
+    EXPECT_NE(answer->error().message.find("pod-deleted"), std::string::npos)
+        << answer->error().message;
+    EXPECT_TRUE(driver.attached.empty());
+    m->shutdown();
+}

@@ -325,3 +325,69 @@ TEST(Engine, PodRuleKeysAreCheckedWhenTheyAreRead) {
                                    "t.toml")
                      .ok());
 }
+
+// Issue #51, failure 3: a pod's creator chooses its uid and groups (runAsUser,
+// supplementalGroups), so rules written for host users and groups must never match a pod's
+// process: not the container's root by `users = ["root"]`, not uid 3001 by host user 3001's
+// rule, not a supplementary gid by a `groups` rule, not `any_caller`. A pod rule that also
+// names users matches the pod's uid inside that pod only.
+TEST(Engine, DomainsAreSeparateHostRulesNeverMatchAPod) {
+    Policy p = policy_of(R"(
+[[rule]]
+name = "host-root"
+users = ["root"]
+max_region = 4096
+flows = ["any * -> *"]
+
+[[rule]]
+name = "host-user-3001"
+users = [3001]
+max_region = 4096
+flows = ["any * -> *"]
+
+[[rule]]
+name = "host-group-3100"
+groups = [3100]
+max_region = 4096
+flows = ["any * -> *"]
+
+[[rule]]
+name = "host-anyone"
+any_caller = true
+max_region = 1
+flows = ["any * -> *"]
+
+[[rule]]
+name = "ml-pods-as-3001"
+k8s_namespaces = ["ml"]
+users = [3001]
+max_region = 4096
+flows = ["any * -> *"]
+)");
+    for (std::uint32_t uid : {0u, 3001u}) {
+        Request r = request(uid, "eth2", "udp * -> *:1", 4096);
+        r.caller.user = uid == 0 ? "root" : "";
+        r.caller.gids = {uid, 3100};
+        r.caller.pod = PodIdentity{"nobody-names-this", "p-0", "u-1", {}};
+        Decision d = decide(p, r, {});
+        EXPECT_EQ(d.verdict, Verdict::deny) << "uid " << uid << ": " << d.rule << " " << d.reason;
+        EXPECT_TRUE(d.rule.empty()) << "a pod matched host rule " << d.rule;
+        ASSERT_EQ(d.misses.size(), 5u);
+        for (std::size_t i = 0; i < 4; ++i)
+            EXPECT_NE(d.misses[i].why_not.find("for host callers only"), std::string::npos)
+                << d.misses[i].why_not;
+
+        // The host's own callers still match their rules.
+        r.caller.pod.reset();
+        d = decide(p, r, {});
+        EXPECT_EQ(d.verdict, Verdict::allow) << d.reason;
+        EXPECT_EQ(d.rule, uid == 0 ? "host-root" : "host-user-3001");
+    }
+    Request r = request(3001, "eth2", "udp * -> *:1", 4096);
+    r.caller.pod = PodIdentity{"ml", "p-0", "u-1", {}};
+    Decision d = decide(p, r, {});
+    EXPECT_EQ(d.rule, "ml-pods-as-3001") << "a pod rule naming users matches the pod's uid";
+    EXPECT_EQ(d.verdict, Verdict::allow);
+    r.caller.uid = 3002;
+    EXPECT_EQ(decide(p, r, {}).verdict, Verdict::deny);
+}

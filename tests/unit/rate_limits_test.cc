@@ -7,20 +7,26 @@ using namespace knod::daemon;
 using Clock = RateLimiter::Clock;
 using namespace std::chrono_literals;
 
+namespace {
+PrincipalKey host(std::uint32_t uid) {
+    return principal_key(uid, "");
+}
+} // namespace
+
 TEST(RateLimiter, ABurstThenTheRate) {
     RateLimiter limiter(10, 20);
     Clock::time_point t0{};
     int admitted = 0;
     for (int i = 0; i < 100; ++i)
-        admitted += limiter.admit(7, t0);
+        admitted += limiter.admit(host(7), t0);
     EXPECT_EQ(admitted, 20);
-    EXPECT_FALSE(limiter.admit(7, t0 + 50ms)) << "half a token";
-    EXPECT_TRUE(limiter.admit(7, t0 + 100ms)) << "one token a tenth of a second";
-    EXPECT_FALSE(limiter.admit(7, t0 + 100ms));
+    EXPECT_FALSE(limiter.admit(host(7), t0 + 50ms)) << "half a token";
+    EXPECT_TRUE(limiter.admit(host(7), t0 + 100ms)) << "one token a tenth of a second";
+    EXPECT_FALSE(limiter.admit(host(7), t0 + 100ms));
     // After a long pause the bucket is full again, never fuller.
     admitted = 0;
     for (int i = 0; i < 100; ++i)
-        admitted += limiter.admit(7, t0 + 1h);
+        admitted += limiter.admit(host(7), t0 + 1h);
     EXPECT_EQ(admitted, 20);
 }
 
@@ -28,30 +34,42 @@ TEST(RateLimiter, EachKeyHasItsOwnBucket) {
     RateLimiter limiter(1, 3);
     Clock::time_point t0{};
     for (int i = 0; i < 10; ++i)
-        (void)limiter.admit(65534, t0);
-    EXPECT_FALSE(limiter.admit(65534, t0));
-    EXPECT_TRUE(limiter.admit(1000, t0)) << "another uid is not throttled by the first";
+        (void)limiter.admit(host(65534), t0);
+    EXPECT_FALSE(limiter.admit(host(65534), t0));
+    EXPECT_TRUE(limiter.admit(host(1000), t0)) << "another uid is not throttled by the first";
 }
 
 TEST(RateLimiter, TheMapIsBoundedAndForgetsIdleBucketsFirst) {
     RateLimiter limiter(1, 2, 8);
     Clock::time_point t0{};
     for (int i = 0; i < 2; ++i)
-        (void)limiter.admit(1, t0); // uid 1 is empty now
+        (void)limiter.admit(host(1), t0); // uid 1 is empty now
     for (std::uint32_t k = 100; k < 1100; ++k)
-        (void)limiter.admit(k, t0 + 10s); // each of these is left with one token
+        (void)limiter.admit(host(k), t0 + 10s); // each of these is left with one token
     EXPECT_LE(limiter.size(), 8u);
     // Full of empty buckets: the one unused longest goes, a throttled key that keeps calling
     // keeps its empty bucket.
     RateLimiter busy(1, 2, 2);
     for (int i = 0; i < 2; ++i)
-        (void)busy.admit(1, t0);
+        (void)busy.admit(host(1), t0);
     for (int i = 0; i < 2; ++i)
-        (void)busy.admit(2, t0 + 1ms);
-    EXPECT_FALSE(busy.admit(1, t0 + 2ms));
-    EXPECT_TRUE(busy.admit(3, t0 + 3ms));
+        (void)busy.admit(host(2), t0 + 1ms);
+    EXPECT_FALSE(busy.admit(host(1), t0 + 2ms));
+    EXPECT_TRUE(busy.admit(host(3), t0 + 3ms));
     EXPECT_EQ(busy.size(), 2u);
-    EXPECT_FALSE(busy.admit(1, t0 + 3ms)) << "uid 1 was not given a fresh bucket";
+    EXPECT_FALSE(busy.admit(host(1), t0 + 3ms)) << "uid 1 was not given a fresh bucket";
+}
+
+// Issue #51, failure 3: a pod's uid 1000 is not the host's uid 1000, nor another pod's: it
+// cannot spend the host user's bucket (nor the other way round).
+TEST(RateLimiter, AUidInAPodHasABucketOfItsOwn) {
+    RateLimiter limiter(1, 3);
+    Clock::time_point t0{};
+    for (int i = 0; i < 10; ++i)
+        (void)limiter.admit(principal_key(1000, "sandbox-a"), t0);
+    EXPECT_FALSE(limiter.admit(principal_key(1000, "sandbox-a"), t0));
+    EXPECT_TRUE(limiter.admit(host(1000), t0)) << "the host's uid 1000 is another principal";
+    EXPECT_TRUE(limiter.admit(principal_key(1000, "sandbox-b"), t0)) << "so is another pod's";
 }
 
 TEST(RefusalCoalescer, OneRecordPerWindowWithTheCount) {
