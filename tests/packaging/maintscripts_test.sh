@@ -34,7 +34,7 @@ done
 # The scripts' absolute paths, under the scratch root.
 for s in preinst postinst prerm postrm; do
     [ -f "$work/ctl/$s" ] || continue
-    sed -E "s#(/run/systemd/system|/run/knod-policy|/var/lib/prometheus|/var/lib/knod-policy|/sys/fs/bpf/knod|/etc/knod)#$root\1#g" \
+    sed -E "s#(/run/systemd/system|/run/knod-policy|/run/knod-cni|/var/lib/prometheus|/var/lib/knod-policy|/sys/fs/bpf/knod|/etc/knod)#$root\1#g" \
         "$work/ctl/$s" >"$work/$s"
 done
 # SCRIPT ARGS...: its exit status; what it called is in $log (emptied first).
@@ -74,7 +74,7 @@ check "an upgrade's postinst starts nothing that was not running" \
 
 # --- remove and purge ---------------------------------------------------------------------
 textfile=$root/var/lib/prometheus/node-exporter/knod-policy.prom
-mkdir -p "$(dirname "$textfile")" "$root/run/knod-policy" "$root/sys/fs/bpf/knod" \
+mkdir -p "$(dirname "$textfile")" "$root/run/knod-policy" "$root/run/knod-cni" "$root/sys/fs/bpf/knod" \
     "$root/var/lib/knod-policy" "$root/etc/knod/policy.d"
 printf 'knod_up 1\n' >"$textfile"
 printf 'half\n' >"$root/var/lib/prometheus/node-exporter/.knod-policy.prom.AbC123"
@@ -91,8 +91,8 @@ check "removal's postrm deletes the metrics textfile and a torn temporary copy, 
     '[ ! -e "$textfile" ] && [ ! -e "$root/var/lib/prometheus/node-exporter/.knod-policy.prom.AbC123" ] &&
      [ -e "$root/var/lib/prometheus/node-exporter/other.prom" ] && [ -e "$root/var/lib/knod-policy/journal.db" ]'
 run postrm purge
-check "purge removes the run dir, the pin dir and the empty config dir" \
-    '[ ! -e "$root/run/knod-policy" ] && [ ! -e "$root/sys/fs/bpf/knod" ] && [ ! -e "$root/etc/knod" ]'
+check "purge removes the run dir, knod-cni's spool, the pin dir and the empty config dir" \
+    '[ ! -e "$root/run/knod-policy" ] && [ ! -e "$root/run/knod-cni" ] && [ ! -e "$root/sys/fs/bpf/knod" ] && [ ! -e "$root/etc/knod" ]'
 check "purge keeps the journal and says so" \
     '[ -e "$root/var/lib/knod-policy/journal.db" ] && grep -q "kept the journal" "$work/out"'
 KNOD_PURGE_JOURNAL=yes run postrm purge
