@@ -1260,6 +1260,35 @@ TEST_F(JournalTest, UnusualStringsInSessionRowsAreCoveredToo) {
         << r.problem;
 }
 
+// #54: values that are all UTF-8 skip the JSON round trip (as_written); they must still reach the
+// row exactly as given (control characters, quotes, backslashes, non-ASCII) and agree with the
+// event's detail, at the grant and at the end.
+TEST_F(JournalTest, Utf8SessionValuesReachTheRowAsGivenAndMatchTheEvent) {
+    const std::string exe = "/opt/caf\xc3\xa9/\\x1b\"q\"\x01\x7f\xf0\x9f\x90\xa7";
+    {
+        auto j = std::move(Journal::open(path_)).value();
+        Session s = session("u2");
+        s.exe = exe;
+        ASSERT_TRUE(j->open_session(s, grant_event()).ok());
+        Event end;
+        end.kind = kind::ended;
+        ASSERT_TRUE(j->close_session("u2", "release \xc3\xa9", {7, 1, 0}, end).ok());
+    }
+    std::string hex;
+    for (unsigned char c : exe) {
+        static const char digits[] = "0123456789abcdef";
+        hex += digits[c >> 4];
+        hex += digits[c & 15];
+    }
+    auto db = std::move(Database::open(path_, SQLITE_OPEN_READONLY)).value();
+    EXPECT_EQ(*db.scalar("SELECT count(*) FROM sessions WHERE id='u2' AND exe = CAST(x'" + hex +
+                         "' AS TEXT) AND end_reason = CAST(x'72656c6561736520c3a9' AS TEXT)"),
+              1);
+    VerifyReport r = verify();
+    EXPECT_TRUE(r.ok) << r.problem;
+    EXPECT_EQ(r.sessions_checked, 1);
+}
+
 // #16 item 2: the commit listener (the daemon's copy of the head to the system journal) hears
 // every commit that adds events, with the head it made. It was never called: the head before
 // the batch was taken after the batch's appends.
