@@ -54,6 +54,7 @@ inline const std::vector<std::string> &known_decisions() {
                                                "not-authorized",
                                                "invalid-policy",
                                                "not-proven",
+                                               "connector-gone",
                                                kind::denied,
                                                kind::rate_limited,
                                                kind::activate_refused,

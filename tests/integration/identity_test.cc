@@ -439,6 +439,12 @@ std::string recycled_pid_attack(const Sandbox &s, const std::function<bool()> &j
         std::snprintf(a.sun_path, sizeof a.sun_path, "%s", bus_path.c_str());
         if (sock < 0 || ::connect(sock, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) _exit(1);
         if (fork() == 0) { // the child that inherits the connection
+            // Only the test may hold the write end of `go`: closing it is how the test says
+            // "no process took the pid" (end of file), and a copy here would wait for ever.
+            close(go[1]);
+            close(result[0]);
+            close(connected[0]);
+            close(connected[1]);
             char c;
             if (::read(go[0], &c, 1) != 1) _exit(1);
             std::string said;
