@@ -40,7 +40,9 @@ Result<gid_t> collector_group(const std::string &name) {
                           " here; name the group node_exporter runs as (Debian's: prometheus)");
 }
 
-// Where the text goes; a failure to write it is exit 2 (the directory is the caller's input).
+// Where the text goes. A file that cannot be written (the directory, the group) is exit 1, not
+// 2: the packaged unit counts 2 (daemon down, the file says so) as success, and a collector
+// left with no file at all must see the unit fail.
 int deliver(const Options &o, const std::string &text, int rc) {
     if (o.textfile_dir.empty()) {
         std::cout << text << std::flush;
@@ -49,11 +51,11 @@ int deliver(const Options &o, const std::string &text, int rc) {
     auto gid = collector_group(o.textfile_group);
     if (!gid) {
         std::cerr << "knod-policy metrics: " << gid.error().message << "\n";
-        return exit_usage;
+        return exit_failed;
     }
     if (auto w = write_textfile(o.textfile_dir, textfile_name, text, *gid); !w) {
         std::cerr << "knod-policy metrics: " << w.error().message << "\n";
-        return exit_usage;
+        return exit_failed;
     }
     return rc;
 }
@@ -94,8 +96,8 @@ Runner add_metrics(CLI::App &app) {
         "daemon cannot be asked. See docs/metrics.md.");
     add_bus_options(cmd, o->bus, false);
     cmd->footer(std::string(daemon_exit_codes) +
-                " With --textfile, 2 also when DIR cannot be written; a daemon that cannot be "
-                "reached leaves knod_up 0 in the file.");
+                " With --textfile: 1 when the file cannot be written (DIR, --textfile-group); "
+                "a daemon that cannot be reached is 2 and leaves knod_up 0 in the file.");
     cmd->add_option("--textfile", o->textfile_dir,
                     "write DIR/knod-policy.prom (temporary file, fsync, rename) instead of "
                     "printing; Debian's node_exporter reads /var/lib/prometheus/node-exporter")

@@ -377,11 +377,14 @@ show() { sed 's/^/# /' "$@"; } # what a failed check prints: never read as a TAP
 # PATTERN FILTERS...: an event of the sim's journal matches (with wait_for: bounded in time, as
 # each read of the journal takes a while under TCG).
 journaled() { events $simdb "${@:2}" | grep -q -- "$1"; }
+# As prometheus-node-exporter's package leaves them: its directory and its group, which the
+# metrics unit joins to hand the textfile to the collector (0640, group prometheus).
+getent group prometheus >/dev/null || groupadd --system prometheus
 mkdir -p /var/lib/prometheus/node-exporter
 timeout 90 systemctl start $unit knod-policy-metrics.timer
 check "the daemon and the metrics timer run before the upgrade" \
     '[ "$(prop ActiveState)" = active ] && wait_for 60 grep -qsx "knod_up 1" $textfile' ||
-    show $textfile
+    { show $textfile; systemctl status --no-pager knod-policy-metrics.service 2>&1 | show; }
 start_holder h7 7 hold knodsim0 sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5020"
 id7=$(holder_id h7)
 pid_before=$(prop MainPID)
