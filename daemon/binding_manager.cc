@@ -18,7 +18,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <set>
 
@@ -1369,8 +1371,19 @@ std::size_t BindingManager::keep_pods() {
                         {"annotations", annotations},
                         {"registered_us", s->registered_us}});
     }
-    nlohmann::json record{
-        {"version", 1}, {"journal_id", journal->identity().journal_id}, {"pods", pods}};
+    // Unique per stop (uniqueness, not secrecy: the MAC vouches for the record).
+    std::array<std::uint8_t, 16> token{};
+    if (RAND_bytes(token.data(), static_cast<int>(token.size())) != 1) {
+        auto t = static_cast<std::uint64_t>(journal::now_us());
+        auto p = static_cast<std::uint64_t>(::getpid());
+        std::memcpy(token.data(), &t, sizeof t);
+        std::memcpy(token.data() + 8, &p, sizeof p);
+    }
+    pods_token_ = to_hex(token);
+    nlohmann::json record{{"version", 1},
+                          {"journal_id", journal->identity().journal_id},
+                          {"stop", pods_token_},
+                          {"pods", pods}};
     record = knod::parse_json(knod::dump_json(record));
     record["mac"] = to_hex(keys_.seal(pods_handoff_purpose, handoff_canonical(record)));
     std::string text = knod::dump_json(record);
@@ -1381,6 +1394,7 @@ std::size_t BindingManager::keep_pods() {
         std::cerr << "knod-policyd: the pod registrations could not be kept for the next start; "
                      "running pods are unknown to it until the runtime registers them again"
                   << std::endl;
+        pods_token_.clear();
         return 0;
     }
     return n;
@@ -1411,6 +1425,15 @@ std::size_t BindingManager::restore_pods() {
     journal::Journal *journal = audit_.journal();
     if (!journal || record.value("journal_id", nlohmann::json()) != journal->identity().journal_id)
         return refuse("the record was written for another journal");
+    // Fresh: the journal's last stop wrote this very record, and nothing started since.
+    auto stop = journal->last_stop_detail();
+    if (!stop) return refuse("the journal's last stop cannot be read: " + stop.error().message);
+    auto stop_detail = *stop ? knod::parse_json(**stop) : nlohmann::json();
+    auto token = record.find("stop");
+    if (token == record.end() || !token->is_string() || !stop_detail.is_object() ||
+        stop_detail.value("pods_record", nlohmann::json()) != *token)
+        return refuse("the record is not the journal's last stop's (an older one, replayed, or "
+                      "a daemon started since)");
     std::size_t restored = 0;
     try {
         for (auto &p : record.at("pods")) {
@@ -1482,8 +1505,10 @@ std::size_t BindingManager::hand_off() {
     e.kind = journal::kind::daemon_stop;
     e.reason = std::to_string(rows.size()) +
                " binding(s) handed to systemd's file-descriptor store for the next start";
-    e.detail = knod::dump_json(nlohmann::json{
-        {"handed_over", rows.size()}, {"ended", ending.size()}, {"pods_kept", pods_kept}});
+    nlohmann::json stop_detail{
+        {"handed_over", rows.size()}, {"ended", ending.size()}, {"pods_kept", pods_kept}};
+    if (pods_kept > 0 && !pods_token_.empty()) stop_detail["pods_record"] = pods_token_;
+    e.detail = knod::dump_json(stop_detail);
     audit_.finish(std::move(e));
     // The handed-over bindings stay as they are: no detach, no revoke, their sessions open.
     // The process exit closes the daemon's copies of their fds; systemd holds its own.

@@ -294,8 +294,12 @@ class BindingManager {
     // are ("pods.handoff", a memfd), sealed under the key secret and bound to this journal;
     // restore_pods at start takes back those whose record is authentic and whose fd is still
     // that namespace, before any binding is taken back. Returns how many were kept / restored.
+    // The record carries a token of its stop, written in that stop's daemon-stop event too:
+    // only the record of the journal's last stop, with no start since, is taken back (an older
+    // record, replayed through the fd store, is not).
     std::size_t keep_pods();
     std::size_t restore_pods();
+    std::string pods_token_; // keep_pods's, for the daemon-stop event
     // Keeps the binding's region fd and the driver's handles in the store, by binding id.
     void store_handles(Binding &b);
     void end_binding(const std::string &id, EndReason why, Done durable = {},

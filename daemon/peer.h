@@ -95,7 +95,7 @@ struct Peer {
     // another's.
     std::string domain() const;
     // What its quotas, rate bucket and per-user bounds are counted for.
-    PrincipalKey principal() const { return principal_key(uid, pod_sandbox); }
+    PrincipalKey principal() const { return principal_key(uid, pod_sandbox, host_netns); }
     // In the daemon's network namespace or a registered pod's: only such a caller can receive
     // what it could bind, and only it matches allow rules (policy::Caller::placed).
     bool placed() const { return pod.has_value() || (host_netns && pod_sandbox.empty()); }

@@ -2,8 +2,9 @@
 
 namespace knod::daemon {
 
-PrincipalKey principal_key(uid_t uid, const std::string &pod_sandbox) {
-    return {pod_sandbox.empty() ? std::string("host") : "pod:" + pod_sandbox, uid};
+PrincipalKey principal_key(uid_t uid, const std::string &pod_sandbox, bool in_host_netns) {
+    if (!pod_sandbox.empty()) return {"pod:" + pod_sandbox, uid};
+    return {in_host_netns ? "host" : "unplaced", uid};
 }
 
 std::string PrincipalKey::to_string() const {

@@ -577,6 +577,22 @@ Result<std::map<std::string, std::string>> Journal::take_handoffs() {
     return std::move(*taken);
 }
 
+Result<std::optional<std::string>> Journal::last_stop_detail() {
+    auto found = std::make_shared<std::optional<std::string>>();
+    auto r = submit([found](Writer &w) -> Result<std::int64_t> {
+        auto st = w.db().prepare("SELECT kind, detail FROM events WHERE kind IN (?, ?) ORDER BY "
+                                 "seq DESC LIMIT 1");
+        if (!st) return st.error();
+        st->bind(1, std::string(kind::daemon_start)).bind(2, std::string(kind::daemon_stop));
+        auto row = st->step();
+        if (!row) return row.error();
+        if (*row && st->text(0) == kind::daemon_stop) *found = st->text(1);
+        return std::int64_t{0};
+    });
+    if (!r) return r.error();
+    return std::move(*found);
+}
+
 Result<std::vector<std::string>> Journal::close_open_sessions(const std::string &reason,
                                                               const std::set<std::string> &keep) {
     auto closed = std::make_shared<std::vector<std::string>>();

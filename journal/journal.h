@@ -67,6 +67,10 @@ class Journal {
     // The next start: the handoffs of open sessions, cleared in the same transaction, so a
     // later crash never takes back stale state.
     Result<std::map<std::string, std::string>> take_handoffs();
+    // The detail of the newest daemon-stop, if no daemon-start came after it (nullopt else):
+    // what a start checks a record kept outside the journal against, so that only the last
+    // stop's record is taken back, and only once.
+    Result<std::optional<std::string>> last_stop_detail();
     // Retention: deletes the oldest events (those before `before_us`, and beyond the newest
     // `keep_events`) and every session row whose grant event goes with them or is gone (rows
     // an older build's prune left behind), leaving a checkpoint and a

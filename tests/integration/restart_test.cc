@@ -7,6 +7,7 @@
 
 #include "knod/unique_fd.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -93,6 +94,22 @@ class FdStoreStandIn {
         std::vector<int> fds;
         std::vector<std::string> names;
         for (auto &[name, fd] : stored_) {
+            fds.push_back(fd.get());
+            names.push_back(name);
+        }
+        s.pass_fds(fds, names);
+    }
+    // A copy of the store as it is now (an old one, as whoever could replay it would keep).
+    std::vector<std::pair<std::string, UniqueFd>> copy() const {
+        std::vector<std::pair<std::string, UniqueFd>> out;
+        for (auto &[name, fd] : stored_)
+            out.emplace_back(name, UniqueFd(fcntl(fd.get(), F_DUPFD_CLOEXEC, 3)));
+        return out;
+    }
+    static void hand_copy_to(Sandbox &s, const std::vector<std::pair<std::string, UniqueFd>> &c) {
+        std::vector<int> fds;
+        std::vector<std::string> names;
+        for (auto &[name, fd] : c) {
             fds.push_back(fd.get());
             names.push_back(name);
         }
@@ -292,6 +309,39 @@ TEST_F(RestartTest, PodsAndTheirBindingsSurviveARestart) {
         sandbox_->run_client_with(pod.enter_as(65534), {"hold", netdev_, "sim0", "4096",
                                                         "udp 10.99.0.1:* -> 10.99.0.2:6301"});
     EXPECT_EQ(again.out.rfind("ok", 0), 0u) << again.out;
+}
+
+// The attack review of #51: the pods' record is taken back only from the journal's last stop,
+// and only once. An older record (with its netns fd), handed to a later start, is not: neither
+// after a stop that kept the pods again, nor after a start that crashed.
+TEST_F(RestartTest, AnOlderPodsRecordIsNotTakenBackAgain) {
+    TestPod pod(unique("knodrpl-pod"), "ml");
+    ASSERT_EQ(pod.register_with(*sandbox_), "");
+    auto restored = [&] {
+        return sql("SELECT json_extract(detail, '$.pods_restored') FROM events WHERE "
+                   "kind='daemon-start' ORDER BY seq DESC LIMIT 1");
+    };
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    ASSERT_TRUE(store_.has("pods.handoff"));
+    auto first_stop = store_.copy();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon();
+    store_.drain();
+    ASSERT_EQ(restored(), "1") << "the honest restart takes the pod back";
+    // A start that dies before its stop: its record was the first stop's, used once.
+    ASSERT_NE(sandbox_->stop_daemon(SIGKILL), 0);
+    FdStoreStandIn::hand_copy_to(*sandbox_, first_stop);
+    sandbox_->start_daemon();
+    store_.drain();
+    EXPECT_EQ(restored(), "0") << "replayed after a start";
+    // Another stop keeps nothing (the pod was not taken back) and the old record comes again.
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    FdStoreStandIn::hand_copy_to(*sandbox_, first_stop);
+    sandbox_->start_daemon();
+    store_.drain();
+    EXPECT_EQ(restored(), "0") << "replayed after a later stop";
 }
 
 TEST_F(RestartTest, AStopThatDiscardsTheStoreEndsSessionsAsDaemonRestart) {

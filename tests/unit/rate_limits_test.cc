@@ -72,6 +72,18 @@ TEST(RateLimiter, AUidInAPodHasABucketOfItsOwn) {
     EXPECT_TRUE(limiter.admit(principal_key(1000, "sandbox-b"), t0)) << "so is another pod's";
 }
 
+// The attack review of #51: a pod's process that makes a network namespace of its own is in no
+// registered pod any more, but it must not spend the host user's bucket either.
+TEST(RateLimiter, AnUnplacedCallerDoesNotSpendTheHostUsersBucket) {
+    RateLimiter limiter(1, 3);
+    Clock::time_point t0{};
+    for (int i = 0; i < 10; ++i)
+        (void)limiter.admit(principal_key(1000, "", false), t0);
+    EXPECT_FALSE(limiter.admit(principal_key(1000, "", false), t0));
+    EXPECT_TRUE(limiter.admit(host(1000), t0)) << "the host's uid 1000 is another principal";
+    EXPECT_EQ(principal_key(1000, "", false).to_string(), "uid 1000 in unplaced");
+}
+
 TEST(RefusalCoalescer, OneRecordPerWindowWithTheCount) {
     RefusalCoalescer c(1'000'000);
     EXPECT_TRUE(c.admit(65534, "request-denied", 0)) << "the first is journaled in full";
