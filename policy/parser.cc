@@ -276,7 +276,23 @@ class FileReader {
                 else
                     out.push_back({static_cast<std::uint32_t>(v), {}});
             } else if (auto s = el.value<std::string>(); s && !s->empty()) {
-                out.push_back({std::nullopt, *s});
+                // "1000" is the id 1000, as in users = [1000]: no user or group name is all
+                // digits (adduser refuses them), and a name that matches nobody would turn a
+                // deny rule silently into nothing.
+                std::uint64_t id = 0;
+                auto [end, ec] = std::from_chars(s->data(), s->data() + s->size(), id);
+                if (ec == std::errc() && end == s->data() + s->size()) {
+                    if (id > 0xfffffffe)
+                        error(el.source(), "'" + std::string(key) + "' id " + *s +
+                                               " is out of range");
+                    else
+                        out.push_back({static_cast<std::uint32_t>(id), {}});
+                } else if (ec == std::errc::result_out_of_range) {
+                    error(el.source(), "'" + std::string(key) + "' id " + quote_untrusted(*s, 64) +
+                                           " is out of range");
+                } else {
+                    out.push_back({std::nullopt, *s});
+                }
             } else {
                 error(el.source(),
                       "'" + std::string(key) + "' entries must be names or numeric ids");

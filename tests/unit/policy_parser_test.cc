@@ -211,6 +211,24 @@ TEST(PolicyParser, ARuleThatNamesNoCallerMustSaySo) {
         << no_flows.errors_text();
 }
 
+// The attack review of #51: users = ["1000"] read as a name matched nobody, so a deny rule
+// written that way did nothing (and explain printed it as [1000]). A string of digits is the id.
+TEST(PolicyParser, AStringOfDigitsIsAnIdNotAName) {
+    auto p = parse_policy_text("[[rule]]\nname='d'\naction='deny'\nusers=['1000']\n"
+                               "groups=['3100', 'video']\n");
+    ASSERT_TRUE(p.ok()) << p.errors_text();
+    ASSERT_EQ(p.policy.rules.size(), 1u);
+    auto &r = p.policy.rules[0];
+    ASSERT_EQ(r.users.size(), 1u);
+    EXPECT_EQ(r.users[0].id, std::optional<std::uint32_t>(1000));
+    ASSERT_EQ(r.groups.size(), 2u);
+    EXPECT_EQ(r.groups[0].id, std::optional<std::uint32_t>(3100));
+    EXPECT_EQ(r.groups[1].name, "video");
+    auto far = parse_policy_text("[[rule]]\nname='d'\naction='deny'\nusers=['4294967296']\n");
+    EXPECT_FALSE(far.ok());
+    EXPECT_NE(far.errors_text().find("out of range"), std::string::npos) << far.errors_text();
+}
+
 // #33 item 2: a file that changes while it is read is not loaded (the reload is refused and
 // the old policy stays), whatever moved: its bytes in place, or the path to another file.
 TEST(PolicyParser, AFileThatChangesWhileItIsReadIsNotLoaded) {
