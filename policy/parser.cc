@@ -283,8 +283,8 @@ class FileReader {
                 auto [end, ec] = std::from_chars(s->data(), s->data() + s->size(), id);
                 if (ec == std::errc() && end == s->data() + s->size()) {
                     if (id > 0xfffffffe)
-                        error(el.source(), "'" + std::string(key) + "' id " + *s +
-                                               " is out of range");
+                        error(el.source(),
+                              "'" + std::string(key) + "' id " + *s + " is out of range");
                     else
                         out.push_back({static_cast<std::uint32_t>(id), {}});
                 } else if (ec == std::errc::result_out_of_range) {
