@@ -13,9 +13,11 @@ bool RefusalCoalescer::admit(std::uint32_t uid, const std::string &kind, std::in
     Key key{uid, kind, scope};
     auto it = windows_.find(key);
     if (it == windows_.end() && windows_.size() >= max_keys_) {
-        // Too many uids at once: they share one window per kind, journaled only as a count.
+        // Too many uids at once: they share one window per kind and pod, journaled only as a
+        // count (one pod's thousands of uids never fold another pod's refusals into theirs;
+        // the pods are bounded by the registry).
         auto [over, fresh] =
-            windows_.try_emplace(Key{-1, kind, ""}, Window{now_us, now_us + window_us_, 0});
+            windows_.try_emplace(Key{-1, kind, scope}, Window{now_us, now_us + window_us_, 0});
         over->second.count += 1;
         return false;
     }

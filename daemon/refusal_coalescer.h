@@ -4,7 +4,8 @@
 // and when it closes (at the daemon's tick) one record carries the count. While refusals keep
 // coming, each closed window with a count opens the next, so a (uid, kind) writes at most one
 // record per window however fast it is refused. The map is bounded; uids beyond the bound share
-// one overflow entry per kind (having that many uids takes root to arrange).
+// one overflow entry per kind and scope (a pod's root can use thousands of uids; its overflow
+// stays its pod's).
 #pragma once
 
 #include <cstdint>

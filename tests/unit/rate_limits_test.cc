@@ -163,3 +163,18 @@ TEST(RefusalCoalescer, ManyUidsShareAnOverflowWindow) {
     EXPECT_FALSE(s[0].uid) << "the overflow entry names no uid";
     EXPECT_EQ(s[0].count, 96u);
 }
+
+// The attack review of #51: a pod's root with thousands of uids fills the map; another pod's
+// refusals then still count as that pod's, never in the first pod's overflow or a shared one.
+TEST(RefusalCoalescer, OnePodsManyUidsNeverFoldAnotherPodsRefusals) {
+    RefusalCoalescer c(1'000'000, 4);
+    for (std::uint32_t uid = 1; uid <= 100; ++uid)
+        (void)c.admit(uid, "request-denied", 0, "pod-a");
+    EXPECT_FALSE(c.admit(7, "request-denied", 0, "pod-b")) << "counted: the map is full";
+    auto s = c.close(1'000'000);
+    std::uint64_t a = 0, b = 0;
+    for (auto &w : s)
+        (w.scope == "pod-a" ? a : w.scope == "pod-b" ? b : a) += w.uid ? 0 : w.count;
+    EXPECT_EQ(a, 96u);
+    EXPECT_EQ(b, 1u) << "pod-b's refusal is its own";
+}
