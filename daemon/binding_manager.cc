@@ -123,6 +123,7 @@ BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
               config_.retain_events, config_.snapshot_interval, config_.snapshot_mode},
              policy_, std::move(post)),
       limiter_(config_.requests_per_second, config_.request_burst),
+      domain_limiter_(4 * config_.requests_per_second, 4 * config_.request_burst),
       host_(config_.host.sysfs, config_.host.proc) {
     // A policy built without the parser still gets the digest of the text it carries.
     if (policy_.digest.empty()) policy_.digest = policy::policy_digest(policy_.text);
@@ -497,7 +498,15 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
 
 Result<void> BindingManager::throttle(const PrincipalKey &who, pid_t pid, bool exempt,
                                       const char *method) {
-    if (exempt || limiter_.admit(who, std::chrono::steady_clock::now())) return {};
+    auto now = std::chrono::steady_clock::now();
+    bool whole_domain = false;
+    if (exempt) return {};
+    if (limiter_.admit(who, now)) {
+        if (who.domain == "host" ||
+            domain_limiter_.admit({who.domain, static_cast<uid_t>(-1)}, now))
+            return {};
+        whole_domain = true;
+    }
     uid_t uid = who.uid;
     metrics_.rate_limited(method);
     journal::Event e;
@@ -510,6 +519,13 @@ Result<void> BindingManager::throttle(const PrincipalKey &who, pid_t pid, bool e
     char rate[64];
     std::snprintf(rate, sizeof rate, "%g per second (bursts of %g)", limiter_.per_second(),
                   limiter_.burst());
+    if (whole_domain) {
+        std::snprintf(rate, sizeof rate, "%g per second (bursts of %g)",
+                      domain_limiter_.per_second(), domain_limiter_.burst());
+        return make_error(Errc::quota_exceeded, "too many requests from " + who.domain +
+                                                    " as a whole: at most " + rate +
+                                                    " over all its uids; retry later");
+    }
     return make_error(Errc::quota_exceeded, "too many requests from " + who.to_string() +
                                                 ": at most " + rate +
                                                 " per user, over all its connections; retry later");

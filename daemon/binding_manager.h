@@ -379,6 +379,10 @@ class BindingManager {
     std::map<PrincipalKey, policy::Usage> usage_;
     std::set<std::string> notified_; // bindings whose holder has a notifier pipe
     RateLimiter limiter_;
+    // Per domain other than the host's (a pod, the unplaced): a pod's root can take any number
+    // of uids, each a principal with a bucket of its own, so the pod as a whole has one too
+    // (four times a uid's rate and burst).
+    RateLimiter domain_limiter_;
     FlowClaims claims_; // flows of live and in-flight bindings, per netdev
     PodRegistry pods_;
     HandleStore *store_ = nullptr;

@@ -355,6 +355,33 @@ TEST_F(BindingManagerTest, PastTheBindingsInAllTheCallerIsRefusedByName) {
               1);
 }
 
+// The attack review of #51: a pod's root (or any caller outside the host's network namespace)
+// can take any number of uids, each a principal with a bucket of its own; the domain as a whole
+// has one too (four times a uid's), so that cycling uids buys no more. The host's users are
+// not pooled.
+TEST_F(BindingManagerTest, ADomainOfManyUidsSharesOneBucketTooButTheHostDoesNot) {
+    rig.config.requests_per_second = 0.001;
+    rig.config.request_burst = 2;
+    auto m = make(hundred_per_user);
+    int whole = 0, asked = 0;
+    for (uid_t uid = 2000; uid < 2020; ++uid) {
+        daemon::Peer p = user(uid);
+        p.host_netns = false; // unplaced: no pod, not the host's netns
+        for (int i = 0; i < 2; ++i, ++asked) {
+            auto r = grant(*m, p, 6000 + asked);
+            ASSERT_FALSE(r.ok()) << "an unplaced caller is never granted";
+            if (r.error().code == Errc::quota_exceeded &&
+                r.error().message.find("unplaced as a whole") != std::string::npos)
+                ++whole;
+        }
+    }
+    EXPECT_EQ(whole, asked - 8) << "the domain's burst is four times a uid's (2)";
+    for (uid_t uid = 1000; uid < 1010; ++uid)
+        EXPECT_TRUE(grant(*m, user(uid), 5000 + static_cast<int>(uid - 1000)).ok())
+            << "host users keep their own buckets: uid " << uid;
+    m->shutdown();
+}
+
 // Grants waiting for the journal are bounded in all: past the bound a request is refused at
 // once (LimitsExceeded) while the earlier ones complete; once they are durable there is room.
 TEST_F(BindingManagerTest, PastTheGrantsInFlightTheCallerIsRefusedByName) {
