@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
@@ -134,6 +135,8 @@ struct Client::Ends {
     // One name per daemon start this connection saw: only the name's owner (the bus policy's
     // daemon account) adds one.
     std::set<std::string> daemons;
+    // On the pod socket only the daemon is at the other end, and its signals name no sender.
+    bool peer = false;
     std::map<std::string, BindingEnd> ended;
     std::deque<std::string> order;
 
@@ -166,7 +169,7 @@ struct Client::Ends {
         if (!revoked && sd_bus_message_is_signal(m, manager_interface, "BindingReleased") <= 0)
             return 0;
         const char *sender = sd_bus_message_get_sender(m);
-        if (!sender || !e->daemons.count(sender)) return 0;
+        if (!e->peer && (!sender || !e->daemons.count(sender))) return 0;
         const char *path = nullptr, *id = nullptr, *reason = nullptr;
         if (sd_bus_message_read(m, "oss", &path, &id, &reason) < 0) return 0;
         if (e->ended.emplace(id, BindingEnd{revoked, reason}).second) e->order.emplace_back(id);
@@ -178,9 +181,12 @@ struct Client::Ends {
     }
 };
 
-Client::Client(sd_bus *bus) : bus_(bus), pid_(::getpid()), ends_(std::make_unique<Ends>()) {
+Client::Client(sd_bus *bus, bool peer)
+    : bus_(bus), pid_(::getpid()), ends_(std::make_unique<Ends>()) {
+    ends_->peer = peer;
     // Without the filter the client still works; it only cannot say why a binding ended.
     sd_bus_add_filter(bus_, &ends_->slot, Ends::on_message, ends_.get());
+    if (peer) return; // no bus driver: no match to ask for, no NameOwnerChanged to hear
     // Asynchronous: nothing waits for the bus here; the rule is in place before any reply to a
     // later call arrives (the bus handles a connection's messages in order).
     std::string rule = std::string("type='signal',sender='org.freedesktop.DBus',"
@@ -192,10 +198,39 @@ Client::Client(sd_bus *bus) : bus_(bus), pid_(::getpid()), ends_(std::make_uniqu
     sd_bus_add_match_async(bus_, &ends_->owner_slot, rule.c_str(), routed, nullptr, nullptr);
 }
 
+namespace {
+
+std::string env(const char *name) {
+    const char *v = std::getenv(name);
+    return v ? v : "";
+}
+
+bool is_socket(const char *path) {
+    struct stat st{};
+    return ::stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// The pod socket's address when the rule picks it (Client::connect), else "".
+std::string pod_address() {
+    if (std::string a = env(bus::pod_address_env); !a.empty()) return a;
+    if (!env("DBUS_SYSTEM_BUS_ADDRESS").empty()) return "";
+    if (is_socket(bus::pod_socket_path) && !is_socket(bus::system_bus_socket))
+        return std::string("unix:path=") + bus::pod_socket_path;
+    return "";
+}
+
+} // namespace
+
 Result<Client> Client::connect(const std::string &address, std::uint64_t call_timeout_us) {
     sd_bus *bus = nullptr;
     int r = 0;
-    if (address.empty()) {
+    std::string pod = address.empty() ? pod_address() : "";
+    if (!pod.empty()) {
+        // Peer-to-peer: not a bus client (no Hello, no bus driver); EXTERNAL authentication.
+        if ((r = sd_bus_new(&bus)) >= 0 && (r = sd_bus_set_address(bus, pod.c_str())) >= 0 &&
+            (r = sd_bus_negotiate_fds(bus, 1)) >= 0)
+            r = sd_bus_start(bus);
+    } else if (address.empty()) {
         r = sd_bus_open_system(&bus);
     } else {
         if ((r = sd_bus_new(&bus)) >= 0 && (r = sd_bus_set_address(bus, address.c_str())) >= 0 &&
@@ -204,13 +239,18 @@ Result<Client> Client::connect(const std::string &address, std::uint64_t call_ti
     }
     if (r < 0) {
         sd_bus_unref(bus);
+        if (!pod.empty())
+            return make_error(Errc::unavailable,
+                              "cannot reach knod-policyd's pod socket at " + address_tried({}) +
+                                  ": " + std::strerror(-r) +
+                                  " (it serves the processes of registered pods only)");
         return make_error(Errc::unavailable, "cannot connect to the bus at " +
                                                  address_tried(address) + ": " + std::strerror(-r) +
                                                  " (is dbus running? or give --bus-address)");
     }
     // Every call that passes 0 (all of this client's) waits at most this long, attest too.
     if (call_timeout_us) (void)sd_bus_set_method_call_timeout(bus, call_timeout_us);
-    Client c(bus);
+    Client c(bus, !pod.empty());
     // Proven from the start: root's rights (auditor, admin) and rules naming units need it.
     // No daemon yet, or one that refuses: each call says so itself, and asks again.
     (void)c.attest();
@@ -223,8 +263,9 @@ std::string Client::address_tried(const std::string &address) {
         return a.size() <= 256 && is_clean_text(a) ? std::string(a) : quote_untrusted(a, 256);
     };
     if (!address.empty()) return shown(address);
-    const char *env = std::getenv("DBUS_SYSTEM_BUS_ADDRESS");
-    return env && *env ? shown(env) : "unix:path=/run/dbus/system_bus_socket";
+    if (std::string pod = pod_address(); !pod.empty()) return shown(pod);
+    std::string system = env("DBUS_SYSTEM_BUS_ADDRESS");
+    return !system.empty() ? shown(system) : std::string("unix:path=") + bus::system_bus_socket;
 }
 
 Client::Client(Client &&o) noexcept

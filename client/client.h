@@ -85,13 +85,16 @@ struct ManagerStatus {
 
 class Client {
   public:
-    // An empty address means the system bus (DBUS_SYSTEM_BUS_ADDRESS is honoured).
+    // An address is a bus's. An empty one: KNOD_POLICY_ADDRESS (the daemon's pod socket,
+    // peer-to-peer), else the system bus if DBUS_SYSTEM_BUS_ADDRESS is set, else
+    // /run/knod-policy/pod.sock if it exists and /run/dbus/system_bus_socket does not (inside a
+    // pod), else the system bus (docs/client-sdk.md, "Which address").
     // `call_timeout_us`: how long each call waits for the daemon's answer (0: sd-bus's default,
     // 25 s); a collector that must not hang on a stopped daemon gives its own.
     static Result<Client> connect(const std::string &address = {},
                                   std::uint64_t call_timeout_us = 0);
-    // The address connect(address) tries: `address`, else DBUS_SYSTEM_BUS_ADDRESS, else the
-    // system bus's socket. For messages that say which bus was unreachable.
+    // The address connect(address) tries, by the rule above. For messages that say which bus
+    // (or pod socket) was unreachable.
     static std::string address_tried(const std::string &address);
     Client(Client &&) noexcept;
     Client &operator=(Client &&) noexcept;
@@ -162,7 +165,9 @@ class Client {
 
   private:
     struct Ends; // the end signals received so far
-    explicit Client(sd_bus *bus);
+    // `peer`: a peer-to-peer connection to the daemon (the pod socket): no bus driver to ask
+    // for matches, and the daemon is the only sender.
+    Client(sd_bus *bus, bool peer);
     // Dispatches what has arrived (end signals among it) without waiting.
     Result<void> drain();
     // sd-bus refuses a connection in any process but the one that made it (ECHILD, "No child

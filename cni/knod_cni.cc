@@ -505,8 +505,17 @@ int del(const std::string &version, const Budget &budget, const Spool &spool) {
         std::cerr << "knod-cni: " << r.message << ": the deletion of sandbox " << container
                   << " is queued in " << spool.dir
                   << "; knod-policyd ends the pod's bindings when it answers\n";
+    } else if (r.error_name == knod::bus::error::invalid_argument) {
+        // Arguments no registration can have: there is nothing of theirs to delete.
+        std::cerr << "knod-cni: DEL: " << r.message << "\n";
     } else if (!r.error_name.empty()) {
-        std::cerr << "knod-cni: DEL: " << r.message << "\n"; // DEL must not fail
+        // The daemon answered and did not delete (refused, out of resources): a success would
+        // leave the pod registered and its bindings alive for good (issue 51). 11: the runtime
+        // retries the DEL, as it does every failing one.
+        return fail(version, {11,
+                              "knod-policyd did not delete the pod (the runtime must retry "
+                              "the DEL)",
+                              r.message});
     } else if (r.ended) {
         std::cerr << "knod-cni: ended " << r.ended << " binding(s) of sandbox " << container
                   << "\n";

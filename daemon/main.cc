@@ -2,6 +2,7 @@
 #include "daemon/binding_manager.h"
 #include "daemon/bus/bus_service.h"
 #include "daemon/bus/guard.h"
+#include "daemon/bus/pod_socket.h"
 #include "daemon/driver/devmem_driver.h"
 #include "daemon/driver/knod_driver.h"
 #include "daemon/driver/no_driver.h"
@@ -55,6 +56,8 @@ struct Options {
     int snapshot_interval = 10;
     std::string keep_bindings = "auto";
     std::string cni_spool = knod::pod_spool::default_dir;
+    std::string pod_socket; // empty: no pod socket
+    knod::bus::PodSocketLimits pod_limits;
     knod::host::HostPaths host;
     knod::bus::CallerLimits limits;
     std::size_t max_bindings = knod::daemon::ManagerConfig{}.max_bindings;
@@ -294,6 +297,19 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
                    "carry out the pod registrations and deletions knod-cni left here while "
                    "this daemon did not answer (at the start and every second; empty: none)")
         ->capture_default_str();
+    app.add_option("--pod-socket", o.pod_socket,
+                   "serve pods' processes on a socket at this path (peer-to-peer D-Bus, no bus "
+                   "in between; only callers in a registered pod's network namespace are "
+                   "served); empty: none")
+        ->capture_default_str();
+    app.add_option("--max-pod-connections-per-pod", o.pod_limits.per_sandbox,
+                   "connections of one pod sandbox on the pod socket; one more is closed")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("--max-pod-connections", o.pod_limits.total,
+                   "connections on the pod socket in all; one more is closed")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     app.add_option("--max-connections-per-user", o.limits.connections_per_uid,
                    "connections of one uid the daemon remembers (credentials, subscription, "
                    "bindings); a call from one more is refused with LimitsExceeded")
@@ -374,6 +390,8 @@ class Daemon {
     std::unique_ptr<knod::sinks::SinkQueue> sinks_;
     std::unique_ptr<knod::daemon::BindingManager> manager_;
     std::optional<knod::host::LinkMonitor> links_;
+    // After the service and the manager: it goes first, and they outlive its connections.
+    std::unique_ptr<knod::bus::PodSocket> pod_socket_;
     Loop loop_;
     sd_event_source *tick_ = nullptr;
 };
@@ -606,6 +624,15 @@ std::optional<int> Daemon::build(Options &o) {
         log("discarded " + std::to_string(stale) + " stored fd(s) no binding took back");
     // Pods started while no daemon answered become theirs now (and again on every tick).
     service.admission().consume_spool();
+    // Pods reach the daemon here, once it knows their sandboxes (the spool, a restart's).
+    if (!o.pod_socket.empty()) {
+        auto pods = knod::bus::PodSocket::listen(o.pod_socket, event.get(), service, o.pod_limits);
+        if (!pods) {
+            std::cerr << "knod-policyd: " << pods.error().message << "\n";
+            return pods.error().code == knod::Errc::invalid_argument ? exit_config : 1;
+        }
+        pod_socket_ = std::move(*pods);
+    }
     if (std::size_t n = manager.bindings().size())
         log("took back " + std::to_string(n) + " binding(s) from before the restart");
     if (!fd_store.last_error().empty()) log("knod-policyd: " + fd_store.last_error());

@@ -55,6 +55,7 @@ inline const std::vector<std::string> &known_decisions() {
                                                "invalid-policy",
                                                "not-proven",
                                                "connector-gone",
+                                               "not-a-pod",
                                                kind::denied,
                                                kind::rate_limited,
                                                kind::activate_refused,

@@ -13,6 +13,14 @@ inline constexpr const char *manager_interface = "org.knod.Policy1.Manager";
 inline constexpr const char *bindings_prefix = "/org/knod/Policy1/bindings";
 inline constexpr const char *binding_interface = "org.knod.Policy1.Binding";
 inline constexpr const char *manage_action = "org.knod.policy1.manage";
+// Where a pod's processes reach the daemon (peer-to-peer, no bus: knod-policyd --pod-socket),
+// and the variable that names it elsewhere (a D-Bus address, "unix:path=..."). The client
+// library's rule (docs/client-sdk.md): the variable, then the system bus if
+// DBUS_SYSTEM_BUS_ADDRESS names one, then this socket if it exists and the system bus's does
+// not (a pod, which has the one mounted and never the other), then the system bus.
+inline constexpr const char *pod_socket_path = "/run/knod-policy/pod.sock";
+inline constexpr const char *pod_address_env = "KNOD_POLICY_ADDRESS";
+inline constexpr const char *system_bus_socket = "/run/dbus/system_bus_socket";
 
 namespace error {
 inline constexpr const char *denied = "org.knod.Policy1.Error.Denied";

@@ -5,7 +5,11 @@
 # DBUS_SYSTEM_BUS_ADDRESS pointing at that bus, then stops both and removes what it made.
 #
 #   scripts/knod-sandbox.sh [--policy FILE] [--build DIR] [--keep-state DIR] [--unique-sim]
-#                           [--bus-stats] [--daemon-arg ARG]... -- COMMAND [ARGS...]
+#                           [--bus-stats] [--pod-socket] [--daemon-arg ARG]... -- COMMAND [ARGS...]
+#
+# --pod-socket serves the pod socket (knod-policyd --pod-socket) as the packaged unit does, in a
+# directory of the sandbox's own: $KNOD_POD_SOCKET_DIR/pod.sock (the directory is what a pod
+# mounts at /run/knod-policy).
 #
 # --bus-stats lets root call dbus-daemon's org.freedesktop.DBus.Debug.Stats (the bench reads the
 # daemon's match rules there); the system bus's policy, copied here otherwise, refuses it.
@@ -22,6 +26,7 @@ policy=$repo/packaging/policy.example.toml
 state=
 unique_sim=
 bus_stats=
+pod_socket=
 daemon_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,6 +36,7 @@ while [ $# -gt 0 ]; do
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --unique-sim) unique_sim=1; shift ;;
     --bus-stats) bus_stats=1; shift ;;
+    --pod-socket) pod_socket=1; shift ;;
     --) shift; break ;;
     *) echo "knod-sandbox: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -85,6 +91,12 @@ done
 export KNOD_SIM_NETDEV KNOD_SIM_NETNS
 # knod-cni's spool (issue 52) is the sandbox's own, never the host's /run/knod-cni.
 KNOD_CNI_SPOOL=$work/cni-spool
+KNOD_POD_SOCKET_DIR=
+if [ -n "$pod_socket" ]; then
+    KNOD_POD_SOCKET_DIR=$work/knod-policy
+    mkdir -m 755 "$KNOD_POD_SOCKET_DIR"
+    daemon_args+=("--pod-socket=$KNOD_POD_SOCKET_DIR/pod.sock")
+fi
 "$build/daemon/knod-policyd" --bus-address="$DBUS_SYSTEM_BUS_ADDRESS" --policy "$policy" \
     --state-dir "$state" --cni-spool="$KNOD_CNI_SPOOL" "${daemon_args[@]}" 2>"$work/daemon.log" &
 daemon_pid=$!
@@ -99,7 +111,8 @@ answers() {
 up=
 wait_until 120 "knod-policyd to answer a Ping" answers && up=1
 [ -n "$up" ] || { cat "$work/daemon.log" >&2; echo "knod-sandbox: knod-policyd never answered a Ping" >&2; exit 1; }
-export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid KNOD_CNI_SPOOL
+export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid KNOD_CNI_SPOOL \
+    KNOD_POD_SOCKET_DIR
 set +e
 "$@"
 rc=$?

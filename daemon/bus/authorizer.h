@@ -54,6 +54,10 @@ struct Credentials {
     // The start time of the process first read at `pid` (daemon::Peer::start_time): a later
     // call finding another process there is refused (its connection's maker is gone).
     std::uint64_t start_time = 0;
+    // Called over the pod socket (daemon/bus/pod_socket.h): always a pod's process, never a
+    // host principal, and host-only methods are refused. `netns`: where it was admitted from.
+    bool pod_socket = false;
+    daemon::NamespaceId netns;
 };
 
 class Authorizer {

@@ -17,8 +17,11 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -237,11 +240,11 @@ int BusService::manager_property(sd_bus *, const char *, const char *, const cha
 }
 
 template <BusService::BindingGet get>
-int BusService::binding_property(sd_bus *, const char *path, const char *, const char *,
+int BusService::binding_property(sd_bus *bus, const char *path, const char *, const char *,
                                  sd_bus_message *reply, void *self, sd_bus_error *err) {
     return guarded("binding property", err, [&]() -> int {
         auto *s = service(self);
-        const daemon::Binding *b = s->emitting_ ? s->emitting_ : s->binding_at(path);
+        const daemon::Binding *b = s->emitting_ ? s->emitting_ : s->binding_at(bus, path);
         if (!b) return fail(err, make_error(Errc::not_found, "no such binding"));
         return get(reply, *b, *s->manager_);
     });
@@ -417,39 +420,49 @@ BusService::BusService(sd_bus *bus, CallerLimits limits)
 
 BusService::~BusService() = default;
 
-Result<void> BusService::start(daemon::BindingManager &manager, const std::string &pod_spool) {
-    manager_ = &manager;
-    admission_ = std::make_unique<daemon::PodAdmission>(manager, pod_spool);
+Result<std::vector<SlotPtr>> BusService::add_objects(sd_bus *bus) {
+    std::vector<SlotPtr> slots;
     sd_bus_slot *slot = nullptr;
     auto add = [&](int r, const char *what) -> Result<void> {
         if (r < 0) return make_error(Errc::io, std::string(what) + ": " + std::strerror(-r));
-        slots_.emplace_back(slot);
+        slots.emplace_back(slot);
         slot = nullptr;
         return {};
     };
     Result<void> r;
-    if (!(r = add(sd_bus_add_object_vtable(bus_, &slot, manager_path, manager_interface,
+    if (!(r = add(sd_bus_add_object_vtable(bus, &slot, manager_path, manager_interface,
                                            manager_vtable, this),
                   "manager vtable")))
-        return r;
-    if (!(r = add(sd_bus_add_fallback_vtable(bus_, &slot, bindings_prefix, binding_interface,
+        return r.error();
+    if (!(r = add(sd_bus_add_fallback_vtable(bus, &slot, bindings_prefix, binding_interface,
                                              binding_vtable, find_binding, this),
                   "binding vtable")))
-        return r;
-    if (!(r = add(
-              sd_bus_add_node_enumerator(bus_, &slot, bindings_prefix, enumerate_bindings, this),
-              "node enumerator")))
-        return r;
-    if (!(r = add(sd_bus_add_object_manager(bus_, &slot, manager_path), "object manager")))
-        return r;
+        return r.error();
+    if (!(r = add(sd_bus_add_node_enumerator(bus, &slot, bindings_prefix, enumerate_bindings, this),
+                  "node enumerator")))
+        return r.error();
+    if (!(r = add(sd_bus_add_object_manager(bus, &slot, manager_path), "object manager")))
+        return r.error();
+    return slots;
+}
+
+Result<void> BusService::start(daemon::BindingManager &manager, const std::string &pod_spool) {
+    manager_ = &manager;
+    admission_ = std::make_unique<daemon::PodAdmission>(manager, pod_spool);
+    auto objects = add_objects(bus_);
+    if (!objects) return objects.error();
+    for (auto &o : *objects)
+        slots_.push_back(std::move(o));
     // One match rule for every connection that leaves, waited for here (a failure stops the
     // start, and no call is served before the bus applies it). Nothing later adds a match:
     // sd-bus closes the connection when an AddMatch it sent without an install callback fails.
-    if (!(r = add(sd_bus_match_signal(bus_, &slot, "org.freedesktop.DBus", "/org/freedesktop/DBus",
-                                      "org.freedesktop.DBus", "NameOwnerChanged",
-                                      name_owner_changed, this),
-                  "NameOwnerChanged match")))
-        return r;
+    sd_bus_slot *slot = nullptr;
+    if (int r = sd_bus_match_signal(bus_, &slot, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                                    "org.freedesktop.DBus", "NameOwnerChanged", name_owner_changed,
+                                    this);
+        r < 0)
+        return make_error(Errc::io, std::string("NameOwnerChanged match: ") + std::strerror(-r));
+    slots_.emplace_back(slot);
     // main() takes the name before it touches the network; EALREADY means it did.
     int rc = sd_bus_request_name(bus_, service_name, 0);
     if (rc < 0 && rc != -EALREADY)
@@ -557,6 +570,7 @@ void take_identity(Credentials &c, daemon::Peer p) {
     c.start_time = p.start_time;
     c.pod = std::move(p.pod);
     c.pod_sandbox = std::move(p.pod_sandbox);
+    c.netns = p.netns;
 }
 
 } // namespace
@@ -591,6 +605,7 @@ Error BusService::refuse_maker_gone(const Credentials &c, const char *how) const
 }
 
 Result<Credentials> BusService::credentials(sd_bus_message *m) const {
+    if (sd_bus *on = sd_bus_message_get_bus(m); on != bus_) return pod_credentials(on);
     const char *sender_name = sd_bus_message_get_sender(m);
     if (!sender_name || sender_name[0] != ':')
         return make_error(Errc::denied, "the bus did not name the caller's connection");
@@ -613,10 +628,146 @@ Result<Credentials> BusService::credentials(sd_bus_message *m) const {
     place(*process);
     take_identity(c, std::move(*process));
     // Remembered only once there is room for it: a refused caller leaves nothing behind.
-    auto entry = remember(c.sender, c.principal, c.pid, m, c.root_in_host);
+    const char *method = sd_bus_message_get_member(m);
+    auto entry = remember(c.sender, c.principal, c.pid, method ? method : "call", c.root_in_host);
     if (!entry) return entry.error();
     (*entry)->creds = c;
     return c;
+}
+
+Result<Credentials> BusService::pod_credentials(sd_bus *conn) const {
+    auto pod = pod_connections_.find(conn);
+    auto hit =
+        pod == pod_connections_.end() ? connections_.end() : connections_.find(pod->second.name);
+    if (hit == connections_.end() || !hit->second.creds)
+        return make_error(Errc::denied, "the caller's connection is not one the daemon serves");
+    const Credentials &c = *hit->second.creds;
+    if (auto gone = maker_gone(c); !gone) return gone.error();
+    // Its pod must still be registered, by the same sandbox: after a DEL nothing said on the
+    // connection is that pod's, and no other pod may inherit it.
+    const daemon::PodSandbox *sb = manager_->pods().by_netns(pod->second.netns);
+    if (!sb || sb->container_id != c.pod_sandbox) {
+        auto denied = make_error(Errc::denied, "the pod this connection was made in is no longer "
+                                               "registered (deleted); the pod socket serves "
+                                               "registered pods only");
+        daemon::Peer who;
+        who.uid = c.uid;
+        who.pid = c.pid;
+        who.bus_name = c.sender;
+        manager_->refuse_action(journal::kind::pod_refused, who, "not-a-pod", denied.message);
+        return denied;
+    }
+    return c;
+}
+
+Result<Credentials> BusService::admit_pod_caller(uid_t uid, pid_t pid,
+                                                 std::shared_ptr<UniqueFd> pidfd,
+                                                 const std::string &name) const {
+    // SO_PEERPIDFD is the kernel's pidfd of the process that connected: as good a proof as a
+    // bus's ProcessFD. Without it (Linux < 6.5) the caller is known by its pid only, and its
+    // pod's rules do not grant it (daemon/peer.h).
+    daemon::ProvenProcess proven;
+    if (pidfd && pidfd->valid()) proven = {std::move(pidfd), daemon::ProcessProof::bus_pidfd, pid};
+    daemon::Peer who;
+    who.uid = uid;
+    who.pid = pid;
+    who.bus_name = name;
+    auto refuse = [&](const char *decision, const std::string &why) {
+        manager_->refuse_action(journal::kind::pod_refused, who, decision, why);
+        return make_error(Errc::denied, why);
+    };
+    auto p = daemon::identify_peer(uid, pid, std::nullopt, name, proven);
+    if (!p)
+        return p.error().code == Errc::out_of_resources ? p.error()
+                                                        : refuse("not-proven", p.error().message);
+    place(*p);
+    who = *p;
+    if (p->pod_sandbox.empty())
+        return refuse("not-a-pod",
+                      "the pod socket serves the processes of registered pods only, and this "
+                      "caller's network namespace is no registered pod sandbox's; host processes "
+                      "use the system bus");
+    Credentials c;
+    c.uid = uid;
+    c.pid = pid;
+    c.sender = name;
+    c.process = proven;
+    c.pod_socket = true;
+    take_identity(c, std::move(*p));
+    return c;
+}
+
+Result<std::vector<SlotPtr>> BusService::serve_pod_connection(sd_bus *conn,
+                                                              const Credentials &caller) {
+    auto entry = remember(caller.sender, caller.principal, caller.pid, "connect", false);
+    if (!entry) return entry.error();
+    (*entry)->creds = caller;
+    auto objects = add_objects(conn);
+    if (!objects) {
+        forget(caller.sender);
+        return objects.error();
+    }
+    pod_connections_[conn] = {caller.sender, caller.netns};
+    pod_buses_[caller.sender] = conn;
+    return objects;
+}
+
+void BusService::pod_connection_closed(const std::string &name) {
+    if (auto b = pod_buses_.find(name); b != pod_buses_.end()) {
+        pod_connections_.erase(b->second);
+        pod_buses_.erase(b);
+    }
+    forget(name);
+    manager_->connection_gone(name);
+}
+
+void BusService::pod_connection_detached(const std::string &name) {
+    if (auto b = pod_buses_.find(name); b != pod_buses_.end()) {
+        pod_connections_.erase(b->second);
+        pod_buses_.erase(b);
+    }
+}
+
+Error BusService::refuse_pod_limit(const Credentials &c, const std::string &what) const {
+    return manager_->refuse_limit(c.uid, c.pid, false, "connect", what);
+}
+
+Result<void> BusService::host_only(const Credentials &c, const char *method,
+                                   const char *kind) const {
+    if (!c.pod_socket) return {};
+    auto denied = make_error(Errc::denied, std::string(method) +
+                                               " is not served on the pod socket: a pod reaches "
+                                               "its own bindings only (the node's administrators "
+                                               "and its CNI plugin use the system bus)");
+    if (kind) {
+        daemon::Peer by;
+        by.uid = c.uid;
+        by.pid = c.pid;
+        by.bus_name = c.sender;
+        by.pod = c.pod;
+        by.pod_sandbox = c.pod_sandbox;
+        manager_->refuse_action(kind, by, "not-authorized", denied.message);
+    }
+    return denied;
+}
+
+namespace {
+constexpr std::string_view pod_name_prefix = "pod-socket:";
+}
+
+std::string pod_connection_name(std::uint64_t serial) {
+    // The daemon's start (its pid and the time) makes names unique across restarts.
+    static const std::string run = [] {
+        timespec t{};
+        ::clock_gettime(CLOCK_REALTIME, &t);
+        return std::to_string(::getpid()) + "." + std::to_string(t.tv_sec) + "." +
+               std::to_string(t.tv_nsec);
+    }();
+    return std::string(pod_name_prefix) + run + "." + std::to_string(serial);
+}
+
+bool is_pod_connection_name(const std::string &name) {
+    return name.starts_with(pod_name_prefix);
 }
 
 int BusService::refuse_limit(sd_bus_message *m, const Credentials &c, const Error &why,
@@ -628,13 +779,11 @@ int BusService::refuse_limit(sd_bus_message *m, const Credentials &c, const Erro
 
 Result<BusService::Connection *> BusService::remember(const std::string &name,
                                                       const daemon::PrincipalKey &who, pid_t pid,
-                                                      sd_bus_message *m, bool exempt) const {
-    if (name.empty() || name[0] != ':')
+                                                      const char *method, bool exempt) const {
+    if (name.empty() || (name[0] != ':' && !is_pod_connection_name(name)))
         return make_error(Errc::denied, "the bus did not name the caller's connection");
     if (auto it = connections_.find(name); it != connections_.end()) return &it->second;
-    if (!exempt && m) {
-        const char *method = sd_bus_message_get_member(m);
-        method = method ? method : "call";
+    if (!exempt && method) {
         std::size_t &mine = connections_of_[who];
         std::string what;
         if (mine >= limits_.connections_per_uid)
@@ -694,6 +843,10 @@ Result<daemon::Peer> BusService::peer(sd_bus_message *m) const {
     if (!c) return c.error();
     auto p = daemon::identify_peer(c->uid, c->pid, c->bus_gids, c->sender, c->process);
     if (p) place(*p);
+    // A pod socket's caller is the pod it was admitted from, or no one (never the host's).
+    if (p && c->pod_socket && p->pod_sandbox != c->pod_sandbox)
+        return make_error(Errc::denied, "the caller has left the pod it connected from; the pod "
+                                        "socket serves a pod's own processes only");
     return p;
 }
 
@@ -715,35 +868,37 @@ Result<void> BusService::throttle(sd_bus_message *m, const char *method) const {
     return manager_->throttle(c->principal, c->pid, c->root_in_host, method);
 }
 
-bool BusService::visible(const daemon::Binding &b) const {
-    sd_bus_message *m = sd_bus_get_current_message(bus_);
+bool BusService::visible(sd_bus *on, const daemon::Binding &b) const {
+    // The call being handled on the connection it came in on (the bus, or a pod connection).
+    sd_bus_message *m = sd_bus_get_current_message(on);
     if (!m) return true; // our own emissions (InterfacesAdded)
     auto c = credentials(m);
     if (!c) return false;
     return owns(*c, b) || authorizer_.is_auditor(*c, manager_->policy().settings);
 }
 
-const daemon::Binding *BusService::binding_at(const char *path) const {
+const daemon::Binding *BusService::binding_at(sd_bus *on, const char *path) const {
     const daemon::Binding *b = manager_->find(id_of(path));
-    return b && visible(*b) ? b : nullptr;
+    return b && visible(on, *b) ? b : nullptr;
 }
 
-int BusService::find_binding(sd_bus *, const char *path, const char *, void *self, void **found,
+int BusService::find_binding(sd_bus *bus, const char *path, const char *, void *self, void **found,
                              sd_bus_error *) {
     return guarded("find binding", nullptr, [&]() -> int {
-        if (!service(self)->binding_at(path)) return 0; // others' bindings do not exist for you
+        if (!service(self)->binding_at(bus, path))
+            return 0; // others' bindings do not exist for you
         *found = self;
         return 1;
     });
 }
 
-int BusService::enumerate_bindings(sd_bus *, const char *, void *self, char ***nodes,
+int BusService::enumerate_bindings(sd_bus *bus, const char *, void *self, char ***nodes,
                                    sd_bus_error *) {
     return guarded("enumerate bindings", nullptr, [&]() -> int {
         auto *s = service(self);
         std::vector<std::string> paths;
         for (auto *b : s->manager_->bindings())
-            if (s->visible(*b)) paths.push_back(binding_path(b->id));
+            if (s->visible(bus, *b)) paths.push_back(binding_path(b->id));
         char **out = static_cast<char **>(calloc(paths.size() + 1, sizeof(char *)));
         if (!out) return -ENOMEM;
         for (std::size_t i = 0; i < paths.size(); ++i)
@@ -863,6 +1018,10 @@ int BusService::revoke_binding(sd_bus_message *m, void *self, sd_bus_error *err)
         if (why[0] == '\0')
             return fail(err, make_error(Errc::invalid_argument, "reason: say why you revoke"));
         if (auto t = s->throttle(m, "RevokeBinding"); !t) return fail(err, t.error());
+        if (auto c = s->credentials(m); !c)
+            return fail(err, c.error());
+        else if (auto h = s->host_only(*c, "RevokeBinding", journal::kind::revoke_refused); !h)
+            return fail(err, h.error());
         auto caller = s->peer(m);
         if (!caller) return fail(err, caller.error());
         Credentials c;
@@ -895,6 +1054,8 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "ReloadPolicy"); !t) return fail(err, t.error());
+        if (auto h = s->host_only(*c, "ReloadPolicy", journal::kind::reload_refused); !h)
+            return fail(err, h.error());
         std::shared_ptr<sd_bus_message> call = hold_call(m);
         daemon::Peer by;
         by.uid = c->uid;
@@ -966,6 +1127,8 @@ int BusService::register_pod(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "RegisterPod"); !t) return fail(err, t.error());
+        if (auto h = s->host_only(*c, "RegisterPod", journal::kind::pod_refused); !h)
+            return fail(err, h.error());
         const char *container = nullptr, *ifname = nullptr;
         int fd = -1;
         int r = sd_bus_message_read(m, "ssh", &container, &ifname, &fd);
@@ -1004,6 +1167,8 @@ int BusService::unregister_pod(sd_bus_message *m, void *self, sd_bus_error *err)
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "UnregisterPod"); !t) return fail(err, t.error());
+        if (auto h = s->host_only(*c, "UnregisterPod", journal::kind::pod_refused); !h)
+            return fail(err, h.error());
         if (!c->host_root)
             return fail(err, refuse_pod_call(*s, *c,
                                              "only the host's root (the node's CNI "
@@ -1025,6 +1190,8 @@ int BusService::collect_pods(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "CollectPods"); !t) return fail(err, t.error());
+        if (auto h = s->host_only(*c, "CollectPods", journal::kind::pod_refused); !h)
+            return fail(err, h.error());
         if (!c->host_root)
             return fail(err, refuse_pod_call(*s, *c,
                                              "only the host's root (the node's CNI "
@@ -1069,6 +1236,7 @@ int BusService::can_manage(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "CanManage"); !t) return fail(err, t.error());
+        if (auto h = s->host_only(*c, "CanManage", nullptr); !h) return fail(err, h.error());
         std::shared_ptr<sd_bus_message> call = hold_call(m);
         auto asked =
             s->authorizer_.check_admin(*c, s->manager_->policy().settings, [call](bool admin) {
@@ -1087,6 +1255,9 @@ int BusService::host_report(sd_bus_message *m, void *self, sd_bus_error *err) {
     return guarded("GetHostReport", err, [&]() -> int {
         auto *s = service(self);
         if (auto t = s->throttle(m, "GetHostReport"); !t) return fail(err, t.error());
+        auto c = s->credentials(m);
+        if (!c) return fail(err, c.error());
+        if (auto h = s->host_only(*c, "GetHostReport", nullptr); !h) return fail(err, h.error());
         return sd_bus_reply_method_return(m, "s", daemon::host_report_json(*s->manager_).c_str());
     });
 }
@@ -1097,6 +1268,7 @@ int BusService::metrics(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "GetMetrics"); !t) return fail(err, t.error());
+        if (auto h = s->host_only(*c, "GetMetrics", nullptr); !h) return fail(err, h.error());
         if (!s->authorizer_.is_auditor(*c, s->manager_->policy().settings))
             return fail(err, make_error(Errc::denied,
                                         "GetMetrics needs root, the auditor group or the admin "
@@ -1322,8 +1494,19 @@ std::set<std::string> BusService::entitled(const daemon::Binding &b) {
 
 void BusService::signal_about(const daemon::Binding &b, const SignalName &name,
                               const SignalBody &body) {
-    // A lost signal costs a listener an update, never a binding: log it and go on.
-    if (auto r = send_unicast(bus_, entitled(b), name, body); !r)
+    // A lost signal costs a listener an update, never a binding: log it and go on. A pod
+    // connection's signals go over that connection (no bus routes them).
+    std::set<std::string> on_bus;
+    for (auto &to : entitled(b)) {
+        auto pod = pod_buses_.find(to);
+        if (pod == pod_buses_.end()) {
+            if (!is_pod_connection_name(to)) on_bus.insert(to); // else closed: no one to tell
+        } else if (auto r = send_to_peer(pod->second, name, body); !r) {
+            std::cerr << "knod-policyd: binding " << b.id << ": " << r.error().message << " (" << to
+                      << ")" << std::endl;
+        }
+    }
+    if (auto r = send_unicast(bus_, on_bus, name, body); !r)
         std::cerr << "knod-policyd: binding " << b.id << ": " << r.error().message << std::endl;
 }
 
@@ -1385,6 +1568,14 @@ void BusService::confirm_remembered() {
 
 void BusService::confirm(const std::set<std::string> &names) {
     for (auto &name : names) {
+        // A pod connection is gone unless served now: none outlives the daemon that accepted it.
+        if (is_pod_connection_name(name)) {
+            if (!pod_buses_.count(name)) {
+                forget(name);
+                manager_->connection_gone(name);
+            }
+            continue;
+        }
         sd_bus_error err = SD_BUS_ERROR_NULL;
         sd_bus_message *reply = nullptr;
         int has = 1; // unknown (the bus did not answer): keep, as for any other call
@@ -1444,6 +1635,9 @@ void BusService::binding_ended(const daemon::Binding &b, daemon::EndReason why,
 
 // No binding's details: every listener may know that the policy changed.
 void BusService::policy_reloaded(std::size_t rules, std::size_t revoked) {
+    for (auto &[on, pod] : pod_connections_)
+        sd_bus_emit_signal(on, manager_path, manager_interface, "PolicyReloaded", "uu",
+                           static_cast<std::uint32_t>(rules), static_cast<std::uint32_t>(revoked));
     sd_bus_emit_signal(bus_, manager_path, manager_interface, "PolicyReloaded", "uu",
                        static_cast<std::uint32_t>(rules), static_cast<std::uint32_t>(revoked));
 }

@@ -44,6 +44,24 @@ class BusService : public daemon::BindingEvents {
     // Registers the objects and takes the well-known name. `pod_spool`: where knod-cni spools
     // what it could not hand over in time (empty: none is read; protocol/pod_spool.h).
     Result<void> start(daemon::BindingManager &manager, const std::string &pod_spool = {});
+
+    // The pod socket (daemon/bus/pod_socket.h): a peer-to-peer connection that no bus vouches
+    // for, so the kernel does. `admit_pod_caller`: who made the connection (SO_PEERCRED's uid
+    // and pid, SO_PEERPIDFD's pidfd or none), identified as a bus caller is; refused (Denied,
+    // journaled pod-refused/not-a-pod) unless it is in a registered pod's network namespace.
+    Result<Credentials> admit_pod_caller(uid_t uid, pid_t pid, std::shared_ptr<UniqueFd> pidfd,
+                                         const std::string &name) const;
+    // Serves the same objects on `conn` for `caller` (from admit_pod_caller), remembered under
+    // its name within the per-principal bounds; the slots live as long as the connection.
+    Result<std::vector<SlotPtr>> serve_pod_connection(sd_bus *conn, const Credentials &caller);
+    // The connection closed (or its maker exited): forgotten, and its bindings end as on a
+    // disconnect from the bus.
+    void pod_connection_closed(const std::string &name);
+    // The daemon is stopping and the connection goes with it: nothing more is sent on it, and
+    // its bindings end (or are handed off) as the stop decides.
+    void pod_connection_detached(const std::string &name);
+    // A bound of the pod socket reached (`what`: which): journaled like the others'.
+    Error refuse_pod_limit(const Credentials &c, const std::string &what) const;
     // The pod methods' core (valid after start()); the daemon's tick consumes the spool here.
     daemon::PodAdmission &admission() { return *admission_; }
 
@@ -102,7 +120,13 @@ class BusService : public daemon::BindingEvents {
     std::size_t remembered_connections() const { return connections_.size(); }
 
   private:
+    // Registers the vtables, the node enumerator and the object manager on `bus` (the system
+    // bus, or one pod connection): one set of tables, served on every connection.
+    Result<std::vector<SlotPtr>> add_objects(sd_bus *bus);
     Result<Credentials> credentials(sd_bus_message *m) const;
+    // A call on a pod connection: what the kernel said at accept, if its maker still runs and
+    // its sandbox is still registered.
+    Result<Credentials> pod_credentials(sd_bus *conn) const;
     Result<daemon::Peer> peer(sd_bus_message *m) const;
     // Puts the pod registered for the peer's network namespace, if any, on it.
     void place(daemon::Peer &p) const;
@@ -117,9 +141,12 @@ class BusService : public daemon::BindingEvents {
     // identified: a connection speaks only for the process that made it.
     Result<void> maker_gone(const Credentials &c) const;
     Error refuse_maker_gone(const Credentials &c, const char *how) const;
-    // May the sender of the message being handled see this binding?
-    bool visible(const daemon::Binding &b) const;
-    const daemon::Binding *binding_at(const char *path) const;
+    // Denied (journaled as `kind`, if any, not-authorized) on the pod socket: `method` is for
+    // the node's administrators and its CNI plugin, who use the system bus.
+    Result<void> host_only(const Credentials &c, const char *method, const char *kind) const;
+    // May the sender of the message being handled on `on` see this binding?
+    bool visible(sd_bus *on, const daemon::Binding &b) const;
+    const daemon::Binding *binding_at(sd_bus *on, const char *path) const;
     // The ObjectManager's InterfacesAdded arguments for a binding, as GetManagedObjects shows it.
     int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b);
 
@@ -160,8 +187,9 @@ class BusService : public daemon::BindingEvents {
     };
     // Remembers `name` for `uid`, or refuses the call being handled (LimitsExceeded, journaled);
     // `exempt`: the host's root, counted in no bound.
+    // `method`: the call that made it remembered (bounds apply; nullptr: a taken-back holder).
     Result<Connection *> remember(const std::string &name, const daemon::PrincipalKey &who,
-                                  pid_t pid, sd_bus_message *m, bool exempt) const;
+                                  pid_t pid, const char *method, bool exempt) const;
     void forget(const std::string &name);
     // Asks the bus (NameHasOwner, waited for) whether each name is still connected; one that is
     // not is forgotten, and its bindings end. No answer keeps it.
@@ -179,7 +207,21 @@ class BusService : public daemon::BindingEvents {
     std::set<std::string> subscribers_;
     std::map<daemon::PrincipalKey, std::size_t> subscriptions_of_; // per principal
     std::size_t unprivileged_subscriptions_ = 0; // subscribed, of uids other than 0
+    // Pod connections being served: the connection's name (pod_connection_name) and the
+    // network namespace it was admitted from; and back, for signals addressed to a name.
+    struct PodConnection {
+        std::string name;
+        daemon::NamespaceId netns;
+    };
+    std::map<sd_bus *, PodConnection> pod_connections_;
+    std::map<std::string, sd_bus *> pod_buses_;
 };
+
+// Names a pod connection the way a bus names its connections, never like a bus's unique name
+// (":1.42"), and unique across daemon starts (a binding taken back after a restart names a
+// connection that is gone).
+std::string pod_connection_name(std::uint64_t serial);
+bool is_pod_connection_name(const std::string &name);
 
 std::string binding_path(const std::string &id);
 

@@ -24,4 +24,16 @@ Result<void> send_unicast(sd_bus *bus, const std::set<std::string> &destinations
     return {};
 }
 
+Result<void> send_to_peer(sd_bus *peer, const SignalName &name, const SignalBody &body) {
+    sd_bus_message *raw = nullptr;
+    int r = sd_bus_message_new_signal(peer, &raw, name.path, name.interface, name.member);
+    MessagePtr m(raw);
+    if (r >= 0) r = body(m.get());
+    if (r >= 0) r = sd_bus_send(peer, m.get(), nullptr);
+    if (r < 0)
+        return make_error(Errc::io,
+                          std::string("signal ") + name.member + ": " + std::strerror(-r));
+    return {};
+}
+
 } // namespace knod::bus

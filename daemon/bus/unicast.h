@@ -28,4 +28,8 @@ struct SignalName {
 Result<void> send_unicast(sd_bus *bus, const std::set<std::string> &destinations,
                           const SignalName &name, const SignalBody &body);
 
+// On a peer-to-peer connection (the pod socket) there is one listener and no bus to route by:
+// the signal goes out without a destination.
+Result<void> send_to_peer(sd_bus *peer, const SignalName &name, const SignalBody &body);
+
 } // namespace knod::bus

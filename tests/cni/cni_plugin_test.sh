@@ -163,6 +163,17 @@ plugin DEL "sandbox-c-$tag" "$pod_c" "$(k8s team-a trainer uid-c)"
 plugin CHECK "sandbox-a-$tag" "$pod_a" "$(k8s team-a infer-0 uid-a-1)"
 [ "$rc" -eq 0 ] && [ ! -s "$work/out" ] && ok "CHECK succeeds and prints nothing" || { not_ok "CHECK (exit $rc)"; cat "$work/out" "$work/err"; }
 
+# --- a DEL the daemon answers without deleting is no success (issue 51) ---------------------
+# Root in a pod may not unregister pods: the daemon says Denied, the pod stays registered, and
+# the plugin says 11 (try again) instead of a success for a deletion nobody made.
+PLUGIN_PREFIX=(ip netns exec "$pod_a")
+plugin DEL "sandbox-a-$tag" "$pod_a" "$(k8s team-a infer-0 uid-a-1)"
+PLUGIN_PREFIX=()
+[ "$rc" -ne 0 ] && [ "$(json_field code)" = 11 ] && grep -q "unregisters pods" "$work/out" &&
+    "$cli" bindings --json | grep -q "$id_a0" &&
+    ok "a DEL the daemon refused is error 11, never success, and the pod's bindings stay" ||
+    { not_ok "refused DEL (exit $rc)"; cat "$work/out" "$work/err"; }
+
 # --- DEL ends the pod's bindings as pod-deleted; a second DEL (no netns) succeeds ---------------
 plugin DEL "sandbox-a-$tag" "$pod_a" "$(k8s team-a infer-0 uid-a-1)"
 [ "$rc" -eq 0 ] && [ ! -s "$work/out" ] && ok "DEL succeeds and prints nothing" || { not_ok "DEL (exit $rc)"; cat "$work/out"; }

@@ -5,9 +5,11 @@
 # after it and hands it the pod's namespace, name, UID and annotations; processes placed in the
 # sandbox's network namespace are that pod's to knod-policyd. Real parts, offline: Debian's
 # containerd, runc, CNI plugins and catatonit (the pause image is made here from it, no
-# registry). Run inside scripts/knod-sandbox.sh (the policy: tests/cni/containerd_policy.toml);
-# containerd inherits its DBUS_SYSTEM_BUS_ADDRESS, so the plugin reaches that daemon.
-# Usage: knod-sandbox.sh --unique-sim --policy tests/cni/containerd_policy.toml -- \
+# registry). Run inside scripts/knod-sandbox.sh --pod-socket (the policy:
+# tests/cni/containerd_policy.toml); containerd inherits its DBUS_SYSTEM_BUS_ADDRESS, so the
+# plugin reaches that daemon. The pod's processes see what a pod is given (docs/kubernetes.md):
+# the pod socket's directory at /run/knod-policy, read-only, and no system bus at all.
+# Usage: knod-sandbox.sh --unique-sim --pod-socket --policy tests/cni/containerd_policy.toml -- \
 #            containerd_test.sh KNOD_CNI KNOD_POLICY KNOD_TEST_CLIENT
 set -u
 cni=$(readlink -f "$1") cli=$(readlink -f "$2") client=$(readlink -f "$3")
@@ -25,8 +27,9 @@ done
 # Debian's grpc is for Debian's python, not for another python first on PATH.
 /usr/bin/python3 -c 'import grpc, grpc_tools.protoc' 2>/dev/null ||
     skip "/usr/bin/python3 lacks grpc (Debian: python3-grpcio, python3-grpc-tools)"
-[ -n "${KNOD_SANDBOX:-}" ] && [ -n "${DBUS_SYSTEM_BUS_ADDRESS:-}" ] ||
-    { echo "not ok - run me inside scripts/knod-sandbox.sh"; exit 1; }
+[ -n "${KNOD_SANDBOX:-}" ] && [ -n "${DBUS_SYSTEM_BUS_ADDRESS:-}" ] && [ -n "${KNOD_POD_SOCKET_DIR:-}" ] ||
+    { echo "not ok - run me inside scripts/knod-sandbox.sh --pod-socket"; exit 1; }
+command -v unshare >/dev/null || skip "unshare is not installed (Debian: util-linux)"
 
 passed=0 failed=0
 ok() { passed=$((passed + 1)); echo "ok - $*"; }
@@ -241,7 +244,21 @@ left_b() {
 # --- processes in the team-a sandbox's network namespace are that pod's ---------------------
 # hold-until-end prints "ok ID KEY" once granted, then "ended revoked|released REASON" when the
 # daemon tells it the binding ended (30 s at most: it is started just before it is needed).
-hold_bg() { local out=$1; shift; nsenter --net="$netns" "$client" hold-until-end "$KNOD_SIM_NETDEV" sim0 4096 "$@" >"$out" 2>&1 </dev/null & holders+=($!); }
+# in_pod CMD...: CMD in the sandbox's network namespace and a mount namespace of its own that
+# shows what a pod is given: an empty /run with the pod socket's directory at /run/knod-policy
+# (read-only), and neither the node's system bus socket nor this sandbox's bus (the work dir is
+# covered). No address in its environment: the client library finds the pod socket by itself.
+in_pod() {
+    nsenter --net="$netns" unshare --mount --propagation private -- env -u DBUS_SYSTEM_BUS_ADDRESS \
+        bash -c 'mount -t tmpfs -o mode=755 pod-run /run && mkdir /run/knod-policy &&
+            mount --bind -o ro "$1" /run/knod-policy && mount -t tmpfs -o mode=755 hide "$2" && shift 2 &&
+            exec "$@"' in_pod "$KNOD_POD_SOCKET_DIR" "$KNOD_SANDBOX" "$@"
+}
+in_pod sh -c 'test -S /run/knod-policy/pod.sock && test ! -e /run/dbus/system_bus_socket && test ! -e "$0"' \
+    "${DBUS_SYSTEM_BUS_ADDRESS#unix:path=}" &&
+    ok "the pod's processes have the pod socket and no system bus socket (neither the node's nor the sandbox's)" ||
+    not_ok "the pod's view: $(in_pod ls -la /run /run/knod-policy 2>&1)"
+hold_bg() { local out=$1; shift; in_pod "$client" hold-until-end "$KNOD_SIM_NETDEV" sim0 4096 "$@" >"$out" 2>&1 </dev/null & holders+=($!); }
 hold_bg "$work/h1" "udp 10.99.0.1:* -> 10.99.0.2:5100"
 hold_bg "$work/h2" "udp 10.99.0.1:* -> 10.99.0.2:7000"
 wait_until 60 "the pod's holders to be answered" bash -c 'grep -q "^ok \|^error" "$1" && grep -q "^ok \|^error" "$2"' _ "$work/h1" "$work/h2"

@@ -3,8 +3,10 @@
 # runs containers from a local root filesystem (--rootfs, offline) on two networks whose
 # conflists chain knod-cni after the bridge plugin, one network per Kubernetes-style namespace
 # (the plugin's "namespace" option: podman passes no K8S_POD_NAMESPACE). Inside, the Python SDK
-# asks knod-policyd (on the sandbox's private bus, its socket mounted in) for a binding, as uid 0
-# and as another uid. Run inside scripts/knod-sandbox.sh --unique-sim --policy tests/cni/policy.toml.
+# asks knod-policyd for a binding, as uid 0 and as another uid, over the pod socket: only its
+# directory is mounted in (at /run/knod-policy, read-only, as docs/kubernetes.md says), never a
+# bus, and the SDK finds it with no address given. Run inside
+# scripts/knod-sandbox.sh --unique-sim --pod-socket --policy tests/cni/policy.toml.
 # Usage: podman_test.sh KNOD_CNI KNOD_POLICY SOURCE_DIR BUILD_DIR
 #
 # podman's settings here are this machine's (no systemd as PID 1, hybrid cgroups, a limited
@@ -13,6 +15,7 @@ set -u
 cni=$(readlink -f "$1") cli=$(readlink -f "$2") src=$(readlink -f "$3") build=$(readlink -f "$4")
 . "$src/scripts/wait-lib.sh"
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (rootful podman)"; exit 77; }
+[ -n "${KNOD_POD_SOCKET_DIR:-}" ] || { echo "not ok - run me inside scripts/knod-sandbox.sh --pod-socket"; exit 1; }
 for need in podman runc /usr/lib/cni/bridge /usr/lib/cni/host-local; do
     command -v "$need" >/dev/null || [ -x "$need" ] ||
         { echo "SKIP: $need missing (scripts/install-deps.sh installs podman, runc, containernetworking-plugins)"; exit 77; }
@@ -100,9 +103,10 @@ for l in bin lib lib64 sbin; do ln -s "usr/$l" "$rootfs/$l"; done
 copy_beside_renames "$work/etc-copy.err" "$rootfs/etc/" /etc/ld.so.cache /etc/ld.so.conf /etc/ld.so.conf.d \
     /etc/passwd /etc/group /etc/nsswitch.conf || { echo "podman test: cannot copy /etc's files" >&2; exit 1; }
 bus=${DBUS_SYSTEM_BUS_ADDRESS#unix:path=}
-mounts=(-v /usr:/usr:ro -v "$src:$src:ro" -v "$work/out:/out" -v "$bus:/run/knod-bus")
+# The pod socket's directory, and no bus: neither the node's system bus nor this sandbox's.
+mounts=(-v /usr:/usr:ro -v "$src:$src:ro" -v "$work/out:/out" -v "$KNOD_POD_SOCKET_DIR:/run/knod-policy:ro")
 case "$build/" in "$src"/*) ;; *) mounts+=(-v "$build:$build:ro") ;; esac
-env_in=(-e DBUS_SYSTEM_BUS_ADDRESS=unix:path=/run/knod-bus -e "PYTHONPATH=$src/python"
+env_in=(-e "PYTHONPATH=$src/python"
         -e "KNOD_CLIENT_LIBRARY=$build/client/libknod-client.so.1" -e PYTHONDONTWRITEBYTECODE=1)
 flow() { echo "udp 10.99.0.1:* -> 10.99.0.2:$1"; }
 holder=(/usr/bin/python3 "$src/tests/cni/pod_holder.py")
@@ -140,6 +144,22 @@ assert a["uid"] == 0 and b["uid"] == 65534, (a, b)
 assert a["pod"]["name"] == b["pod"]["name"] == sys.argv[4], (a, b)' "$work/list" "$id_root" "$id_nobody" "$ctr_a" &&
     ok "bindings shows both, with their uids and the pod" || { not_ok "bindings"; cat "$work/list"; }
 
+# --- the container reaches the daemon through the pod socket, and no bus at all ----------------
+podman_ exec "$ctr_a" sh -c 'test -S /run/knod-policy/pod.sock && test ! -e /run/dbus/system_bus_socket &&
+    test ! -e "$1" && test -z "${DBUS_SYSTEM_BUS_ADDRESS:-}"' _ "$bus" &&
+    ok "the container has the pod socket, and no system bus socket (the node's or the sandbox's)" ||
+    not_ok "the container's view: $(podman_ exec "$ctr_a" ls -la /run /run/knod-policy 2>&1)"
+podman_ exec "$ctr_a" /usr/bin/python3 -c '
+import socket, sys
+for path in ("/run/dbus/system_bus_socket", sys.argv[1]):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+    except OSError:
+        continue
+    sys.exit("connected to " + path)' "$bus" && ok "no bus socket can be connected to from the container" ||
+    not_ok "a bus is reachable from the container"
+
 # --- uid 0 in the container is not the host's root -------------------------------------------
 podman_ exec "$ctr_a" "$cli" reload >"$work/reload" 2>&1
 [ $? -eq 1 ] && grep -q "Denied" "$work/reload" && ok "root in the container may not reload the policy" ||
@@ -154,8 +174,9 @@ podman_ exec -e CNI_COMMAND=ADD -e CNI_CONTAINERID=forged-$tag -e CNI_NETNS=/pro
     -e "CNI_ARGS=K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=forged" "${env_in[@]}" -i "$ctr_a" "$cni" \
     <<<'{"cniVersion":"1.0.0","name":"x","type":"knod-cni","namespace":"team-a","runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"knod.io/flows":"udp 10.99.0.1:* -> 10.99.0.2:5300"}}}' \
     >"$work/forge" 2>&1
-[ $? -ne 0 ] && grep -q '"code": *101' "$work/forge" && grep -q "host's root" "$work/forge" &&
-    ok "root in the container cannot register a pod (knod-cni run inside it is refused)" ||
+# No bus to send RegisterPod on (the pod socket would refuse it too: not the host's root).
+[ $? -ne 0 ] && grep -q '"code": *11' "$work/forge" &&
+    ok "root in the container cannot register a pod (knod-cni run inside it reaches no bus)" ||
     not_ok "register from the container: $(cat "$work/forge")"
 
 # --- a container on team-b's network is denied by that namespace's rule -------------------------
