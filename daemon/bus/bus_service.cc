@@ -573,6 +573,21 @@ void take_identity(Credentials &c, daemon::Peer p) {
     c.netns = p.netns;
 }
 
+// The caller of a refused call as the journal names it, from what its credentials say. Never
+// root's exemptions (journaled one by one, unthrottled) unless its identification gave them:
+// a container's root, or a caller not identified yet, is uid 0 too (the attack review of #51:
+// a root pod's bad AttestProcess calls were journaled one by one as the host's root).
+daemon::Peer refused_caller(const Credentials &c) {
+    daemon::Peer who;
+    who.uid = c.uid;
+    who.pid = c.pid;
+    who.bus_name = c.sender;
+    who.host_namespaces = c.root_in_host || (c.uid != 0 && !c.contained);
+    who.pod = c.pod;
+    who.pod_sandbox = c.pod_sandbox;
+    return who;
+}
+
 } // namespace
 
 Result<void> BusService::maker_gone(const Credentials &c) const {
@@ -596,10 +611,7 @@ Error BusService::refuse_maker_gone(const Credentials &c, const char *how) const
         Errc::denied, std::string("the process that made this connection has exited (") + how +
                           "); a connection speaks only for its maker: connect again "
                           "from the calling process");
-    daemon::Peer who;
-    who.uid = c.uid;
-    who.pid = c.pid;
-    who.bus_name = c.sender;
+    daemon::Peer who = refused_caller(c);
     manager_->refuse_action(journal::kind::attest_refused, who, "connector-gone", denied.message);
     return denied;
 }
@@ -650,10 +662,7 @@ Result<Credentials> BusService::pod_credentials(sd_bus *conn) const {
         auto denied = make_error(Errc::denied, "the pod this connection was made in is no longer "
                                                "registered (deleted); the pod socket serves "
                                                "registered pods only");
-        daemon::Peer who;
-        who.uid = c.uid;
-        who.pid = c.pid;
-        who.bus_name = c.sender;
+        daemon::Peer who = refused_caller(c);
         manager_->refuse_action(journal::kind::pod_refused, who, "not-a-pod", denied.message);
         return denied;
     }
@@ -672,6 +681,7 @@ Result<Credentials> BusService::admit_pod_caller(uid_t uid, pid_t pid,
     who.uid = uid;
     who.pid = pid;
     who.bus_name = name;
+    who.host_namespaces = false; // not identified yet: no root's exemptions
     auto refuse = [&](const char *decision, const std::string &why) {
         manager_->refuse_action(journal::kind::pod_refused, who, decision, why);
         return make_error(Errc::denied, why);
@@ -740,12 +750,7 @@ Result<void> BusService::host_only(const Credentials &c, const char *method,
                                                "its own bindings only (the node's administrators "
                                                "and its CNI plugin use the system bus)");
     if (kind) {
-        daemon::Peer by;
-        by.uid = c.uid;
-        by.pid = c.pid;
-        by.bus_name = c.sender;
-        by.pod = c.pod;
-        by.pod_sandbox = c.pod_sandbox;
+        daemon::Peer by = refused_caller(c);
         manager_->refuse_action(kind, by, "not-authorized", denied.message);
     }
     return denied;
@@ -826,6 +831,7 @@ void BusService::journal_refused_request(sd_bus_message *m, const daemon::Reques
     if (why.code == Errc::limits_exceeded) return; // journaled (coalesced) where it was refused
     daemon::Peer who;
     who.uid = static_cast<uid_t>(-1);
+    who.host_namespaces = false; // until identified: no root's exemptions
     if (auto c = credentials(m)) {
         who.uid = c->uid;
         who.pid = c->pid;
@@ -1057,10 +1063,7 @@ int BusService::reload_policy(sd_bus_message *m, void *self, sd_bus_error *err) 
         if (auto h = s->host_only(*c, "ReloadPolicy", journal::kind::reload_refused); !h)
             return fail(err, h.error());
         std::shared_ptr<sd_bus_message> call = hold_call(m);
-        daemon::Peer by;
-        by.uid = c->uid;
-        by.pid = c->pid;
-        by.bus_name = c->sender;
+        daemon::Peer by = refused_caller(*c);
         auto asked = s->authorizer_.check_admin(
             *c, s->manager_->policy().settings, [s, call, by](bool admin) {
                 if (!admin) {
@@ -1113,10 +1116,7 @@ Result<std::map<std::string, std::string>> read_string_map(sd_bus_message *m, co
 // not-authorized) like every refusal.
 Error BusService::refuse_pod_call(BusService &s, const Credentials &c, const std::string &why) {
     auto denied = make_error(Errc::denied, why);
-    daemon::Peer by;
-    by.uid = c.uid;
-    by.pid = c.pid;
-    by.bus_name = c.sender;
+    daemon::Peer by = refused_caller(c);
     s.manager_->refuse_action(journal::kind::pod_refused, by, "not-authorized", denied.message);
     return denied;
 }
@@ -1345,11 +1345,7 @@ int BusService::release(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto c = s->credentials(m);
         if (!c) return fail(err, c.error());
         if (auto t = s->throttle(m, "Release"); !t) return fail(err, t.error());
-        daemon::Peer by;
-        by.uid = c->uid;
-        by.bus_name = c->sender;
-        by.pod = c->pod;
-        by.pod_sandbox = c->pod_sandbox;
+        daemon::Peer by = refused_caller(*c);
         std::string id = id_of(sd_bus_message_get_path(m));
         const daemon::Binding *b = s->manager_->find(id);
         if (!b || owns(*c, *b)) {
@@ -1446,10 +1442,7 @@ int BusService::attest_process(sd_bus_message *m, void *self, sd_bus_error *err)
                                         "exited; connect again from the calling process"))
                     : daemon::attest_socketpair_end(socket, c->uid, c->pid);
             if (!attested) {
-                daemon::Peer who;
-                who.uid = c->uid;
-                who.pid = c->pid;
-                who.bus_name = c->sender;
+                daemon::Peer who = refused_caller(*c);
                 s->manager_->refuse_action(journal::kind::attest_refused, who, "not-proven",
                                            attested.error().message);
                 return fail(err, attested.error());
