@@ -42,6 +42,7 @@ Configuration (environment, read at init):
 from __future__ import annotations
 
 import atexit
+import collections
 import datetime
 import json
 import os
@@ -56,7 +57,6 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 import knod
 
@@ -587,8 +587,7 @@ class ProcessGroupKnod(dist.ProcessGroup):
             fut.set_exception(RuntimeError("the knod process group was shut down"))
         else:
             self._ops.put((fn, fut))
-        work = _create_work_from_future(fut)
-        return work
+        return _work(fut)
 
     def _send_async(self, dst: int, data: numpy.ndarray) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
@@ -658,7 +657,7 @@ class ProcessGroupKnod(dist.ProcessGroup):
             fut.set_exception(RuntimeError("the knod process group was shut down"))
         else:
             self._ops.put((run, fut))
-        return _create_work_from_future(fut)
+        return _work(fut)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
         _check_tensors(tensors, "recv")
@@ -797,6 +796,58 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 mine = mine / self._size
             out.copy_(mine.reshape(out.shape))
         return outputs
+
+
+class _Work(dist.distributed_c10d.Work):
+    """An operation's handle: wait() raises the operation's error. (torch 1.13's
+    _create_work_from_future returns a handle whose wait() returns True on a failed future: a
+    failed all_reduce would leave the tensor unreduced, silently.) Python keeps every handle
+    until long after it completed (_recent): torch 1.13 runs the base class's wait(), which never
+    returns, on a Python Work that only C++ still holds (DDP's)."""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        super().__init__()
+        self._fut = fut
+        _recent.append(self)
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()  # raises the operation's error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.wait()
+        except BaseException:  # noqa: B902
+            return False
+        return True
+
+    def exception(self) -> Any:
+        try:
+            self._fut.wait()
+        except BaseException as e:  # noqa: B902
+            return e
+        return None
+
+    def result(self) -> Any:
+        return self._fut.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def synchronize(self) -> None:
+        pass
+
+
+_recent: "collections.deque[_Work]" = collections.deque(maxlen=1 << 16)
+
+
+def _work(fut: torch.futures.Future) -> _Work:
+    return _Work(fut)
 
 
 _PENDING = object()

@@ -45,17 +45,16 @@ def ops(rank, world, gloo):
                 if op == dist.ReduceOp.PRODUCT and dtype.is_floating_point:
                     x = 1 + x / 8  # products that stay finite
                 a, b = x.clone(), x.clone()
-                if dtype in (torch.float16, torch.bfloat16) and world > 2:
-                    continue  # Gloo reduces halves in another order than a ring
-                if dtype == torch.bfloat16 and op != dist.ReduceOp.SUM:
-                    pass
                 dist.all_reduce(a, op=op)
                 try:
                     dist.all_reduce(b, op=op, group=gloo)
                 except RuntimeError as e:  # Gloo lacks some (dtype, op) pairs
                     checked.append(f"gloo-skip {dtype} {op}: {str(e)[:40]}")
                     continue
-                if not same(a, b):
+                exact = world <= 2 or not dtype.is_floating_point
+                tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-5)
+                if not (same(a, b) if exact else torch.allclose(a.double(), b.double(),
+                                                                 rtol=tol, atol=tol)):
                     raise AssertionError(f"all_reduce {op} {dtype} n={n}: knod {a[:4]} gloo {b[:4]}")
                 checked.append(f"all_reduce {op} {dtype} {n}")
     # AVG: Gloo has none; the sum divided by the world size, as torch defines it.

@@ -165,7 +165,8 @@ def test_journal_rx_bytes_are_what_the_peers_sent():
         assert eventually(lambda: journal(
             f"select rx_bytes from sessions where id = '{b}' and ended_us is not null") ==
             str(want)), journal(f"select rx_bytes, end_reason from sessions where id = '{b}'")
-    out = cli("audit", "verify", "--state-dir", os.environ["KNOD_STATE_DIR"])
+    db = os.path.join(os.environ["KNOD_STATE_DIR"], "journal.db")
+    out = cli("audit", "verify", "--db", db, "--no-system-journal")
     assert out.returncode == 0, out.stdout + out.stderr
 
 
