@@ -6,7 +6,9 @@ Usage: collectives_worker.py SCENARIO RANK WORLD MASTER_ADDR:PORT"""
 import datetime
 import json
 import os
+import socket
 import sys
+import time
 import traceback
 
 import torch
@@ -180,13 +182,30 @@ def main():
         if rank == 1:
             print(json.dumps(out), flush=True)
             os.kill(os.getpid(), 9)
+        start = time.monotonic()
         try:
             for _ in range(1000):
                 dist.all_reduce(torch.ones(100_000))
         except (PeerFailed, RuntimeError) as e:
             out["failed"] = str(e)
+            out["fail_s"] = time.monotonic() - start
+    elif scenario == "foreign":
+        # A datagram nobody granted lands in rank 0's region (sent to its flow from its own
+        # node): the next operation must fail on every rank, never return a wrong tensor.
+        dist.barrier()
+        if rank == 0:
+            host, port = info["data"].rsplit(":", 1)
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.sendto(bytes(knod.distributed.FRAME), (host, int(port)))
+            pg._binding.wait_for_data(timeout_ms=60_000, seen=pg._pos)
+        x = torch.full((50_000,), float(rank + 1))
+        try:
+            dist.all_reduce(x)
+            out["returned"] = float(x[0])
+        except RuntimeError as e:
+            out["failed"] = f"{type(e).__name__}: {e}"
     print(json.dumps(out), flush=True)
-    if scenario != "die":
+    if scenario not in ("die", "foreign"):
         dist.destroy_process_group()
     return 0
 

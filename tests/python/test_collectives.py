@@ -190,7 +190,18 @@ def test_a_killed_rank_makes_the_others_fail_fast():
     for r in (0, 2):
         rc, out, err = results[r]
         assert rc == 0, err[-3000:]
-        assert "rank 1" in out["failed"] or "rank" in out["failed"], out
+        assert "rank 1" in out["failed"], out
+        assert out["fail_s"] < 60, out  # its death, not the group's 120 s timeout
     b = results[1][1]["info"]["binding"]
     assert eventually(lambda: journal(
         f"select end_reason from sessions where id = '{b}'") in ("process-exit", "disconnect"))
+
+
+def test_a_foreign_chunk_fails_the_operation_never_a_wrong_tensor():
+    with Nodes(2, "f") as nodes:
+        results = finish(nodes.start("foreign"))
+    (rc0, out0, err0), (rc1, out1, err1) = results
+    assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
+    assert "returned" not in out0 and "returned" not in out1, (out0, out1)
+    assert out0["failed"].startswith("ChunkError") and "not the one expected" in out0["failed"]
+    assert "rank 0" in out1["failed"], out1
