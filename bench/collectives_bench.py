@@ -60,8 +60,6 @@ def rank_main(a):
 
 
 def run_job(nodes, a, backend):
-    import subprocess  # noqa: F401
-
     me = os.path.abspath(__file__)
     procs = nodes.run(lambda r: [sys.executable, me, "--rank", str(r), "--world", str(a.ranks),
                                  "--master", f"{nodes.address(0)}:{29500 + (backend == 'knod')}",

@@ -73,7 +73,12 @@ _CTRL = struct.Struct("<cxxxIQ")  # kind, message number, value
 
 
 class PeerFailed(RuntimeError):
-    """Another rank failed: denied at init, never came, or died (its side channel closed)."""
+    """Another rank failed: denied at init, never came, or died (its side channel closed).
+    .rank: that rank (None when unknown)."""
+
+    def __init__(self, message: str, rank: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 class ChunkError(RuntimeError):
@@ -152,7 +157,7 @@ class _Peer:
                     if granted >= 0:
                         return granted
                 if self.dead is not None:
-                    raise PeerFailed(self.dead)
+                    raise PeerFailed(self.dead, self.rank)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"rank {self.rank} granted no credit for message {msg} "
@@ -385,10 +390,12 @@ class ProcessGroupKnod(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Ends this rank's part: threads stop, side channels close, the binding is released
-        (the daemon journals 'release'). Later operations fail."""
+        (the daemon journals 'release'). Later operations fail. destroy_process_group() calls
+        it, and so does the process's exit."""
         if self._closed:
             return
         self._closed = True
+        _live.discard(self)
         if self._failed is None:
             self._failed = RuntimeError("the knod process group was shut down")
         if self._op_thread is not None:
@@ -410,7 +417,7 @@ class ProcessGroupKnod(dist.ProcessGroup):
 
     def _peer_died(self, peer: _Peer) -> None:
         if not self._closed and self._failed is None:
-            self._failed = PeerFailed(peer.dead or f"rank {peer.rank} died")
+            self._failed = PeerFailed(peer.dead or f"rank {peer.rank} died", peer.rank)
 
     def _fail(self, e: BaseException) -> None:
         if self._failed is None:
@@ -467,7 +474,12 @@ class ProcessGroupKnod(dist.ProcessGroup):
             for k in range(n):
                 udp.sendto(f[k], dest)
             sent = upto
-        peer.send(b"D", msg, chunks)
+        try:
+            # The receiver may have every chunk and be gone already (its group destroyed): then
+            # nobody needs the note; a receiver still waiting learns from the closed channel.
+            peer.send(b"D", msg, chunks)
+        except PeerFailed:
+            pass
         peer.forget_credit(msg)
 
     def _recv_message(self, src: int, total: int,
@@ -491,7 +503,7 @@ class ProcessGroupKnod(dist.ProcessGroup):
         done_seen: Optional[float] = None
         grace = min(self._timeout, float(os.environ.get("KNOD_DIST_LOSS_GRACE", "10")))
         while got < chunks:
-            self._check()
+            self._check_receiving(peer, msg)
             try:
                 rx = binding.wait_for_data(timeout_ms=100, seen=self._pos)
             except knod.BindingEnded as e:
@@ -508,8 +520,8 @@ class ProcessGroupKnod(dist.ProcessGroup):
                         raise ChunkError(
                             f"rank {src} sent {sent} chunks of message {msg} to rank "
                             f"{self._rank} but {got} arrived: chunks were lost")
-                if dead is not None:
-                    raise PeerFailed(dead)
+                if dead is not None and sent is None:
+                    raise PeerFailed(dead, src)
                 if now > deadline:
                     raise TimeoutError(f"rank {self._rank}: no data from rank {src} within the "
                                        "group's timeout")
@@ -542,6 +554,18 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 granted = min(chunks, got + self._window)
                 peer.send(b"C", msg, granted)
         peer.forget_done(msg)
+
+    def _check_receiving(self, peer: _Peer, msg: int) -> None:
+        """Raises the group's failure, unless it is only that the sender exited after sending
+        the whole message: what it sent is still coming (a loss is caught by the grace)."""
+        failed = self._failed
+        if failed is None:
+            return
+        if isinstance(failed, PeerFailed) and failed.rank == peer.rank:
+            with peer.cond:
+                if msg in peer.done:
+                    return
+        raise failed
 
     def _check_headers(self, block: numpy.ndarray, src: int, msg: int, first: int, chunks: int,
                        total: int) -> None:
@@ -953,7 +977,31 @@ def _create(*args: Any) -> ProcessGroupKnod:
     return ProcessGroupKnod(store, rank, size, timeout)
 
 
+def _hook_destroy() -> None:
+    """destroy_process_group() ends the bindings of the knod groups it destroys (torch only
+    forgets a group; its threads would hold it, and the binding, until the process exits)."""
+    c10d = dist.distributed_c10d
+    original = c10d.destroy_process_group
+    if getattr(original, "_knod_hooked", False):
+        return
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is None or group is getattr(c10d, "GroupMember").WORLD:
+            doomed = list(_live)
+        else:
+            doomed = [group] if isinstance(group, ProcessGroupKnod) else []
+        original(group)
+        for pg in doomed:
+            pg.shutdown()
+
+    destroy_process_group._knod_hooked = True  # type: ignore[attr-defined]
+    destroy_process_group.__doc__ = original.__doc__
+    c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
+
+
 def _register() -> None:
+    _hook_destroy()
     if hasattr(dist.Backend, BACKEND.upper()):
         return
     import inspect

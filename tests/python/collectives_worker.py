@@ -189,6 +189,29 @@ def main():
         except (PeerFailed, RuntimeError) as e:
             out["failed"] = str(e)
             out["fail_s"] = time.monotonic() - start
+    elif scenario == "send-exit":
+        # Rank 0 sends and exits at once: what it sent must still arrive whole at rank 1.
+        x = torch.arange(300_000, dtype=torch.float32)
+        if rank == 0:
+            dist.send(x, 1)
+            os._exit(0)
+        y = torch.empty_like(x)
+        dist.recv(y, 0)
+        out["equal"] = torch.equal(x, y)
+    elif scenario == "drift":
+        # The test puts stray traffic on the sim's offload queues once rank 0 says it is
+        # ready: the bindings end (steering-drift) and the job must fail, never go on.
+        dist.barrier()
+        if rank == 0:
+            print(json.dumps({"ready": True}), flush=True)
+        try:
+            for _ in range(20_000):
+                x = torch.full((1000,), 1.0)
+                dist.all_reduce(x)
+                assert x[0] == world
+            out["returned"] = True
+        except (RuntimeError, AssertionError) as e:
+            out["failed"] = f"{type(e).__name__}: {e}"
     elif scenario == "foreign":
         # A datagram nobody granted lands in rank 0's region (sent to its flow from its own
         # node): the next operation must fail on every rank, never return a wrong tensor.
@@ -204,9 +227,10 @@ def main():
             out["returned"] = float(x[0])
         except RuntimeError as e:
             out["failed"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(out), flush=True)
-    if scenario not in ("die", "foreign"):
+    if scenario not in ("die", "foreign", "send-exit", "drift"):
         dist.destroy_process_group()
+        out["released"] = pg._closed and pg._binding.end_reason == "release"
+    print(json.dumps(out), flush=True)
     return 0
 
 

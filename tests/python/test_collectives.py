@@ -128,6 +128,7 @@ def test_every_operation_equals_gloo(world):
         assert out["checked"] > 20
         assert out["info"]["rule"] == "ml-team-ranks"
         assert out["info"]["rank"] == r
+        assert out["released"]  # destroy_process_group released the binding
     jobs = {out["info"]["job"] for _, out, _ in results}
     assert len(jobs) == 1
     # One journal session per rank, for its own flow, ended by the group's destroy (release).
@@ -205,3 +206,32 @@ def test_a_foreign_chunk_fails_the_operation_never_a_wrong_tensor():
     assert "returned" not in out0 and "returned" not in out1, (out0, out1)
     assert out0["failed"].startswith("ChunkError") and "not the one expected" in out0["failed"]
     assert "rank 0" in out1["failed"], out1
+
+
+def test_a_sender_that_exits_after_sending_still_delivers_whole():
+    with Nodes(2, "x") as nodes:
+        results = finish(nodes.start("send-exit"))
+    assert results[0][0] == 0, results[0][2][-3000:]
+    rc, out, err = results[1]
+    assert rc == 0, f"{out} {err[-3000:]}"
+    assert out["equal"]
+
+
+def test_steering_drift_ends_the_bindings_and_the_job_fails_loudly():
+    with Nodes(2, "s") as nodes:
+        procs = nodes.start("drift")
+        ready = procs[0].stdout.readline()  # rank 0's first line: the job runs
+        assert json.loads(ready) == {"ready": True}, ready + procs[0].stderr.read()[-3000:]
+        # A stray steering rule, as a misconfigured NIC would have: a flow nobody holds, put
+        # on every offload queue (the sim runs 8: 1..7 may be bound).
+        for q in range(1, 8):
+            out = cli("sim-send", "--netns", NETNS, "--to", "10.99.0.2:5999", "--data", "STRAY",
+                      "--queue", str(q))
+            assert out.returncode == 0, out.stderr
+        results = finish(procs)
+    for r, (rc, out, err) in enumerate(results):
+        assert rc == 0, f"rank {r}: {out} {err[-3000:]}"
+        assert "returned" not in out and "failed" in out, out
+    ended = [journal(f"select end_reason from sessions where id = '{out['info']['binding']}'")
+             for _, out, _ in results]
+    assert any(e.startswith("steering-drift") for e in ended), ended
