@@ -141,12 +141,14 @@ def test_every_operation_equals_gloo(world):
         assert f":{PORT_BASE + r}" in flows
 
 
-def test_ddp_and_sgd_steps_equal_gloo_bit_for_bit():
-    with Nodes(2, "t") as nodes:
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_and_sgd_steps_equal_gloo(world):
+    # Bit for bit at 2 ranks (a + b either way); at 4 the ring sums in another order.
+    with Nodes(world, "t") as nodes:
         results = finish(nodes.start("train"))
     for r, (rc, out, err) in enumerate(results):
         assert rc == 0, f"rank {r}: {out} {err[-3000:]}"
-        assert out["bitwise"], out
+        assert out["bitwise"] if world == 2 else out["maxdiff"] <= 1e-6, out
 
 
 def test_journal_rx_bytes_are_what_the_peers_sent():
