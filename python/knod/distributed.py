@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import datetime
 import json
 import os
@@ -59,6 +60,7 @@ import torch
 import torch.distributed as dist
 
 import knod
+import knod._capi
 
 __all__ = ["PeerFailed", "ChunkError", "ProcessGroupKnod", "BACKEND", "HEADER", "PAYLOAD",
            "FRAME", "RING_FRAMES"]
@@ -234,6 +236,10 @@ class ProcessGroupKnod(dist.ProcessGroup):
         self._recv_msg = [0] * size
         self._pos = 0  # stream bytes consumed from the region
         self._window = max(1, min(_env_int("KNOD_DIST_WINDOW", 128), RING_FRAMES))
+        # The hot path in libknod-client (knod_chunks_*) where the library has it, unless
+        # KNOD_DIST_DATAPATH=python (the same chunks, built and checked with numpy and torch).
+        self._chunks_c = (os.environ.get("KNOD_DIST_DATAPATH", "c") != "python" and
+                          hasattr(knod._capi.lib(), "knod_chunks_send"))
         self._binding: Optional[knod.Binding] = None
         self._client: Optional[knod.Client] = None
         self._udp: Optional[socket.socket] = None
@@ -444,10 +450,14 @@ class ProcessGroupKnod(dist.ProcessGroup):
         deadline = time.monotonic() + self._timeout
         dest = self._dests[dst]
         sent = 0
-        frames = numpy.zeros((min(chunks, RING_FRAMES), FRAME), dtype=numpy.uint8)
+        frames = numpy.zeros((0, FRAME), dtype=numpy.uint8)
         while sent < chunks:
             self._check()
             upto = min(peer.wait_credit(msg, sent, deadline), chunks)
+            if self._chunks_c:
+                self._send_c(data, dest, msg, sent, upto)
+                sent = upto
+                continue
             n = upto - sent
             if n > frames.shape[0]:
                 frames = numpy.zeros((n, FRAME), dtype=numpy.uint8)
@@ -481,6 +491,19 @@ class ProcessGroupKnod(dist.ProcessGroup):
         except PeerFailed:
             pass
         peer.forget_credit(msg)
+
+    def _send_c(self, data: numpy.ndarray, dest: tuple, msg: int, first: int, upto: int) -> None:
+        """libknod-client's knod_chunks_send: chunks [first, upto) with sendmmsg."""
+        lib = knod._capi.lib()
+        err = ctypes.c_void_p()
+        assert self._udp is not None
+        addr = int.from_bytes(socket.inet_aton(dest[0]), "little")  # network order in memory
+        code = lib.knod_chunks_send(self._udp.fileno(), addr, dest[1], data.ctypes.data,
+                                    data.size, msg, self._rank, first, upto, ctypes.byref(err))
+        if code:
+            message = knod._capi.text(lib.knod_error_message(err.value))
+            lib.knod_error_free(err.value)
+            raise ChunkError(f"rank {self._rank}: sending to {dest[0]}:{dest[1]}: {message}")
 
     def _recv_message(self, src: int, total: int,
                       apply: Callable[[int, numpy.ndarray], None]) -> None:
@@ -535,6 +558,12 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 raise ChunkError(f"rank {self._rank}'s region got {rx - self._pos} bytes, more "
                                  f"than the {granted - got} chunks granted to rank {src}: "
                                  "foreign traffic")
+            c = getattr(apply, "c", None) if self._chunks_c else None
+            if c is not None and arrived:
+                self._receive_c(c, arrived, got, total, msg, src)
+                got += arrived
+                self._pos += arrived * FRAME
+                arrived = 0
             while arrived:
                 slot = (self._pos // FRAME) % RING_FRAMES
                 n = min(arrived, RING_FRAMES - slot)
@@ -554,6 +583,19 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 granted = min(chunks, got + self._window)
                 peer.send(b"C", msg, granted)
         peer.forget_done(msg)
+
+    def _receive_c(self, c: tuple, n: int, first: int, total: int, msg: int, src: int) -> None:
+        """libknod-client's knod_chunks_receive: checks and applies n chunks in the ring."""
+        dst, dtype, op = c
+        lib = knod._capi.lib()
+        err = ctypes.c_void_p()
+        code = lib.knod_chunks_receive(dst.ctypes.data, self._ring.ctypes.data, RING_FRAMES,
+                                       (self._pos // FRAME) % RING_FRAMES, n, first, total, msg,
+                                       src, dtype, op, ctypes.byref(err))
+        if code:
+            message = knod._capi.text(lib.knod_error_message(err.value))
+            lib.knod_error_free(err.value)
+            raise ChunkError(f"rank {self._rank}: {message}")
 
     def _check_receiving(self, peer: _Peer, msg: int) -> None:
         """Raises the group's failure, unless it is only that the sender exited after sending
@@ -940,7 +982,15 @@ def _copy_into(dst: numpy.ndarray) -> Callable[[int, numpy.ndarray], None]:
     def apply(at: int, payload: numpy.ndarray) -> None:
         n = payload.shape[0] * payload.shape[1]
         dst[at:at + n].reshape(payload.shape)[...] = payload
+    apply.c = (dst, 0, _C_COPY)  # type: ignore[attr-defined]
     return apply
+
+
+# knod_chunks_receive's element types and operations (knod/client.h); others stay in Python.
+_C_COPY = 0
+_C_OPS = {"sum": 1, "product": 2, "min": 3, "max": 4}
+_C_DTYPES = {torch.uint8: 1, torch.int8: 2, torch.int16: 3, torch.int32: 4, torch.int64: 5,
+             torch.float32: 6, torch.float64: 7}
 
 
 _TORCH_OPS = {
@@ -962,6 +1012,8 @@ def _reduce_into(dst: numpy.ndarray, dtype: torch.dtype,
             torch.logical_and(mine, theirs, out=mine)
         else:
             fn(mine, theirs, out=mine)
+    if dtype in _C_DTYPES:
+        apply.c = (dst, _C_DTYPES[dtype], _C_OPS[op])  # type: ignore[attr-defined]
     return apply
 
 
