@@ -26,6 +26,12 @@ def rank_main(a):
 
     import knod.distributed  # noqa: F401
 
+    # Every rank has imported torch before any starts its clock: a file each, then wait for all
+    # (otherwise a rank's init would count its peers' interpreter start-up).
+    ready = os.environ["KNOD_BENCH_READY"]
+    open(os.path.join(ready, f"{a.backend}-{a.rank}"), "w").close()
+    while len([f for f in os.listdir(ready) if f.startswith(a.backend + "-")]) < a.world:
+        time.sleep(0.005)
     t0 = time.monotonic()
     dist.init_process_group(backend=a.backend, init_method=f"tcp://{a.master}",
                             world_size=a.world, rank=a.rank)
@@ -76,16 +82,27 @@ def run_job(nodes, a, backend):
 
 
 def launch(a):
+    import tempfile
+
     sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     from sim_nodes import Nodes
 
-    with Nodes(a.ranks, job="bench") as nodes:
-        gloo = run_job(nodes, a, "gloo")
-        knod = run_job(nodes, a, "knod")
+    ready = tempfile.mkdtemp(prefix="knod-bench-ready.")
+    os.environ["KNOD_BENCH_READY"] = ready
+    try:
+        with Nodes(a.ranks, job="bench") as nodes:
+            gloo = run_job(nodes, a, "gloo")
+            knod = run_job(nodes, a, "knod")
+    finally:
+        for f in os.listdir(ready):
+            os.unlink(os.path.join(ready, f))
+        os.rmdir(ready)
     init_g = max(r["init_s"] for r in gloo)
     init_k = max(r["init_s"] for r in knod)
+    datapath = os.environ.get("KNOD_DIST_DATAPATH", "c")
     print(f"collectives bench: {a.ranks} ranks, each in a network namespace of its own, "
-          "receiving through its binding on the sim (knod) or over TCP (Gloo)")
+          f"receiving through its binding on the sim (knod, data path: {datapath}) or over TCP "
+          "(Gloo)")
     print(f"{'op':<11}{'bytes':>10}{'knod GB/s':>11}{'gloo GB/s':>11}{'knod/gloo':>11}")
     rows = {}
     for r in knod[0]["results"]:

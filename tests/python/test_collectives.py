@@ -237,3 +237,63 @@ def test_steering_drift_ends_the_bindings_and_the_job_fails_loudly():
     ended = [journal(f"select end_reason from sessions where id = '{out['info']['binding']}'")
              for _, out, _ in results]
     assert any(e.startswith("steering-drift") for e in ended), ended
+
+
+def test_a_lost_or_reordered_chunk_is_an_error_and_nothing_is_applied():
+    """knod_chunks_receive (libknod-client) and the Python path on a ring built here: chunks
+    0, 1, 3 of a message (2 was lost), then 0, 2, 1 (reordered), then a foreign one."""
+    import ctypes
+
+    import numpy
+
+    import knod
+    import knod._capi
+    from knod.distributed import FRAME, HEADER, MAGIC, PAYLOAD, ChunkError, ProcessGroupKnod
+
+    lib = knod._capi.lib()
+    total = 5 * PAYLOAD
+    msg, src = 7, 1
+    data = numpy.arange(total, dtype=numpy.uint8)
+
+    def frame(seq, magic=MAGIC, source=src):
+        f = numpy.zeros(FRAME, dtype=numpy.uint8)
+        f[:HEADER] = numpy.array([magic, msg, seq, PAYLOAD | (source << 16)],
+                                 dtype="<u4").view(numpy.uint8)
+        f[HEADER:] = data[seq * PAYLOAD:(seq + 1) * PAYLOAD]
+        return f
+
+    def receive_c(seqs, **kw):
+        ring = numpy.stack([frame(s, **kw) for s in seqs])
+        dst = numpy.zeros(total, dtype=numpy.uint8)
+        err = ctypes.c_void_p()
+        code = lib.knod_chunks_receive(dst.ctypes.data, ring.ctypes.data, len(seqs), 0,
+                                       len(seqs), 0, total, msg, src, 0, 0, ctypes.byref(err))
+        text = knod._capi.text(lib.knod_error_message(err.value)) if code else None
+        if code:
+            lib.knod_error_free(err.value)
+        return code, text, dst
+
+    def receive_py(seqs, **kw):
+        ring = numpy.stack([frame(s, **kw) for s in seqs])
+        pg = ProcessGroupKnod.__new__(ProcessGroupKnod)  # only its header check: no group
+        pg._rank = 0
+        try:
+            pg._check_headers(ring, src, msg, 0, 5, total)
+        except ChunkError as e:
+            return str(e)
+        return None
+
+    if hasattr(lib, "knod_chunks_receive"):
+        code, text, dst = receive_c([0, 1, 2])
+        assert code == 0 and bytes(dst[:3 * PAYLOAD]) == bytes(data[:3 * PAYLOAD])
+        for seqs, kw, expected in (([0, 1, 3], {}, "chunk 2 of message 7 from rank 1"),
+                                   ([0, 2, 1], {}, "chunk 1 of message 7 from rank 1"),
+                                   ([0, 1, 2], {"source": 2}, "chunk 0 of message 7"),
+                                   ([0, 1, 2], {"magic": 0}, "chunk 0 of message 7")):
+            code, text, dst = receive_c(seqs, **kw)
+            assert code == 10  # KNOD_ERR_FAILED
+            assert expected in text and "lost, reordered or foreign" in text, text
+            assert not dst.any()  # nothing applied
+    assert "chunk 2 of message 7 from rank 1" in receive_py([0, 1, 3])
+    assert "chunk 1 of message 7 from rank 1" in receive_py([0, 2, 1])
+    assert receive_py([0, 1, 2, 3, 4]) is None
