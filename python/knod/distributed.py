@@ -909,7 +909,7 @@ class _Work(dist.distributed_c10d.Work):
         pass
 
 
-_recent: "collections.deque[_Work]" = collections.deque(maxlen=1 << 16)
+_recent: "collections.deque[_Work]" = collections.deque(maxlen=1024)
 
 
 def _work(fut: torch.futures.Future) -> _Work:

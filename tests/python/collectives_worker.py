@@ -114,6 +114,15 @@ def ops(rank, world, gloo):
     checked.append("send/recv isend/irecv")
     dist.barrier()
     checked.append("barrier")
+    # A knod group of ranks 0 and 1 only (new_group: a binding each, on ports of the group's).
+    sub = dist.new_group(ranks=[0, 1], backend="knod")
+    if rank in (0, 1):
+        x = data(rank, 3000, torch.float64, seed=11)
+        want = data(0, 3000, torch.float64, seed=11) + data(1, 3000, torch.float64, seed=11)
+        dist.all_reduce(x, group=sub)
+        assert same(x, want), "all_reduce in new_group"
+    dist.barrier()
+    checked.append("new_group")
     try:
         dist.reduce(torch.ones(3), dst=0)
         raise AssertionError("reduce did not fail")
