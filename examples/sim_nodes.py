@@ -5,7 +5,7 @@ a cluster's runtime would. Root only. Used by examples/ddp_train.py --launch and
 bench/collectives_bench.py; tests/python/test_collectives.py builds the same by hand.
 
 Inside the sandbox (scripts/knod-sandbox.sh) the sim's names come from $KNOD_SIM_NETNS and
-$KNOD_SIM_NETDEV; knod-cni is $KNOD_CNI or found on PATH."""
+$KNOD_SIM_NETDEV; knod-cni is $KNOD_CNI, or on PATH, or /usr/lib/cni/knod-cni."""
 import json
 import os
 import shutil
@@ -29,7 +29,8 @@ class Nodes:
         self.n, self.job, self.team = n, job, team
         self.sim_netns = os.environ.get("KNOD_SIM_NETNS", "knod-sim")
         self.netdev = os.environ.get("KNOD_SIM_NETDEV", "knodsim0")
-        self.cni_path = os.environ.get("KNOD_CNI") or shutil.which("knod-cni") or "knod-cni"
+        self.cni_path = (os.environ.get("KNOD_CNI") or shutil.which("knod-cni") or
+                         "/usr/lib/cni/knod-cni")
         self.names = [f"knodn{tag}r{r}" for r in range(n)]
         self.wires = [f"kn{tag}w{r}" for r in range(n)]
         self.pods = [f"{job}-rank{r}" for r in range(n)]
