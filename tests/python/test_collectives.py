@@ -139,6 +139,11 @@ def test_every_operation_equals_gloo(world):
             f"select end_reason from sessions where id = '{b}'") == "release")
         flows = journal(f"select flows from sessions where id = '{b}'")
         assert f":{PORT_BASE + r}" in flows
+        # The grant names the rank's pod: the job's ranks together under their namespace.
+        pod = journal("select json_extract(detail, '$.pod.namespace') || '/' || "
+                      "json_extract(detail, '$.pod.name') from events where kind = "
+                      f"'request-granted' and session_id = '{b}'")
+        assert pod == f"ml-team/job{RUN}o-rank{r}", pod
 
 
 @pytest.mark.parametrize("world", [2, 4])
