@@ -25,10 +25,14 @@ drop. Every chunk's header is checked against what the receiver expects; a lost,
 reordered chunk is an error (ChunkError), never a wrong tensor. A peer whose side channel
 closes (its process died) fails the operations waiting on it (PeerFailed naming the rank).
 
-The data path is Python (numpy and torch on the region's memory); the C API does not carry it
-yet (docs/collectives.md). Operations: send/recv (and isend/irecv), broadcast, all_reduce (SUM,
-PRODUCT, MIN, MAX, AVG), all_gather, reduce_scatter, barrier, on CPU tensors; any other
-operation fails with torch's own "does not support" error, and a GPU tensor is refused.
+The hot path is libknod-client's C API where the library has it: knod_chunks_send (the chunks
+of a message with sendmmsg) and knod_chunks_receive (every header checked, then the payloads
+copied or reduced into place on raw pointers); float16, bfloat16 and bool are reduced with
+torch, and KNOD_DIST_DATAPATH=python does all of it with numpy and torch. Python orchestrates:
+credits, waits, the ring's position. Operations: send/recv (and isend/irecv), broadcast,
+all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_gather, reduce_scatter, barrier, new_group, on CPU
+tensors; any other operation fails with torch's own "does not support" error, and a GPU tensor
+is refused. destroy_process_group() and the process's exit release the bindings.
 
 Configuration (environment, read at init):
   KNOD_DIST_NETDEV     the sim NIC (default knodsim0)
@@ -38,6 +42,10 @@ Configuration (environment, read at init):
   KNOD_DIST_JOB        the job's name (default: the store's job key, made by rank 0)
   KNOD_DIST_WINDOW     chunks in flight to one receiver (default 128)
   KNOD_DIST_INIT_TIMEOUT  seconds init waits for every rank (default: the group's timeout)
+  KNOD_DIST_LOSS_GRACE    seconds a receiver waits for chunks its sender says it sent (10)
+  KNOD_DIST_DATAPATH      "python": no C hot path
+  KNOD_DIST_IFADDR        this rank's side-channel address (default: the route's source
+                          address towards KNOD_DIST_ADDRESS)
 """
 from __future__ import annotations
 
