@@ -11,6 +11,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <net/if.h>
@@ -45,10 +46,13 @@ struct Options {
 // r0 = TC_ACT_OK; exit. Detached (and its fd closed) by the returned cleanup.
 class StraySteering {
   public:
-    static Result<StraySteering> attach(int queue) {
+    static Result<StraySteering> attach(int queue, const sockaddr_in &dst) {
         libbpf_set_print(nullptr); // an existing clsact is fine; errors are reported below
         StraySteering s;
-        struct if_nameindex *links = if_nameindex();
+        // The wire is the link the destination is routed through: the namespace may hold other
+        // links too (knod.distributed's tests route their nodes' veths through it, #53).
+        s.ifindex_ = link_towards(dst);
+        struct if_nameindex *links = s.ifindex_ ? nullptr : if_nameindex();
         for (auto *l = links; l && l->if_index; ++l)
             if (std::strcmp(l->if_name, "lo") != 0) s.ifindex_ = static_cast<int>(l->if_index);
         if (links) if_freenameindex(links);
@@ -91,6 +95,29 @@ class StraySteering {
 
   private:
     StraySteering() = default;
+
+    // The index of the link whose address the kernel would send from to `dst` (0: none found).
+    static int link_towards(const sockaddr_in &dst) {
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return 0;
+        sockaddr_in src{};
+        socklen_t len = sizeof src;
+        bool routed = connect(fd, reinterpret_cast<const sockaddr *>(&dst), sizeof dst) == 0 &&
+                      getsockname(fd, reinterpret_cast<sockaddr *>(&src), &len) == 0;
+        close(fd);
+        if (!routed) return 0;
+        int index = 0;
+        ifaddrs *all = nullptr;
+        if (getifaddrs(&all) != 0) return 0;
+        for (auto *a = all; a && !index; a = a->ifa_next)
+            if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET &&
+                reinterpret_cast<const sockaddr_in *>(a->ifa_addr)->sin_addr.s_addr ==
+                    src.sin_addr.s_addr)
+                index = static_cast<int>(if_nametoindex(a->ifa_name));
+        freeifaddrs(all);
+        return index;
+    }
+
     int ifindex_ = 0;
     int prog_fd_ = -1;
     bool attached_ = false;
@@ -126,7 +153,7 @@ int send(const Options &o) {
         }
         std::optional<StraySteering> stray;
         if (o.queue >= 0) {
-            auto attached = StraySteering::attach(o.queue);
+            auto attached = StraySteering::attach(o.queue, dst);
             if (!attached) {
                 std::cerr << "knod-policy sim-send: --queue: " << attached.error().message << "\n";
                 _exit(exit_failed);

@@ -9,6 +9,15 @@
 #include "protocol/names.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include <algorithm>
 #include <cstring>
@@ -133,6 +142,95 @@ template <typename Body> knod_errc guarded(knod_error **error, Body body) {
 
 knod_errc missing(knod_error **error, const char *what) {
     return fail(error, KNOD_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+}
+
+// --- chunks (knod_chunks_*) ------------------------------------------------------------------
+
+std::uint32_t load32(const std::uint8_t *p) {
+    std::uint32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v; // little-endian hosts only (x86-64, arm64): the wire's order
+}
+
+std::uint32_t chunk_length(std::uint64_t seq, std::uint64_t total) {
+    std::uint64_t left = total - seq * KNOD_CHUNK_PAYLOAD;
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(left, KNOD_CHUNK_PAYLOAD));
+}
+
+template <typename T> T apply_op(T a, T b, int op) {
+    if constexpr (std::is_floating_point_v<T>) {
+        switch (op) {
+        case KNOD_CHUNK_SUM:
+            return a + b;
+        case KNOD_CHUNK_PRODUCT:
+            return a * b;
+        case KNOD_CHUNK_MIN:
+            return std::isnan(a) ? a : std::isnan(b) ? b : (b < a ? b : a);
+        default:
+            return std::isnan(a) ? a : std::isnan(b) ? b : (b > a ? b : a);
+        }
+    } else {
+        using U = std::make_unsigned_t<T>; // wraps as torch's integers do, without overflow UB
+        switch (op) {
+        case KNOD_CHUNK_SUM:
+            return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+        case KNOD_CHUNK_PRODUCT:
+            return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+        case KNOD_CHUNK_MIN:
+            return b < a ? b : a;
+        default:
+            return b > a ? b : a;
+        }
+    }
+}
+
+template <typename T>
+void reduce_into(std::uint8_t *dst, const std::uint8_t *src, std::size_t n, int op) {
+    std::size_t count = n / sizeof(T);
+    for (std::size_t i = 0; i < count; ++i) {
+        T a, b;
+        std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
+        std::memcpy(&b, src + i * sizeof(T), sizeof(T));
+        a = apply_op(a, b, op);
+        std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
+    }
+}
+
+std::size_t dtype_size(int dtype) {
+    switch (dtype) {
+    case KNOD_CHUNK_U8:
+    case KNOD_CHUNK_I8:
+        return 1;
+    case KNOD_CHUNK_I16:
+        return 2;
+    case KNOD_CHUNK_I32:
+    case KNOD_CHUNK_F32:
+        return 4;
+    case KNOD_CHUNK_I64:
+    case KNOD_CHUNK_F64:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+void reduce_chunk(std::uint8_t *dst, const std::uint8_t *src, std::size_t n, int dtype, int op) {
+    switch (dtype) {
+    case KNOD_CHUNK_U8:
+        return reduce_into<std::uint8_t>(dst, src, n, op);
+    case KNOD_CHUNK_I8:
+        return reduce_into<std::int8_t>(dst, src, n, op);
+    case KNOD_CHUNK_I16:
+        return reduce_into<std::int16_t>(dst, src, n, op);
+    case KNOD_CHUNK_I32:
+        return reduce_into<std::int32_t>(dst, src, n, op);
+    case KNOD_CHUNK_I64:
+        return reduce_into<std::int64_t>(dst, src, n, op);
+    case KNOD_CHUNK_F32:
+        return reduce_into<float>(dst, src, n, op);
+    default:
+        return reduce_into<double>(dst, src, n, op);
+    }
 }
 
 void unref(knod_client *c) {
@@ -474,6 +572,122 @@ knod_errc knod_devmem_rx_release(knod_devmem_rx *rx, const knod_devmem_fragment 
                             fragments[i].dmabuf_id});
         if (auto r = rx->receiver.release(list); !r)
             return fail(error, KNOD_ERR_IO, r.error().message);
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_chunks_send(int fd, uint32_t addr, uint16_t port, const void *data, uint64_t total,
+                           uint32_t msg, uint32_t source, uint64_t first, uint64_t upto,
+                           knod_error **error) {
+    return guarded(error, [&] {
+        if (!data && total) return missing(error, "data");
+        std::uint64_t chunks = (total + KNOD_CHUNK_PAYLOAD - 1) / KNOD_CHUNK_PAYLOAD;
+        if (first > upto || upto > chunks || source > 0xFFFF)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        "chunks [" + std::to_string(first) + ", " + std::to_string(upto) +
+                            ") of a " + std::to_string(chunks) + "-chunk message from rank " +
+                            std::to_string(source) + " cannot be sent");
+        constexpr std::size_t batch = 64;
+        std::vector<std::uint8_t> frames(batch * KNOD_CHUNK_FRAME);
+        mmsghdr msgs[batch];
+        iovec iov[batch];
+        sockaddr_in to{};
+        to.sin_family = AF_INET;
+        to.sin_addr.s_addr = addr;
+        to.sin_port = htons(port);
+        const auto *bytes = static_cast<const std::uint8_t *>(data);
+        std::uint64_t seq = first;
+        while (seq < upto) {
+            std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(batch, upto - seq));
+            for (std::size_t i = 0; i < n; ++i) {
+                std::uint8_t *f = frames.data() + i * KNOD_CHUNK_FRAME;
+                std::uint32_t len = chunk_length(seq + i, total);
+                std::uint32_t header[4] = {KNOD_CHUNK_MAGIC, msg,
+                                           static_cast<std::uint32_t>(seq + i),
+                                           len | (source << 16)};
+                std::memcpy(f, header, sizeof header);
+                std::memcpy(f + KNOD_CHUNK_HEADER, bytes + (seq + i) * KNOD_CHUNK_PAYLOAD, len);
+                if (len < KNOD_CHUNK_PAYLOAD)
+                    std::memset(f + KNOD_CHUNK_HEADER + len, 0, KNOD_CHUNK_PAYLOAD - len);
+                iov[i] = {f, KNOD_CHUNK_FRAME};
+                msgs[i] = {};
+                msgs[i].msg_hdr.msg_name = &to;
+                msgs[i].msg_hdr.msg_namelen = sizeof to;
+                msgs[i].msg_hdr.msg_iov = &iov[i];
+                msgs[i].msg_hdr.msg_iovlen = 1;
+            }
+            std::size_t done = 0;
+            while (done < n) {
+                int r = sendmmsg(fd, msgs + done, static_cast<unsigned>(n - done), 0);
+                if (r < 0) {
+                    if (errno == EINTR) continue;
+                    return fail(error, KNOD_ERR_IO,
+                                std::string("sendmmsg: ") + std::strerror(errno) + " after " +
+                                    std::to_string(seq + done - first) + " chunk(s)");
+                }
+                done += static_cast<std::size_t>(r);
+            }
+            seq += n;
+        }
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_chunks_receive(void *dst, const void *ring, uint64_t ring_frames, uint64_t slot,
+                              uint64_t n, uint64_t first, uint64_t total, uint32_t msg,
+                              uint32_t source, int dtype, int op, knod_error **error) {
+    return guarded(error, [&] {
+        if (!dst && total) return missing(error, "dst");
+        if (!ring) return missing(error, "ring");
+        std::uint64_t chunks = (total + KNOD_CHUNK_PAYLOAD - 1) / KNOD_CHUNK_PAYLOAD;
+        if (ring_frames == 0 || slot >= ring_frames || first + n > chunks || source > 0xFFFF)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        "chunks [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                            ") of a " + std::to_string(chunks) + "-chunk message at slot " +
+                            std::to_string(slot) + " of a " + std::to_string(ring_frames) +
+                            "-frame ring cannot be received");
+        std::size_t size = dtype_size(dtype);
+        if (op < KNOD_CHUNK_COPY || op > KNOD_CHUNK_MAX || (op != KNOD_CHUNK_COPY && !size))
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        "unknown element type " + std::to_string(dtype) + " or operation " +
+                            std::to_string(op));
+        if (op != KNOD_CHUNK_COPY && total % size)
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        std::to_string(total) + " bytes are not whole elements of " +
+                            std::to_string(size) + " bytes");
+        const auto *base = static_cast<const std::uint8_t *>(ring);
+        auto frame = [&](std::uint64_t i) {
+            return base + ((slot + i) % ring_frames) * KNOD_CHUNK_FRAME;
+        };
+        for (std::uint64_t i = 0; i < n; ++i) {
+            const std::uint8_t *f = frame(i);
+            std::uint64_t seq = first + i;
+            std::uint32_t want = chunk_length(seq, total) | (source << 16);
+            std::uint32_t got[4] = {load32(f), load32(f + 4), load32(f + 8), load32(f + 12)};
+            if (got[0] != KNOD_CHUNK_MAGIC || got[1] != msg ||
+                got[2] != static_cast<std::uint32_t>(seq) || got[3] != want) {
+                char text[320];
+                std::snprintf(text, sizeof text,
+                              "chunk %llu of message %u from rank %u is not the one expected "
+                              "(magic %#x, message %u, sequence %u, length/source %#x; expected "
+                              "sequence %llu, length/source %#x): a chunk was lost, reordered or "
+                              "foreign",
+                              static_cast<unsigned long long>(seq), msg, source, got[0], got[1],
+                              got[2], got[3], static_cast<unsigned long long>(seq), want);
+                return fail(error, KNOD_ERR_FAILED, text);
+            }
+        }
+        auto *out = static_cast<std::uint8_t *>(dst);
+        for (std::uint64_t i = 0; i < n; ++i) {
+            std::uint64_t seq = first + i;
+            std::uint32_t len = chunk_length(seq, total);
+            std::uint8_t *to = out + seq * KNOD_CHUNK_PAYLOAD;
+            const std::uint8_t *from = frame(i) + KNOD_CHUNK_HEADER;
+            if (op == KNOD_CHUNK_COPY)
+                std::memcpy(to, from, len);
+            else
+                reduce_chunk(to, from, len, dtype, op);
+        }
         return KNOD_OK;
     });
 }

@@ -15,9 +15,13 @@ def main(argv: list[str] | None = None) -> int:
         epilog=f"""start here:
   {EXAMPLES}/receive.py      the article's example against the sim driver:
       python3 {EXAMPLES}/receive.py --flow 'udp 10.99.0.0/24:* -> 10.99.0.2:5000'
+  {EXAMPLES}/ddp_train.py    the second: init_process_group(backend='knod'), a DDP job whose
+      every rank receives through its own binding (import knod.distributed; --launch N runs
+      a whole job on the sim as root, with {EXAMPLES}/collectives_policy.toml)
   pydoc3 knod                  every class and function, with units and errors
   knod-policy explain --user $USER ...   which rule would decide your request, and why
-  docs: client-sdk.md in the project (the C, C++ and Python SDK); man knod-policy(1)""",
+  docs: client-sdk.md and collectives.md in the project (the SDK; the torch backend);
+  man knod-policy(1)""",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="store_true",
                         help="print the package's and the loaded library's versions")

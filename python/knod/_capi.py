@@ -65,8 +65,18 @@ _PROTOTYPES = {
         [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, sizep, fragp, ctypes.c_size_t, sizep,
          c_void_pp]),
     "knod_devmem_rx_release": (ctypes.c_int, [ctypes.c_void_p, fragp, ctypes.c_size_t, c_void_pp]),
+    # Since knod.distributed's chunks (#53); without them it builds chunks in Python.
+    "knod_chunks_send": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint16, ctypes.c_void_p, ctypes.c_uint64,
+         ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64, c_void_pp]),
+    "knod_chunks_receive": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
+         ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int,
+         ctypes.c_int, c_void_pp]),
 }
-OPTIONAL = {name for name in _PROTOTYPES if name.startswith("knod_devmem_rx_")}
+OPTIONAL = {name for name in _PROTOTYPES if name.startswith(("knod_devmem_rx_", "knod_chunks_"))}
 
 
 def lib():

@@ -16,7 +16,7 @@ n=$(($$ % 100000))
 export KNOD_SIM_NETDEV=knodsimp$n KNOD_SIM_NETNS=knod-simp$n
 pins=/sys/fs/bpf/knodpy$n
 export KNOD_CLIENT_LIBRARY=$build/client/libknod-client.so.1 PYTHONPATH=$src/python
-export KNOD_CLI=$build/cli/knod-policy PYTHONDONTWRITEBYTECODE=1
+export KNOD_CLI=$build/cli/knod-policy KNOD_CNI=$build/cni/knod-cni PYTHONDONTWRITEBYTECODE=1
 # Callers that really are other users, with names of this run's own: a holder, a user with a
 # quota of one binding, a user no rule names. (The daemon must find a user name for a caller.)
 work=$(mktemp -d /tmp/knod-pytest.XXXXXX)
@@ -38,7 +38,7 @@ sed -e "s/@HOLDER_USER@/knodpy-holder-$n/" -e "s/@QUOTA_USER@/knodpy-quota-$n/" 
 chmod 755 "$work"
 "$src/scripts/knod-sandbox.sh" --build "$build" --policy "$work/policy.toml" \
     --daemon-arg "--sim-netdev=$KNOD_SIM_NETDEV" --daemon-arg "--sim-netns=$KNOD_SIM_NETNS" \
-    --daemon-arg "--bpf-pin-root=$pins" --daemon-arg --journald=false \
+    --daemon-arg "--bpf-pin-root=$pins" --daemon-arg --sim-queues=8 --daemon-arg --journald=false \
     --daemon-arg --linux-audit=false -- \
     /usr/bin/python3 -m pytest -p no:cacheprovider -q -rs "$src/tests/python" "$@"
 rc=$?

@@ -11,7 +11,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 using namespace knod;
 
@@ -248,4 +253,171 @@ TEST(CApiDevmem, ALoopbackStreamThroughTheCApi) {
     EXPECT_EQ(nbytes + nfrags, 0u) << "the peer closed";
     knod_devmem_rx_free(rx);
     knod_devmem_rx_free(nullptr);
+}
+
+// --- knod.distributed's chunks (#53) ---------------------------------------------------------
+
+namespace {
+
+// Sends chunks [first, upto) of `data` through the C API to a UDP socket on 127.0.0.1 and
+// returns the datagrams received there, in order.
+std::vector<std::vector<std::uint8_t>> send_and_catch(const std::vector<std::uint8_t> &data,
+                                                      std::uint64_t first, std::uint64_t upto) {
+    int rx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int tx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int big = 4 << 20;
+    setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(rx, reinterpret_cast<sockaddr *>(&at), sizeof at), 0);
+    socklen_t len = sizeof at;
+    getsockname(rx, reinterpret_cast<sockaddr *>(&at), &len);
+    knod_error *err = nullptr;
+    EXPECT_EQ(knod_chunks_send(tx, at.sin_addr.s_addr, ntohs(at.sin_port), data.data(), data.size(),
+                               9, 3, first, upto, &err),
+              KNOD_OK)
+        << (err ? knod_error_message(err) : "");
+    knod_error_free(err);
+    std::vector<std::vector<std::uint8_t>> got;
+    for (std::uint64_t i = first; i < upto; ++i) {
+        std::vector<std::uint8_t> d(KNOD_CHUNK_FRAME + 1);
+        ssize_t n = recv(rx, d.data(), d.size(), MSG_DONTWAIT);
+        if (n < 0) break;
+        d.resize(static_cast<std::size_t>(n));
+        got.push_back(std::move(d));
+    }
+    close(rx);
+    close(tx);
+    return got;
+}
+
+std::uint32_t word(const std::vector<std::uint8_t> &f, std::size_t i) {
+    std::uint32_t v;
+    std::memcpy(&v, f.data() + 4 * i, 4);
+    return v;
+}
+
+} // namespace
+
+TEST(CApiChunks, SentChunksCarryTheirHeaderAndPayload) {
+    std::vector<std::uint8_t> data(2 * KNOD_CHUNK_PAYLOAD + 100);
+    for (std::size_t i = 0; i < data.size(); ++i)
+        data[i] = static_cast<std::uint8_t>(i * 7);
+    auto frames = send_and_catch(data, 1, 3);
+    ASSERT_EQ(frames.size(), 2u);
+    for (std::size_t k = 0; k < 2; ++k) {
+        const auto &f = frames[k];
+        ASSERT_EQ(f.size(), std::size_t{KNOD_CHUNK_FRAME});
+        std::uint32_t seq = static_cast<std::uint32_t>(k + 1);
+        std::uint32_t len = seq == 2 ? 100 : KNOD_CHUNK_PAYLOAD;
+        EXPECT_EQ(word(f, 0), KNOD_CHUNK_MAGIC);
+        EXPECT_EQ(word(f, 1), 9u);
+        EXPECT_EQ(word(f, 2), seq);
+        EXPECT_EQ(word(f, 3), len | (3u << 16));
+        EXPECT_EQ(0, std::memcmp(f.data() + KNOD_CHUNK_HEADER,
+                                 data.data() + seq * KNOD_CHUNK_PAYLOAD, len));
+        for (std::size_t i = KNOD_CHUNK_HEADER + len; i < f.size(); ++i)
+            ASSERT_EQ(f[i], 0);
+    }
+    knod_error *err = nullptr;
+    EXPECT_EQ(knod_chunks_send(-1, 0, 1, data.data(), data.size(), 0, 0, 2, 4, &err),
+              KNOD_ERR_INVALID_ARGUMENT); // past the message's 3 chunks
+    knod_error_free(err);
+}
+
+namespace {
+
+// A ring of `seqs` chunks of a message of float32 `values` from rank 1, message 5.
+std::vector<std::uint8_t> ring_of(const std::vector<float> &values,
+                                  const std::vector<std::uint32_t> &seqs) {
+    std::uint64_t total = values.size() * sizeof(float);
+    std::vector<std::uint8_t> ring(seqs.size() * KNOD_CHUNK_FRAME);
+    for (std::size_t k = 0; k < seqs.size(); ++k) {
+        std::uint8_t *f = ring.data() + k * KNOD_CHUNK_FRAME;
+        std::uint64_t at = std::uint64_t{seqs[k]} * KNOD_CHUNK_PAYLOAD;
+        auto len =
+            static_cast<std::uint32_t>(std::min<std::uint64_t>(total - at, KNOD_CHUNK_PAYLOAD));
+        std::uint32_t header[4] = {KNOD_CHUNK_MAGIC, 5, seqs[k], len | (1u << 16)};
+        std::memcpy(f, header, sizeof header);
+        std::memcpy(f + KNOD_CHUNK_HEADER,
+                    reinterpret_cast<const std::uint8_t *>(values.data()) + at, len);
+    }
+    return ring;
+}
+
+} // namespace
+
+TEST(CApiChunks, ReceiveReducesInPlaceAndPassesNaNOn) {
+    std::size_t n = KNOD_CHUNK_PAYLOAD / 4 + 10; // two chunks, the second partial
+    std::vector<float> theirs(n), mine(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        theirs[i] = static_cast<float>(i) * 0.5f;
+        mine[i] = 3.0f;
+    }
+    theirs[1] = std::nanf("");
+    auto ring = ring_of(theirs, {1, 0}); // the message starts at slot 1 and wraps to slot 0
+    for (int op : {KNOD_CHUNK_SUM, KNOD_CHUNK_MAX, KNOD_CHUNK_MIN, KNOD_CHUNK_PRODUCT}) {
+        std::vector<float> dst = mine;
+        knod_error *err = nullptr;
+        ASSERT_EQ(knod_chunks_receive(dst.data(), ring.data(), 2, 1, 2, 0, n * 4, 5, 1,
+                                      KNOD_CHUNK_F32, op, &err),
+                  KNOD_OK)
+            << (err ? knod_error_message(err) : "");
+        for (std::size_t i = 0; i < n; ++i) {
+            float want = op == KNOD_CHUNK_SUM       ? mine[i] + theirs[i]
+                         : op == KNOD_CHUNK_PRODUCT ? mine[i] * theirs[i]
+                         : op == KNOD_CHUNK_MIN     ? std::min(mine[i], theirs[i])
+                                                    : std::max(mine[i], theirs[i]);
+            if (i == 1)
+                EXPECT_TRUE(std::isnan(dst[i])) << op;
+            else
+                EXPECT_EQ(dst[i], want) << op << " at " << i;
+        }
+    }
+}
+
+TEST(CApiChunks, IntegersWrapAsTorchDoes) {
+    std::vector<std::uint8_t> ring(KNOD_CHUNK_FRAME);
+    std::int32_t theirs[2] = {INT32_MAX, -5};
+    std::uint32_t header[4] = {KNOD_CHUNK_MAGIC, 5, 0, 8u | (1u << 16)};
+    std::memcpy(ring.data(), header, sizeof header);
+    std::memcpy(ring.data() + KNOD_CHUNK_HEADER, theirs, sizeof theirs);
+    std::int32_t dst[2] = {1, 7};
+    ASSERT_EQ(knod_chunks_receive(dst, ring.data(), 1, 0, 1, 0, 8, 5, 1, KNOD_CHUNK_I32,
+                                  KNOD_CHUNK_SUM, nullptr),
+              KNOD_OK);
+    EXPECT_EQ(dst[0], INT32_MIN);
+    EXPECT_EQ(dst[1], 2);
+}
+
+TEST(CApiChunks, ALostChunkIsAnErrorAndNothingIsApplied) {
+    std::vector<float> theirs(3 * KNOD_CHUNK_PAYLOAD / 4, 1.0f);
+    auto ring = ring_of(theirs, {0, 2, 1}); // chunk 1 lost (2 came first), then late
+    std::vector<float> dst(theirs.size(), 0.0f);
+    knod_error *err = nullptr;
+    ASSERT_EQ(knod_chunks_receive(dst.data(), ring.data(), 3, 0, 3, 0, theirs.size() * 4, 5, 1,
+                                  KNOD_CHUNK_F32, KNOD_CHUNK_COPY, &err),
+              KNOD_ERR_FAILED);
+    std::string message = knod_error_message(err);
+    knod_error_free(err);
+    EXPECT_NE(message.find("chunk 1 of message 5 from rank 1 is not the one expected"),
+              std::string::npos)
+        << message;
+    for (float v : dst)
+        ASSERT_EQ(v, 0.0f);
+    // Another message's or another rank's chunk is foreign.
+    EXPECT_EQ(knod_chunks_receive(dst.data(), ring.data(), 3, 0, 1, 0, theirs.size() * 4, 6, 1,
+                                  KNOD_CHUNK_F32, KNOD_CHUNK_COPY, nullptr),
+              KNOD_ERR_FAILED);
+    EXPECT_EQ(knod_chunks_receive(dst.data(), ring.data(), 3, 0, 1, 0, theirs.size() * 4, 5, 2,
+                                  KNOD_CHUNK_F32, KNOD_CHUNK_COPY, nullptr),
+              KNOD_ERR_FAILED);
+    // Unknown types and ops, and bytes that are not whole elements, are refused.
+    EXPECT_EQ(knod_chunks_receive(dst.data(), ring.data(), 3, 0, 1, 0, theirs.size() * 4, 5, 1, 99,
+                                  KNOD_CHUNK_SUM, nullptr),
+              KNOD_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(knod_chunks_receive(dst.data(), ring.data(), 3, 0, 1, 0, 6, 5, 1, KNOD_CHUNK_F32,
+                                  KNOD_CHUNK_SUM, nullptr),
+              KNOD_ERR_INVALID_ARGUMENT);
 }

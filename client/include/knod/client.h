@@ -175,6 +175,55 @@ KNOD_API knod_errc knod_devmem_rx_receive(knod_devmem_rx *rx, uint8_t *linear, s
 KNOD_API knod_errc knod_devmem_rx_release(knod_devmem_rx *rx, const knod_devmem_fragment *fragments,
                                           size_t n, knod_error **error);
 
+/* --- Chunks: knod.distributed's data path (docs/collectives.md) -----------------------------
+ *
+ * A message of `total` bytes from one rank to another travels as chunks, one UDP datagram of
+ * KNOD_CHUNK_FRAME bytes each: a 16-byte header of little-endian uint32s (KNOD_CHUNK_MAGIC, the
+ * message number, the chunk's sequence number, its payload length | the source rank << 16), then
+ * up to KNOD_CHUNK_PAYLOAD payload bytes (the last chunk's are zero-padded). They land in the
+ * receiver's region, a ring of whole frames. These calls are the hot path on raw pointers; the
+ * flow control around them (credits) is the caller's. */
+#define KNOD_CHUNK_HEADER 16
+#define KNOD_CHUNK_PAYLOAD 1440
+#define KNOD_CHUNK_FRAME 1456
+#define KNOD_CHUNK_MAGIC 0x444F4E4Bu
+
+/* Element types and operations of knod_chunks_receive. */
+typedef enum knod_chunk_dtype {
+    KNOD_CHUNK_U8 = 1,
+    KNOD_CHUNK_I8 = 2,
+    KNOD_CHUNK_I16 = 3,
+    KNOD_CHUNK_I32 = 4,
+    KNOD_CHUNK_I64 = 5,
+    KNOD_CHUNK_F32 = 6,
+    KNOD_CHUNK_F64 = 7
+} knod_chunk_dtype;
+typedef enum knod_chunk_op {
+    KNOD_CHUNK_COPY = 0,
+    KNOD_CHUNK_SUM = 1,
+    KNOD_CHUNK_PRODUCT = 2,
+    KNOD_CHUNK_MIN = 3,
+    KNOD_CHUNK_MAX = 4
+} knod_chunk_op;
+
+/* Sends chunks [first, upto) of message `msg` (`total` bytes at `data`, from rank `source`) on
+ * the UDP socket `fd` to IPv4 address `addr` (network byte order) and `port` (host byte order),
+ * with sendmmsg in batches. KNOD_ERR_IO naming the error and how many were sent. */
+KNOD_API knod_errc knod_chunks_send(int fd, uint32_t addr, uint16_t port, const void *data,
+                                    uint64_t total, uint32_t msg, uint32_t source, uint64_t first,
+                                    uint64_t upto, knod_error **error);
+/* Takes chunks [first, first + n) of message `msg` (`total` bytes, from rank `source`) from
+ * `ring` (`ring_frames` frames), the first at frame `slot` (wrapping): checks every header,
+ * then applies the payloads to `dst` (the message's `total` bytes): KNOD_CHUNK_COPY copies, the
+ * other ops reduce elementwise as `dtype` (dst = dst op chunk; integers wrap; MIN and MAX pass
+ * NaN on). A chunk that is not the one expected (lost, reordered, foreign) is KNOD_ERR_FAILED
+ * naming it, and nothing is applied; an unknown dtype or op, or a payload that is not whole
+ * elements, KNOD_ERR_INVALID_ARGUMENT. */
+KNOD_API knod_errc knod_chunks_receive(void *dst, const void *ring, uint64_t ring_frames,
+                                       uint64_t slot, uint64_t n, uint64_t first, uint64_t total,
+                                       uint32_t msg, uint32_t source, int dtype, int op,
+                                       knod_error **error);
+
 #ifdef __cplusplus
 }
 #endif
