@@ -10,6 +10,7 @@
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -251,6 +252,8 @@ Result<Client> Client::connect(const std::string &address, std::uint64_t call_ti
     // Every call that passes 0 (all of this client's) waits at most this long, attest too.
     if (call_timeout_us) (void)sd_bus_set_method_call_timeout(bus, call_timeout_us);
     Client c(bus, !pod.empty());
+    c.peer_address_ = pod;
+    c.call_timeout_us_ = call_timeout_us;
     // Proven from the start: root's rights (auditor, admin) and rules naming units need it.
     // No daemon yet, or one that refuses: each call says so itself, and asks again.
     (void)c.attest();
@@ -270,11 +273,14 @@ std::string Client::address_tried(const std::string &address) {
 
 Client::Client(Client &&o) noexcept
     : bus_(std::exchange(o.bus_, nullptr)), pid_(o.pid_), ends_(std::move(o.ends_)),
+      peer_address_(std::move(o.peer_address_)), call_timeout_us_(o.call_timeout_us_),
       proof_(std::move(o.proof_)) {}
 Client &Client::operator=(Client &&o) noexcept {
     std::swap(bus_, o.bus_);
     std::swap(pid_, o.pid_);
     std::swap(ends_, o.ends_);
+    std::swap(peer_address_, o.peer_address_);
+    std::swap(call_timeout_us_, o.call_timeout_us_);
     std::swap(proof_, o.proof_);
     return *this;
 }
@@ -282,6 +288,52 @@ Client &Client::operator=(Client &&o) noexcept {
 Result<void> Client::same_process() const {
     if (::getpid() != pid_) return forked_error(pid_);
     return {};
+}
+
+bool Client::lost() const {
+    return !peer_address_.empty() && sd_bus_is_open(bus_) <= 0;
+}
+
+Result<void> Client::ready() {
+    if (auto here = same_process(); !here) return here;
+    if (lost()) return reconnect(std::chrono::steady_clock::now());
+    return {};
+}
+
+Result<void> Client::reconnect(std::chrono::steady_clock::time_point until) {
+    auto pause = std::chrono::milliseconds(20);
+    for (;;) {
+        sd_bus *bus = nullptr;
+        int r = sd_bus_new(&bus);
+        if (r >= 0) r = sd_bus_set_address(bus, peer_address_.c_str());
+        if (r >= 0) r = sd_bus_negotiate_fds(bus, 1);
+        if (r >= 0) r = sd_bus_start(bus);
+        if (r >= 0) {
+            if (call_timeout_us_) (void)sd_bus_set_method_call_timeout(bus, call_timeout_us_);
+            // The end signals' filter moves to the new connection; what it recorded stays.
+            sd_bus_slot_unref(std::exchange(ends_->slot, nullptr));
+            sd_bus_add_filter(bus, &ends_->slot, Ends::on_message, ends_.get());
+            sd_bus_close_unref(std::exchange(bus_, bus));
+            bus = nullptr;
+            proof_.clear(); // a new connection is proven again
+            // Any answer, a refusal too, is the daemon's; a connection it closed at once (a
+            // daemon still starting, or one that does not serve this process) is tried again.
+            auto proven = attest();
+            if (proven || proven.error().code != Errc::unavailable) return {};
+            r = -ECONNRESET;
+        }
+        sd_bus_unref(bus);
+        auto now = std::chrono::steady_clock::now();
+        if (now >= until)
+            return make_error(Errc::unavailable,
+                              "the connection to knod-policyd's pod socket closed (the daemon "
+                              "stopped or restarted) and it cannot be reached again at " +
+                                  peer_address_ + ": " + std::strerror(-r));
+        // The daemon is starting: its socket refuses or is not there yet.
+        std::this_thread::sleep_for(
+            std::min<std::chrono::steady_clock::duration>(pause, until - now));
+        pause = std::min(pause * 2, std::chrono::milliseconds(500));
+    }
 }
 
 Result<std::string> Client::attest() {
@@ -341,21 +393,33 @@ Result<BindingEnd> Client::wait_for_end(const std::string &id, int timeout_ms) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         auto end = end_of(id);
+        if (end && *end) return **end;
+        if (lost()) {
+            // The daemon restarted under a pod-socket holder: connect again and hear what it
+            // kept. It tells the end of a binding that ended meanwhile at once; one it did not
+            // take back at all (a stop that kept nothing) is not there any more.
+            if (auto r = reconnect(deadline); !r) return r.error();
+            if (auto told = end_of(id); told && *told) return **told;
+            if (auto st = state(id);
+                !st && st.error().message.find("UnknownObject") != std::string::npos)
+                return BindingEnd{false, "daemon-restart: the daemon restarted and did not "
+                                         "take this binding back"};
+            continue;
+        }
         if (!end) return end.error();
-        if (*end) return **end;
         auto left = std::chrono::duration_cast<std::chrono::microseconds>(
             deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0)
             return make_error(Errc::expired, "binding " + id + " still alive after " +
                                                  std::to_string(timeout_ms) + " ms");
         int r = sd_bus_wait(bus_, static_cast<std::uint64_t>(left.count()));
-        if (r < 0)
+        if (r < 0 && !lost())
             return make_error(Errc::io, std::string("waiting on the bus: ") + std::strerror(-r));
     }
 }
 
 Result<void> Client::subscribe() {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "Subscribe",
                                &reply.e, &reply.m, "");
@@ -369,7 +433,7 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
                                                std::uint64_t offset, std::uint64_t length,
                                                const std::vector<std::string> &flows,
                                                bool retried) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     (void)attest(); // refused or unreachable: the request says so itself
     sd_bus_message *call = nullptr;
     int r = sd_bus_message_new_method_call(bus_, &call, service_name, manager_path,
@@ -410,14 +474,14 @@ Result<GrantedBinding> Client::request_binding(const std::string &netdev, const 
 }
 
 Result<void> Client::activate(const std::string &id, const std::vector<std::uint8_t> &key) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     (void)attest();
     Reply reply;
     return call_with_key(bus_, id, "Activate", key, reply);
 }
 
 Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std::uint8_t> &key) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     (void)attest();
     Reply reply;
     if (auto r = call_with_key(bus_, id, "Renew", key, reply); !r) return r.error();
@@ -428,7 +492,7 @@ Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std
 }
 
 Result<void> Client::release(const std::string &id) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, path_of(id).c_str(), binding_interface,
                                "Release", &reply.e, &reply.m, "");
@@ -437,7 +501,7 @@ Result<void> Client::release(const std::string &id) {
 }
 
 Result<BindingCounters> Client::counters(const std::string &id) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     BindingCounters c;
     auto get = [&](const char *name, std::uint64_t &out) -> Result<void> {
         auto v = property<std::uint64_t>(bus_, path_of(id), binding_interface, name, 't');
@@ -454,7 +518,7 @@ Result<BindingCounters> Client::counters(const std::string &id) {
 
 Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t seen,
                                             int timeout_ms) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         auto rx = property<std::uint64_t>(bus_, path_of(id), binding_interface, "RxBytes", 't');
@@ -476,7 +540,7 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t
 
 Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
                                                const std::vector<std::uint8_t> &key) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     (void)attest();
     Reply reply;
     if (auto r = call_with_key(bus_, id, "RxNotifier", key, reply); !r) return r.error();
@@ -494,7 +558,7 @@ Result<Client::RxNotifier> Client::rx_notifier(const std::string &id,
 
 Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n,
                                             std::uint64_t seen, int timeout_ms) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     using namespace std::chrono;
     auto deadline = steady_clock::now() + milliseconds(timeout_ms);
     for (;;) {
@@ -547,12 +611,12 @@ Result<std::uint64_t> Client::wait_for_data(const std::string &id, RxNotifier &n
 }
 
 Result<std::string> Client::rule(const std::string &id) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     return property<std::string>(bus_, path_of(id), binding_interface, "Rule", 's');
 }
 
 Result<BindingDetails> Client::details(const std::string &id) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     BindingDetails d;
     auto rule_name = rule(id);
     if (!rule_name) return rule_name.error();
@@ -592,12 +656,12 @@ Result<BindingDetails> Client::details(const std::string &id) {
 }
 
 Result<std::string> Client::state(const std::string &id) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     return property<std::string>(bus_, path_of(id), binding_interface, "State", 's');
 }
 
 Result<std::vector<BindingSummary>> Client::list() {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "ListBindings",
                                &reply.e, &reply.m, "");
@@ -624,7 +688,7 @@ Result<std::vector<BindingSummary>> Client::list() {
 }
 
 Result<void> Client::revoke(const std::string &id, const std::string &reason) {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "RevokeBinding",
                                &reply.e, &reply.m, "ss", id.c_str(), reason.c_str());
@@ -633,7 +697,7 @@ Result<void> Client::revoke(const std::string &id, const std::string &reason) {
 }
 
 Result<std::pair<std::uint32_t, std::uint32_t>> Client::reload() {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "ReloadPolicy",
                                &reply.e, &reply.m, "");
@@ -645,7 +709,7 @@ Result<std::pair<std::uint32_t, std::uint32_t>> Client::reload() {
 }
 
 Result<std::string> Client::host_report() {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "GetHostReport",
                                &reply.e, &reply.m, "");
@@ -657,7 +721,7 @@ Result<std::string> Client::host_report() {
 }
 
 Result<std::string> Client::metrics() {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "GetMetrics",
                                &reply.e, &reply.m, "");
@@ -669,7 +733,7 @@ Result<std::string> Client::metrics() {
 }
 
 Result<void> Client::ping() {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     Reply reply;
     int r = sd_bus_call_method(bus_, service_name, manager_path, "org.freedesktop.DBus.Peer",
                                "Ping", &reply.e, &reply.m, "");
@@ -678,7 +742,7 @@ Result<void> Client::ping() {
 }
 
 Result<ManagerStatus> Client::status() {
-    if (auto here = same_process(); !here) return std::move(here).error();
+    if (auto here = ready(); !here) return std::move(here).error();
     ManagerStatus st;
     auto version = property<std::string>(bus_, manager_path, manager_interface, "Version", 's');
     if (!version) return version.error();

@@ -9,6 +9,7 @@
 #include <array>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -173,9 +174,19 @@ class Client {
     // sd-bus refuses a connection in any process but the one that made it (ECHILD, "No child
     // processes"): each call checks first and says what happened.
     Result<void> same_process() const;
+    // same_process(), and on the pod socket a connection that closed (the daemon restarted) is
+    // made again, once: no pod connection outlives the daemon that accepted it.
+    Result<void> ready();
+    // Connects to the pod socket again, trying until `until` (the daemon may be starting): the
+    // restarted daemon gives back this process's bindings on the new connection and tells it
+    // of those that ended meanwhile (docs/kubernetes.md, "Restarts").
+    Result<void> reconnect(std::chrono::steady_clock::time_point until);
+    bool lost() const; // on the pod socket, and its connection closed
     sd_bus *bus_ = nullptr;
     pid_t pid_ = 0; // the process that made the connection
     std::unique_ptr<Ends> ends_;
+    std::string peer_address_;          // the pod socket's address; empty on a bus
+    std::uint64_t call_timeout_us_ = 0; // connect()'s, for a connection made again
     std::string proof_; // attest()'s answer; empty until the daemon gave one
 };
 

@@ -1247,6 +1247,17 @@ void BindingManager::connection_gone(const std::string &bus_name) {
         end_binding(id, EndReason::disconnect);
 }
 
+void BindingManager::hold_on(const std::string &id, const std::string &bus_name) {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return;
+    it->second.owner.bus_name = bus_name;
+    journal::Event e = event_for(journal::kind::holder_returned, it->second.owner);
+    e.session_id = id;
+    e.rule = it->second.rule;
+    e.reason = "its holder process connected again after a daemon restart";
+    audit_.record(std::move(e));
+}
+
 void BindingManager::netdev_gone(const std::string &netdev, EndReason why) {
     withdraw_grants([&](const Binding &b) { return b.netdev == netdev; }, why);
     std::vector<std::string> ids;

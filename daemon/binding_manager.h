@@ -216,6 +216,10 @@ class BindingManager {
     void holder_gone(const std::string &id, EndReason why);
     // Ends every binding of a bus connection (it disconnected).
     void connection_gone(const std::string &bus_name);
+    // Binding `id` is held on connection `bus_name` from now on: its holder process came back
+    // on a new connection after a restart (the caller checked that it is that process).
+    // Journaled holder-returned.
+    void hold_on(const std::string &id, const std::string &bus_name);
     // Ends every binding on a network device that went down or away.
     void netdev_gone(const std::string &netdev, EndReason why);
     // The pod sandboxes the node's CNI plugin registered (the bus adaptor registers them and

@@ -58,6 +58,7 @@ struct Options {
     std::string cni_spool = knod::pod_spool::default_dir;
     std::string pod_socket; // empty: no pod socket
     knod::bus::PodSocketLimits pod_limits;
+    unsigned pod_reclaim_seconds = 30;
     knod::host::HostPaths host;
     knod::bus::CallerLimits limits;
     std::size_t max_bindings = knod::daemon::ManagerConfig{}.max_bindings;
@@ -302,6 +303,12 @@ std::optional<int> parse_options(int argc, char **argv, Options &o) {
                    "in between; only callers in a registered pod's network namespace are "
                    "served); empty: none")
         ->capture_default_str();
+    app.add_option("--pod-reclaim-seconds", o.pod_reclaim_seconds,
+                   "after a restart that kept bindings, how long a binding held over the pod "
+                   "socket waits for its holder process to connect again (its connection closed "
+                   "with the old daemon); then it ends as a disconnect. 0: it ends at the start")
+        ->capture_default_str()
+        ->check(CLI::Range(0u, 3600u));
     app.add_option("--max-pod-connections-per-pod", o.pod_limits.per_sandbox,
                    "connections of one pod sandbox on the pod socket; one more is closed")
         ->capture_default_str()
@@ -614,6 +621,7 @@ std::optional<int> Daemon::build(Options &o) {
     if (fd_store.enabled()) manager.set_handle_store(&fd_store);
     // The objects before the start: bindings taken back are watched and shown through them.
     // Calls wait in the queue until the loop runs.
+    service.set_pod_reclaim(std::chrono::seconds(o.pod_socket.empty() ? 0 : o.pod_reclaim_seconds));
     if (auto r = service.start(manager, o.cni_spool); !r) {
         std::cerr << "knod-policyd: " << r.error().message << "\n";
         return 1;
@@ -706,6 +714,7 @@ std::optional<int> Daemon::build(Options &o) {
                 l->confirmed = true;
             }
             l->manager->tick(knod::journal::now_us());
+            l->service->reclaim_tick();
             knod::daemon::watchdog_tick(usec); // never waits for PID 1 (fd_store.h)
             l->service->admission().consume_spool();
             return 0;

@@ -42,6 +42,9 @@ inline constexpr const char *coalesced = "refusals-coalesced";
 // could not be (the reason says why; its session then ends as daemon-restart).
 inline constexpr const char *adopted = "adopted";
 inline constexpr const char *not_adopted = "not-adopted";
+// A pod-socket holder connected again after a restart and holds its binding on the new
+// connection (its process proven: the same pid and start time).
+inline constexpr const char *holder_returned = "holder-returned";
 inline constexpr const char *anchor =
     "journal-anchor"; // sinks only: the chain head, never in the chain
 // A copy sink (journald, linux-audit) started refusing records, or takes them again; `rule`

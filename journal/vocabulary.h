@@ -33,6 +33,7 @@ inline const std::vector<std::string> &known_kinds() {
                                                kind::coalesced,
                                                kind::adopted,
                                                kind::not_adopted,
+                                               kind::holder_returned,
                                                kind::sink_failing,
                                                kind::sink_recovered};
     return v;

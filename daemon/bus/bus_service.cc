@@ -719,6 +719,7 @@ Result<std::vector<SlotPtr>> BusService::serve_pod_connection(sd_bus *conn,
     }
     pod_connections_[conn] = {caller.sender, caller.netns};
     pod_buses_[caller.sender] = conn;
+    take_back_pod_bindings(conn, caller);
     return objects;
 }
 
@@ -1562,8 +1563,9 @@ void BusService::confirm_remembered() {
 void BusService::confirm(const std::set<std::string> &names) {
     for (auto &name : names) {
         // A pod connection is gone unless served now: none outlives the daemon that accepted it.
+        // A holder's may come back (set_pod_reclaim): its bindings wait for it.
         if (is_pod_connection_name(name)) {
-            if (!pod_buses_.count(name)) {
+            if (!pod_buses_.count(name) && !awaiting_.count(name)) {
                 forget(name);
                 manager_->connection_gone(name);
             }
@@ -1590,6 +1592,80 @@ void BusService::binding_adopted(const daemon::Binding &b) {
     // binding's holder is remembered whatever the bounds (it was admitted before the restart).
     if (!b.owner.bus_name.empty())
         (void)remember(b.owner.bus_name, b.owner.principal(), 0, nullptr, b.owner.root_in_host());
+    if (is_pod_connection_name(b.owner.bus_name) && pod_reclaim_.count() > 0) {
+        awaiting_.insert(b.owner.bus_name);
+        if (!reclaim_until_) reclaim_until_ = std::chrono::steady_clock::now() + pod_reclaim_;
+    }
+}
+
+void BusService::take_back_pod_bindings(sd_bus *conn, const Credentials &caller) {
+    if (awaiting_.empty() && untold_.empty()) return;
+    // Only the very process that held them, as the kernel vouches for it (its pidfd at
+    // accept): a pid alone may have changed hands during the restart.
+    if (caller.process.proof == daemon::ProcessProof::pid_only || caller.start_time == 0) return;
+    const keys::Holder who{caller.pid, caller.start_time};
+    std::vector<std::string> ids;
+    for (const daemon::Binding *b : manager_->bindings())
+        if (awaiting_.count(b->owner.bus_name) && b->owner.holder() == who &&
+            b->owner.uid == caller.uid && b->owner.pod_sandbox == caller.pod_sandbox)
+            ids.push_back(b->id);
+    for (auto &id : ids)
+        manager_->hold_on(id, caller.sender);
+    if (!ids.empty())
+        std::cerr << "knod-policyd: " << ids.size() << " binding(s) taken back by pid "
+                  << caller.pid << " on its new pod-socket connection" << std::endl;
+    std::set<std::string> still;
+    for (const daemon::Binding *b : manager_->bindings())
+        if (awaiting_.count(b->owner.bus_name)) still.insert(b->owner.bus_name);
+    for (auto it = awaiting_.begin(); it != awaiting_.end();) {
+        if (still.count(*it)) {
+            ++it;
+            continue;
+        }
+        forget(*it);
+        it = awaiting_.erase(it);
+    }
+    // What ended while it was away: the holder hears it as if it had been connected.
+    for (auto it = untold_.begin(); it != untold_.end();) {
+        if (!(it->holder == who)) {
+            ++it;
+            continue;
+        }
+        std::string path = binding_path(it->id);
+        const char *member = it->revoked ? "BindingRevoked" : "BindingReleased";
+        if (auto r = send_to_peer(conn, {manager_path, manager_interface, member},
+                                  [&](sd_bus_message *m) {
+                                      return sd_bus_message_append(m, "oss", path.c_str(),
+                                                                   it->id.c_str(),
+                                                                   it->reason.c_str());
+                                  });
+            !r)
+            std::cerr << "knod-policyd: binding " << it->id << ": " << r.error().message
+                      << std::endl;
+        it = untold_.erase(it);
+    }
+}
+
+void BusService::reclaim_tick() {
+    if (reclaim_until_ && std::chrono::steady_clock::now() >= *reclaim_until_) {
+        reclaim_until_.reset();
+        // Ended one name at a time, each still awaited while its bindings end (their ends are
+        // kept for the holder, should it come back later).
+        while (!awaiting_.empty()) {
+            std::string name = *awaiting_.begin();
+            forget(name);
+            manager_->connection_gone(name);
+            awaiting_.erase(name);
+        }
+    }
+    // A holder that is gone will never be told.
+    for (auto it = untold_.begin(); it != untold_.end();) {
+        auto start = daemon::process_start_time(it->holder.pid);
+        if (start && *start == it->holder.start_time)
+            ++it;
+        else
+            it = untold_.erase(it);
+    }
 }
 
 void BusService::binding_created(const daemon::Binding &b) {
@@ -1610,6 +1686,9 @@ void BusService::binding_ended(const daemon::Binding &b, daemon::EndReason why,
     // what the driver saw ("steering-drift: ...").
     std::string reason = daemon::to_string(why);
     if (!note.empty()) reason += ": " + note;
+    // A pod-socket holder not back since the restart hears it when it returns.
+    if (awaiting_.count(b.owner.bus_name) && why != daemon::EndReason::process_exit)
+        untold_.push_back({b.owner.holder(), b.id, revoked, reason});
     signal_about(
         b, {manager_path, manager_interface, revoked ? "BindingRevoked" : "BindingReleased"},
         [&](sd_bus_message *m) {

@@ -8,6 +8,7 @@
 #include "daemon/bus/unicast.h"
 #include "daemon/pod_admission.h"
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -77,6 +78,16 @@ class BusService : public daemon::BindingEvents {
     // NameOwnerChanged match reached the bus may have left unseen; the bus says which did, and
     // they are forgotten (their bindings end) as if seen leaving.
     void confirm_remembered();
+    // Pod-socket holders across a restart. No pod connection outlives the daemon that accepted
+    // it, so a binding taken back whose holder held it on one waits, until `window` after the
+    // first such binding came back, for that very process to connect again: the same pid and
+    // start time (read through the pidfd the kernel gave at accept), in the same pod, as the
+    // same uid. Its bindings are then held on the new connection, and it is told of those that
+    // ended meanwhile. One that does not come back in time loses its bindings as on a
+    // disconnect. Zero: none waits (each ends at the start, as before).
+    void set_pod_reclaim(std::chrono::seconds window) { pod_reclaim_ = window; }
+    // The daemon's tick: ends what waited past the window.
+    void reclaim_tick();
 
     // sd-bus callbacks; public only so the vtables in bus_service.cc can name them.
     static int request_binding(sd_bus_message *m, void *self, sd_bus_error *err);
@@ -215,6 +226,20 @@ class BusService : public daemon::BindingEvents {
     };
     std::map<sd_bus *, PodConnection> pod_connections_;
     std::map<std::string, sd_bus *> pod_buses_;
+    // The pod connection's process took back what it held before a restart (set_pod_reclaim).
+    void take_back_pod_bindings(sd_bus *conn, const Credentials &caller);
+    std::chrono::seconds pod_reclaim_{30};
+    std::optional<std::chrono::steady_clock::time_point> reclaim_until_;
+    std::set<std::string> awaiting_; // the old pod connections of bindings taken back
+    // Ends of awaited holders' bindings, told when the holder returns, even after the window
+    // (at most one per binding taken back; dropped once the holder's process is gone).
+    struct UntoldEnd {
+        keys::Holder holder;
+        std::string id;
+        bool revoked = false;
+        std::string reason;
+    };
+    std::vector<UntoldEnd> untold_;
 };
 
 // Names a pod connection the way a bus names its connections, never like a bus's unique name

@@ -195,8 +195,12 @@ Result<void> PodSocket::serve(UniqueFd fd) {
     if (r >= 0) r = sd_id128_randomize(&id);
     if (r >= 0) r = sd_bus_set_fd(raw, fd.get(), fd.get());
     if (r >= 0) (void)fd.release(); // the bus's now
-    // EXTERNAL only (sd-bus's default without set_anonymous): the uid SO_PEERCRED gives.
     if (r >= 0) r = sd_bus_set_server(raw, 1, id);
+    // The SASL handshake identifies nobody here: the caller was identified at accept, from
+    // SO_PEERCRED and its pidfd. EXTERNAL's own uid check compares the uid a client names in its
+    // namespace with the one the kernel maps it to, and so shuts out every pod in a user
+    // namespace of its own (hostUsers: false, rootless podman); anonymous accepts any handshake.
+    if (r >= 0) r = sd_bus_set_anonymous(raw, 1);
     if (r >= 0) r = sd_bus_negotiate_fds(raw, 1); // regions, notifiers and proofs are fds
     sd_bus_slot *slot = nullptr;
     // No bus driver to add a match to: the rule is sd-bus's own, for its Disconnected.

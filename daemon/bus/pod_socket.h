@@ -7,7 +7,8 @@
 // SO_PEERPIDFD's pidfd of the process that connected, and that process's network namespace,
 // which must be a registered pod sandbox's, or the connection is closed (journaled pod-refused);
 // at each call BusService checks that the process still runs and its sandbox is still
-// registered. Authentication is EXTERNAL (the uid SO_PEERCRED gives), never ANONYMOUS.
+// registered. The SASL handshake identifies nobody, so any is accepted (EXTERNAL's uid check
+// would refuse pods in a user namespace of their own, whose uid inside is not the kernel's).
 //
 // Bounded per pod sandbox and in all: reaching a bound refuses that caller only (closed,
 // journaled as a limit refusal); no pod can use up what another pod needs, and host callers use

@@ -40,67 +40,6 @@ bool starts_with(const std::string &s, const std::string &prefix) {
     return s.rfind(prefix, 0) == 0;
 }
 
-// A process whose output is read as it comes (holders that wait for their end).
-class Process {
-  public:
-    explicit Process(const std::vector<std::string> &argv) {
-        int in[2], out[2];
-        if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
-        pid_ = fork();
-        if (pid_ == 0) {
-            dup2(in[0], 0);
-            dup2(out[1], 1);
-            dup2(out[1], 2);
-            exec_argv(argv);
-        }
-        close(in[0]);
-        close(out[1]);
-        stdin_ = in[1];
-        stdout_ = out[0];
-    }
-    ~Process() {
-        if (stdin_ >= 0) close(stdin_);
-        if (stdout_ >= 0) close(stdout_);
-        if (pid_ > 0) {
-            kill(pid_, SIGKILL);
-            waitpid(pid_, nullptr, 0);
-        }
-    }
-    bool wait_for(const std::string &needle, int ms = 30000) {
-        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-        while (out_.find(needle) == std::string::npos) {
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            end - std::chrono::steady_clock::now())
-                            .count();
-            if (left <= 0 || stdout_ < 0) return false;
-            struct pollfd p = {stdout_, POLLIN, 0};
-            if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-            char buf[4096];
-            ssize_t n = read(stdout_, buf, sizeof buf);
-            if (n <= 0) {
-                close(stdout_);
-                stdout_ = -1;
-            } else {
-                out_.append(buf, static_cast<std::size_t>(n));
-            }
-        }
-        return true;
-    }
-    void kill_now() {
-        if (pid_ > 0) {
-            kill(pid_, SIGKILL);
-            waitpid(pid_, nullptr, 0);
-            pid_ = -1;
-        }
-    }
-    const std::string &output() const { return out_; }
-
-  private:
-    pid_t pid_ = -1;
-    int stdin_ = -1, stdout_ = -1;
-    std::string out_;
-};
-
 // Runs `fn` in a forked child that first runs `enter` (joins a pod's network namespace, or
 // nothing: the host's). The child writes lines to `out`; it exits when `fn` returns.
 struct Child {
@@ -242,7 +181,7 @@ TEST_F(PodSocketTest, APodsProcessIsServedAsItsPodAndToldOfItsBindingsEnd) {
     auto argv = in_pod(pod, nobody);
     argv.insert(argv.end(),
                 {KNOD_TEST_CLIENT_BIN, "hold-until-end", "knodsim0", "sim0", "4096", flow(5000)});
-    Process holder(argv);
+    WatchedProcess holder(argv);
     ASSERT_TRUE(holder.wait_for("ok ")) << holder.output();
     EXPECT_EQ(s.sql("SELECT json_extract(detail, '$.pod.namespace') FROM events WHERE kind = "
                     "'request-granted'"),
@@ -255,6 +194,42 @@ TEST_F(PodSocketTest, APodsProcessIsServedAsItsPodAndToldOfItsBindingsEnd) {
     EXPECT_TRUE(holder.wait_for("ended revoked")) << holder.output();
 }
 
+// A pod in a user namespace of its own (Kubernetes' hostUsers: false, rootless podman): its
+// process says it is uid 0 in the SASL handshake, the kernel says 65534. The handshake is not
+// what identifies it (SO_PEERCRED and its pidfd are), so it is served, as the uid the kernel gives.
+TEST_F(PodSocketTest, APodInAUserNamespaceOfItsOwnIsServedAsTheUidTheKernelGives) {
+    Sandbox s(sim_rule("ml-pods", "k8s_namespaces = [\"ml\"]", 5000), args());
+    TestPod pod("knodps-u" + tag_, "ml");
+    ASSERT_EQ(pod.register_with(s), "");
+    auto argv = in_pod(pod, nobody);
+    argv.insert(argv.end(), {"unshare", "--user", "--map-root-user", KNOD_TEST_CLIENT_BIN,
+                             "hold-until-end", "knodsim0", "sim0", "4096", flow(5000)});
+    WatchedProcess holder(argv);
+    ASSERT_TRUE(holder.wait_for("ok ")) << holder.output();
+    EXPECT_EQ(s.sql("SELECT json_extract(detail, '$.pod.namespace') FROM events WHERE kind = "
+                    "'request-granted'"),
+              "ml");
+    EXPECT_EQ(s.sql("SELECT uid FROM sessions"), std::to_string(nobody));
+    std::string id = s.sql("SELECT id FROM sessions");
+    ASSERT_FALSE(id.empty());
+    ASSERT_TRUE(s.client().revoke(id, "user namespace test").ok());
+    EXPECT_TRUE(holder.wait_for("ended revoked")) << holder.output();
+    // sd-bus's client names no uid in EXTERNAL; libdbus and GDBus name their own (0 inside):
+    // the handshake they make is accepted too.
+    auto raw = in_pod(pod, nobody);
+    raw.insert(raw.end(),
+               {"unshare", "--user", "--map-root-user", "python3", "-c",
+                "import socket,sys\n"
+                "s=socket.socket(socket.AF_UNIX)\n"
+                "s.connect(sys.argv[1])\n"
+                "s.sendall(b'\\0AUTH EXTERNAL 30\\r\\n')\n"
+                "print('said', s.recv(256).decode(errors='replace').strip(), flush=True)\n",
+                socket_path()});
+    WatchedProcess handshake(raw);
+    ASSERT_TRUE(handshake.wait_for("said ")) << handshake.output();
+    EXPECT_TRUE(handshake.wait_for("said OK ")) << handshake.output();
+}
+
 // (e) A holder whose pod-socket connection closes (the process was killed) loses its binding.
 TEST_F(PodSocketTest, AHoldersConnectionClosingEndsItsBinding) {
     Sandbox s(sim_rule("ml-pods", "k8s_namespaces = [\"ml\"]", 5000), args());
@@ -263,7 +238,7 @@ TEST_F(PodSocketTest, AHoldersConnectionClosingEndsItsBinding) {
     auto argv = in_pod(pod, nobody);
     argv.insert(argv.end(),
                 {KNOD_TEST_CLIENT_BIN, "hold-until-end", "knodsim0", "sim0", "4096", flow(5000)});
-    Process holder(argv);
+    WatchedProcess holder(argv);
     ASSERT_TRUE(holder.wait_for("ok ")) << holder.output();
     holder.kill_now();
     EXPECT_TRUE(eventually([&] {

@@ -135,10 +135,12 @@ class RestartTest : public ::testing::Test {
         netdev_ = unique("knodsimr");
         netns_ = unique("knod-rst");
         pin_root_ = "/sys/fs/bpf/" + unique("knodrs");
+        pod_socket_ = "/tmp/" + unique("knod-rst-pod") + ".sock";
         sandbox_ = std::make_unique<Sandbox>(
             sim_policy,
             std::vector<std::string>{"--sim-datapath=true", "--sim-netdev", netdev_, "--sim-netns",
-                                     netns_, "--bpf-pin-root", pin_root_},
+                                     netns_, "--bpf-pin-root", pin_root_, "--pod-socket",
+                                     pod_socket_},
             0, false);
         sandbox_->set_notify_socket(store_.address());
         sandbox_->start_daemon();
@@ -150,6 +152,8 @@ class RestartTest : public ::testing::Test {
             EXPECT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
         }
         sandbox_.reset();
+        std::error_code ec;
+        if (!pod_socket_.empty()) fs::remove(pod_socket_, ec);
         if (netdev_.empty()) return;
         EXPECT_FALSE(fs::exists("/sys/class/net/" + netdev_)) << "link left behind";
         EXPECT_FALSE(fs::exists("/run/netns/" + netns_)) << "namespace left behind";
@@ -187,7 +191,34 @@ class RestartTest : public ::testing::Test {
         return std::system(cmd.c_str()) == 0;
     }
 
-    std::string netdev_, netns_, pin_root_;
+    // A pod's rule (ports 6300-6399) beside the sim's, and a holder in `pod` on the pod socket
+    // that waits for its binding's end ("ok ID KEY", then "ended revoked|released REASON").
+    void allow_pods() {
+        sandbox_->write_policy(std::string(sim_policy) +
+                               "\n[[rule]]\nname = \"ml-pods\"\nk8s_namespaces = [\"ml\"]\n"
+                               "netdevs = [\"knodsim*\"]\ngpus = [\"sim0\"]\nmax_region = "
+                               "\"1MiB\"\nflows = [\"udp 10.99.0.0/24:* -> 10.99.0.2:6300-6399\"]\n"
+                               "iommu = \"any\"\n");
+        ASSERT_TRUE(sandbox_->client().reload().ok());
+    }
+    std::vector<std::string> pod_holder(const TestPod &pod, int port) const {
+        auto argv = pod.enter_as(65534);
+        argv.insert(argv.end(),
+                    {"env", "-u", "DBUS_SYSTEM_BUS_ADDRESS",
+                     "KNOD_POLICY_ADDRESS=unix:path=" + pod_socket_, "KNOD_TEST_WAIT_MS=600000",
+                     KNOD_TEST_CLIENT_BIN, "hold-until-end", netdev_, "sim0", "4096",
+                     "udp 10.99.0.1:* -> 10.99.0.2:" + std::to_string(port)});
+        return argv;
+    }
+    void restart() {
+        ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+        store_.drain();
+        store_.hand_to(*sandbox_);
+        sandbox_->start_daemon();
+        store_.drain();
+    }
+
+    std::string netdev_, netns_, pin_root_, pod_socket_;
     FdStoreStandIn store_;
     std::unique_ptr<Sandbox> sandbox_;
 };
@@ -309,6 +340,61 @@ TEST_F(RestartTest, PodsAndTheirBindingsSurviveARestart) {
         sandbox_->run_client_with(pod.enter_as(65534), {"hold", netdev_, "sim0", "4096",
                                                         "udp 10.99.0.1:* -> 10.99.0.2:6301"});
     EXPECT_EQ(again.out.rfind("ok", 0), 0u) << again.out;
+}
+
+// Issue #51: a binding held over the pod socket survives a restart. No pod connection outlives
+// the daemon that accepted it, so the holder's client connects again; the new daemon gives the
+// binding back to that very process (its pid and start time, from the pidfd the kernel gives at
+// accept), not to another process of the same pod and uid, and the holder hears of the
+// binding's end over its new connection.
+TEST_F(RestartTest, APodSocketHolderTakesItsBindingBackAfterARestart) {
+    allow_pods();
+    TestPod pod(unique("knodrps-pod"), "ml");
+    ASSERT_EQ(pod.register_with(*sandbox_), "");
+    WatchedProcess holder(pod_holder(pod, 6300));
+    ASSERT_TRUE(holder.wait_for("ok ")) << holder.output();
+    std::string id = sql("SELECT id FROM sessions WHERE ended_us IS NULL");
+    ASSERT_FALSE(id.empty());
+    restart();
+    // Another process of the pod, as the same uid, on the pod socket: a binding of its own.
+    WatchedProcess other(pod_holder(pod, 6301));
+    ASSERT_TRUE(other.wait_for("ok ")) << other.output();
+    ASSERT_TRUE(eventually([&] {
+        return sql("SELECT count(*) FROM events WHERE kind='holder-returned' AND session_id='" +
+                   id + "'") == "1";
+    })) << holder.output()
+        << sql("SELECT kind, session_id, reason FROM events");
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='holder-returned'"), "1");
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE id='" + id + "' AND ended_us IS NULL"), "1")
+        << sql("SELECT end_reason FROM sessions WHERE id='" + id + "'");
+    ASSERT_TRUE(sandbox_->client().revoke(id, "after the restart").ok());
+    EXPECT_TRUE(holder.wait_for("ended revoked")) << holder.output();
+    EXPECT_EQ(sql("SELECT end_reason FROM sessions WHERE id='" + id + "'"), "revoke");
+    // The other's binding is its own still.
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "1");
+}
+
+// A pod-socket holder that does not come back within --pod-reclaim-seconds (stopped here) loses
+// its binding as on a disconnect, and is told so when it does come back.
+TEST_F(RestartTest, APodSocketHolderThatDoesNotComeBackInTimeIsToldItsBindingEnded) {
+    allow_pods();
+    TestPod pod(unique("knodrpl-pod"), "ml");
+    ASSERT_EQ(pod.register_with(*sandbox_), "");
+    WatchedProcess holder(pod_holder(pod, 6310));
+    ASSERT_TRUE(holder.wait_for("ok ")) << holder.output();
+    std::string id = sql("SELECT id FROM sessions WHERE ended_us IS NULL");
+    holder.signal(SIGSTOP);
+    ASSERT_EQ(sandbox_->stop_daemon(SIGTERM), 0);
+    store_.drain();
+    store_.hand_to(*sandbox_);
+    sandbox_->start_daemon({"--pod-reclaim-seconds=1"});
+    store_.drain();
+    EXPECT_TRUE(eventually([&] {
+        return sql("SELECT end_reason FROM sessions WHERE id='" + id + "'") == "disconnect";
+    })) << sql("SELECT end_reason FROM sessions WHERE id='" + id + "'");
+    holder.signal(SIGCONT);
+    EXPECT_TRUE(holder.wait_for("ended released disconnect")) << holder.output();
+    EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='holder-returned'"), "0");
 }
 
 // The attack review of #51: the pods' record is taken back only from the journal's last stop,

@@ -1,6 +1,7 @@
 #include "tests/integration/sandbox.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sched.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -134,7 +136,7 @@ void Sandbox::write_policy(const std::string &text) const {
     std::ofstream(policy_file()) << text;
 }
 
-void Sandbox::start_daemon() {
+void Sandbox::start_daemon(const std::vector<std::string> &once) {
     // KNOD_TEST_DAEMON: another build of the daemon (an older one, to see a test fail on it).
     const char *bin = getenv("KNOD_TEST_DAEMON");
     std::vector<std::string> argv = {bin && *bin ? bin : KNOD_DAEMON_BIN,
@@ -152,6 +154,7 @@ void Sandbox::start_daemon() {
         daemon_args_.end())
         argv.push_back("--sim-datapath=false");
     argv.insert(argv.end(), daemon_args_.begin(), daemon_args_.end());
+    argv.insert(argv.end(), once.begin(), once.end());
     // KNOD_TEST_SIM_GUARD=tc|xdp: the sim's guard path forced for every sim data path a test
     // builds (the suite and vm.sim run the data path tests once per path); a test that names
     // --sim-guard itself keeps its own.
@@ -420,6 +423,61 @@ std::string TestPod::register_with(const Sandbox &) const {
     if (ns >= 0) ::close(ns);
     sd_bus_flush_close_unref(bus);
     return said;
+}
+
+WatchedProcess::WatchedProcess(const std::vector<std::string> &argv) {
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        dup2(out[1], 2);
+        exec_argv(argv);
+    }
+    close(in[0]);
+    close(out[1]);
+    stdin_ = in[1];
+    stdout_ = out[0];
+}
+
+WatchedProcess::~WatchedProcess() {
+    if (stdin_ >= 0) close(stdin_);
+    if (stdout_ >= 0) close(stdout_);
+    kill_now();
+}
+
+bool WatchedProcess::wait_for(const std::string &needle, int ms) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (out_.find(needle) == std::string::npos) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        end - std::chrono::steady_clock::now())
+                        .count();
+        if (left <= 0 || stdout_ < 0) return false;
+        struct pollfd p = {stdout_, POLLIN, 0};
+        if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+        char buf[4096];
+        ssize_t n = read(stdout_, buf, sizeof buf);
+        if (n <= 0) {
+            close(stdout_);
+            stdout_ = -1;
+        } else {
+            out_.append(buf, static_cast<std::size_t>(n));
+        }
+    }
+    return true;
+}
+
+void WatchedProcess::kill_now() {
+    if (pid_ > 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+    }
+}
+
+void WatchedProcess::signal(int sig) const {
+    if (pid_ > 0) kill(pid_, sig);
 }
 
 std::vector<std::string> TestPod::enter_as(uid_t uid) const {

@@ -48,7 +48,8 @@ class Sandbox {
     std::string address() const { return "unix:path=" + dir_ + "/bus"; }
     pid_t daemon_pid() const { return daemon_pid_; }
 
-    void start_daemon();
+    // `once`: arguments for this start only (after the constructor's).
+    void start_daemon(const std::vector<std::string> &once = {});
     // Playing systemd: the daemon gets NOTIFY_SOCKET=`path` (otherwise none, whatever the test
     // runner's environment says) ...
     void set_notify_socket(const std::string &path) { notify_socket_ = path; }
@@ -112,6 +113,27 @@ class Holder {
     int stdin_fd_ = -1;
     bool ok_ = false;
     std::string line_, id_, key_hex_;
+};
+
+// A process whose output is read as it comes (holders that wait for their end); killed when
+// it goes.
+class WatchedProcess {
+  public:
+    explicit WatchedProcess(const std::vector<std::string> &argv);
+    ~WatchedProcess();
+    WatchedProcess(const WatchedProcess &) = delete;
+    WatchedProcess &operator=(const WatchedProcess &) = delete;
+    // Reads until `needle` appears in the output (or it ends, or `ms` pass).
+    bool wait_for(const std::string &needle, int ms = 30000);
+    void kill_now();
+    void signal(int sig) const;
+    pid_t pid() const { return pid_; }
+    const std::string &output() const { return out_; }
+
+  private:
+    pid_t pid_ = -1;
+    int stdin_ = -1, stdout_ = -1;
+    std::string out_;
 };
 
 // A pod sandbox for the daemon: a named network namespace (ip netns), registered as the node's
