@@ -76,9 +76,9 @@ __all__ = ["PeerFailed", "ChunkError", "ProcessGroupKnod", "BACKEND", "HEADER", 
 BACKEND = "knod"
 MAGIC = 0x444F4E4B  # "KNOD" little-endian
 HEADER = 16
-PAYLOAD = 1440  # a multiple of 16: every dtype's elements stay whole in a chunk
-FRAME = HEADER + PAYLOAD  # one UDP datagram: under the sim's 1500-byte MTU
-RING_FRAMES = 720  # 1,048,320 bytes: the tests' policy grants at most 1 MiB a region
+PAYLOAD = 3456  # a multiple of 16: every dtype's elements stay whole in a chunk
+FRAME = HEADER + PAYLOAD  # one UDP datagram, 3,500 bytes with IPv4 and UDP: the sim's MTU
+RING_FRAMES = 302  # 1,048,544 bytes: the tests' policy grants at most 1 MiB a region
 _CTRL = struct.Struct("<cxxxIQ")  # kind, message number, value
 
 
@@ -317,6 +317,10 @@ class ProcessGroupKnod(dist.ProcessGroup):
         self._connect(ctrls, deadline)
         self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        # Never fragments: a path whose MTU is below a chunk's datagram fails the send at once
+        # ("Message too long") instead of losing the chunks on the way.
+        self._udp.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10),
+                             getattr(socket, "IP_PMTUDISC_DO", 2))
         self._sender = _Sender(self)
         self._op_thread = threading.Thread(target=self._run_ops, name="knod-ops", daemon=True)
         self._op_thread.start()
@@ -490,7 +494,11 @@ class ProcessGroupKnod(dist.ProcessGroup):
             udp = self._udp
             assert udp is not None
             for k in range(n):
-                udp.sendto(f[k], dest)
+                try:
+                    udp.sendto(f[k], dest)
+                except OSError as e:
+                    raise ChunkError(f"rank {self._rank}: sending to {dest[0]}:{dest[1]}: {e}"
+                                     f"{_mtu_hint(str(e))}") from None
             sent = upto
         try:
             # The receiver may have every chunk and be gone already (its group destroyed): then
@@ -511,7 +519,8 @@ class ProcessGroupKnod(dist.ProcessGroup):
         if code:
             message = knod._capi.text(lib.knod_error_message(err.value))
             lib.knod_error_free(err.value)
-            raise ChunkError(f"rank {self._rank}: sending to {dest[0]}:{dest[1]}: {message}")
+            raise ChunkError(f"rank {self._rank}: sending to {dest[0]}:{dest[1]}: {message}"
+                             f"{_mtu_hint(message)}")
 
     def _recv_message(self, src: int, total: int,
                       apply: Callable[[int, numpy.ndarray], None]) -> None:
@@ -870,6 +879,13 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 mine = mine / self._size
             out.copy_(mine.reshape(out.shape))
         return outputs
+
+
+def _mtu_hint(message: str) -> str:
+    if "too long" not in message:
+        return ""
+    return (f" (a chunk is a {FRAME + 28}-byte IPv4 datagram: every link on the way needs an MTU "
+            "of at least that, as the sim's and examples/sim_nodes.py's veths have)")
 
 
 class _Work(dist.distributed_c10d.Work):
