@@ -16,23 +16,26 @@ makes the others fail when the init deadline passes. Nobody waits for ever.
 
 Payload goes through the granted binding: a peer sends a message to a rank as fixed-size UDP
 chunks (FRAME bytes: a 16-byte header, magic, message number, sequence number, length and
-source rank, then up to PAYLOAD bytes) to the rank's flow; the sim delivers them into the rank's
-region (a ring of RING_FRAMES chunks: byte i of the stream lands at i mod its length), and the
-rank reduces or copies them into place from there. Flow control: a sender sends only chunks the
-receiver granted (credits, over a TCP side channel between every pair of ranks), at most WINDOW
-ahead of what the receiver consumed, so the ring never overflows and the sim's queues never
-drop. Every chunk's header is checked against what the receiver expects; a lost, foreign or
-reordered chunk is an error (ChunkError), never a wrong tensor. A peer whose side channel
-closes (its process died) fails the operations waiting on it (PeerFailed naming the rank).
+source rank, then up to PAYLOAD bytes; one datagram of 3,500 bytes with its IPv4 and UDP
+headers, so every link on the way needs that MTU, as the sim's veths have) to the rank's flow;
+the sim delivers them into the rank's region (a ring of RING_FRAMES chunks: byte i of the
+stream lands at i mod its length), and the rank reduces or copies them into place from there.
+Flow control: a sender sends only chunks the receiver granted (credits, over a TCP side channel
+between every pair of ranks), at most WINDOW ahead of what the receiver consumed, so the ring
+never overflows and the sim's queues never drop. Every chunk's header is checked against what
+the receiver expects; a lost, foreign or reordered chunk is an error (ChunkError), never a wrong
+tensor. A peer whose side channel closes (its process died) fails the operations waiting on it
+(PeerFailed naming the rank).
 
 The hot path is libknod-client's C API where the library has it: knod_chunks_send (the chunks
-of a message with sendmmsg) and knod_chunks_receive (every header checked, then the payloads
-copied or reduced into place on raw pointers); float16, bfloat16 and bool are reduced with
-torch, and KNOD_DIST_DATAPATH=python does all of it with numpy and torch. Python orchestrates:
-credits, waits, the ring's position. Operations: send/recv (and isend/irecv), broadcast,
-all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_gather, reduce_scatter, barrier, new_group, on CPU
-tensors; any other operation fails with torch's own "does not support" error, and a GPU tensor
-is refused. destroy_process_group() and the process's exit release the bindings.
+of a message with sendmmsg, up to 18 a message with UDP GSO) and knod_chunks_receive (every
+header checked, then the payloads copied or reduced into place on raw pointers); float16,
+bfloat16 and bool are reduced with torch, and KNOD_DIST_DATAPATH=python does all of it with
+numpy and torch. Python orchestrates: credits, waits, the ring's position. Operations:
+send/recv (and isend/irecv), broadcast, all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_gather,
+reduce_scatter, barrier, new_group, on CPU tensors; any other operation fails with torch's
+own "does not support" error, and a GPU tensor is refused. destroy_process_group() and the
+process's exit release the bindings.
 
 Configuration (environment, read at init):
   KNOD_DIST_NETDEV     the sim NIC (default knodsim0)
