@@ -10,16 +10,19 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -151,6 +154,13 @@ std::uint32_t load32(const std::uint8_t *p) {
     std::memcpy(&v, p, sizeof v);
     return v; // little-endian hosts only (x86-64, arm64): the wire's order
 }
+
+// UDP GSO for knod_chunks_send, until a send says the socket or kernel cannot (then off for the
+// process); KNOD_CHUNKS_GSO=0 turns it off from the start.
+std::atomic<bool> chunks_gso{[] {
+    const char *v = std::getenv("KNOD_CHUNKS_GSO");
+    return !(v && std::strcmp(v, "0") == 0);
+}()};
 
 std::uint32_t chunk_length(std::uint64_t seq, std::uint64_t total) {
     std::uint64_t left = total - seq * KNOD_CHUNK_PAYLOAD;
@@ -587,10 +597,17 @@ knod_errc knod_chunks_send(int fd, uint32_t addr, uint16_t port, const void *dat
                         "chunks [" + std::to_string(first) + ", " + std::to_string(upto) +
                             ") of a " + std::to_string(chunks) + "-chunk message from rank " +
                             std::to_string(source) + " cannot be sent");
-        constexpr std::size_t batch = 64;
+        // Frames are built in batches; each batch goes out in one sendmmsg whose messages carry
+        // up to `per_gso` whole frames each, cut into one datagram per frame by the kernel (UDP
+        // GSO: one trip through the stack and the sim's veths per message, not per chunk). A
+        // socket or kernel without GSO (EIO, EINVAL, ENOPROTOOPT) gets one frame a message.
+        constexpr std::size_t per_gso = 65507 / KNOD_CHUNK_FRAME; // IPv4's largest UDP payload
+        constexpr std::size_t batch = 4 * per_gso;
+        static_assert(per_gso >= 1 && per_gso <= 64); // UDP_MAX_SEGMENTS
         std::vector<std::uint8_t> frames(batch * KNOD_CHUNK_FRAME);
         mmsghdr msgs[batch];
         iovec iov[batch];
+        alignas(cmsghdr) char control[batch][CMSG_SPACE(sizeof(std::uint16_t))];
         sockaddr_in to{};
         to.sin_family = AF_INET;
         to.sin_addr.s_addr = addr;
@@ -609,23 +626,45 @@ knod_errc knod_chunks_send(int fd, uint32_t addr, uint16_t port, const void *dat
                 std::memcpy(f + KNOD_CHUNK_HEADER, bytes + (seq + i) * KNOD_CHUNK_PAYLOAD, len);
                 if (len < KNOD_CHUNK_PAYLOAD)
                     std::memset(f + KNOD_CHUNK_HEADER + len, 0, KNOD_CHUNK_PAYLOAD - len);
-                iov[i] = {f, KNOD_CHUNK_FRAME};
-                msgs[i] = {};
-                msgs[i].msg_hdr.msg_name = &to;
-                msgs[i].msg_hdr.msg_namelen = sizeof to;
-                msgs[i].msg_hdr.msg_iov = &iov[i];
-                msgs[i].msg_hdr.msg_iovlen = 1;
             }
-            std::size_t done = 0;
-            while (done < n) {
-                int r = sendmmsg(fd, msgs + done, static_cast<unsigned>(n - done), 0);
+            std::size_t sent = 0; // frames of this batch out
+            while (sent < n) {
+                bool gso = chunks_gso.load(std::memory_order_relaxed);
+                std::size_t each = gso ? per_gso : 1;
+                std::size_t m = 0;
+                for (std::size_t at = sent; at < n; at += each, ++m) {
+                    std::size_t k = std::min(each, n - at);
+                    iov[m] = {frames.data() + at * KNOD_CHUNK_FRAME, k * KNOD_CHUNK_FRAME};
+                    msgs[m] = {};
+                    msgs[m].msg_hdr.msg_name = &to;
+                    msgs[m].msg_hdr.msg_namelen = sizeof to;
+                    msgs[m].msg_hdr.msg_iov = &iov[m];
+                    msgs[m].msg_hdr.msg_iovlen = 1;
+                    if (k > 1) {
+                        msgs[m].msg_hdr.msg_control = control[m];
+                        msgs[m].msg_hdr.msg_controllen = sizeof control[m];
+                        cmsghdr *c = CMSG_FIRSTHDR(&msgs[m].msg_hdr);
+                        c->cmsg_level = SOL_UDP;
+                        c->cmsg_type = UDP_SEGMENT;
+                        c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+                        std::uint16_t size = KNOD_CHUNK_FRAME;
+                        std::memcpy(CMSG_DATA(c), &size, sizeof size);
+                    }
+                }
+                int r = sendmmsg(fd, msgs, static_cast<unsigned>(m), 0);
                 if (r < 0) {
                     if (errno == EINTR) continue;
+                    if (gso && (errno == EIO || errno == EINVAL || errno == ENOPROTOOPT)) {
+                        // Nothing of the refused message went out: the rest one by one.
+                        chunks_gso.store(false, std::memory_order_relaxed);
+                        continue;
+                    }
                     return fail(error, KNOD_ERR_IO,
                                 std::string("sendmmsg: ") + std::strerror(errno) + " after " +
-                                    std::to_string(seq + done - first) + " chunk(s)");
+                                    std::to_string(seq + sent - first) + " chunk(s)");
                 }
-                done += static_cast<std::size_t>(r);
+                for (int i = 0; i < r; ++i)
+                    sent += iov[i].iov_len / KNOD_CHUNK_FRAME;
             }
             seq += n;
         }

@@ -119,7 +119,8 @@ class Client {
     Result<std::uint64_t> wait_for_data(const std::string &id, std::uint64_t seen, int timeout_ms);
     // The holder's data notifier (Binding.RxNotifier, the key proves it is the holder): the
     // read end of a pipe on which the daemon writes RxBytes (native-endian u64 records) after
-    // each delivered payload, and the RxBytes it starts from. Fails where the driver has none
+    // each batch of delivered payloads (the sim: one drain of its receive ring), and the RxBytes
+    // it starts from. Fails where the driver has none
     // (devmem: the holder receives itself) or the daemon is older.
     struct RxNotifier {
         UniqueFd fd;

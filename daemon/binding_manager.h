@@ -171,8 +171,9 @@ class BindingManager {
     Result<std::int64_t> renew(const std::string &id, const Peer &presenter,
                                std::span<const std::uint8_t> key);
     // The holder (its key, checked like Activate's) gets the read end of a pipe on which the
-    // driver writes RxBytes after each delivered payload from now on, and the RxBytes it starts
-    // from: its wait_for_data sleeps on it. Unsupported where the driver places no data itself.
+    // driver writes RxBytes after each batch of delivered payloads from now on, and the RxBytes
+    // it starts from: its wait_for_data sleeps on it. Unsupported where the driver places no
+    // data itself.
     struct RxNotifier {
         UniqueFd fd;
         std::uint64_t rx_bytes = 0;

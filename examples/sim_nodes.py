@@ -14,6 +14,9 @@ import sys
 import tempfile
 
 PORT_BASE = 8000
+# The nodes' veths take a knod.distributed chunk whole (3,472 bytes + IPv4 and UDP headers), as
+# the sim's own pair does.
+MTU = "3500"
 
 
 def _ip(*args, check=True):
@@ -61,7 +64,8 @@ class Nodes:
             for r, (ns, wire) in enumerate(zip(self.names, self.wires)):
                 _ip("netns", "add", ns)
                 self.made.append(ns)
-                _ip("link", "add", wire, "type", "veth", "peer", "name", "knr0", "netns", ns)
+                _ip("link", "add", wire, "mtu", MTU, "type", "veth", "peer", "name", "knr0", "mtu",
+                    MTU, "netns", ns)
                 _ip("link", "set", wire, "netns", self.sim_netns)
                 _ip("-n", self.sim_netns, "addr", "add", f"10.98.{r}.1/24", "dev", wire)
                 _ip("-n", self.sim_netns, "link", "set", wire, "up")

@@ -66,7 +66,8 @@ class Driver {
     virtual Counters counters(const std::string &id) const = 0;
     // For the holder's wait_for_data: the read end of a pipe (close-on-exec; the caller's) on
     // which the driver writes the binding's RxBytes total (a native-endian u64 per record) after
-    // every payload it places in the binding's region from now on, so the holder sleeps on it
+    // the payloads it places in the binding's region from now on (the sim: once per drain of its
+    // receive ring, after every payload of that drain is in place), so the holder sleeps on it
     // instead of polling RxBytes. A pipe, not an eventfd: the holder must share no open file
     // with the daemon (an eventfd's one file carries O_NONBLOCK for both ends, so a holder could
     // clear it and make the loop's write block). A new one replaces the last (the old one reads

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <vector>
 
 namespace knod::driver {
 
@@ -88,8 +89,18 @@ class SimDriver : public Driver {
         bool drift_reported = false;
         UniqueFd notifier; // the write end of the holder's pipe (rx_notifier), if it asked for one
     };
+    // A drained batch: each claimed frame's payload is kept (it stays in the UMEM until the
+    // batch is handed back to the kernel), then flush_batch() writes each binding's run of
+    // payloads with one pwritev and wakes each holder once, with its total.
+    struct Pending {
+        Slot *slot;
+        std::span<const std::uint8_t> payload;
+    };
     void receive(XskQueue &q);
-    void deliver(Slot &s, std::span<const std::uint8_t> payload);
+    void flush_batch();
+    void write_run(Slot &s, const Pending *run, std::size_t n);
+    bool deliver(Slot &s, std::span<const std::uint8_t> payload);
+    void notify(Slot &s);
     Result<void> open_queue(std::uint32_t queue);
     void park_queue_if_idle(std::uint32_t queue);
 
@@ -111,6 +122,8 @@ class SimDriver : public Driver {
     std::map<std::uint32_t, std::unique_ptr<XskQueue>> xsks_;
     std::uint64_t undeliverable_ = 0; // frames on a queue that no active binding claimed
     std::uint64_t delivered_ = 0;     // payloads copied into regions, all bindings
+    std::vector<Pending> pending_;    // the batch being drained (empty between batches)
+    std::vector<Slot *> touched_;     // the bindings the batch wrote to, each once
 };
 
 } // namespace knod::driver

@@ -106,12 +106,13 @@ Result<std::unique_ptr<SimNetwork>> SimNetwork::create(const SimNetworkConfig &c
     remove(c);
     std::unique_ptr<SimNetwork> net(new SimNetwork(c));
     std::string q = std::to_string(c.queues);
+    std::string mtu = std::to_string(c.mtu);
     std::string nic_cidr = c.nic_address + "/" + std::to_string(c.prefix_length);
     std::string wire_cidr = c.wire_address + "/" + std::to_string(c.prefix_length);
     const std::vector<std::vector<std::string>> steps = {
         {"netns", "add", c.netns},
-        {"link", "add", c.nic, "numtxqueues", q, "numrxqueues", q, "type", "veth", "peer", "name",
-         c.wire, "numtxqueues", q, "numrxqueues", q},
+        {"link", "add",  c.nic,  "mtu", mtu, "numtxqueues", q, "numrxqueues", q, "type", "veth",
+         "peer", "name", c.wire, "mtu", mtu, "numtxqueues", q, "numrxqueues", q},
         {"link", "set", c.wire, "netns", c.netns},
         {"addr", "add", nic_cidr, "dev", c.nic},
         {"link", "set", c.nic, "up"},

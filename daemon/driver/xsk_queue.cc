@@ -82,7 +82,8 @@ int XskQueue::fd() const {
     return xsk_socket__fd(socket_);
 }
 
-std::size_t XskQueue::drain(const std::function<void(std::span<const std::uint8_t>)> &deliver) {
+std::size_t XskQueue::drain(const std::function<void(std::span<const std::uint8_t>)> &deliver,
+                            const std::function<void()> &flush) {
     std::size_t total = 0;
     for (;;) {
         std::uint32_t idx = 0;
@@ -100,6 +101,7 @@ std::size_t XskQueue::drain(const std::function<void(std::span<const std::uint8_
                 *xsk_ring_prod__fill_addr(&rings_->fill, fill_idx + i) =
                     xsk_umem__extract_addr(d->addr);
         }
+        if (flush) flush();
         if (refill) xsk_ring_prod__submit(&rings_->fill, n);
         xsk_ring_cons__release(&rings_->rx, n);
         total += n;

@@ -26,8 +26,11 @@ class XskQueue {
     int fd() const;
     std::uint32_t queue() const { return queue_; }
     // Hands every received frame to `deliver`, returns the frames to the kernel, and says how
-    // many there were.
-    std::size_t drain(const std::function<void(std::span<const std::uint8_t>)> &deliver);
+    // many there were. Frames come in batches (what the RX ring held at once): `flush`, if
+    // given, is called after each batch's last `deliver`, while its frames are still valid (a
+    // frame's bytes may be kept until then, not after).
+    std::size_t drain(const std::function<void(std::span<const std::uint8_t>)> &deliver,
+                      const std::function<void()> &flush = {});
 
   private:
     XskQueue() = default;

@@ -16,23 +16,26 @@ makes the others fail when the init deadline passes. Nobody waits for ever.
 
 Payload goes through the granted binding: a peer sends a message to a rank as fixed-size UDP
 chunks (FRAME bytes: a 16-byte header, magic, message number, sequence number, length and
-source rank, then up to PAYLOAD bytes) to the rank's flow; the sim delivers them into the rank's
-region (a ring of RING_FRAMES chunks: byte i of the stream lands at i mod its length), and the
-rank reduces or copies them into place from there. Flow control: a sender sends only chunks the
-receiver granted (credits, over a TCP side channel between every pair of ranks), at most WINDOW
-ahead of what the receiver consumed, so the ring never overflows and the sim's queues never
-drop. Every chunk's header is checked against what the receiver expects; a lost, foreign or
-reordered chunk is an error (ChunkError), never a wrong tensor. A peer whose side channel
-closes (its process died) fails the operations waiting on it (PeerFailed naming the rank).
+source rank, then up to PAYLOAD bytes; one datagram of 3,500 bytes with its IPv4 and UDP
+headers, so every link on the way needs that MTU, as the sim's veths have) to the rank's flow;
+the sim delivers them into the rank's region (a ring of RING_FRAMES chunks: byte i of the
+stream lands at i mod its length), and the rank reduces or copies them into place from there.
+Flow control: a sender sends only chunks the receiver granted (credits, over a TCP side channel
+between every pair of ranks), at most WINDOW ahead of what the receiver consumed, so the ring
+never overflows and the sim's queues never drop. Every chunk's header is checked against what
+the receiver expects; a lost, foreign or reordered chunk is an error (ChunkError), never a wrong
+tensor. A peer whose side channel closes (its process died) fails the operations waiting on it
+(PeerFailed naming the rank).
 
 The hot path is libknod-client's C API where the library has it: knod_chunks_send (the chunks
-of a message with sendmmsg) and knod_chunks_receive (every header checked, then the payloads
-copied or reduced into place on raw pointers); float16, bfloat16 and bool are reduced with
-torch, and KNOD_DIST_DATAPATH=python does all of it with numpy and torch. Python orchestrates:
-credits, waits, the ring's position. Operations: send/recv (and isend/irecv), broadcast,
-all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_gather, reduce_scatter, barrier, new_group, on CPU
-tensors; any other operation fails with torch's own "does not support" error, and a GPU tensor
-is refused. destroy_process_group() and the process's exit release the bindings.
+of a message with sendmmsg, up to 18 a message with UDP GSO) and knod_chunks_receive (every
+header checked, then the payloads copied or reduced into place on raw pointers); float16,
+bfloat16 and bool are reduced with torch, and KNOD_DIST_DATAPATH=python does all of it with
+numpy and torch. Python orchestrates: credits, waits, the ring's position. Operations:
+send/recv (and isend/irecv), broadcast, all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_gather,
+reduce_scatter, barrier, new_group, on CPU tensors; any other operation fails with torch's
+own "does not support" error, and a GPU tensor is refused. destroy_process_group() and the
+process's exit release the bindings.
 
 Configuration (environment, read at init):
   KNOD_DIST_NETDEV     the sim NIC (default knodsim0)
@@ -76,9 +79,9 @@ __all__ = ["PeerFailed", "ChunkError", "ProcessGroupKnod", "BACKEND", "HEADER", 
 BACKEND = "knod"
 MAGIC = 0x444F4E4B  # "KNOD" little-endian
 HEADER = 16
-PAYLOAD = 1440  # a multiple of 16: every dtype's elements stay whole in a chunk
-FRAME = HEADER + PAYLOAD  # one UDP datagram: under the sim's 1500-byte MTU
-RING_FRAMES = 720  # 1,048,320 bytes: the tests' policy grants at most 1 MiB a region
+PAYLOAD = 3456  # a multiple of 16: every dtype's elements stay whole in a chunk
+FRAME = HEADER + PAYLOAD  # one UDP datagram, 3,500 bytes with IPv4 and UDP: the sim's MTU
+RING_FRAMES = 302  # 1,048,544 bytes: the tests' policy grants at most 1 MiB a region
 _CTRL = struct.Struct("<cxxxIQ")  # kind, message number, value
 
 
@@ -317,6 +320,10 @@ class ProcessGroupKnod(dist.ProcessGroup):
         self._connect(ctrls, deadline)
         self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        # Never fragments: a path whose MTU is below a chunk's datagram fails the send at once
+        # ("Message too long") instead of losing the chunks on the way.
+        self._udp.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10),
+                             getattr(socket, "IP_PMTUDISC_DO", 2))
         self._sender = _Sender(self)
         self._op_thread = threading.Thread(target=self._run_ops, name="knod-ops", daemon=True)
         self._op_thread.start()
@@ -490,7 +497,11 @@ class ProcessGroupKnod(dist.ProcessGroup):
             udp = self._udp
             assert udp is not None
             for k in range(n):
-                udp.sendto(f[k], dest)
+                try:
+                    udp.sendto(f[k], dest)
+                except OSError as e:
+                    raise ChunkError(f"rank {self._rank}: sending to {dest[0]}:{dest[1]}: {e}"
+                                     f"{_mtu_hint(str(e))}") from None
             sent = upto
         try:
             # The receiver may have every chunk and be gone already (its group destroyed): then
@@ -511,7 +522,8 @@ class ProcessGroupKnod(dist.ProcessGroup):
         if code:
             message = knod._capi.text(lib.knod_error_message(err.value))
             lib.knod_error_free(err.value)
-            raise ChunkError(f"rank {self._rank}: sending to {dest[0]}:{dest[1]}: {message}")
+            raise ChunkError(f"rank {self._rank}: sending to {dest[0]}:{dest[1]}: {message}"
+                             f"{_mtu_hint(message)}")
 
     def _recv_message(self, src: int, total: int,
                       apply: Callable[[int, numpy.ndarray], None]) -> None:
@@ -870,6 +882,13 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 mine = mine / self._size
             out.copy_(mine.reshape(out.shape))
         return outputs
+
+
+def _mtu_hint(message: str) -> str:
+    if "too long" not in message:
+        return ""
+    return (f" (a chunk is a {FRAME + 28}-byte IPv4 datagram: every link on the way needs an MTU "
+            "of at least that, as the sim's and examples/sim_nodes.py's veths have)")
 
 
 class _Work(dist.distributed_c10d.Work):

@@ -4,6 +4,7 @@
 
 #include "knod/hex.h"
 
+#include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
@@ -11,13 +12,17 @@
 #include <gtest/gtest.h>
 #include <linux/bpf.h>
 #include <nlohmann/json.hpp>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -65,6 +70,89 @@ void hold_admin_group() {
     groups.push_back(admin_gid);
     if (setgroups(groups.size(), groups.data()) != 0)
         throw std::runtime_error(std::string("setgroups: ") + std::strerror(errno));
+}
+
+// A sender in the sim's wire namespace, a child of the test (which stays where it is): each
+// burst() handed to it goes out to 10.99.0.2:PORT in one sendmmsg, the datagrams back to back.
+class WireSender {
+  public:
+    WireSender(const std::string &netns, std::uint16_t port) {
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+        pid_ = fork();
+        if (pid_ == 0) {
+            close(p[1]);
+            int ns = open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
+            if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) _exit(2);
+            int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+            sockaddr_in to{};
+            to.sin_family = AF_INET;
+            to.sin_port = htons(port);
+            inet_pton(AF_INET, "10.99.0.2", &to.sin_addr);
+            FILE *in = fdopen(p[0], "r");
+            std::uint32_t n = 0;
+            while (in && std::fread(&n, sizeof n, 1, in) == 1) {
+                std::vector<std::string> data(n);
+                for (auto &d : data) {
+                    std::uint32_t len = 0;
+                    if (std::fread(&len, sizeof len, 1, in) != 1) _exit(3);
+                    d.resize(len);
+                    if (len && std::fread(d.data(), len, 1, in) != 1) _exit(3);
+                }
+                std::vector<iovec> iov(n);
+                std::vector<mmsghdr> msgs(n);
+                for (std::uint32_t i = 0; i < n; ++i) {
+                    iov[i] = {data[i].data(), data[i].size()};
+                    msgs[i] = {};
+                    msgs[i].msg_hdr.msg_name = &to;
+                    msgs[i].msg_hdr.msg_namelen = sizeof to;
+                    msgs[i].msg_hdr.msg_iov = &iov[i];
+                    msgs[i].msg_hdr.msg_iovlen = 1;
+                }
+                for (std::uint32_t done = 0; done < n;) {
+                    int r = sendmmsg(s, msgs.data() + done, n - done, 0);
+                    if (r < 0) _exit(4);
+                    done += static_cast<std::uint32_t>(r);
+                }
+            }
+            _exit(0);
+        }
+        close(p[0]);
+        to_child_ = p[1];
+    }
+    ~WireSender() {
+        close(to_child_);
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the sender failed";
+    }
+    void burst(const std::vector<std::string> &datagrams) {
+        std::string record;
+        auto put = [&](std::uint32_t v) { record.append(reinterpret_cast<char *>(&v), sizeof v); };
+        put(static_cast<std::uint32_t>(datagrams.size()));
+        for (auto &d : datagrams) {
+            put(static_cast<std::uint32_t>(d.size()));
+            record += d;
+        }
+        ASSERT_EQ(write(to_child_, record.data(), record.size()),
+                  static_cast<ssize_t>(record.size()));
+    }
+
+  private:
+    pid_t pid_ = -1;
+    int to_child_ = -1;
+};
+
+// Polls the binding's RxBytes every millisecond (a D-Bus call) until it reaches `want`, for at
+// most `min_wait_ms`: for tests that wait hundreds of times.
+bool rx_reaches(client::Client &c, const std::string &id, std::uint64_t want) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(min_wait_ms);
+    while (std::chrono::steady_clock::now() < end) {
+        auto n = c.counters(id);
+        if (n.ok() && n->rx_bytes >= want) return true;
+        usleep(1000);
+    }
+    return false;
 }
 
 class DatapathTest : public ::testing::Test {
@@ -222,6 +310,66 @@ TEST_F(DatapathTest, RegionIsARingAndHolderExitStopsDelivery) {
     close(fd);
 }
 
+// The daemon writes what one drain of its AF_XDP ring brought a binding with as few pwritev
+// calls as the region's end allows and wakes the holder once per drain (sim_driver.cc,
+// flush_batch). Whatever the batches turn out to be: bursts of distinct datagrams through a
+// region whose length is no multiple of theirs (some straddle its end, which the one-by-one
+// path splits) land whole and in order, each counted once, and the holder's notifier ends at
+// the whole total, which the journal's session row keeps.
+TEST_F(DatapathTest, BurstsLandWholeAndInOrderAcrossTheRegionsEnd) {
+    auto c = sandbox_->client();
+    constexpr std::size_t region = 1000;
+    int fd = make_region(region);
+    auto g = c.request_binding(netdev_, "sim0", "rx-only", fd, 0, region,
+                               {"udp 10.99.0.1:* -> 10.99.0.2:5600"});
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    auto notifier = c.rx_notifier(g->id, g->key);
+    ASSERT_TRUE(notifier.ok()) << notifier.error().message;
+    std::string stream;
+    std::size_t packets = 0;
+    {
+        WireSender sender(netns_, 5600);
+        // Three bursts of 150 (under the veth's 256-frame XDP ring and the AF_XDP ring's 512),
+        // datagrams of 4 to 12 bytes, each naming its number: 3,922 bytes through 1,000.
+        for (int b = 0; b < 3; ++b) {
+            std::vector<std::string> burst;
+            for (int i = 0; i < 150; ++i, ++packets) {
+                char text[32];
+                std::snprintf(text, sizeof text, "<%zu:%.*s>", packets, static_cast<int>(i % 7),
+                              "abcdefg");
+                burst.emplace_back(text);
+                stream += burst.back();
+            }
+            sender.burst(burst);
+            std::uint64_t seen = notifier->rx_bytes;
+            while (seen < stream.size()) {
+                auto rx = c.wait_for_data(g->id, *notifier, seen, min_wait_ms);
+                ASSERT_TRUE(rx.ok())
+                    << rx.error().message << " at " << seen << " of " << stream.size() << " bytes";
+                seen = *rx;
+            }
+            EXPECT_EQ(seen, stream.size()) << "burst " << b;
+        }
+    }
+    auto n = c.counters(g->id);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(n->rx_bytes, stream.size());
+    EXPECT_EQ(n->rx_packets, packets);
+    EXPECT_EQ(n->dropped_packets, 0u);
+    // Byte i of the stream is at i mod 1,000.
+    std::string want(region, '\0');
+    for (std::size_t i = 0; i < stream.size(); ++i)
+        want[i % region] = stream[i];
+    EXPECT_EQ(read_region(fd, region), want);
+    ASSERT_TRUE(c.release(g->id).ok());
+    EXPECT_TRUE(eventually([&] {
+        return sandbox_->sql("SELECT rx_bytes, rx_packets FROM sessions WHERE id='" + g->id +
+                             "'") == std::to_string(stream.size()) + "|" + std::to_string(packets);
+    }));
+    close(fd);
+}
+
 TEST_F(DatapathTest, ALinkGoingDownRevokesItsBindings) {
     auto c = sandbox_->client();
     int fd = make_region(4096);
@@ -242,7 +390,9 @@ TEST_F(DatapathTest, ALinkGoingDownRevokesItsBindings) {
 // bus policy, and as a hostile one uses it: its end made blocking, the pipe shrunk to one page
 // and never read, a write into it tried. Nothing of that reaches the daemon's end: its loop
 // never blocks, every payload is still placed and counted, and the last record the holder
-// finally reads is not behind by more than what the full pipe held.
+// finally reads is not behind by more than what the full pipe held. The daemon writes one record
+// per drain of its receive ring, so the datagrams go one at a time, each waited for: 600 drains,
+// 600 records for a pipe that holds 512.
 TEST_F(DatapathTest, AHostileHolderCannotBlockTheLoopThroughItsNotifier) {
     auto c = sandbox_->client();
     auto held = std::async(std::launch::async, [&] {
@@ -256,14 +406,15 @@ TEST_F(DatapathTest, AHostileHolderCannotBlockTheLoopThroughItsNotifier) {
     })) << "the holder's binding is not active";
     std::string id = c.list()->front().id;
     usleep(300000); // it has taken its notifier (the reply came before it printed ok)
-    // 1000 records: the one-page pipe holds 512. In bursts the sim's AF_XDP ring (512) keeps
-    // whole even when the loop runs late on a loaded machine.
-    for (int burst = 1; burst <= 8; ++burst) {
-        send(5450, "abcd", 125);
-        ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 500u * burst; }))
-            << "burst " << burst << ": " << c.counters(id)->rx_bytes << " bytes";
+    {
+        WireSender sender(netns_, 5450);
+        for (std::uint64_t i = 1; i <= 600; ++i) {
+            sender.burst({"abcd"});
+            ASSERT_TRUE(rx_reaches(c, id, 4 * i))
+                << "datagram " << i << ": " << c.counters(id)->rx_bytes << " bytes";
+        }
     }
-    ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 4000; }))
+    ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 2400; }))
         << "the loop stopped placing payloads: " << c.counters(id)->rx_bytes << " bytes, "
         << c.counters(id)->dropped_packets << " dropped";
     EXPECT_TRUE(c.status().ok()) << "the loop does not answer";
@@ -279,9 +430,9 @@ TEST_F(DatapathTest, AHostileHolderCannotBlockTheLoopThroughItsNotifier) {
     words >> notified >> records >> last >> wrote;
     EXPECT_EQ(wrote, "") << "the holder could write into the daemon's notifier";
     EXPECT_GT(records, 0u);
-    EXPECT_LT(records, 1000u) << "the pipe never filled: the test proves nothing";
+    EXPECT_LT(records, 600u) << "the pipe never filled: the test proves nothing";
     EXPECT_GT(last, 0u);
-    EXPECT_LE(last, 4000u);
+    EXPECT_LE(last, 2400u);
 }
 
 // Steering drift end to end: the sim runs the devmem guard behind its filter; foreign traffic
@@ -306,8 +457,9 @@ TEST_F(DatapathTest, ForeignTrafficOnABoundQueueRevokesForSteeringDrift) {
     ASSERT_TRUE(eventually([&] { return c.counters(id)->rx_bytes == 8; }));
     send(5999, "foreign", 3);
     send(5999, "foreign", 3, 0);
-    send(5400, std::string(3000, 'F'), 1); // its own flow in fragments: the stack's, not drift
-    usleep(1500000);                       // more than one of the daemon's 1 s ticks
+    // Its own flow in fragments (over the sim's MTU, 3,500): the stack's, not drift.
+    send(5400, std::string(5000, 'F'), 1);
+    usleep(1500000); // more than one of the daemon's 1 s ticks
     ASSERT_EQ(c.list()->size(), 1u) << "revoked although nothing landed on its queue";
     EXPECT_EQ(c.counters(id)->dropped_packets, 0u);
 

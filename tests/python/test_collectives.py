@@ -17,6 +17,7 @@ pytest.importorskip("torch", reason="knod.distributed needs torch (Debian's pyth
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "collectives_worker.py")
 RUN = os.getpid() % 100000
+MTU = "3500"  # a chunk whole (examples/sim_nodes.py), as on the sim's own pair
 PORT_BASE = 8000  # the tests' policy: rule "collectives", udp 10.98.0.0/16:* -> 10.99.0.2:8000-8999
 
 
@@ -59,7 +60,8 @@ class Nodes:
             for r, (ns, wire) in enumerate(zip(self.names, self.wires)):
                 ip("netns", "add", ns)
                 self.made.append(ns)
-                ip("link", "add", wire, "type", "veth", "peer", "name", "knr0", "netns", ns)
+                ip("link", "add", wire, "mtu", MTU, "type", "veth", "peer", "name", "knr0", "mtu",
+                   MTU, "netns", ns)
                 ip("link", "set", wire, "netns", NETNS)
                 ip("-n", NETNS, "addr", "add", f"10.98.{r}.1/24", "dev", wire)
                 ip("-n", NETNS, "link", "set", wire, "up")

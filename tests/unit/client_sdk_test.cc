@@ -326,6 +326,27 @@ TEST(CApiChunks, SentChunksCarryTheirHeaderAndPayload) {
     knod_error_free(err);
 }
 
+// knod_chunks_send hands the kernel up to 18 frames per message (UDP GSO): each still arrives as
+// a datagram of its own, one frame, in order, also across the messages' boundaries (30 chunks:
+// a message of 18 and one of 12; fewer than the default receive buffer holds).
+TEST(CApiChunks, ChunksSentTogetherArriveOneDatagramEachInOrder) {
+    std::vector<std::uint8_t> data(30 * KNOD_CHUNK_PAYLOAD - 5);
+    for (std::size_t i = 0; i < data.size(); ++i)
+        data[i] = static_cast<std::uint8_t>(i * 13 + i / 251);
+    auto frames = send_and_catch(data, 0, 30);
+    ASSERT_EQ(frames.size(), 30u);
+    for (std::uint32_t seq = 0; seq < 30; ++seq) {
+        const auto &f = frames[seq];
+        ASSERT_EQ(f.size(), std::size_t{KNOD_CHUNK_FRAME});
+        std::uint32_t len = seq == 29 ? KNOD_CHUNK_PAYLOAD - 5 : KNOD_CHUNK_PAYLOAD;
+        EXPECT_EQ(word(f, 2), seq);
+        EXPECT_EQ(word(f, 3), len | (3u << 16));
+        EXPECT_EQ(0, std::memcmp(f.data() + KNOD_CHUNK_HEADER,
+                                 data.data() + seq * KNOD_CHUNK_PAYLOAD, len))
+            << "chunk " << seq;
+    }
+}
+
 namespace {
 
 // A ring of `seqs` chunks of a message of float32 `values` from rank 1, message 5.

@@ -182,10 +182,13 @@ KNOD_API knod_errc knod_devmem_rx_release(knod_devmem_rx *rx, const knod_devmem_
  * message number, the chunk's sequence number, its payload length | the source rank << 16), then
  * up to KNOD_CHUNK_PAYLOAD payload bytes (the last chunk's are zero-padded). They land in the
  * receiver's region, a ring of whole frames. These calls are the hot path on raw pointers; the
- * flow control around them (credits) is the caller's. */
+ * flow control around them (credits) is the caller's. A frame with its IPv4 and UDP headers is
+ * 3,500 bytes: the path's MTU must be at least that (the sim's veths are); a smaller one fails
+ * knod_chunks_send with "Message too long" on a socket that forbids fragments
+ * (IP_PMTUDISC_DO), or loses chunks, which the receiver reports. */
 #define KNOD_CHUNK_HEADER 16
-#define KNOD_CHUNK_PAYLOAD 1440
-#define KNOD_CHUNK_FRAME 1456
+#define KNOD_CHUNK_PAYLOAD 3456
+#define KNOD_CHUNK_FRAME 3472
 #define KNOD_CHUNK_MAGIC 0x444F4E4Bu
 
 /* Element types and operations of knod_chunks_receive. */
