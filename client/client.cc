@@ -274,13 +274,15 @@ std::string Client::address_tried(const std::string &address) {
 Client::Client(Client &&o) noexcept
     : bus_(std::exchange(o.bus_, nullptr)), pid_(o.pid_), ends_(std::move(o.ends_)),
       peer_address_(std::move(o.peer_address_)), call_timeout_us_(o.call_timeout_us_),
-      proof_(std::move(o.proof_)) {}
+      subscribed_(o.subscribed_), served_(o.served_), proof_(std::move(o.proof_)) {}
 Client &Client::operator=(Client &&o) noexcept {
     std::swap(bus_, o.bus_);
     std::swap(pid_, o.pid_);
     std::swap(ends_, o.ends_);
     std::swap(peer_address_, o.peer_address_);
     std::swap(call_timeout_us_, o.call_timeout_us_);
+    std::swap(subscribed_, o.subscribed_);
+    std::swap(served_, o.served_);
     std::swap(proof_, o.proof_);
     return *this;
 }
@@ -291,16 +293,43 @@ Result<void> Client::same_process() const {
 }
 
 bool Client::lost() const {
-    return !peer_address_.empty() && sd_bus_is_open(bus_) <= 0;
+    // Only a connection the daemon once served: one it refused at accept is not made again.
+    return !peer_address_.empty() && served_ && sd_bus_is_open(bus_) <= 0;
 }
 
 Result<void> Client::ready() {
     if (auto here = same_process(); !here) return here;
-    if (lost()) return reconnect(std::chrono::steady_clock::now());
-    return {};
+    if (peer_address_.empty()) return {};
+    // A daemon that went while this client was idle left an end of file unread: read it now,
+    // rather than fail the call on a connection known to be gone.
+    while (sd_bus_process(bus_, nullptr) > 0) {
+    }
+    if (!lost()) return {};
+    // One try, as long as a call may take (sd-bus's 25 s unless connect() was given less).
+    auto budget = std::chrono::microseconds(call_timeout_us_ ? call_timeout_us_ : 25'000'000);
+    return reconnect(std::chrono::steady_clock::now() + budget, false);
 }
 
-Result<void> Client::reconnect(std::chrono::steady_clock::time_point until) {
+namespace {
+
+// sd-bus waits up to 90 s for a peer's handshake whatever the call timeout: a daemon that
+// accepted and hangs (stopped, still starting) must not hold the caller past `until`.
+int wait_until_ready(sd_bus *bus, std::chrono::steady_clock::time_point until) {
+    int r;
+    while ((r = sd_bus_is_ready(bus)) == 0) {
+        auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+            until - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return -ETIMEDOUT;
+        if ((r = sd_bus_process(bus, nullptr)) < 0) return r;
+        if (r > 0) continue;
+        if ((r = sd_bus_wait(bus, static_cast<std::uint64_t>(left.count()))) < 0) return r;
+    }
+    return r < 0 ? r : 0;
+}
+
+} // namespace
+
+Result<void> Client::reconnect(std::chrono::steady_clock::time_point until, bool retry) {
     auto pause = std::chrono::milliseconds(20);
     for (;;) {
         sd_bus *bus = nullptr;
@@ -308,6 +337,7 @@ Result<void> Client::reconnect(std::chrono::steady_clock::time_point until) {
         if (r >= 0) r = sd_bus_set_address(bus, peer_address_.c_str());
         if (r >= 0) r = sd_bus_negotiate_fds(bus, 1);
         if (r >= 0) r = sd_bus_start(bus);
+        if (r >= 0) r = wait_until_ready(bus, until);
         if (r >= 0) {
             if (call_timeout_us_) (void)sd_bus_set_method_call_timeout(bus, call_timeout_us_);
             // The end signals' filter moves to the new connection; what it recorded stays.
@@ -319,12 +349,16 @@ Result<void> Client::reconnect(std::chrono::steady_clock::time_point until) {
             // Any answer, a refusal too, is the daemon's; a connection it closed at once (a
             // daemon still starting, or one that does not serve this process) is tried again.
             auto proven = attest();
-            if (proven || proven.error().code != Errc::unavailable) return {};
+            if (sd_bus_is_open(bus_) > 0 && (proven || proven.error().code != Errc::unavailable)) {
+                // A subscriber stays one (signals about others' bindings it may see).
+                if (subscribed_) (void)subscribe();
+                return {};
+            }
             r = -ECONNRESET;
         }
-        sd_bus_unref(bus);
+        sd_bus_close_unref(bus);
         auto now = std::chrono::steady_clock::now();
-        if (now >= until)
+        if (!retry || now >= until)
             return make_error(Errc::unavailable,
                               "the connection to knod-policyd's pod socket closed (the daemon "
                               "stopped or restarted) and it cannot be reached again at " +
@@ -351,6 +385,10 @@ Result<std::string> Client::attest() {
                                &reply.e, &reply.m, "h", pair[0]);
     ::close(pair[0]);
     ::close(pair[1]);
+    // The daemon's answer, a refusal in its own words too: this connection was served.
+    if (r >= 0 || (reply.e.name && (std::strncmp(reply.e.name, "org.knod.", 9) == 0 ||
+                                    sd_bus_error_has_name(&reply.e, SD_BUS_ERROR_UNKNOWN_METHOD))))
+        served_ = true;
     if (r < 0) {
         Error e = bus_failure(reply.e, r, "AttestProcess");
         // An answer for this daemon's life, not an outage: an older daemon, or a kernel
@@ -394,24 +432,25 @@ Result<BindingEnd> Client::wait_for_end(const std::string &id, int timeout_ms) {
     for (;;) {
         auto end = end_of(id);
         if (end && *end) return **end;
-        if (lost()) {
-            // The daemon restarted under a pod-socket holder: connect again and hear what it
-            // kept. It tells the end of a binding that ended meanwhile at once; one it did not
-            // take back at all (a stop that kept nothing) is not there any more.
-            if (auto r = reconnect(deadline); !r) return r.error();
-            if (auto told = end_of(id); told && *told) return **told;
-            if (auto st = state(id);
-                !st && st.error().message.find("UnknownObject") != std::string::npos)
-                return BindingEnd{false, "daemon-restart: the daemon restarted and did not "
-                                         "take this binding back"};
-            continue;
-        }
-        if (!end) return end.error();
         auto left = std::chrono::duration_cast<std::chrono::microseconds>(
             deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0)
             return make_error(Errc::expired, "binding " + id + " still alive after " +
                                                  std::to_string(timeout_ms) + " ms");
+        if (lost()) {
+            // The daemon restarted under a pod-socket holder: connect again and ask about the
+            // binding, which takes it back (docs/kubernetes.md); one that ended meanwhile is
+            // told before the answer, and one the new daemon did not take back at all (a stop
+            // that kept nothing) is not there any more.
+            if (auto r = reconnect(deadline, true); !r) return r.error();
+            auto st = state(id);
+            if (auto told = end_of(id); told && *told) return **told;
+            if (!st && st.error().message.find("UnknownObject") != std::string::npos)
+                return BindingEnd{false, "daemon-restart: the daemon restarted and did not "
+                                         "take this binding back"};
+            continue;
+        }
+        if (!end) return end.error();
         int r = sd_bus_wait(bus_, static_cast<std::uint64_t>(left.count()));
         if (r < 0 && !lost())
             return make_error(Errc::io, std::string("waiting on the bus: ") + std::strerror(-r));
@@ -424,6 +463,7 @@ Result<void> Client::subscribe() {
     int r = sd_bus_call_method(bus_, service_name, manager_path, manager_interface, "Subscribe",
                                &reply.e, &reply.m, "");
     if (r < 0) return bus_failure(reply.e, r, "Subscribe");
+    subscribed_ = true;
     ends_->trust_sender_of(reply.m);
     return {};
 }

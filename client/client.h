@@ -181,13 +181,16 @@ class Client {
     // Connects to the pod socket again, trying until `until` (the daemon may be starting): the
     // restarted daemon gives back this process's bindings on the new connection and tells it
     // of those that ended meanwhile (docs/kubernetes.md, "Restarts").
-    Result<void> reconnect(std::chrono::steady_clock::time_point until);
+    // `retry`: keep trying until `until`; otherwise one try, its handshake bounded by `until`.
+    Result<void> reconnect(std::chrono::steady_clock::time_point until, bool retry);
     bool lost() const; // on the pod socket, and its connection closed
     sd_bus *bus_ = nullptr;
     pid_t pid_ = 0; // the process that made the connection
     std::unique_ptr<Ends> ends_;
     std::string peer_address_;          // the pod socket's address; empty on a bus
     std::uint64_t call_timeout_us_ = 0; // connect()'s, for a connection made again
+    bool subscribed_ = false;           // Subscribe succeeded: asked again on a new connection
+    bool served_ = false;               // the daemon answered on this client's connection
     std::string proof_; // attest()'s answer; empty until the daemon gave one
 };
 

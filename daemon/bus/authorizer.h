@@ -54,6 +54,10 @@ struct Credentials {
     // The start time of the process first read at `pid` (daemon::Peer::start_time): a later
     // call finding another process there is refused (its connection's maker is gone).
     std::uint64_t start_time = 0;
+    // Its executable and cgroup as first read (daemon::Peer): a pod-socket holder that comes
+    // back after a restart must still be the program that was granted.
+    std::string executable;
+    std::string cgroup;
     // Called over the pod socket (daemon/bus/pod_socket.h): always a pod's process, never a
     // host principal, and host-only methods are refused. `netns`: where it was admitted from.
     bool pod_socket = false;

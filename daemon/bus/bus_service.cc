@@ -568,6 +568,8 @@ void take_identity(Credentials &c, daemon::Peer p) {
     c.domain = p.domain();
     c.principal = p.principal();
     c.start_time = p.start_time;
+    c.executable = std::move(p.executable);
+    c.cgroup = std::move(p.cgroup);
     c.pod = std::move(p.pod);
     c.pod_sandbox = std::move(p.pod_sandbox);
     c.netns = p.netns;
@@ -719,7 +721,6 @@ Result<std::vector<SlotPtr>> BusService::serve_pod_connection(sd_bus *conn,
     }
     pod_connections_[conn] = {caller.sender, caller.netns};
     pod_buses_[caller.sender] = conn;
-    take_back_pod_bindings(conn, caller);
     return objects;
 }
 
@@ -892,8 +893,10 @@ const daemon::Binding *BusService::binding_at(sd_bus *on, const char *path) cons
 int BusService::find_binding(sd_bus *bus, const char *path, const char *, void *self, void **found,
                              sd_bus_error *) {
     return guarded("find binding", nullptr, [&]() -> int {
-        if (!service(self)->binding_at(bus, path))
-            return 0; // others' bindings do not exist for you
+        auto *s = service(self);
+        // A pod-socket holder back after a restart takes its binding by asking about it.
+        if (!s->awaiting_.empty() || !s->untold_.empty()) s->take_back_on_touch(bus, id_of(path));
+        if (!s->binding_at(bus, path)) return 0; // others' bindings do not exist for you
         *found = self;
         return 1;
     });
@@ -1598,39 +1601,38 @@ void BusService::binding_adopted(const daemon::Binding &b) {
     }
 }
 
-void BusService::take_back_pod_bindings(sd_bus *conn, const Credentials &caller) {
-    if (awaiting_.empty() && untold_.empty()) return;
-    // Only the very process that held them, as the kernel vouches for it (its pidfd at
-    // accept): a pid alone may have changed hands during the restart.
+void BusService::take_back_on_touch(sd_bus *conn, const std::string &id) {
+    auto pod = pod_connections_.find(conn);
+    if (pod == pod_connections_.end()) return;
+    auto entry = connections_.find(pod->second.name);
+    if (entry == connections_.end() || !entry->second.creds) return;
+    const Credentials &caller = *entry->second.creds;
+    // Only the very process that held it, as the kernel vouches for it (its pidfd at accept):
+    // a pid alone may have changed hands during the restart.
     if (caller.process.proof == daemon::ProcessProof::pid_only || caller.start_time == 0) return;
     const keys::Holder who{caller.pid, caller.start_time};
-    std::vector<std::string> ids;
-    for (const daemon::Binding *b : manager_->bindings())
-        if (awaiting_.count(b->owner.bus_name) && b->owner.holder() == who &&
-            b->owner.uid == caller.uid && b->owner.pod_sandbox == caller.pod_sandbox)
-            ids.push_back(b->id);
-    for (auto &id : ids)
+    if (const daemon::Binding *b = manager_->find(id)) {
+        if (!awaiting_.count(b->owner.bus_name) || !(b->owner.holder() == who) ||
+            b->owner.uid != caller.uid || b->owner.pod_sandbox != caller.pod_sandbox)
+            return;
+        // Still the program that was granted: a holder that exec()ed another during the
+        // restart is a caller the policy has not decided on.
+        if (b->owner.executable != caller.executable || b->owner.cgroup != caller.cgroup) return;
+        std::string old_name = b->owner.bus_name;
         manager_->hold_on(id, caller.sender);
-    if (!ids.empty())
-        std::cerr << "knod-policyd: " << ids.size() << " binding(s) taken back by pid "
-                  << caller.pid << " on its new pod-socket connection" << std::endl;
-    std::set<std::string> still;
-    for (const daemon::Binding *b : manager_->bindings())
-        if (awaiting_.count(b->owner.bus_name)) still.insert(b->owner.bus_name);
-    for (auto it = awaiting_.begin(); it != awaiting_.end();) {
-        if (still.count(*it)) {
-            ++it;
-            continue;
+        bool more = false;
+        for (const daemon::Binding *other : manager_->bindings())
+            more = more || other->owner.bus_name == old_name;
+        if (!more) {
+            forget(old_name);
+            awaiting_.erase(old_name);
         }
-        forget(*it);
-        it = awaiting_.erase(it);
+        return;
     }
-    // What ended while it was away: the holder hears it as if it had been connected.
-    for (auto it = untold_.begin(); it != untold_.end();) {
-        if (!(it->holder == who)) {
-            ++it;
-            continue;
-        }
+    // What ended while it was away: the connection that asks about it hears it, as if it had
+    // been connected (the signal goes before the call's UnknownObject).
+    for (auto it = untold_.begin(); it != untold_.end(); ++it) {
+        if (it->id != id || !(it->holder == who)) continue;
         std::string path = binding_path(it->id);
         const char *member = it->revoked ? "BindingRevoked" : "BindingReleased";
         if (auto r = send_to_peer(conn, {manager_path, manager_interface, member},
@@ -1642,7 +1644,8 @@ void BusService::take_back_pod_bindings(sd_bus *conn, const Credentials &caller)
             !r)
             std::cerr << "knod-policyd: binding " << it->id << ": " << r.error().message
                       << std::endl;
-        it = untold_.erase(it);
+        untold_.erase(it);
+        return;
     }
 }
 

@@ -80,11 +80,11 @@ class BusService : public daemon::BindingEvents {
     void confirm_remembered();
     // Pod-socket holders across a restart. No pod connection outlives the daemon that accepted
     // it, so a binding taken back whose holder held it on one waits, until `window` after the
-    // first such binding came back, for that very process to connect again: the same pid and
-    // start time (read through the pidfd the kernel gave at accept), in the same pod, as the
-    // same uid. Its bindings are then held on the new connection, and it is told of those that
-    // ended meanwhile. One that does not come back in time loses its bindings as on a
-    // disconnect. Zero: none waits (each ends at the start, as before).
+    // first such binding came back, for that very process to ask about it on a new connection:
+    // the same pid and start time (read through the pidfd the kernel gave at accept), in the
+    // same pod, as the same uid, executable and cgroup. It is then held on that connection; a
+    // binding that ended meanwhile is told to the connection that asks about it. One not asked
+    // for in time ends as on a disconnect. Zero: none waits (each ends at the start, as before).
     void set_pod_reclaim(std::chrono::seconds window) { pod_reclaim_ = window; }
     // The daemon's tick: ends what waited past the window.
     void reclaim_tick();
@@ -226,8 +226,11 @@ class BusService : public daemon::BindingEvents {
     };
     std::map<sd_bus *, PodConnection> pod_connections_;
     std::map<std::string, sd_bus *> pod_buses_;
-    // The pod connection's process took back what it held before a restart (set_pod_reclaim).
-    void take_back_pod_bindings(sd_bus *conn, const Credentials &caller);
+    // A pod connection asks about binding `id` (any call or property on its object): if its
+    // process held it before a restart and has not taken it back yet, the binding is held on
+    // this connection from now on; if it ended meanwhile, this connection is told
+    // (set_pod_reclaim). Another connection of the same process that never asks takes nothing.
+    void take_back_on_touch(sd_bus *conn, const std::string &id);
     std::chrono::seconds pod_reclaim_{30};
     std::optional<std::chrono::steady_clock::time_point> reclaim_until_;
     std::set<std::string> awaiting_; // the old pod connections of bindings taken back
