@@ -266,7 +266,8 @@ TEST_F(PodSocketTest, HostAndUnregisteredProcessesAreRefused) {
     EXPECT_TRUE(eventually([&] {
         return s.sql("SELECT count(*) FROM events WHERE kind = 'pod-refused' AND decision = "
                      "'not-a-pod'") == "2";
-    })) << s.sql("SELECT kind, decision, uid, pid, detail FROM events") << o.out;
+    })) << s.sql("SELECT kind, decision, uid, pid, detail FROM events")
+        << o.out;
     EXPECT_EQ(s.sql("SELECT count(*) FROM events WHERE kind = 'request-granted'"), "0");
     // The same host process on the system bus is served.
     o = s.run_client({"hold", "knodsim0", "sim0", "4096", flow(5000)}, nobody);
