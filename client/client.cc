@@ -329,6 +329,14 @@ int wait_until_ready(sd_bus *bus, std::chrono::steady_clock::time_point until) {
 
 } // namespace
 
+std::uint64_t Client::bounded_timeout(std::chrono::steady_clock::time_point until) const {
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+                    until - std::chrono::steady_clock::now())
+                    .count();
+    std::uint64_t own = call_timeout_us_ ? call_timeout_us_ : 25'000'000;
+    return std::clamp<std::uint64_t>(left > 0 ? static_cast<std::uint64_t>(left) : 1, 1, own);
+}
+
 Result<void> Client::reconnect(std::chrono::steady_clock::time_point until, bool retry) {
     auto pause = std::chrono::milliseconds(20);
     for (;;) {
@@ -339,7 +347,8 @@ Result<void> Client::reconnect(std::chrono::steady_clock::time_point until, bool
         if (r >= 0) r = sd_bus_start(bus);
         if (r >= 0) r = wait_until_ready(bus, until);
         if (r >= 0) {
-            if (call_timeout_us_) (void)sd_bus_set_method_call_timeout(bus, call_timeout_us_);
+            // Its first calls end by `until` too (then the connection's own timeout again).
+            (void)sd_bus_set_method_call_timeout(bus, bounded_timeout(until));
             // The end signals' filter moves to the new connection; what it recorded stays.
             sd_bus_slot_unref(std::exchange(ends_->slot, nullptr));
             sd_bus_add_filter(bus, &ends_->slot, Ends::on_message, ends_.get());
@@ -350,8 +359,15 @@ Result<void> Client::reconnect(std::chrono::steady_clock::time_point until, bool
             // daemon still starting, or one that does not serve this process) is tried again.
             auto proven = attest();
             if (sd_bus_is_open(bus_) > 0 && (proven || proven.error().code != Errc::unavailable)) {
-                // A subscriber stays one (signals about others' bindings it may see).
-                if (subscribed_) (void)subscribe();
+                // A subscriber stays one (signals about others' bindings it may see); asked
+                // here, not through subscribe(), which could connect again itself.
+                if (subscribed_) {
+                    Reply reply;
+                    if (sd_bus_call_method(bus_, service_name, manager_path, manager_interface,
+                                           "Subscribe", &reply.e, &reply.m, "") >= 0)
+                        ends_->trust_sender_of(reply.m);
+                }
+                (void)sd_bus_set_method_call_timeout(bus_, call_timeout_us_);
                 return {};
             }
             r = -ECONNRESET;
@@ -443,7 +459,9 @@ Result<BindingEnd> Client::wait_for_end(const std::string &id, int timeout_ms) {
             // told before the answer, and one the new daemon did not take back at all (a stop
             // that kept nothing) is not there any more.
             if (auto r = reconnect(deadline, true); !r) return r.error();
+            (void)sd_bus_set_method_call_timeout(bus_, bounded_timeout(deadline));
             auto st = state(id);
+            (void)sd_bus_set_method_call_timeout(bus_, call_timeout_us_);
             if (auto told = end_of(id); told && *told) return **told;
             if (!st && st.error().message.find("UnknownObject") != std::string::npos)
                 return BindingEnd{false, "daemon-restart: the daemon restarted and did not "

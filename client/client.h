@@ -184,6 +184,8 @@ class Client {
     // `retry`: keep trying until `until`; otherwise one try, its handshake bounded by `until`.
     Result<void> reconnect(std::chrono::steady_clock::time_point until, bool retry);
     bool lost() const; // on the pod socket, and its connection closed
+    // The call timeout for calls that must end by `until` (at most the connection's own).
+    std::uint64_t bounded_timeout(std::chrono::steady_clock::time_point until) const;
     sd_bus *bus_ = nullptr;
     pid_t pid_ = 0; // the process that made the connection
     std::unique_ptr<Ends> ends_;

@@ -1601,9 +1601,26 @@ void BusService::binding_adopted(const daemon::Binding &b) {
     }
 }
 
+namespace {
+
+// The executable as granted and as read now: a program file replaced on disk (an upgrade)
+// reads "PATH (deleted)" from a process that still runs it.
+std::string_view program(std::string_view exe) {
+    constexpr std::string_view deleted = " (deleted)";
+    if (exe.ends_with(deleted)) exe.remove_suffix(deleted.size());
+    return exe;
+}
+
+} // namespace
+
 void BusService::take_back_on_touch(sd_bus *conn, const std::string &id) {
     auto pod = pod_connections_.find(conn);
     if (pod == pod_connections_.end()) return;
+    // Only a call on the binding's own object: sd-bus also looks bindings up to answer
+    // GetManagedObjects on the manager, which names none of them.
+    sd_bus_message *m = sd_bus_get_current_message(conn);
+    const char *path = m ? sd_bus_message_get_path(m) : nullptr;
+    if (!path || binding_path(id) != path) return;
     auto entry = connections_.find(pod->second.name);
     if (entry == connections_.end() || !entry->second.creds) return;
     const Credentials &caller = *entry->second.creds;
@@ -1611,42 +1628,58 @@ void BusService::take_back_on_touch(sd_bus *conn, const std::string &id) {
     // a pid alone may have changed hands during the restart.
     if (caller.process.proof == daemon::ProcessProof::pid_only || caller.start_time == 0) return;
     const keys::Holder who{caller.pid, caller.start_time};
+    std::string old_name;
     if (const daemon::Binding *b = manager_->find(id)) {
         if (!awaiting_.count(b->owner.bus_name) || !(b->owner.holder() == who) ||
             b->owner.uid != caller.uid || b->owner.pod_sandbox != caller.pod_sandbox)
             return;
         // Still the program that was granted: a holder that exec()ed another during the
         // restart is a caller the policy has not decided on.
-        if (b->owner.executable != caller.executable || b->owner.cgroup != caller.cgroup) return;
-        std::string old_name = b->owner.bus_name;
-        manager_->hold_on(id, caller.sender);
-        bool more = false;
-        for (const daemon::Binding *other : manager_->bindings())
-            more = more || other->owner.bus_name == old_name;
-        if (!more) {
-            forget(old_name);
-            awaiting_.erase(old_name);
-        }
-        return;
+        if (program(b->owner.executable) != program(caller.executable) ||
+            b->owner.cgroup != caller.cgroup)
+            return;
+        old_name = b->owner.bus_name;
+    } else {
+        for (auto &u : untold_)
+            if (u.id == id && u.holder == who) old_name = u.connection;
+        if (old_name.empty()) return;
     }
-    // What ended while it was away: the connection that asks about it hears it, as if it had
-    // been connected (the signal goes before the call's UnknownObject).
-    for (auto it = untold_.begin(); it != untold_.end(); ++it) {
-        if (it->id != id || !(it->holder == who)) continue;
-        std::string path = binding_path(it->id);
-        const char *member = it->revoked ? "BindingRevoked" : "BindingReleased";
-        if (auto r = send_to_peer(conn, {manager_path, manager_interface, member},
-                                  [&](sd_bus_message *m) {
-                                      return sd_bus_message_append(m, "oss", path.c_str(),
-                                                                   it->id.c_str(),
-                                                                   it->reason.c_str());
-                                  });
-            !r)
-            std::cerr << "knod-policyd: binding " << it->id << ": " << r.error().message
-                      << std::endl;
-        untold_.erase(it);
-        return;
-    }
+    // The connection that asks about one binding of the old connection is that client's
+    // successor: it holds all of them, and hears what ended meanwhile.
+    std::vector<std::string> ids;
+    for (const daemon::Binding *b : manager_->bindings())
+        if (b->owner.bus_name == old_name && b->owner.holder() == who) ids.push_back(b->id);
+    for (auto &moved : ids)
+        manager_->hold_on(moved, caller.sender);
+    bool more = false;
+    for (const daemon::Binding *other : manager_->bindings())
+        more = more || other->owner.bus_name == old_name;
+    if (!more && awaiting_.erase(old_name)) forget(old_name);
+    tell_untold(conn, old_name);
+}
+
+namespace {
+
+void tell_end(sd_bus *conn, const std::string &id, bool revoked, const std::string &reason) {
+    std::string path = binding_path(id);
+    const char *member = revoked ? "BindingRevoked" : "BindingReleased";
+    if (auto r = send_to_peer(conn, {manager_path, manager_interface, member},
+                              [&](sd_bus_message *m) {
+                                  return sd_bus_message_append(m, "oss", path.c_str(), id.c_str(),
+                                                               reason.c_str());
+                              });
+        !r)
+        std::cerr << "knod-policyd: binding " << id << ": " << r.error().message << std::endl;
+}
+
+} // namespace
+
+void BusService::tell_untold(sd_bus *conn, const std::string &old_name) {
+    std::erase_if(untold_, [&](const UntoldEnd &u) {
+        if (u.connection != old_name) return false;
+        tell_end(conn, u.id, u.revoked, u.reason);
+        return true;
+    });
 }
 
 void BusService::reclaim_tick() {
@@ -1660,6 +1693,23 @@ void BusService::reclaim_tick() {
             manager_->connection_gone(name);
             awaiting_.erase(name);
         }
+        // A holder that came back but was not given its bindings (another program since, or
+        // another cgroup) waits on a connection of its own: every connection of its process
+        // hears the end.
+        std::set<std::size_t> told;
+        for (auto &[conn, pod] : pod_connections_) {
+            auto entry = connections_.find(pod.name);
+            if (entry == connections_.end() || !entry->second.creds) continue;
+            const Credentials &c = *entry->second.creds;
+            if (c.process.proof == daemon::ProcessProof::pid_only) continue;
+            for (std::size_t i = 0; i < untold_.size(); ++i)
+                if (untold_[i].holder == keys::Holder{c.pid, c.start_time}) {
+                    tell_end(conn, untold_[i].id, untold_[i].revoked, untold_[i].reason);
+                    told.insert(i);
+                }
+        }
+        for (auto i = told.rbegin(); i != told.rend(); ++i)
+            untold_.erase(untold_.begin() + static_cast<std::ptrdiff_t>(*i));
     }
     // A holder that is gone will never be told.
     for (auto it = untold_.begin(); it != untold_.end();) {
@@ -1691,7 +1741,7 @@ void BusService::binding_ended(const daemon::Binding &b, daemon::EndReason why,
     if (!note.empty()) reason += ": " + note;
     // A pod-socket holder not back since the restart hears it when it returns.
     if (awaiting_.count(b.owner.bus_name) && why != daemon::EndReason::process_exit)
-        untold_.push_back({b.owner.holder(), b.id, revoked, reason});
+        untold_.push_back({b.owner.holder(), b.owner.bus_name, b.id, revoked, reason});
     signal_about(
         b, {manager_path, manager_interface, revoked ? "BindingRevoked" : "BindingReleased"},
         [&](sd_bus_message *m) {

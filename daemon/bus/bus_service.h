@@ -231,6 +231,9 @@ class BusService : public daemon::BindingEvents {
     // this connection from now on; if it ended meanwhile, this connection is told
     // (set_pod_reclaim). Another connection of the same process that never asks takes nothing.
     void take_back_on_touch(sd_bus *conn, const std::string &id);
+    // Tells `conn` every end kept for the holder's old connection `old_name` (all of them: the
+    // connection that asks about one binding of it is its successor).
+    void tell_untold(sd_bus *conn, const std::string &old_name);
     std::chrono::seconds pod_reclaim_{30};
     std::optional<std::chrono::steady_clock::time_point> reclaim_until_;
     std::set<std::string> awaiting_; // the old pod connections of bindings taken back
@@ -238,6 +241,7 @@ class BusService : public daemon::BindingEvents {
     // (at most one per binding taken back; dropped once the holder's process is gone).
     struct UntoldEnd {
         keys::Holder holder;
+        std::string connection; // the holder's connection before the restart
         std::string id;
         bool revoked = false;
         std::string reason;

@@ -497,35 +497,54 @@ TEST_F(RestartTest, AnotherClientOfThePodHoldersProcessTakesNothingBack) {
     k.start(pod.join(), [&](FILE *w, int go) {
         auto held = hold_on_pod_socket(w, addr, nd, 6320);
         char b;
-        if (!held || read(go, &b, 1) != 1) return;
+        if (!held) return;
         auto &[a, id] = *held;
+        // A second binding on the same connection: the client that asks about one takes both.
+        int fd = make_region(4096);
+        auto second = a.request_binding(nd, "sim0", "rx-only", fd, 0, 4096,
+                                        {"udp 10.99.0.1:* -> 10.99.0.2:6322"});
+        fprintf(w, "second %s\n", second ? second->id.c_str() : second.error().message.c_str());
+        if (!second || read(go, &b, 1) != 1) return;
         {
             auto other = client::Client::connect(); // another user of the library
             auto l = other ? other->list()
                            : Result<std::vector<client::BindingSummary>>(
                                  make_error(Errc::io, "no connection"));
-            fprintf(w, "other listed %s\n", l ? "ok" : l.error().message.c_str());
-        } // and it closes
+            // An object manager client (GDBus's, dbus-next's) enumerates every binding.
+            sd_bus *raw = nullptr;
+            sd_bus_error e = SD_BUS_ERROR_NULL;
+            sd_bus_message *reply = nullptr;
+            int r = sd_bus_new(&raw);
+            if (r >= 0) r = sd_bus_set_address(raw, addr.c_str());
+            if (r >= 0) r = sd_bus_start(raw);
+            if (r >= 0)
+                r = sd_bus_call_method(raw, "org.knod.Policy1", "/org/knod/Policy1",
+                                       "org.freedesktop.DBus.ObjectManager", "GetManagedObjects",
+                                       &e, &reply, "");
+            sd_bus_message_unref(reply);
+            sd_bus_error_free(&e);
+            sd_bus_close_unref(raw);
+            fprintf(w, "other listed %s, enumerated %d\n", l ? "ok" : l.error().message.c_str(), r);
+        } // and both close
         if (read(go, &b, 1) != 1) return;
         auto st = a.state(id);
         fprintf(w, "state %s\n", st ? st->c_str() : st.error().message.c_str());
         (void)!read(go, &b, 1); // holding until the test has looked
     });
-    ASSERT_TRUE(k.wait_for("ok ")) << k.said;
-    std::string id = sql("SELECT id FROM sessions WHERE ended_us IS NULL");
-    ASSERT_FALSE(id.empty());
+    ASSERT_TRUE(k.wait_for("second ")) << k.said;
+    ASSERT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "2") << k.said;
     restart();
     k.proceed();
     ASSERT_TRUE(k.wait_for("other listed")) << k.said;
+    EXPECT_NE(k.said.find("enumerated 1"), std::string::npos) << k.said;
     EXPECT_EQ(sql("SELECT count(*) FROM events WHERE kind='holder-returned'"), "0");
     k.proceed();
     ASSERT_TRUE(k.wait_for("state ")) << k.said;
     EXPECT_NE(k.said.find("state active"), std::string::npos) << k.said;
     EXPECT_TRUE(eventually([&] {
-        return sql("SELECT count(*) FROM events WHERE kind='holder-returned' AND session_id='" +
-                   id + "'") == "1";
-    }));
-    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE id='" + id + "' AND ended_us IS NULL"), "1");
+        return sql("SELECT count(*) FROM events WHERE kind='holder-returned'") == "2";
+    })) << sql("SELECT kind, session_id FROM events");
+    EXPECT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "2");
 }
 
 // An end while the holder was away is told to the client that asks about that binding, not to
