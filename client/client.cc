@@ -207,7 +207,7 @@ std::string env(const char *name) {
 }
 
 bool is_socket(const char *path) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 

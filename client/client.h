@@ -193,7 +193,7 @@ class Client {
     std::uint64_t call_timeout_us_ = 0; // connect()'s, for a connection made again
     bool subscribed_ = false;           // Subscribe succeeded: asked again on a new connection
     bool served_ = false;               // the daemon answered on this client's connection
-    std::string proof_; // attest()'s answer; empty until the daemon gave one
+    std::string proof_;                 // attest()'s answer; empty until the daemon gave one
 };
 
 } // namespace knod::client
