@@ -40,68 +40,6 @@ bool starts_with(const std::string &s, const std::string &prefix) {
     return s.rfind(prefix, 0) == 0;
 }
 
-// Runs `fn` in a forked child that first runs `enter` (joins a pod's network namespace, or
-// nothing: the host's). The child writes lines to `out`; it exits when `fn` returns.
-struct Child {
-    pid_t pid = -1;
-    int out = -1; // what the child writes
-    int go = -1;  // closed by the parent to let the child finish
-    std::string said;
-    ~Child() {
-        if (go >= 0) close(go);
-        if (out >= 0) close(out);
-        if (pid > 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, nullptr, 0);
-        }
-    }
-    // Reads until `needle` appears (or EOF, or `ms`).
-    bool wait_for(const std::string &needle, int ms = 30000) {
-        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-        while (said.find(needle) == std::string::npos) {
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            end - std::chrono::steady_clock::now())
-                            .count();
-            if (left <= 0 || out < 0) return false;
-            struct pollfd p = {out, POLLIN, 0};
-            if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-            char buf[4096];
-            ssize_t n = read(out, buf, sizeof buf);
-            if (n <= 0) {
-                close(out);
-                out = -1;
-            } else {
-                said.append(buf, static_cast<std::size_t>(n));
-            }
-        }
-        return true;
-    }
-};
-
-void start_child(Child &c, const std::function<bool()> &enter,
-                 const std::function<void(FILE *, int)> &fn) {
-    int out[2], go[2];
-    ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
-    ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
-    c.pid = fork();
-    if (c.pid == 0) {
-        close(out[0]);
-        close(go[1]);
-        FILE *w = fdopen(out[1], "w");
-        setvbuf(w, nullptr, _IONBF, 0);
-        if (enter && !enter()) {
-            fprintf(w, "cannot enter\n");
-            _exit(1);
-        }
-        fn(w, go[0]);
-        _exit(0);
-    }
-    close(out[1]);
-    close(go[0]);
-    c.out = out[0];
-    c.go = go[1];
-}
-
 // A raw peer-to-peer connection to the pod socket, as any program in a pod could make.
 sd_bus *connect_peer(const std::string &address, bool as_bus_client = false) {
     sd_bus *bus = nullptr;
@@ -280,9 +218,9 @@ TEST_F(PodSocketTest, NoOtherServiceIsReachableThroughIt) {
     Sandbox s(sim_rule("ml-pods", "k8s_namespaces = [\"ml\"]", 5000), args());
     TestPod pod("knodps-c" + tag_, "ml");
     ASSERT_EQ(pod.register_with(s), "");
-    Child c;
+    ForkedChild c;
     std::string addr = address();
-    start_child(c, pod.join(), [&](FILE *w, int) {
+    c.start(pod.join(), [&](FILE *w, int) {
         sd_bus *bus = connect_peer(addr);
         if (!bus) {
             fprintf(w, "no connection\nend\n");
@@ -330,9 +268,9 @@ TEST_F(PodSocketTest, APodAtItsBoundStopsNoOtherPodNorTheHostsRoot) {
     TestPod greedy("knodps-d" + tag_, "ml"), other("knodps-o" + tag_, "ml");
     ASSERT_EQ(greedy.register_with(s), "");
     ASSERT_EQ(other.register_with(s), "");
-    Child c;
+    ForkedChild c;
     std::string addr = address();
-    start_child(c, greedy.join(), [&](FILE *w, int go) {
+    c.start(greedy.join(), [&](FILE *w, int go) {
         std::vector<sd_bus *> held;
         for (int i = 0; i < bound + 1; ++i) {
             sd_bus *bus = connect_peer(addr);

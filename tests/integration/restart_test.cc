@@ -131,69 +131,7 @@ class FdStoreStandIn {
     std::vector<std::string> messages_;
 };
 
-// A process in a pod (forked, in the pod's network namespace, as uid 65534) running `fn`, which
-// says what happens on `w`; it goes on past each step when the test writes to `go`.
-struct PodChild {
-    pid_t pid = -1;
-    int out = -1, go = -1;
-    std::string said;
-    ~PodChild() {
-        if (go >= 0) close(go);
-        if (out >= 0) close(out);
-        if (pid > 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, nullptr, 0);
-        }
-    }
-    bool wait_for(const std::string &needle, int ms = 60000) {
-        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-        while (said.find(needle) == std::string::npos) {
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            end - std::chrono::steady_clock::now())
-                            .count();
-            if (left <= 0 || out < 0) return false;
-            pollfd p = {out, POLLIN, 0};
-            if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-            char buf[4096];
-            ssize_t n = read(out, buf, sizeof buf);
-            if (n <= 0) {
-                close(out);
-                out = -1;
-            } else {
-                said.append(buf, static_cast<std::size_t>(n));
-            }
-        }
-        return true;
-    }
-    void proceed() {
-        char b = 'g';
-        (void)!write(go, &b, 1);
-    }
-    void start(const std::function<bool()> &enter, const std::function<void(FILE *, int)> &fn) {
-        int o[2], g[2];
-        ASSERT_EQ(pipe2(o, O_CLOEXEC), 0);
-        ASSERT_EQ(pipe2(g, O_CLOEXEC), 0);
-        pid = fork();
-        if (pid == 0) {
-            close(o[0]);
-            close(g[1]);
-            FILE *w = fdopen(o[1], "w");
-            setvbuf(w, nullptr, _IONBF, 0);
-            if (!enter() || setresgid(65534, 65534, 65534) || setresuid(65534, 65534, 65534)) {
-                fprintf(w, "cannot enter\n");
-                _exit(1);
-            }
-            fn(w, g[0]);
-            _exit(0);
-        }
-        close(o[1]);
-        close(g[0]);
-        out = o[0];
-        go = g[1];
-    }
-};
-
-// In a PodChild: a client on the pod socket at `address` that holds a binding on `port`
+// In a ForkedChild: a client on the pod socket at `address` that holds a binding on `port`
 // ("ok ID"), or says why not.
 std::optional<std::pair<client::Client, std::string>>
 hold_on_pod_socket(FILE *w, const std::string &address, const std::string &netdev, int port) {
@@ -493,44 +431,48 @@ TEST_F(RestartTest, AnotherClientOfThePodHoldersProcessTakesNothingBack) {
     TestPod pod(unique("knodrv1-pod"), "ml");
     ASSERT_EQ(pod.register_with(*sandbox_), "");
     std::string addr = "unix:path=" + pod_socket_, nd = netdev_;
-    PodChild k;
-    k.start(pod.join(), [&](FILE *w, int go) {
-        auto held = hold_on_pod_socket(w, addr, nd, 6320);
-        char b;
-        if (!held) return;
-        auto &[a, id] = *held;
-        // A second binding on the same connection: the client that asks about one takes both.
-        int fd = make_region(4096);
-        auto second = a.request_binding(nd, "sim0", "rx-only", fd, 0, 4096,
-                                        {"udp 10.99.0.1:* -> 10.99.0.2:6322"});
-        fprintf(w, "second %s\n", second ? second->id.c_str() : second.error().message.c_str());
-        if (!second || read(go, &b, 1) != 1) return;
-        {
-            auto other = client::Client::connect(); // another user of the library
-            auto l = other ? other->list()
-                           : Result<std::vector<client::BindingSummary>>(
-                                 make_error(Errc::io, "no connection"));
-            // An object manager client (GDBus's, dbus-next's) enumerates every binding.
-            sd_bus *raw = nullptr;
-            sd_bus_error e = SD_BUS_ERROR_NULL;
-            sd_bus_message *reply = nullptr;
-            int r = sd_bus_new(&raw);
-            if (r >= 0) r = sd_bus_set_address(raw, addr.c_str());
-            if (r >= 0) r = sd_bus_start(raw);
-            if (r >= 0)
-                r = sd_bus_call_method(raw, "org.knod.Policy1", "/org/knod/Policy1",
-                                       "org.freedesktop.DBus.ObjectManager", "GetManagedObjects",
-                                       &e, &reply, "");
-            sd_bus_message_unref(reply);
-            sd_bus_error_free(&e);
-            sd_bus_close_unref(raw);
-            fprintf(w, "other listed %s, enumerated %d\n", l ? "ok" : l.error().message.c_str(), r);
-        } // and both close
-        if (read(go, &b, 1) != 1) return;
-        auto st = a.state(id);
-        fprintf(w, "state %s\n", st ? st->c_str() : st.error().message.c_str());
-        (void)!read(go, &b, 1); // holding until the test has looked
-    });
+    ForkedChild k;
+    k.start(
+        pod.join(),
+        [&](FILE *w, int go) {
+            auto held = hold_on_pod_socket(w, addr, nd, 6320);
+            char b;
+            if (!held) return;
+            auto &[a, id] = *held;
+            // A second binding on the same connection: the client that asks about one takes both.
+            int fd = make_region(4096);
+            auto second = a.request_binding(nd, "sim0", "rx-only", fd, 0, 4096,
+                                            {"udp 10.99.0.1:* -> 10.99.0.2:6322"});
+            fprintf(w, "second %s\n", second ? second->id.c_str() : second.error().message.c_str());
+            if (!second || read(go, &b, 1) != 1) return;
+            {
+                auto other = client::Client::connect(); // another user of the library
+                auto l = other ? other->list()
+                               : Result<std::vector<client::BindingSummary>>(
+                                     make_error(Errc::io, "no connection"));
+                // An object manager client (GDBus's, dbus-next's) enumerates every binding.
+                sd_bus *raw = nullptr;
+                sd_bus_error e = SD_BUS_ERROR_NULL;
+                sd_bus_message *reply = nullptr;
+                int r = sd_bus_new(&raw);
+                if (r >= 0) r = sd_bus_set_address(raw, addr.c_str());
+                if (r >= 0) r = sd_bus_start(raw);
+                if (r >= 0)
+                    r = sd_bus_call_method(raw, "org.knod.Policy1", "/org/knod/Policy1",
+                                           "org.freedesktop.DBus.ObjectManager",
+                                           "GetManagedObjects", &e, &reply, "");
+                sd_bus_message_unref(reply);
+                sd_bus_error_free(&e);
+                sd_bus_close_unref(raw);
+                fprintf(w, "other listed %s, enumerated %d\n", l ? "ok" : l.error().message.c_str(),
+                        r);
+            } // and both close
+            if (read(go, &b, 1) != 1) return;
+            auto st = a.state(id);
+            fprintf(w, "state %s\n", st ? st->c_str() : st.error().message.c_str());
+            (void)!read(go, &b, 1); // holding until the test has looked
+        },
+        65534);
     ASSERT_TRUE(k.wait_for("second ")) << k.said;
     ASSERT_EQ(sql("SELECT count(*) FROM sessions WHERE ended_us IS NULL"), "2") << k.said;
     restart();
@@ -554,25 +496,29 @@ TEST_F(RestartTest, AnEndWhileThePodHolderWasAwayIsToldToTheClientThatAsks) {
     TestPod pod(unique("knodrv2-pod"), "ml");
     ASSERT_EQ(pod.register_with(*sandbox_), "");
     std::string addr = "unix:path=" + pod_socket_, nd = netdev_;
-    PodChild k;
-    k.start(pod.join(), [&](FILE *w, int go) {
-        auto held = hold_on_pod_socket(w, addr, nd, 6321);
-        char b;
-        if (!held || read(go, &b, 1) != 1) return;
-        auto &[a, id] = *held;
-        {
-            auto other = client::Client::connect();
-            auto l = other ? other->list()
-                           : Result<std::vector<client::BindingSummary>>(
-                                 make_error(Errc::io, "no connection"));
-            fprintf(w, "other listed %s\n", l ? "ok" : l.error().message.c_str());
-        }
-        auto end = a.wait_for_end(id, 120000);
-        if (end)
-            fprintf(w, "a-end %s %s\n", end->revoked ? "revoked" : "released", end->reason.c_str());
-        else
-            fprintf(w, "a-error %s\n", end.error().message.c_str());
-    });
+    ForkedChild k;
+    k.start(
+        pod.join(),
+        [&](FILE *w, int go) {
+            auto held = hold_on_pod_socket(w, addr, nd, 6321);
+            char b;
+            if (!held || read(go, &b, 1) != 1) return;
+            auto &[a, id] = *held;
+            {
+                auto other = client::Client::connect();
+                auto l = other ? other->list()
+                               : Result<std::vector<client::BindingSummary>>(
+                                     make_error(Errc::io, "no connection"));
+                fprintf(w, "other listed %s\n", l ? "ok" : l.error().message.c_str());
+            }
+            auto end = a.wait_for_end(id, 120000);
+            if (end)
+                fprintf(w, "a-end %s %s\n", end->revoked ? "revoked" : "released",
+                        end->reason.c_str());
+            else
+                fprintf(w, "a-error %s\n", end.error().message.c_str());
+        },
+        65534);
     ASSERT_TRUE(k.wait_for("ok ")) << k.said;
     std::string id = sql("SELECT id FROM sessions WHERE ended_us IS NULL");
     ASSERT_FALSE(id.empty());
@@ -590,18 +536,21 @@ TEST_F(RestartTest, APodHolderThatExecsAnotherProgramDoesNotTakeItsBindingBack) 
     TestPod pod(unique("knodrv3-pod"), "ml");
     ASSERT_EQ(pod.register_with(*sandbox_), "");
     std::string addr = "unix:path=" + pod_socket_, nd = netdev_;
-    PodChild k;
-    k.start(pod.join(), [&](FILE *w, int go) {
-        auto held = hold_on_pod_socket(w, addr, nd, 6330);
-        char b;
-        if (!held || read(go, &b, 1) != 1) return;
-        std::string id = held->second;
-        dup2(fileno(w), 1);
-        dup2(fileno(w), 2);
-        // The environment (KNOD_POLICY_ADDRESS) goes with it; the connection does not.
-        execl(KNOD_TEST_CLIENT_BIN, KNOD_TEST_CLIENT_BIN, "release", id.c_str(), nullptr);
-        fprintf(w, "exec failed\n");
-    });
+    ForkedChild k;
+    k.start(
+        pod.join(),
+        [&](FILE *w, int go) {
+            auto held = hold_on_pod_socket(w, addr, nd, 6330);
+            char b;
+            if (!held || read(go, &b, 1) != 1) return;
+            std::string id = held->second;
+            dup2(fileno(w), 1);
+            dup2(fileno(w), 2);
+            // The environment (KNOD_POLICY_ADDRESS) goes with it; the connection does not.
+            execl(KNOD_TEST_CLIENT_BIN, KNOD_TEST_CLIENT_BIN, "release", id.c_str(), nullptr);
+            fprintf(w, "exec failed\n");
+        },
+        65534);
     ASSERT_TRUE(k.wait_for("ok ")) << k.said;
     std::string id = sql("SELECT id FROM sessions WHERE ended_us IS NULL");
     ASSERT_FALSE(id.empty());
@@ -623,15 +572,18 @@ TEST_F(RestartTest, APodHoldersWaitKeepsItsDeadlineAgainstAHungDaemon) {
     TestPod pod(unique("knodrv6-pod"), "ml");
     ASSERT_EQ(pod.register_with(*sandbox_), "");
     std::string addr = "unix:path=" + pod_socket_, nd = netdev_;
-    PodChild k;
-    k.start(pod.join(), [&](FILE *w, int go) {
-        auto held = hold_on_pod_socket(w, addr, nd, 6350);
-        char b;
-        if (!held || read(go, &b, 1) != 1) return;
-        auto &[a, id] = *held;
-        auto end = a.wait_for_end(id, 2000);
-        fprintf(w, "waited: %s\n", end ? end->reason.c_str() : end.error().message.c_str());
-    });
+    ForkedChild k;
+    k.start(
+        pod.join(),
+        [&](FILE *w, int go) {
+            auto held = hold_on_pod_socket(w, addr, nd, 6350);
+            char b;
+            if (!held || read(go, &b, 1) != 1) return;
+            auto &[a, id] = *held;
+            auto end = a.wait_for_end(id, 2000);
+            fprintf(w, "waited: %s\n", end ? end->reason.c_str() : end.error().message.c_str());
+        },
+        65534);
     ASSERT_TRUE(k.wait_for("ok ")) << k.said;
     restart();
     ASSERT_EQ(kill(sandbox_->daemon_pid(), SIGSTOP), 0);

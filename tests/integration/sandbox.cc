@@ -480,6 +480,71 @@ void WatchedProcess::signal(int sig) const {
     if (pid_ > 0) kill(pid_, sig);
 }
 
+ForkedChild::~ForkedChild() {
+    if (go >= 0) close(go);
+    if (out >= 0) close(out);
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+    }
+}
+
+std::string ForkedChild::start(const std::function<bool()> &enter,
+                               const std::function<void(FILE *, int)> &fn, uid_t uid) {
+    int o[2], g[2];
+    if (pipe2(o, O_CLOEXEC) != 0) return "pipe2";
+    if (pipe2(g, O_CLOEXEC) != 0) {
+        close(o[0]);
+        close(o[1]);
+        return "pipe2";
+    }
+    pid = fork();
+    if (pid == 0) {
+        close(o[0]);
+        close(g[1]);
+        FILE *w = fdopen(o[1], "w");
+        setvbuf(w, nullptr, _IONBF, 0);
+        if ((enter && !enter()) ||
+            (uid != 0 && (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0))) {
+            fprintf(w, "cannot enter\n");
+            _exit(1);
+        }
+        fn(w, g[0]);
+        _exit(0);
+    }
+    close(o[1]);
+    close(g[0]);
+    out = o[0];
+    go = g[1];
+    return pid > 0 ? "" : "fork";
+}
+
+bool ForkedChild::wait_for(const std::string &needle, int ms) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (said.find(needle) == std::string::npos) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        end - std::chrono::steady_clock::now())
+                        .count();
+        if (left <= 0 || out < 0) return false;
+        struct pollfd p = {out, POLLIN, 0};
+        if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+        char buf[4096];
+        ssize_t n = read(out, buf, sizeof buf);
+        if (n <= 0) {
+            close(out);
+            out = -1;
+        } else {
+            said.append(buf, static_cast<std::size_t>(n));
+        }
+    }
+    return true;
+}
+
+void ForkedChild::proceed() {
+    char b = 'g';
+    (void)!write(go, &b, 1);
+}
+
 std::vector<std::string> TestPod::enter_as(uid_t uid) const {
     std::vector<std::string> argv = {"ip", "netns", "exec", name_};
     auto who = as_uid(uid, {});

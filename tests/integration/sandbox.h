@@ -136,6 +136,26 @@ class WatchedProcess {
     std::string out_;
 };
 
+// A forked child that runs `enter` (joins a pod's network namespace, or nothing: the host's),
+// then, with `uid`, becomes that user, then runs `fn`; `fn` writes lines to its FILE and reads
+// its fd to go on past a step (proceed(); EOF when the child goes). Killed when it goes.
+struct ForkedChild {
+    pid_t pid = -1;
+    int out = -1; // what the child writes
+    int go = -1;  // the parent's end of the child's steps
+    std::string said;
+    ForkedChild() = default;
+    ForkedChild(const ForkedChild &) = delete;
+    ForkedChild &operator=(const ForkedChild &) = delete;
+    ~ForkedChild();
+    // "" when started, else why not.
+    std::string start(const std::function<bool()> &enter,
+                      const std::function<void(FILE *, int)> &fn, uid_t uid = 0);
+    // Reads until `needle` appears (or EOF, or `ms`).
+    bool wait_for(const std::string &needle, int ms = 60000);
+    void proceed(); // one step
+};
+
 // A pod sandbox for the daemon: a named network namespace (ip netns), registered as the node's
 // CNI plugin registers one (RegisterPod, as the host's root, attested), removed when it goes.
 class TestPod {
