@@ -112,7 +112,10 @@ def _seconds(timeout: Any) -> float:
 
 class _Peer:
     """The side channel to one other rank: credits and end-of-message notes, both ways. A
-    reader thread files what arrives; EOF or an error marks the peer dead."""
+    reader thread files what arrives; EOF or an error marks the peer dead. A peer that said
+    goodbye first (B: its group was destroyed) has left, not failed: only what still needs it
+    fails, never the whole group (a ring's last step lets a rank finish before its
+    neighbours)."""
 
     def __init__(self, rank: int, sock: socket.socket, owner: "ProcessGroupKnod") -> None:
         self.rank, self.sock = rank, sock
@@ -120,6 +123,7 @@ class _Peer:
         self.credit: Dict[int, int] = {}  # message -> chunks granted
         self.done: Dict[int, int] = {}  # message -> chunks the peer sent
         self.dead: Optional[str] = None
+        self.left = False  # said goodbye (B) before its side channel closed
         self.send_lock = threading.Lock()
         self._owner = weakref.ref(owner)
         self.thread = threading.Thread(target=self._read, name=f"knod-peer-{rank}", daemon=True)
@@ -144,6 +148,10 @@ class _Peer:
                             self.done[msg] = value
                         elif kind == b"X":
                             why = "failed an operation and closed its side channel"
+                        elif kind == b"B" and why.startswith("closed"):
+                            self.left = True
+                            why = "left the group (destroy_process_group) and closed its side " \
+                                "channel"
                         self.cond.notify_all()
         except OSError as e:
             why = f"side channel failed: {e}"
@@ -152,7 +160,7 @@ class _Peer:
                 self.dead = f"rank {self.rank} {why}"
             self.cond.notify_all()
         owner = self._owner()
-        if owner is not None:
+        if owner is not None and not self.left:
             owner._peer_died(self)
 
     def send(self, kind: bytes, msg: int, value: int) -> None:
@@ -417,13 +425,19 @@ class ProcessGroupKnod(dist.ProcessGroup):
             return
         self._closed = True
         _live.discard(self)
-        if self._failed is None:
+        clean = self._failed is None
+        if clean:
             self._failed = RuntimeError("the knod process group was shut down")
         if self._op_thread is not None:
             self._ops.put(None)
         if self._sender is not None:
             self._sender.stop()
         for p in list(self._peers.values()):
+            if clean:  # goodbye: the others go on without this rank (X said it failed)
+                try:
+                    p.send(b"B", 0, 0)
+                except PeerFailed:
+                    pass
             p.close()
         for s in (self._udp, self._listener):
             if s is not None:

@@ -207,6 +207,33 @@ def main():
         y = torch.empty_like(x)
         dist.recv(y, 0)
         out["equal"] = torch.equal(x, y)
+    elif scenario == "leave":
+        # Rank 2 is done and destroys its group while ranks 0 and 1 still work with each other
+        # (as a ring's last step lets it): they must go on; only a message to or from rank 2
+        # may fail, naming it.
+        dist.all_reduce(torch.ones(10))
+        if rank == 2:
+            dist.destroy_process_group()
+            out["released"] = pg._closed and pg._binding.end_reason == "release"
+        else:
+            peer = pg._peers[2]
+            with peer.cond:  # until rank 2's side channel has closed: a condition, not a time
+                assert peer.cond.wait_for(lambda: peer.dead is not None, timeout=120), "no close"
+            mine, got, other = data(rank, 50_000, torch.float32, seed=5), torch.empty(50_000), 1 - rank
+            if rank == 0:
+                dist.send(mine, 1)
+                dist.recv(got, 1)
+            else:
+                dist.recv(got, 0)
+                dist.send(mine, 0)
+            out["after"] = same(got, data(other, 50_000, torch.float32, seed=5))
+            try:
+                dist.send(mine, 2)
+                out["to_left"] = "returned"
+            except RuntimeError as e:
+                out["to_left"] = f"{type(e).__name__}: {e}"
+            dist.destroy_process_group()
+            out["released"] = pg._closed and pg._binding.end_reason == "release"
     elif scenario == "drift":
         # The test puts stray traffic on the sim's offload queues once rank 0 says it is
         # ready: the bindings end (steering-drift) and the job must fail, never go on.
@@ -236,7 +263,7 @@ def main():
             out["returned"] = float(x[0])
         except RuntimeError as e:
             out["failed"] = f"{type(e).__name__}: {e}"
-    if scenario not in ("die", "foreign", "send-exit", "drift"):
+    if scenario not in ("die", "foreign", "send-exit", "drift", "leave"):
         dist.destroy_process_group()
         out["released"] = pg._closed and pg._binding.end_reason == "release"
     print(json.dumps(out), flush=True)

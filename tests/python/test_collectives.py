@@ -121,12 +121,20 @@ def finish(procs, timeout=600):
     return results
 
 
+def assert_every_rank_ok(results):
+    """Every rank exited 0; otherwise names every rank that did not, with its own stderr, so the
+    rank that failed first (not only the peers it took down) is in the report."""
+    bad = [f"rank {r}: rc={rc} {out} {err[-2500:]}" for r, (rc, out, err) in enumerate(results)
+           if rc != 0]
+    assert not bad, "\n---\n".join(bad)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_operation_equals_gloo(world):
     with Nodes(world, "o") as nodes:
         results = finish(nodes.start("ops"))
+    assert_every_rank_ok(results)
     for r, (rc, out, err) in enumerate(results):
-        assert rc == 0, f"rank {r}: {out} {err[-3000:]}"
         assert out["checked"] > 20
         assert out["info"]["rule"] == "ml-team-ranks"
         assert out["info"]["rank"] == r
@@ -153,8 +161,8 @@ def test_ddp_and_sgd_steps_equal_gloo(world):
     # Bit for bit at 2 ranks (a + b either way); at 4 the ring sums in another order.
     with Nodes(world, "t") as nodes:
         results = finish(nodes.start("train"))
+    assert_every_rank_ok(results)
     for r, (rc, out, err) in enumerate(results):
-        assert rc == 0, f"rank {r}: {out} {err[-3000:]}"
         assert out["bitwise"] if world == 2 else out["maxdiff"] <= 1e-6, out
 
 
@@ -163,8 +171,7 @@ def test_journal_rx_bytes_are_what_the_peers_sent():
 
     with Nodes(2, "j") as nodes:
         results = finish(nodes.start("sent"))
-    for r, (rc, out, err) in enumerate(results):
-        assert rc == 0, f"rank {r}: {out} {err[-3000:]}"
+    assert_every_rank_ok(results)
     # 100,000 floats in two halves: reduce-scatter then all-gather, each a half to each rank
     # (and the new Gloo group's init sends nothing through knod).
     half = 200_000
@@ -207,6 +214,20 @@ def test_a_killed_rank_makes_the_others_fail_fast():
         f"select end_reason from sessions where id = '{b}'") in ("process-exit", "disconnect"))
 
 
+def test_a_rank_that_leaves_cleanly_fails_only_what_needs_it():
+    # A rank's destroy_process_group is not a failure of the others: ranks 0 and 1 go on
+    # between themselves; a send to the rank that left fails, naming it.
+    with Nodes(3, "l") as nodes:
+        results = finish(nodes.start("leave"))
+    assert_every_rank_ok(results)
+    for r, (_, out, _) in enumerate(results):
+        assert out["released"], out
+    for r in (0, 1):
+        out = results[r][1]
+        assert out["after"], out
+        assert out["to_left"].startswith("PeerFailed") and "rank 2 left" in out["to_left"], out
+
+
 def test_a_foreign_chunk_fails_the_operation_never_a_wrong_tensor():
     with Nodes(2, "f") as nodes:
         results = finish(nodes.start("foreign"))
@@ -241,8 +262,8 @@ def test_steering_drift_ends_the_bindings_and_the_job_fails_loudly():
                       "--queue", str(q))
             assert out.returncode == 0, out.stderr
         results = finish(procs)
+    assert_every_rank_ok(results)
     for r, (rc, out, err) in enumerate(results):
-        assert rc == 0, f"rank {r}: {out} {err[-3000:]}"
         assert "returned" not in out and "failed" in out, out
     ended = [journal(f"select end_reason from sessions where id = '{out['info']['binding']}'")
              for _, out, _ in results]
