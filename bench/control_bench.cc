@@ -25,6 +25,9 @@
 //                      [--holder-bindings N] [--holder-uids 5,6,...] [--netdev NAME]
 //                      [--label TEXT] [--json]
 //   knod_control_bench --pairs N   (one client, N pairs, nothing else: for callgrind)
+// Beside each client count's times it prints the CPU a pair costs (the daemon's event loop and
+// other threads, the bus daemon, the clients; /proc's schedstat) and how busy the machine was, and
+// at the end issue #54's two targets, met or missed, with what that accounting says about each.
 #include "client/client.h"
 #include "journal/journal.h"
 #include "journal/sqlite.h"
@@ -35,6 +38,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
@@ -47,6 +51,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -442,6 +447,90 @@ Floor measure_commits(const Row &r, const std::string &path, int n) {
     return f;
 }
 
+// ---- where the CPU goes ----------------------------------------------------------------------
+// CPU time, user and system (the kernel's work for a process's syscalls included), of the
+// daemon's event loop (its main thread), its other threads (the journal writer, the sinks), the
+// bus daemon and this process's client threads, and how busy the whole machine was, over the
+// pairs (or pings) of a client count: what a pair costs in CPU, beside what it costs in time.
+
+// Nanoseconds on a CPU of one thread: /proc/.../schedstat's first field (the scheduler's own
+// count), or stat's utime + stime in clock ticks where schedstat is absent.
+double thread_cpu_us(const std::string &dir) {
+    if (std::ifstream in(dir + "/schedstat"); in) {
+        unsigned long long ns = 0;
+        if (in >> ns) return static_cast<double>(ns) / 1e3;
+    }
+    std::ifstream in(dir + "/stat");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close = text.rfind(')'); // the command name may hold spaces and parentheses
+    if (close == std::string::npos) return 0;
+    std::istringstream rest(text.substr(close + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+        if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+        if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+    }
+    return static_cast<double>(utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+struct CpuSnapshot {
+    double loop_us = 0, daemon_us = 0, bus_us = 0, self_us = 0;
+    unsigned long long busy = 0, total = 0; // /proc/stat jiffies, all CPUs
+};
+
+CpuSnapshot cpu_snapshot(const char *daemon_pid, const char *bus_pid) {
+    CpuSnapshot s;
+    auto process = [](const char *pid, double *main_thread) {
+        double sum = 0;
+        std::error_code ec;
+        std::string tasks = std::string("/proc/") + pid + "/task";
+        for (const auto &t : std::filesystem::directory_iterator(tasks, ec)) {
+            double us = thread_cpu_us(t.path().string());
+            if (t.path().filename() == pid && main_thread) *main_thread = us;
+            sum += us;
+        }
+        return sum;
+    };
+    if (daemon_pid) s.daemon_us = process(daemon_pid, &s.loop_us);
+    if (bus_pid) s.bus_us = process(bus_pid, nullptr);
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    s.self_us = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+                static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    unsigned long long v[8] = {};
+    if (stat >> cpu && cpu == "cpu") {
+        for (auto &x : v)
+            stat >> x;
+        s.total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+        s.busy = s.total - v[3] - v[4]; // less idle and iowait
+    }
+    return s;
+}
+
+struct CpuUse {
+    double loop_us = 0, daemon_us = 0, bus_us = 0, clients_us = 0;
+    double busy_cores = 0; // the machine's, averaged over the span
+    double span_us = 0;
+
+    void add(const CpuSnapshot &a, const CpuSnapshot &b, double span) {
+        loop_us += b.loop_us - a.loop_us;
+        daemon_us += b.daemon_us - a.daemon_us;
+        bus_us += b.bus_us - a.bus_us;
+        clients_us += b.self_us - a.self_us;
+        if (b.total > a.total) {
+            double cores = static_cast<double>(std::thread::hardware_concurrency());
+            double f =
+                static_cast<double>(b.busy - a.busy) / static_cast<double>(b.total - a.total);
+            busy_cores = (busy_cores * span_us + f * cores * span) / (span_us + span);
+        }
+        span_us += span;
+    }
+    double ours_us() const { return daemon_us + bus_us + clients_us; }
+};
+
 // ---- pairs and pings -------------------------------------------------------------------------
 
 struct Samples {
@@ -514,6 +603,47 @@ void warm_up(const Options &o) {
     close(fd);
 }
 
+// Issue #54's two targets, judged on this run's rows (one client; 16 clients), each with what
+// the CPU accounting says about it: out["targets"], and a paragraph unless --json.
+template <typename Say> void print_targets(json &out, Say say) {
+    const json *one = nullptr, *sixteen = nullptr;
+    for (const auto &row : out["pairs"]) {
+        if (row["clients"] == 1) one = &row;
+        if (row["clients"] == 16) sixteen = &row;
+    }
+    json targets = json::object();
+    if (one || sixteen) say("targets (#54):\n");
+    if (one) {
+        double ratio = (*one)["p50_over_floor"], floor = (*one)["floor_us"];
+        double beyond = (*one)["cpu_per_pair_us"]["daemon_event_loop_beyond_three_pings"];
+        // The loop's work beyond the floor's calls is serial with the pair's replies: even with
+        // no waiting at all a pair takes the floor plus it.
+        double bound = floor > 0 ? (floor + std::max(0.0, beyond)) / floor : 0;
+        bool met = ratio <= 1.2;
+        say("  pair p50 / floor at 1 client: %.2f (target <= 1.20): %s; the daemon's event loop "
+            "spends %.0f us of CPU a pair beyond the floor's three Pings, so a pair with no "
+            "waiting at all would be %.2fx the floor\n",
+            ratio, met ? "met" : "missed", beyond, bound);
+        targets["pair_p50_over_floor_1_client"] = {
+            {"value", ratio}, {"target", 1.2}, {"met", met}, {"loop_cpu_bound", bound}};
+    }
+    if (sixteen) {
+        double rate = (*sixteen)["pairs_per_s"], ceiling = (*sixteen)["cpu_bound_pairs_per_s"];
+        double busy = (*sixteen)["busy_cores"];
+        bool met = rate >= 3000;
+        say("  pairs/s at 16 clients: %.0f (target >= 3,000): %s; a pair costs %.0f us of CPU "
+            "(daemon %.0f, bus %.0f, clients %.0f) and the machine was %.2f cores busy, so CPU "
+            "alone allows %.0f pairs/s here\n",
+            rate, met ? "met" : "missed", double((*sixteen)["cpu_per_pair_us"]["all"]),
+            double((*sixteen)["cpu_per_pair_us"]["daemon"]),
+            double((*sixteen)["cpu_per_pair_us"]["bus"]),
+            double((*sixteen)["cpu_per_pair_us"]["clients"]), busy, ceiling);
+        targets["pairs_per_s_16_clients"] = {
+            {"value", rate}, {"target", 3000}, {"met", met}, {"cpu_bound", ceiling}};
+    }
+    out["targets"] = targets;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -566,6 +696,7 @@ int main(int argc, char **argv) {
         }
     }
     const char *pid = std::getenv("KNOD_DAEMON_PID");
+    const char *bus_pid = std::getenv("KNOD_BUS_PID");
     const char *state = std::getenv("KNOD_STATE_DIR");
     const char *sandbox = std::getenv("KNOD_SANDBOX");
     if (!state || !sandbox) die("run me inside scripts/knod-sandbox.sh");
@@ -618,15 +749,19 @@ int main(int argc, char **argv) {
         // alike.
         constexpr int slices = 4;
         Samples ping, pairs;
+        CpuUse ping_cpu, pair_cpu;
         std::vector<double> grants, ends;
         for (int s = 0; s < slices; ++s) {
             Floor part = measure_commits(sample, floor_db, std::max(5, o.commits / slices));
             grants.insert(grants.end(), part.grants.begin(), part.grants.end());
             ends.insert(ends.end(), part.ends.begin(), part.ends.end());
-            for (auto [into, is_ping, secs] :
-                 {std::tuple{&ping, true, std::max(0.5, o.seconds / 2) / slices},
-                  std::tuple{&pairs, false, o.seconds / slices}}) {
+            for (auto [into, cpu, is_ping, secs] :
+                 {std::tuple{&ping, &ping_cpu, true, std::max(0.5, o.seconds / 2) / slices},
+                  std::tuple{&pairs, &pair_cpu, false, o.seconds / slices}}) {
+                CpuSnapshot before = cpu_snapshot(pid, bus_pid);
+                auto t = Clock::now();
                 Samples got = run(o, n, secs, is_ping);
+                cpu->add(before, cpu_snapshot(pid, bus_pid), us_since(t));
                 into->us.insert(into->us.end(), got.us.begin(), got.us.end());
                 into->errors += got.errors;
                 if (into->first_error.empty()) into->first_error = got.first_error;
@@ -647,21 +782,53 @@ int main(int argc, char **argv) {
         if (errors)
             say("  first error: %s\n",
                 (ping.first_error.empty() ? pairs.first_error : ping.first_error).c_str());
-        out["pairs"].push_back({{"clients", n},
-                                {"ping_p50_us", b50},
-                                {"ping_p99_us", pct(ping.us, 0.99)},
-                                {"grant_commit_p50_us", f.grant_commit_p50},
-                                {"end_commit_p50_us", f.end_commit_p50},
-                                {"grant_commit_p99_us", f.grant_commit_p99},
-                                {"end_commit_p99_us", f.end_commit_p99},
-                                {"floor_us", floor},
-                                {"pair_p50_us", p50},
-                                {"pair_p99_us", p99},
-                                {"p50_over_floor", floor > 0 ? p50 / floor : 0},
-                                {"pairs_per_s", rate},
-                                {"pairs", pairs.us.size()},
-                                {"errors", errors}});
+        // CPU a pair, and a Ping's, of each part; "beyond" is a pair's less three Pings' (the
+        // floor's calls), what the daemon's loop does that the floor does not count.
+        double np = std::max<double>(1, static_cast<double>(pairs.us.size()));
+        double nq = std::max<double>(1, static_cast<double>(ping.us.size()));
+        double loop_pair = pair_cpu.loop_us / np, loop_ping = ping_cpu.loop_us / nq;
+        double cpu_pair = pair_cpu.ours_us() / np;
+        double cores = static_cast<double>(std::thread::hardware_concurrency());
+        double others = std::max(0.0, pair_cpu.busy_cores -
+                                          pair_cpu.ours_us() / std::max(1.0, pair_cpu.span_us));
+        double ceiling = cpu_pair > 0 ? (cores - others) * 1e6 / cpu_pair : 0;
+        say("  CPU a pair: daemon %.0f us (event loop %.0f, beyond three Pings' %.0f; its other "
+            "threads %.0f), bus %.0f us, clients %.0f us: %.0f us in all; the machine %.2f of "
+            "%.0f cores busy (others' %.2f): CPU-bound at %.0f pairs/s\n",
+            pair_cpu.daemon_us / np, loop_pair, loop_pair - 3 * loop_ping,
+            (pair_cpu.daemon_us - pair_cpu.loop_us) / np, pair_cpu.bus_us / np,
+            pair_cpu.clients_us / np, cpu_pair, pair_cpu.busy_cores, cores, others, ceiling);
+        out["pairs"].push_back(
+            {{"clients", n},
+             {"ping_p50_us", b50},
+             {"ping_p99_us", pct(ping.us, 0.99)},
+             {"grant_commit_p50_us", f.grant_commit_p50},
+             {"end_commit_p50_us", f.end_commit_p50},
+             {"grant_commit_p99_us", f.grant_commit_p99},
+             {"end_commit_p99_us", f.end_commit_p99},
+             {"floor_us", floor},
+             {"pair_p50_us", p50},
+             {"pair_p99_us", p99},
+             {"p50_over_floor", floor > 0 ? p50 / floor : 0},
+             {"pairs_per_s", rate},
+             {"pairs", pairs.us.size()},
+             {"errors", errors},
+             {"cpu_per_pair_us",
+              {{"daemon", pair_cpu.daemon_us / np},
+               {"daemon_event_loop", loop_pair},
+               {"daemon_event_loop_beyond_three_pings", loop_pair - 3 * loop_ping},
+               {"bus", pair_cpu.bus_us / np},
+               {"clients", pair_cpu.clients_us / np},
+               {"all", cpu_pair}}},
+             {"cpu_per_ping_us",
+              {{"daemon_event_loop", loop_ping},
+               {"bus", ping_cpu.bus_us / nq},
+               {"all", ping_cpu.ours_us() / nq}}},
+             {"busy_cores", pair_cpu.busy_cores},
+             {"others_busy_cores", others},
+             {"cpu_bound_pairs_per_s", ceiling}});
     }
+    print_targets(out, say);
 
     out["live"] = json::array();
     if (!o.live.empty()) {

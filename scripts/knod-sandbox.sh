@@ -17,7 +17,7 @@
 # --unique-sim gives the sim network names of this run's own (netdev, wire namespace, BPF pin
 # root), so tests that run at once never meet on the default knodsim0 (the daemon refuses a sim
 # netdev another daemon serves). Inside COMMAND: $KNOD_SANDBOX (the work dir), $KNOD_STATE_DIR,
-# $KNOD_DAEMON_PID, and the sim's names as the daemon has them: $KNOD_SIM_NETDEV, $KNOD_SIM_NETNS.
+# $KNOD_DAEMON_PID, $KNOD_BUS_PID (the private dbus-daemon), and the sim's names as the daemon has them: $KNOD_SIM_NETDEV, $KNOD_SIM_NETNS.
 set -euo pipefail
 . "$(dirname "$0")/wait-lib.sh"
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -111,8 +111,8 @@ answers() {
 up=
 wait_until 120 "knod-policyd to answer a Ping" answers && up=1
 [ -n "$up" ] || { cat "$work/daemon.log" >&2; echo "knod-sandbox: knod-policyd never answered a Ping" >&2; exit 1; }
-export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid KNOD_CNI_SPOOL \
-    KNOD_POD_SOCKET_DIR
+export KNOD_SANDBOX=$work KNOD_STATE_DIR=$state KNOD_DAEMON_PID=$daemon_pid KNOD_BUS_PID=$bus_pid \
+    KNOD_CNI_SPOOL KNOD_POD_SOCKET_DIR
 set +e
 "$@"
 rc=$?
