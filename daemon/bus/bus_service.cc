@@ -1470,9 +1470,9 @@ int BusService::attest_process(sd_bus_message *m, void *self, sd_bus_error *err)
     });
 }
 
-std::set<std::string> BusService::entitled(const daemon::Binding &b) {
+std::set<std::string> BusService::entitled(const daemon::Binding &b, bool to_holder) {
     std::set<std::string> to;
-    if (!b.owner.bus_name.empty()) to.insert(b.owner.bus_name);
+    if (to_holder && !b.owner.bus_name.empty()) to.insert(b.owner.bus_name);
     const auto &settings = manager_->policy().settings;
     std::string groups = settings.admin_group + "\n" + settings.auditor_group + "\n";
     for (auto &name : subscribers_) {
@@ -1490,11 +1490,11 @@ std::set<std::string> BusService::entitled(const daemon::Binding &b) {
 }
 
 void BusService::signal_about(const daemon::Binding &b, const SignalName &name,
-                              const SignalBody &body) {
+                              const SignalBody &body, Audience audience) {
     // A lost signal costs a listener an update, never a binding: log it and go on. A pod
     // connection's signals go over that connection (no bus routes them).
     std::set<std::string> on_bus;
-    for (auto &to : entitled(b)) {
+    for (auto &to : entitled(b, audience == Audience::holder_and_subscribers)) {
         auto pod = pod_buses_.find(to);
         if (pod == pod_buses_.end()) {
             if (!is_pod_connection_name(to)) on_bus.insert(to); // else closed: no one to tell
@@ -1746,7 +1746,8 @@ void BusService::binding_ended(const daemon::Binding &b, daemon::EndReason why,
         b, {manager_path, manager_interface, revoked ? "BindingRevoked" : "BindingReleased"},
         [&](sd_bus_message *m) {
             return sd_bus_message_append(m, "oss", path.c_str(), b.id.c_str(), reason.c_str());
-        });
+        },
+        Audience::holder_and_subscribers);
     signal_about(b, {manager_path, "org.freedesktop.DBus.ObjectManager", "InterfacesRemoved"},
                  [&](sd_bus_message *m) {
                      int r = sd_bus_message_append(m, "o", path.c_str());

@@ -161,10 +161,14 @@ class BusService : public daemon::BindingEvents {
     // The ObjectManager's InterfacesAdded arguments for a binding, as GetManagedObjects shows it.
     int append_interfaces_added(sd_bus_message *m, const daemon::Binding &b);
 
-    // Signals about a binding go only to the connections that may list it: the one that
-    // requested it, and subscribers (Subscribe) of the owner's uid, auditors and admins.
-    std::set<std::string> entitled(const daemon::Binding &b);
-    void signal_about(const daemon::Binding &b, const SignalName &name, const SignalBody &body);
+    // Signals about a binding go only to the connections that may list it: subscribers
+    // (Subscribe) of the owner's uid, auditors and admins, and, for the binding's end only
+    // (`to_holder`), the connection that requested it even unsubscribed: the rest repeats what
+    // its own calls' replies said, and skipping it saves every pair four signals (#54).
+    std::set<std::string> entitled(const daemon::Binding &b, bool to_holder);
+    enum class Audience { subscribers, holder_and_subscribers };
+    void signal_about(const daemon::Binding &b, const SignalName &name, const SignalBody &body,
+                      Audience audience = Audience::subscribers);
     void emit_state_changed(const daemon::Binding &b);
 
     sd_bus *bus_;

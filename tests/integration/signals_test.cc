@@ -301,6 +301,29 @@ iommu = "any"
     EXPECT_EQ(end->reason, "release");
 }
 
+// A holder that did not subscribe hears the end of each of its bindings on the connection it
+// asked from, and nothing else: the rest (BindingCreated, InterfacesAdded, PropertiesChanged,
+// InterfacesRemoved) repeats what its own calls' replies told it and is for subscribers.
+TEST(BindingSignals, AHolderThatDidNotSubscribeHearsOnlyItsBindingsEnds) {
+    if (geteuid() != 0) GTEST_SKIP() << "integration tests run as root (they use setpriv)";
+    Sandbox sb(policy_text);
+    auto admin = sb.client();
+    Process holder({KNOD_TEST_CLIENT_BIN, "watch-own", "udp 10.99.0.1:* -> 10.99.0.2:5000",
+                    "udp 10.99.0.1:* -> 10.99.0.2:5001"},
+                   0);
+    ASSERT_TRUE(holder.wait_for("ready ")) << holder.output();
+    std::string second = holder.word_after("ready ");
+    ASSERT_TRUE(admin.revoke(second, "maintenance window").ok());
+    // The fence: the daemon sends a connection its signals in order, and the revoke's is last.
+    ASSERT_TRUE(holder.wait_for("signal BindingRevoked", 1, 30000)) << holder.output();
+    EXPECT_TRUE(holder.saw("\"revoke: maintenance window\"")) << holder.output();
+    EXPECT_EQ(holder.count("signal BindingReleased"), 1u) << holder.output();
+    EXPECT_TRUE(holder.saw("\"release\"")) << holder.output();
+    for (const char *other : {"signal BindingCreated", "signal InterfacesAdded",
+                              "signal PropertiesChanged", "signal InterfacesRemoved"})
+        EXPECT_FALSE(holder.saw(other)) << holder.output();
+}
+
 // A client may address any signal to the daemon, NameOwnerChanged included: only the bus's own
 // says that a connection left. Before, one such signal from uid 65534 naming the holder's
 // connection ended root's binding as "disconnect".

@@ -19,6 +19,10 @@
 //                                   ignored) and add a plain match rule for the daemon's
 //                                   signals, print "ready", then one line per signal received
 //                                   ("signal MEMBER PATH ARGS...") until stdin closes
+//   watch-own FLOW1 FLOW2            a holder that never subscribes, with a plain match rule on
+//                                   the connection it requests from: request FLOW1, activate
+//                                   and release it, request FLOW2, print "ready ID2", then one
+//                                   line per signal received (as watch) until stdin closes
 //   request-many N NETDEV GPU FLOW [FIRST]  request N bindings (one sealed memfd), printing
 //                                   "key KEYID" for each grant as it arrives, then wait until
 //                                   stdin closes. With FIRST, binding i gets FLOW with "{a}"
@@ -70,6 +74,8 @@ std::vector<std::uint8_t> from_hex(const std::string &hex) {
 
 // What an ordinary listener gets: its match rule (no eavesdropping) plus whatever is addressed
 // to it. Each signal is printed on one line with its arguments, as sd-bus dumps them.
+int print_signals(sd_bus *bus);
+
 int watch() {
     sd_bus *bus = nullptr;
     if (sd_bus_open_system(&bus) < 0) {
@@ -97,6 +103,11 @@ int watch() {
         return 1;
     }
     std::cout << "ready" << std::endl;
+    return print_signals(bus);
+}
+
+// One line per signal on `bus` ("signal MEMBER PATH ARGS...") until stdin closes.
+int print_signals(sd_bus *bus) {
     for (;;) {
         sd_bus_message *m = nullptr;
         int r = sd_bus_process(bus, &m);
@@ -136,6 +147,68 @@ int sealed_memfd(std::uint64_t bytes) {
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
         return -1;
     return fd;
+}
+
+// watch-own: a holder that never subscribed, listening with a plain match rule on the
+// connection its bindings came from. Requests FLOW1, activates and releases it, requests FLOW2,
+// prints "ready ID2" and then every signal it gets (print_signals).
+int watch_own(const std::string &flow1, const std::string &flow2) {
+    sd_bus *bus = nullptr;
+    if (sd_bus_open_system(&bus) < 0) {
+        std::cout << "error cannot connect" << std::endl;
+        return 1;
+    }
+    if (sd_bus_add_match(bus, nullptr, "type='signal',sender='org.knod.Policy1'", nullptr,
+                         nullptr) < 0) {
+        std::cout << "error cannot add the match" << std::endl;
+        return 1;
+    }
+    auto request = [&](const std::string &flow, std::string *path, std::vector<std::uint8_t> *key) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = nullptr;
+        int fd = sealed_memfd(4096);
+        int r = sd_bus_call_method(bus, "org.knod.Policy1", "/org/knod/Policy1",
+                                   "org.knod.Policy1.Manager", "RequestBinding", &e, &reply,
+                                   "ssshttas", "knodsim0", "sim0", "rx-only", fd, std::uint64_t{0},
+                                   std::uint64_t{4096}, 1, flow.c_str());
+        close(fd);
+        const char *o = nullptr, *id = nullptr;
+        const void *bytes = nullptr;
+        size_t n = 0;
+        if (r >= 0) r = sd_bus_message_read(reply, "os", &o, &id);
+        if (r >= 0) r = sd_bus_message_read_array(reply, 'y', &bytes, &n);
+        if (r >= 0) {
+            *path = o;
+            key->assign(static_cast<const std::uint8_t *>(bytes),
+                        static_cast<const std::uint8_t *>(bytes) + n);
+        } else {
+            std::cout << "error RequestBinding " << (e.message ? e.message : "?") << std::endl;
+        }
+        sd_bus_message_unref(reply);
+        sd_bus_error_free(&e);
+        return r >= 0;
+    };
+    auto call = [&](const std::string &path, const char *method,
+                    const std::vector<std::uint8_t> *key) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *m = nullptr;
+        int r = sd_bus_message_new_method_call(bus, &m, "org.knod.Policy1", path.c_str(),
+                                               "org.knod.Policy1.Binding", method);
+        if (r >= 0 && key) r = sd_bus_message_append_array(m, 'y', key->data(), key->size());
+        if (r >= 0) r = sd_bus_call(bus, m, 0, &e, nullptr);
+        if (r < 0)
+            std::cout << "error " << method << " " << (e.message ? e.message : "?") << std::endl;
+        sd_bus_message_unref(m);
+        sd_bus_error_free(&e);
+        return r >= 0;
+    };
+    std::string path1, path2;
+    std::vector<std::uint8_t> key1, key2;
+    if (!request(flow1, &path1, &key1) || !call(path1, "Activate", &key1) ||
+        !call(path1, "Release", nullptr) || !request(flow2, &path2, &key2))
+        return 1;
+    std::cout << "ready " << path2.substr(path2.rfind('/') + 1) << std::endl;
+    return print_signals(bus);
 }
 
 std::string nth_flow(std::string flow, int k) {
@@ -209,6 +282,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (args[0] == "watch") return watch();
+    if (args[0] == "watch-own" && args.size() == 3) return watch_own(args[1], args[2]);
     auto client = knod::client::Client::connect();
     if (!client) {
         std::cout << "error " << client.error().message << std::endl;
