@@ -207,8 +207,10 @@ def test_a_killed_rank_makes_the_others_fail_fast():
     for r in (0, 2):
         rc, out, err = results[r]
         assert rc == 0, err[-3000:]
-        assert "rank 1" in out["failed"], out
-        assert out["fail_s"] < 60, out  # its death, not the group's 120 s timeout
+        # Its death, seen on the side channel, not the group's 120 s timeout (the message says
+        # which; no clock is asserted).
+        assert "rank 1" in out["failed"] and "side channel" in out["failed"], out
+        assert "timeout" not in out["failed"], out
     b = results[1][1]["info"]["binding"]
     assert eventually(lambda: journal(
         f"select end_reason from sessions where id = '{b}'") in ("process-exit", "disconnect"))
