@@ -272,6 +272,11 @@ Result<std::optional<ChainHead>> read_head(Database &db) {
 }
 
 Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
+    return open(path, default_anchor_interval);
+}
+
+Result<std::unique_ptr<Journal>> Journal::open(const std::string &path,
+                                               std::chrono::milliseconds anchor_interval) {
     auto writer = Writer::open(path);
     if (!writer) return std::move(writer).error().context("journal");
     struct stat st {};
@@ -280,12 +285,14 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string &path) {
         return std::move(r).error().context("journal " + path);
     auto identity = read_identity((*writer)->db());
     if (!identity) return std::move(identity).error().context("journal " + path);
-    return std::unique_ptr<Journal>(new Journal(path, std::move(*identity), std::move(*writer)));
+    return std::unique_ptr<Journal>(
+        new Journal(path, std::move(*identity), std::move(*writer), anchor_interval));
 }
 
-Journal::Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer)
-    : path_(std::move(path)), identity_(std::move(identity)), writer_(std::move(writer)),
-      thread_([this] { run(); }) {}
+Journal::Journal(std::string path, JournalIdentity identity, std::unique_ptr<Writer> writer,
+                 std::chrono::milliseconds anchor_interval)
+    : anchor_interval_(anchor_interval), path_(std::move(path)), identity_(std::move(identity)),
+      writer_(std::move(writer)), thread_([this] { run(); }) {}
 
 Journal::~Journal() {
     {
@@ -325,8 +332,17 @@ void Journal::run() {
         std::deque<Pending> batch;
         {
             std::unique_lock lock(mu_);
-            wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-            if (queue_.empty()) return;
+            auto ready = [this] { return stopping_ || !queue_.empty(); };
+            if (anchor_pending_ && anchor_written_)
+                wake_.wait_until(lock, *anchor_written_ + anchor_interval_, ready);
+            else
+                wake_.wait(lock, ready);
+            if (queue_.empty()) {
+                if (!anchor_pending_) return; // stopping, and nothing is owed
+                lock.unlock();
+                write_anchor_now(); // its interval passed, or the journal closes
+                continue;
+            }
             // Only records nobody waits for: give a call that waits the chance to share the
             // commit (FIFO still: they go first in it).
             auto only_lingering = [this] {
@@ -395,11 +411,19 @@ void Journal::run() {
         // (tests, the CLI, shutdown) gets it written before it returns, as it may read it next.
         bool anchor_first =
             std::any_of(batch.begin(), batch.end(), [](const Pending &p) { return p.blocking; });
-        if (moved && anchor_first) note_anchor(w.update_anchor());
+        if (moved && anchor_first) write_anchor_now();
         if (moved && listener) listener(w.head_seq(), w.head_hash());
         for (std::size_t i = 0; i < batch.size(); ++i)
             if (batch[i].done) batch[i].done(std::move(results[i]));
-        if (moved && !anchor_first) note_anchor(w.update_anchor());
+        // Otherwise at most once per interval (journal.h): now if the last is that old, else
+        // when the wait above times out, whichever commit comes last.
+        if (moved && !anchor_first) {
+            if (!anchor_written_ ||
+                std::chrono::steady_clock::now() - *anchor_written_ >= anchor_interval_)
+                write_anchor_now();
+            else
+                anchor_pending_ = true;
+        }
         // SQLite's own checkpoints (every ~1,000 pages, at commit) fail in silence while a
         // reader holds an old snapshot: look every 64 commits and say how much is held back.
         if (committed && ++commits_since_checkpoint_ >= 64) {
@@ -726,9 +750,16 @@ void Journal::set_commit_listener(std::function<void(std::int64_t, const Hash &)
     on_commit_ = std::move(listener);
 }
 
+void Journal::write_anchor_now() {
+    note_anchor(writer_->update_anchor());
+    anchor_written_ = std::chrono::steady_clock::now();
+    anchor_pending_ = false;
+}
+
 void Journal::note_anchor(Result<void> written) {
     std::lock_guard lock(mu_);
     if (written) {
+        ++stats_.anchor_writes;
         stats_.anchor_failing.clear();
         return;
     }

@@ -126,6 +126,7 @@ struct JournalStats {
     std::uint64_t failures = 0;        // calls answered with an error
     std::uint64_t commit_failures = 0; // transactions the disk refused (a full disk, I/O)
     std::string last_error;            // of the last batch with a failed call; "" after a commit
+    std::uint64_t anchor_writes = 0;   // anchor files written (journal.db.anchor)
     std::uint64_t anchor_failures = 0; // anchor writes that failed (journal.db.anchor)
     std::string anchor_failing;        // why the last anchor write failed; "" once one succeeds
     // At the last look (every 64 commits): frames in the WAL, and those a reader's open

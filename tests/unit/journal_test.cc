@@ -327,6 +327,56 @@ TEST_F(JournalTest, RecordsNobodyWaitsForJoinTheNextCommitInOrder) {
     EXPECT_EQ(v.events_checked, 2 * rounds + 1);
 }
 
+// The anchor follows asynchronous commits at most once per interval (a rename per commit cost
+// the writer more than the commit's own work, #54), at once for a synchronous call, and at
+// close: never left behind for good.
+TEST_F(JournalTest, TheAnchorFollowsAsyncCommitsAtMostOncePerIntervalAndAtClose) {
+    auto async_append = [](Journal &j, int pid) {
+        auto p = std::make_shared<std::promise<Result<std::int64_t>>>();
+        auto f = p->get_future();
+        Event e;
+        e.kind = kind::granted;
+        e.pid = pid;
+        j.append_async(e, [p](Result<std::int64_t> r) { p->set_value(std::move(r)); });
+        return f.get(); // each waited for in turn, as one client's grants are
+    };
+    {
+        auto j = std::move(Journal::open(path_, std::chrono::hours(1))).value();
+        for (int i = 0; i < 20; ++i)
+            ASSERT_TRUE(async_append(*j, i));
+        // The first commit's anchor only: the interval has not passed since.
+        EXPECT_EQ(j->stats().anchor_writes, 1u);
+        EXPECT_EQ(verify().anchor_seq, 1);
+        // A synchronous call gets the anchor before it returns.
+        Event e;
+        e.kind = kind::denied;
+        auto seq = j->append(e);
+        ASSERT_TRUE(seq) << seq.error().message;
+        EXPECT_EQ(j->stats().anchor_writes, 2u);
+        EXPECT_EQ(verify().anchor_seq, *seq);
+        for (int i = 0; i < 5; ++i)
+            ASSERT_TRUE(async_append(*j, 100 + i));
+        EXPECT_EQ(j->stats().anchor_writes, 2u);
+    } // closing writes the anchor that was owed
+    VerifyReport closed = verify();
+    EXPECT_TRUE(closed.ok) << closed.problem;
+    EXPECT_TRUE(closed.anchor_checked);
+    EXPECT_EQ(closed.anchor_seq, closed.events_checked);
+
+    // With a short interval the anchor catches up on its own once the commits stop.
+    auto j = std::move(Journal::open(path_, std::chrono::milliseconds(20))).value();
+    std::int64_t last = 0;
+    for (int i = 0; i < 5; ++i) {
+        auto r = async_append(*j, 200 + i);
+        ASSERT_TRUE(r);
+        last = *r;
+    }
+    // A condition, not a time: the writer's own wait ends the interval.
+    for (int spins = 0; verify().anchor_seq != last && spins < 60000; ++spins)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(verify().anchor_seq, last);
+}
+
 TEST_F(JournalTest, MigrationsSetTheSchemaVersion) {
     write_events(1);
     auto db = std::move(Database::open(path_, SQLITE_OPEN_READONLY)).value();
