@@ -1,6 +1,7 @@
-// knod-policy bindings: the live bindings with their rule, flows, creation, expiry and RX
-// counters; --watch redraws them like top (plain snapshots when stdout is not a terminal, one
-// JSON object per line with --json), with per-binding rates between two frames.
+// knod-policy bindings: the live bindings with their rule, flows, creation, expiry, RX
+// counters and job tag (a job's ranks next to each other; --job keeps one job's); --watch redraws
+// them like top (plain snapshots when stdout is not a terminal, one JSON object per line with
+// --json), with per-binding rates between two frames.
 #include "cli/commands.h"
 #include "cli/daemon_call.h"
 #include "client/client.h"
@@ -10,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -17,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 namespace knod::cli {
 namespace {
@@ -26,6 +29,7 @@ struct Options {
     bool watch = false;
     double interval_s = 2.0;
     std::uint32_t count = 0; // frames to show with --watch; 0: until interrupted
+    std::string job;         // --job: only the bindings tagged with this job ("": all)
 };
 
 struct Row {
@@ -45,16 +49,40 @@ std::uint64_t now_us() {
                                           .count());
 }
 
-Result<Frame> snapshot(client::Client &c) {
+bool tagged(const Row &r) {
+    return r.d && !r.d->job.empty();
+}
+
+// The rows as listed, then those tagged with a job (SetJob) moved first and sorted by job,
+// group and rank (a job's ranks together); untagged ones after, in the daemon's order. With
+// a `job`, only that job's rows.
+Result<Frame> snapshot(client::Client &c, const std::string &job) {
     auto list = c.list();
     if (!list) return list.error();
     Frame f;
     f.at_us = now_us();
     for (auto &b : *list) {
         auto d = c.details(b.id);
-        f.rows.push_back({b, d ? std::optional(*d) : std::nullopt, {}, {}});
+        Row r{b, d ? std::optional(*d) : std::nullopt, {}, {}};
+        if (!job.empty() && (!tagged(r) || r.d->job != job)) continue;
+        f.rows.push_back(std::move(r));
     }
+    std::stable_sort(f.rows.begin(), f.rows.end(), [](const Row &a, const Row &b) {
+        if (tagged(a) != tagged(b)) return tagged(a);
+        if (!tagged(a)) return false;
+        return std::tie(a.d->job, a.d->job_group, a.d->job_rank) <
+               std::tie(b.d->job, b.d->job_group, b.d->job_rank);
+    });
     return f;
+}
+
+// JOB's cell: job[group]#rank ("job#rank" without a group); [, ] and # are in no tag, so the
+// parts cannot run into each other. "-" untagged.
+std::string job_cell(const Row &r) {
+    if (!tagged(r)) return "-";
+    const auto &d = *r.d;
+    return d.job + (d.job_group.empty() ? "" : "[" + d.job_group + "]") + "#" +
+           std::to_string(d.job_rank);
 }
 
 // Rates per binding against the frame before (same id, counters that did not go backwards).
@@ -89,6 +117,11 @@ nlohmann::json to_json(const Row &r, bool rates) {
         j["dropped_packets"] = d->dropped_packets;
         j["pod"] = d->pod.empty() ? nlohmann::json() : nlohmann::json(d->pod);
     }
+    // The holder's job tag (SetJob), null untagged.
+    bool t = tagged(r);
+    j["job"] = t ? nlohmann::json(r.d->job) : nlohmann::json();
+    j["group"] = t ? nlohmann::json(r.d->job_group) : nlohmann::json();
+    j["rank"] = t ? nlohmann::json(r.d->job_rank) : nlohmann::json();
     if (rates) {
         j["rx_bytes_per_s"] = r.rx_bytes_per_s ? nlohmann::json(*r.rx_bytes_per_s) : nullptr;
         j["rx_packets_per_s"] = r.rx_packets_per_s ? nlohmann::json(*r.rx_packets_per_s) : nullptr;
@@ -152,9 +185,9 @@ void print_frame(const Frame &f, bool rates) {
     }
     std::vector<std::vector<std::string>> rows;
     std::vector<std::vector<std::string>> below;
-    std::vector<std::string> head{"ID",      "STATE",   "UID",      "PID",
-                                  "NETDEV",  "GPU",     "REGION",   "RULE",
-                                  "CREATED", "EXPIRES", "RX BYTES", "RX PACKETS"};
+    std::vector<std::string> head{"ID",      "STATE",    "UID",       "PID", "NETDEV",
+                                  "GPU",     "REGION",   "RULE",      "JOB", "CREATED",
+                                  "EXPIRES", "RX BYTES", "RX PACKETS"};
     if (rates) {
         head.push_back("RX/S");
         head.push_back("PKT/S");
@@ -171,6 +204,7 @@ void print_frame(const Frame &f, bool rates) {
                                      b.gpu,
                                      human_bytes(static_cast<double>(b.region_bytes)),
                                      d ? d->rule : "-",
+                                     job_cell(r),
                                      d ? utc_time(d->created_us) : "-",
                                      d ? time_left(d->expires_us, f.at_us) : "-",
                                      d ? std::to_string(d->rx_bytes) : "-",
@@ -214,7 +248,7 @@ int run(const Options &o) {
     auto client = client::Client::connect(o.bus.address);
     if (!client) return call_failed("bindings", client.error(), o.bus.address);
     if (!o.watch) {
-        auto f = snapshot(*client);
+        auto f = snapshot(*client, o.job);
         if (!f) return call_failed("bindings", f.error(), o.bus.address);
         if (o.bus.json) {
             nlohmann::json out = nlohmann::json::array();
@@ -232,7 +266,7 @@ int run(const Options &o) {
     std::optional<Frame> before;
     for (std::uint32_t n = 0; o.count == 0 || n < o.count; ++n) {
         if (n) std::this_thread::sleep_for(pause);
-        auto f = snapshot(*client);
+        auto f = snapshot(*client, o.job);
         if (!f) return call_failed("bindings", f.error(), o.bus.address);
         if (before) add_rates(*f, *before);
         if (o.bus.json) {
@@ -273,13 +307,20 @@ Runner add_bindings(CLI::App &app) {
         ->check(CLI::Range(0.1, 3600.0))
         ->capture_default_str()
         ->needs(watch);
+    cmd->add_option("--job", o->job,
+                    "only the bindings tagged with this job (the name each rank's SetJob gave, "
+                    "as JOB shows it before its [group] and #rank)");
     cmd->add_option("--count,-n", o->count, "stop --watch after this many frames (0: never)")
         ->capture_default_str()
         ->needs(watch);
-    cmd->footer(std::string("Without --json: one line per binding, its flows indented below. "
-                            "RX BYTES and RX PACKETS count what was delivered to the binding's "
-                            "region; REGION is its size; CREATED is UTC.\n") +
-                daemon_exit_codes);
+    cmd->footer(
+        std::string("Without --json: one line per binding, its flows indented below. "
+                    "RX BYTES and RX PACKETS count what was delivered to the binding's "
+                    "region; REGION is its size; CREATED is UTC. JOB is the job tag the "
+                    "holder set (Binding.SetJob, e.g. by knod.distributed): job[group]#rank, "
+                    "- for none; a job's ranks are listed together, before untagged "
+                    "bindings. A tag is the holder's claim, never a policy input.\n") +
+        daemon_exit_codes);
     return [cmd, o]() -> int { return cmd->parsed() ? run(*o) : -1; };
 }
 

@@ -193,6 +193,16 @@ std::string render_metrics(const nlohmann::json &m) {
                               {"rule", str(b, "rule")}},
                              *n);
     bindings.write(out);
+    // Labelled job_tag, not job: Prometheus sets job on every target (ours would become
+    // exported_job).
+    Family jobs("knod_job_bindings", "gauge",
+                "Live bindings tagged with a job (Binding.SetJob: what the holder claims, e.g. a "
+                "torch.distributed job's name), by job: at most 64 jobs, those with the most "
+                "bindings, the rest summed as job_tag=\"(other)\"; untagged bindings not counted.");
+    if (m.is_object() && m.contains("jobs") && m["jobs"].is_array())
+        for (auto &j : m["jobs"])
+            if (auto n = count(j, "count")) jobs.add({{"job_tag", str(j, "job")}}, *n);
+    jobs.write(out);
 
     Family requests("knod_requests_total", "counter",
                     "Binding requests by decision: allow and would-deny once the grant is "

@@ -420,6 +420,20 @@ knod_errc knod_binding_renew(knod_binding *b, uint64_t *expires_us, knod_error *
     });
 }
 
+knod_errc knod_binding_set_job(knod_binding *b, const char *job, const char *group, uint32_t rank,
+                               knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        if (!job) return missing(error, "job");
+        auto r = b->owner->client.set_job(b->grant.id, b->grant.key, job, group ? group : "", rank);
+        if (!r) {
+            if (auto e = ended(b, error)) return *e;
+            return fail(error, r.error());
+        }
+        return KNOD_OK;
+    });
+}
+
 knod_errc knod_binding_release(knod_binding *b, knod_error **error) {
     return guarded(error, [&] {
         if (!b) return missing(error, "binding");

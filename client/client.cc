@@ -538,6 +538,23 @@ Result<void> Client::activate(const std::string &id, const std::vector<std::uint
     return call_with_key(bus_, id, "Activate", key, reply);
 }
 
+Result<void> Client::set_job(const std::string &id, const std::vector<std::uint8_t> &key,
+                             const std::string &job, const std::string &group, std::uint32_t rank) {
+    if (auto here = ready(); !here) return std::move(here).error();
+    (void)attest();
+    sd_bus_message *call = nullptr;
+    int r = sd_bus_message_new_method_call(bus_, &call, service_name, path_of(id).c_str(),
+                                           binding_interface, "SetJob");
+    if (r < 0) return make_error(Errc::io, "SetJob: cannot build the call");
+    Reply reply;
+    if ((r = sd_bus_message_append_array(call, 'y', key.data(), key.size())) >= 0 &&
+        (r = sd_bus_message_append(call, "ssu", job.c_str(), group.c_str(), rank)) >= 0)
+        r = sd_bus_call(bus_, call, 0, &reply.e, &reply.m);
+    sd_bus_message_unref(call);
+    if (r < 0) return bus_failure(reply.e, r, "SetJob");
+    return {};
+}
+
 Result<std::uint64_t> Client::renew(const std::string &id, const std::vector<std::uint8_t> &key) {
     if (auto here = ready(); !here) return std::move(here).error();
     (void)attest();
@@ -709,6 +726,14 @@ Result<BindingDetails> Client::details(const std::string &id) {
         const char *k = nullptr, *v = nullptr;
         while (sd_bus_message_read(pod.m, "{ss}", &k, &v) > 0)
             d.pod[k] = v;
+    }
+    // A daemon from before #53 has no Job properties: untagged.
+    if (auto job = property<std::string>(bus_, path_of(id), binding_interface, "Job", 's')) {
+        d.job = *job;
+        if (auto g = property<std::string>(bus_, path_of(id), binding_interface, "JobGroup", 's'))
+            d.job_group = *g;
+        if (auto n = property<std::uint32_t>(bus_, path_of(id), binding_interface, "JobRank", 'u'))
+            d.job_rank = *n;
     }
     return d;
 }

@@ -51,6 +51,10 @@ struct BindingDetails {
     std::uint64_t dropped_packets = 0;
     // The holder's Kubernetes pod: namespace, name, uid; empty outside a registered pod.
     std::map<std::string, std::string> pod;
+    // The job its holder tagged it with (Binding.SetJob): "" untagged (or a daemon before #53).
+    std::string job;
+    std::string job_group;
+    std::uint32_t job_rank = 0;
 };
 
 struct BindingCounters {
@@ -110,6 +114,11 @@ class Client {
     // Extends the binding's key by the policy's key lifetime from now (long jobs call it before
     // Expires); returns the new expiry in microseconds since the epoch.
     Result<std::uint64_t> renew(const std::string &id, const std::vector<std::uint8_t> &key);
+    // Tags the binding with the job its holder serves (Binding.SetJob; the key proves it is the
+    // holder): once per binding. The daemon checks the strings (job 1..64, group 0..64 bytes of
+    // [A-Za-z0-9._:@/-], rank <= 65535). A label for people, never a policy input.
+    Result<void> set_job(const std::string &id, const std::vector<std::uint8_t> &key,
+                         const std::string &job, const std::string &group, std::uint32_t rank);
     Result<void> release(const std::string &id);
     Result<BindingCounters> counters(const std::string &id);
     // Waits until the binding's RxBytes passes `seen` (the article's wait_for_data), polling the

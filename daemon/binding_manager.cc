@@ -114,6 +114,41 @@ const char *to_string(BindingState s) {
     return s == BindingState::active ? "active" : "granted";
 }
 
+namespace {
+
+// A job or group name's bytes: what an IPv4 store address ("10.0.0.1:29500"; a bracketed IPv6
+// one is not) or a scheduler's job name ("job-123", "team/run@3") is made of, and nothing a
+// journal reader, a terminal or a Prometheus label could take for syntax.
+bool job_byte(char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           std::strchr("._:@/-", c) != nullptr;
+}
+
+Result<void> check_job_name(const char *what, const std::string &v, std::size_t min) {
+    auto bad = [&](const std::string &why) {
+        return make_error(Errc::invalid_argument,
+                          std::string(what) + " " + quote_untrusted(v) + ": " + why);
+    };
+    if (v.size() < min || v.size() > JobTag::max_name)
+        return bad(std::to_string(min) + " to " + std::to_string(JobTag::max_name) +
+                   " bytes, not " + std::to_string(v.size()));
+    for (char c : v)
+        if (c == '\0' || !job_byte(c)) return bad("only letters, digits and . _ : @ / -");
+    return {};
+}
+
+} // namespace
+
+Result<void> check_job_tag(const JobTag &tag) {
+    if (auto r = check_job_name("job", tag.job, 1); !r) return r;
+    if (auto r = check_job_name("group", tag.group, 0); !r) return r;
+    if (tag.rank > JobTag::max_rank)
+        return make_error(Errc::invalid_argument, "rank " + std::to_string(tag.rank) +
+                                                      ": at most " +
+                                                      std::to_string(JobTag::max_rank));
+    return {};
+}
+
 BindingManager::BindingManager(ManagerConfig config, driver::Driver &driver,
                                keys::KeyAuthority keys, policy::Policy policy,
                                BindingEvents &events, Post post)
@@ -289,6 +324,10 @@ std::string BindingManager::handoff_of(const Binding &b, const std::string &driv
                           {"state", to_string(b.state)},
                           {"handles", roles},
                           {"driver", driver_state}};
+    // Its job tag (SetJob) comes back with it, under the same MAC: the tag is set once, and a
+    // holder that kept its binding across the restart would not be asked again.
+    if (b.job)
+        record["job"] = {{"job", b.job->job}, {"group", b.job->group}, {"rank", b.job->rank}};
     // Through text and back, so the MAC is over what the next start will parse (dump_json
     // replaces invalid UTF-8).
     record = knod::parse_json(knod::dump_json(record));
@@ -423,6 +462,14 @@ Result<void> BindingManager::adopt(const std::string &id, const nlohmann::json &
         active = state == "active";
         roles = j.at("handles").get<std::vector<std::string>>();
         driver_state = j.at("driver").get<std::string>();
+        // Absent in records of bindings never tagged, and of builds before #53.
+        if (auto t = j.find("job"); t != j.end()) {
+            JobTag tag{t->at("job").get<std::string>(), t->at("group").get<std::string>(),
+                       t->at("rank").get<std::uint32_t>()};
+            if (auto ok = check_job_tag(tag); !ok)
+                throw std::runtime_error("bad job tag: " + ok.error().message);
+            b.job = std::move(tag);
+        }
     } catch (const std::exception &e) {
         return make_error(Errc::corrupt,
                           std::string("its handoff record is unreadable: ") + e.what());
@@ -1019,6 +1066,34 @@ Result<BindingManager::RxNotifier> BindingManager::rx_notifier(const std::string
     // One loop thread: no payload lands between these two lines, so the starting RxBytes and
     // the totals the pipe carries from here agree.
     return RxNotifier{std::move(*fd), driver_.counters(id).rx_bytes};
+}
+
+Result<void> BindingManager::set_job(const std::string &id, const Peer &presenter,
+                                     std::span<const std::uint8_t> key, const JobTag &tag) {
+    if (auto r = throttle(presenter.principal(), presenter.pid, presenter.root_in_host(), "SetJob");
+        !r)
+        return r.error();
+    auto it = bindings_.find(id);
+    if (it == bindings_.end())
+        return make_error(Errc::not_found, "no binding " + quote_untrusted(id));
+    Binding &b = it->second;
+    // Only the holder may say which job its binding serves: the same key check as Activate.
+    // Refusals are not journaled (the call grants nothing); the rate limit bounds them.
+    if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
+        return make_error(Errc::denied, "key refused: " + ok.error().message);
+    if (b.job)
+        return make_error(Errc::invalid_argument,
+                          "binding " + id + " is already tagged with job '" + b.job->job +
+                              "', group '" + b.job->group + "', rank " +
+                              std::to_string(b.job->rank) + " (a binding is tagged once)");
+    if (auto r = check_job_tag(tag); !r) return r.error();
+    b.job = tag;
+    journal::Event e = event_for(journal::kind::job_tagged, presenter);
+    e.session_id = id;
+    e.detail =
+        knod::dump_json(nlohmann::json{{"job", tag.job}, {"group", tag.group}, {"rank", tag.rank}});
+    audit_.record(std::move(e));
+    return {};
 }
 
 policy::Decision BindingManager::decide_again(const Binding &b) const {

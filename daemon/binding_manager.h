@@ -38,6 +38,21 @@ namespace knod::daemon {
 enum class BindingState { granted, active };
 const char *to_string(BindingState s);
 
+// The job a binding's holder says it serves (Binding.SetJob; issue #53): a torch.distributed
+// job's name (its store's address or a name), the process group and the rank. A claim of the
+// caller's, never an identity: nothing the daemon decides (policy, quotas, flows, keys) reads
+// it; it only groups a job's ranks where people look (the journal, `knod-policy bindings`, the
+// metrics). Set at most once per binding; the strings are bounded and of a fixed alphabet.
+struct JobTag {
+    static constexpr std::size_t max_name = 64; // bytes, for the job and for the group
+    static constexpr std::uint32_t max_rank = 65535;
+    std::string job;   // 1..64 bytes of [A-Za-z0-9._:@/-]
+    std::string group; // 0..64 bytes of the same
+    std::uint32_t rank = 0;
+};
+// InvalidArgument naming what is wrong (the bad bytes escaped) unless `tag` is well formed.
+Result<void> check_job_tag(const JobTag &tag);
+
 struct Binding {
     std::string id;
     std::string netdev;
@@ -60,6 +75,7 @@ struct Binding {
     BindingState state = BindingState::granted;
     std::vector<std::string> stored;     // names of its handles in the fd store (HandleStore)
     std::uint64_t policy_generation = 0; // BindingManager's, when it was decided
+    std::optional<JobTag> job;           // what its holder said with SetJob; never decided on
 };
 
 // How the manager tells the outside world; the bus adaptor implements it.
@@ -174,6 +190,13 @@ class BindingManager {
     // driver writes RxBytes after each batch of delivered payloads from now on, and the RxBytes
     // it starts from: its wait_for_data sleeps on it. Unsupported where the driver places no
     // data itself.
+    // The holder (its key, checked like Activate's) tags its binding with the job it serves:
+    // once (a second call is InvalidArgument, naming the tag it has), with a tag check_job_tag
+    // accepts. Nothing changes on a refusal. Journaled (job-tagged, detail {job, group, rank});
+    // refusals are not (the call grants nothing) but are rate-limited like every call. The tag
+    // is never an input to a decision.
+    Result<void> set_job(const std::string &id, const Peer &presenter,
+                         std::span<const std::uint8_t> key, const JobTag &tag);
     struct RxNotifier {
         UniqueFd fd;
         std::uint64_t rx_bytes = 0;

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <tuple>
 
 namespace knod::daemon {
@@ -62,6 +63,22 @@ void Metrics::ended(EndReason why, const std::string &netdev, const std::string 
     t.dropped_packets += c.dropped_packets;
 }
 
+std::vector<std::pair<std::string, std::uint64_t>>
+job_series(const std::map<std::string, std::uint64_t> &per_job, std::size_t max_series) {
+    std::vector<std::pair<std::string, std::uint64_t>> all;
+    for (auto &[job, n] : per_job)
+        if (n) all.emplace_back(job, n);
+    std::stable_sort(all.begin(), all.end(),
+                     [](auto &a, auto &b) { return a.second > b.second; }); // names stay sorted
+    if (all.size() <= max_series) return all;
+    std::uint64_t rest = 0;
+    for (std::size_t i = max_series; i < all.size(); ++i)
+        rest += all[i].second;
+    all.resize(max_series);
+    all.emplace_back(other_jobs, rest);
+    return all;
+}
+
 std::string metrics_json(const BindingManager &manager, const std::string &version) {
     const Metrics &m = manager.metrics();
     const auto &d = manager.driver();
@@ -79,8 +96,10 @@ std::string metrics_json(const BindingManager &manager, const std::string &versi
     // driver's inventory and the policy's rule names.
     std::map<std::tuple<std::string, std::string, std::string, std::string>, std::uint64_t> live;
     std::map<Metrics::Device, driver::Counters> traffic = m.ended_traffic();
+    std::map<std::string, std::uint64_t> per_job; // tagged bindings only
     for (const Binding *b : manager.bindings()) {
         ++live[{to_string(b->state), b->netdev, b->gpu, b->rule}];
+        if (b->job) ++per_job[b->job->job];
         driver::Counters c = manager.counters(b->id);
         driver::Counters &t = traffic[{b->netdev, b->gpu}];
         t.rx_bytes += c.rx_bytes;
@@ -94,6 +113,9 @@ std::string metrics_json(const BindingManager &manager, const std::string &versi
                                  {"gpu", std::get<2>(k)},
                                  {"rule", std::get<3>(k)},
                                  {"count", n}});
+    j["jobs"] = nlohmann::json::array();
+    for (auto &[job, n] : job_series(per_job))
+        j["jobs"].push_back({{"job", job}, {"count", n}});
     j["traffic"] = nlohmann::json::array();
     for (auto &[k, c] : traffic)
         j["traffic"].push_back({{"netdev", k.first},

@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace knod::daemon {
 
@@ -74,11 +75,22 @@ class Metrics {
     LatencyHistogram commit_;
 };
 
+// Live bindings per job tag (Binding.SetJob), as GetMetrics reports them: at most
+// `max_series` jobs by name, those with the most live bindings (ties: the smaller name), and the
+// rest summed under "(other)", a name no tag can have (tags have no parentheses). Empty counts
+// are left out. Bounded whatever callers tag: tags are callers' claims.
+inline constexpr std::size_t max_job_series = 64;
+inline constexpr const char *other_jobs = "(other)";
+std::vector<std::pair<std::string, std::uint64_t>>
+job_series(const std::map<std::string, std::uint64_t> &per_job,
+           std::size_t max_series = max_job_series);
+
 class BindingManager;
 
 // GetMetrics' answer: the counters above, the live bindings grouped by state, netdev, GPU and
-// rule, RX per netdev and GPU (ended plus live), the driver's data-path counters, the journal's
-// and sinks' state, and who is running (version, driver, policy digest). JSON text.
+// rule, the tagged ones per job (job_series), RX per netdev and GPU (ended plus live), the driver's
+// data-path counters, the journal's and sinks' state, and who is running (version, driver, policy
+// digest). JSON text.
 std::string metrics_json(const BindingManager &manager, const std::string &version);
 
 } // namespace knod::daemon

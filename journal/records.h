@@ -45,6 +45,9 @@ inline constexpr const char *not_adopted = "not-adopted";
 // A pod-socket holder connected again after a restart and holds its binding on the new
 // connection (its process proven: the same pid and start time).
 inline constexpr const char *holder_returned = "holder-returned";
+// The holder tagged its binding with the job it serves (Binding.SetJob, issue #53): detail
+// {job, group, rank}, the holder's claim (never decided on). Once per binding.
+inline constexpr const char *job_tagged = "job-tagged";
 inline constexpr const char *anchor =
     "journal-anchor"; // sinks only: the chain head, never in the chain
 // A copy sink (journald, linux-audit) started refusing records, or takes them again; `rule`

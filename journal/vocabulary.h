@@ -34,6 +34,7 @@ inline const std::vector<std::string> &known_kinds() {
                                                kind::adopted,
                                                kind::not_adopted,
                                                kind::holder_returned,
+                                               kind::job_tagged,
                                                kind::sink_failing,
                                                kind::sink_recovered};
     return v;

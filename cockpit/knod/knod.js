@@ -184,6 +184,15 @@ function countBindings() {
     $("bindings").hidden = bindings.size === 0;
 }
 
+// The job tag its holder set (Binding.SetJob): job[group]#rank, "-" for none. A claim of the
+// holder's, shown to group a job's ranks; set after the binding is made, so read again with the
+// counters.
+function jobText(p) {
+    if (typeof p.Job !== "string" || p.Job === "")
+        return "-";
+    return p.Job + (p.JobGroup ? "[" + p.JobGroup + "]" : "") + "#" + p.JobRank;
+}
+
 function addBinding(path, props) {
     const id = props.Id;
     if (typeof id !== "string" || bindings.has(id))
@@ -198,6 +207,7 @@ function addBinding(path, props) {
     td(row, props.Netdev);
     td(row, props.Gpu);
     td(row, props.Rule);
+    b.cells.job = td(row, jobText(props));
     b.cells.state = td(row, props.State);
     td(row, utc(props.Created));
     b.cells.expires = td(row, remaining(props.Expires));
@@ -324,6 +334,7 @@ function readCounters() {
                     setText(b.cells.rx, bytes(p.RxBytes));
                     b.cells.rx.dataset.bytes = String(p.RxBytes);
                     setText(b.cells.expires, remaining(p.Expires));
+                    setText(b.cells.job, jobText(p));
                 }
             })
             .catch(e => showProblem("Cannot read the bindings' counters: " + errorText(e)))

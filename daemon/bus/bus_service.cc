@@ -227,6 +227,16 @@ int rx_packets(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
 int dropped_packets(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
     return sd_bus_message_append(m, "t", mgr.counters(b.id).dropped_packets);
 }
+// The job tag its holder set (SetJob): strings check_job_tag accepted, "" and 0 untagged.
+int job(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.job ? b.job->job.c_str() : "");
+}
+int job_group(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "s", b.job ? b.job->group.c_str() : "");
+}
+int job_rank(sd_bus_message *m, const Binding &b, const BindingManager &) {
+    return sd_bus_message_append(m, "u", b.job ? b.job->rank : 0u);
+}
 
 } // namespace get
 
@@ -385,6 +395,10 @@ const sd_bus_vtable binding_vtable[] = {
     SD_BUS_PROPERTY("RxPackets", "t", BusService::binding_property<get::rx_packets>, 0, 0),
     SD_BUS_PROPERTY("DroppedPackets", "t", BusService::binding_property<get::dropped_packets>, 0,
                     0),
+    // The job its holder says it serves (SetJob): a claim, never decided on; "", "", 0 untagged.
+    SD_BUS_PROPERTY("Job", "s", BusService::binding_property<get::job>, 0, 0),
+    SD_BUS_PROPERTY("JobGroup", "s", BusService::binding_property<get::job_group>, 0, 0),
+    SD_BUS_PROPERTY("JobRank", "u", BusService::binding_property<get::job_rank>, 0, 0),
     // Anyone who can see the object; the key is checked against the caller's own process.
     // The holder only (the key is checked against the caller's own process): extends the key.
     SD_BUS_METHOD_WITH_NAMES("Renew", "ay", SD_BUS_PARAM(key), "t", SD_BUS_PARAM(expires_us),
@@ -394,6 +408,11 @@ const sd_bus_vtable binding_vtable[] = {
                              SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_METHOD_WITH_NAMES("Activate", "ay", SD_BUS_PARAM(key), "", "", BusService::activate,
                              SD_BUS_VTABLE_UNPRIVILEGED),
+    // The holder only (its key, as Activate): tags the binding with its job, once.
+    SD_BUS_METHOD_WITH_NAMES("SetJob", "ayssu",
+                             SD_BUS_PARAM(key) SD_BUS_PARAM(job) SD_BUS_PARAM(group)
+                                 SD_BUS_PARAM(rank),
+                             "", "", BusService::set_job, SD_BUS_VTABLE_UNPRIVILEGED),
     // The owner, or an admin: checked in the handler.
     SD_BUS_METHOD("Release", "", "", BusService::release, SD_BUS_VTABLE_UNPRIVILEGED),
     SD_BUS_VTABLE_END};
@@ -1326,6 +1345,24 @@ int BusService::renew(sd_bus_message *m, void *self, sd_bus_error *err) {
         auto until = s->manager_->renew(id, *caller, key);
         if (!until) return fail(err, until.error());
         return sd_bus_reply_method_return(m, "t", static_cast<std::uint64_t>(*until));
+    });
+}
+
+int BusService::set_job(sd_bus_message *m, void *self, sd_bus_error *err) {
+    return guarded("SetJob", err, [&]() -> int {
+        auto *s = service(self);
+        std::span<const std::uint8_t> key;
+        if (int r = read_key(m, err, key); r <= 0) return r;
+        const char *job = nullptr, *group = nullptr;
+        std::uint32_t rank = 0;
+        if (int r = sd_bus_message_read(m, "ssu", &job, &group, &rank); r < 0) return r;
+        auto caller = s->peer(m);
+        if (!caller) return fail(err, caller.error());
+        // The core checks the strings (check_job_tag) and journals the tag.
+        auto done = s->manager_->set_job(id_of(sd_bus_message_get_path(m)), *caller, key,
+                                         {job, group, rank});
+        if (!done) return fail(err, done.error());
+        return sd_bus_reply_method_return(m, "");
     });
 }
 

@@ -106,6 +106,7 @@ class BusService : public daemon::BindingEvents {
     static int activate(sd_bus_message *m, void *self, sd_bus_error *err);
     static int renew(sd_bus_message *m, void *self, sd_bus_error *err);
     static int rx_notifier(sd_bus_message *m, void *self, sd_bus_error *err);
+    static int set_job(sd_bus_message *m, void *self, sd_bus_error *err);
     static int release(sd_bus_message *m, void *self, sd_bus_error *err);
     // One getter per property: `get` reads one figure of the manager, or one field of the
     // binding at the path (if the caller may see it), and appends it.

@@ -105,6 +105,7 @@ def _integer(what, value, lo, hi):
 
 
 _U64 = 2**64 - 1
+_U32 = 2**32 - 1
 _INT = 2**31 - 1
 
 
@@ -367,6 +368,20 @@ class Binding:
         with self._client._lock:
             _call(self._lib.knod_binding_renew, self._live(), ctypes.byref(until))
         return until.value
+
+    def set_job(self, job: str, group: str = "", rank: int = 0) -> None:
+        """Tags the binding with the job it serves (Binding.SetJob): `job` a torch.distributed
+        job's store address or name (1 to 64 bytes), `group` its process group (0 to 64 bytes),
+        both only of letters, digits and . _ : @ / -, and this process's `rank` (at most 65535).
+        The journal (event job-tagged), `knod-policy bindings` and the metrics then show a job's
+        ranks together. Once per binding. Raises knod.InvalidArgument (nothing changed) for a
+        bad string or a second call. A label for people: the daemon never decides on it."""
+        job_b, group_b = _text("job", job), _text("group", group)
+        rank = _integer("rank", rank, 0, _U32)
+        if not hasattr(self._lib, "knod_binding_set_job"):
+            raise Error("this libknod-client has no knod_binding_set_job (older than job tags)")
+        with self._client._lock:
+            _call(self._lib.knod_binding_set_job, self._live(), job_b, group_b, rank)
 
     def release(self) -> None:
         """Ends the binding (end reason "release"); again, or after it ended, does nothing.

@@ -47,6 +47,10 @@ _PROTOTYPES = {
         ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, u64p, c_void_pp]),
     "knod_binding_renew": (ctypes.c_int, [ctypes.c_void_p, u64p, c_void_pp]),
     "knod_binding_release": (ctypes.c_int, [ctypes.c_void_p, c_void_pp]),
+    # Since job tags (#53); an older library lacks it (Binding.set_job says so).
+    "knod_binding_set_job": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32, c_void_pp]),
     "knod_binding_counters": (ctypes.c_int, [ctypes.c_void_p, u64p, u64p, u64p, c_void_pp]),
     "knod_binding_end": (
         ctypes.c_int, [ctypes.c_void_p, intp, c_char_pp, intp, c_void_pp]),
@@ -76,7 +80,8 @@ _PROTOTYPES = {
          ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int,
          ctypes.c_int, c_void_pp]),
 }
-OPTIONAL = {name for name in _PROTOTYPES if name.startswith(("knod_devmem_rx_", "knod_chunks_"))}
+OPTIONAL = {name for name in _PROTOTYPES
+            if name.startswith(("knod_devmem_rx_", "knod_chunks_"))} | {"knod_binding_set_job"}
 
 
 def lib():

@@ -42,7 +42,9 @@ Configuration (environment, read at init):
   KNOD_DIST_ADDRESS    the NIC's address peers send to (default 10.99.0.2)
   KNOD_DIST_PEERS      the source prefix of the rank's flow (default 10.99.0.0/24)
   KNOD_DIST_PORT_BASE  the first rank's port (default 8000)
-  KNOD_DIST_JOB        the job's name (default: the store's job key, made by rank 0)
+  KNOD_DIST_JOB        the job's name (default: the store's job key, made by rank 0); each
+                       rank tags its binding with it, the group id and its rank (SetJob):
+                       1 to 64 bytes of letters, digits and . _ : @ / -
   KNOD_DIST_WINDOW     chunks in flight to one receiver (default 128)
   KNOD_DIST_INIT_TIMEOUT  seconds init waits for every rank (default: the group's timeout)
   KNOD_DIST_LOSS_GRACE    seconds a receiver waits for chunks its sender says it sent (10)
@@ -296,6 +298,12 @@ class ProcessGroupKnod(dist.ProcessGroup):
             self._region = knod.SimBuffer(RING_FRAMES * FRAME)
             flow = f"udp {peers}:* -> {address}:{port}"
             self._binding = self._client.register_buffer(self._region, flow, netdev=netdev)
+            # The job's name, the group and this rank on the binding (Binding.SetJob, #53): the
+            # journal (job-tagged), `knod-policy bindings --job` and the metrics show a job's
+            # ranks together. A label, never decided on; a KNOD_DIST_JOB the daemon refuses
+            # (InvalidArgument: its alphabet and length) fails the init, naming it.
+            if hasattr(knod._capi.lib(), "knod_binding_set_job"):
+                self._binding.set_job(job, str(self._group_id), self._rank)
         except knod.Error as e:
             self._store.set(status_key, json.dumps({
                 "ok": False, "error": type(e).__name__, "rule": e.rule, "message": str(e)}))

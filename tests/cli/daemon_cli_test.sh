@@ -56,9 +56,9 @@ read -r line <&"$active_out"
 id=$(echo "$line" | cut -d' ' -f2)
 check "an active holder got a binding" '[ "${line%% *}" = ok ]'
 "$cli" bindings >"$KNOD_SANDBOX/out"
-check "the bindings table has state, rule, created, expires, RX bytes and packets, and the flows" \
-    'head -1 "$KNOD_SANDBOX/out" | grep -q "^ID  *STATE  *UID  *PID  *NETDEV  *GPU  *REGION  *RULE  *CREATED  *EXPIRES  *RX BYTES  *RX PACKETS$" &&
-     grep -q "^$id  *active  *0  .* $KNOD_SIM_NETDEV  *sim0  *64.0KiB  *sim-local  *20[0-9-]* [0-9:]*Z  *[0-9]*m[0-9]*s  *0  *0$" "$KNOD_SANDBOX/out" &&
+check "the bindings table has state, rule, job (- untagged), created, expires, RX bytes and packets, and the flows" \
+    'head -1 "$KNOD_SANDBOX/out" | grep -q "^ID  *STATE  *UID  *PID  *NETDEV  *GPU  *REGION  *RULE  *JOB  *CREATED  *EXPIRES  *RX BYTES  *RX PACKETS$" &&
+     grep -q "^$id  *active  *0  .* $KNOD_SIM_NETDEV  *sim0  *64.0KiB  *sim-local  *-  *20[0-9-]* [0-9:]*Z  *[0-9]*m[0-9]*s  *0  *0$" "$KNOD_SANDBOX/out" &&
      grep -q "^    flow udp 10.99.0.1:\* -> 10.99.0.2:5000$" "$KNOD_SANDBOX/out"'
 
 # --watch --json: one snapshot per line; rates from the second frame on. Traffic is sent once
@@ -98,6 +98,45 @@ for f in frames[1:]:
 check "bindings --watch into a pipe prints plain snapshots, no terminal codes" \
     '[ "$(grep -c "^knod-policy bindings  " "$KNOD_SANDBOX/plain.out")" -eq 2 ] && ! grep -q $'"'"'\x1b'"'"' "$KNOD_SANDBOX/plain.out" &&
      [ "$(grep -c "^$id  *active" "$KNOD_SANDBOX/plain.out")" -eq 2 ]'
+
+# Job tags (issue #53): two ranks of one job, tagged by their holders (SetJob), listed together
+# before the untagged binding, sorted by rank; --job keeps only them; --json carries the tag.
+coproc RANK1 { KNOD_TEST_JOB=10.0.0.9:29500 KNOD_TEST_JOB_GROUP=0 KNOD_TEST_JOB_RANK=1 \
+    exec "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5001"; }
+rank1_pid=$RANK1_PID
+exec {rank1_out}<&"${RANK1[0]}" {rank1_in}>&"${RANK1[1]}" {RANK1[0]}<&- {RANK1[1]}>&-
+read -r line <&"$rank1_out"
+rank1=$(echo "$line" | cut -d' ' -f2)
+coproc RANK0 { KNOD_TEST_JOB=10.0.0.9:29500 KNOD_TEST_JOB_GROUP=0 KNOD_TEST_JOB_RANK=0 \
+    exec "$client" hold "$KNOD_SIM_NETDEV" sim0 4096 "udp 10.99.0.1:* -> 10.99.0.2:5002"; }
+rank0_pid=$RANK0_PID
+exec {rank0_out}<&"${RANK0[0]}" {rank0_in}>&"${RANK0[1]}" {RANK0[0]}<&- {RANK0[1]}>&-
+read -r line2 <&"$rank0_out"
+rank0=$(echo "$line2" | cut -d' ' -f2)
+check "two ranks of a job got and tagged their bindings" '[ "${line%% *}" = ok ] && [ "${line2%% *}" = ok ]'
+ids_in_order() { awk '$1 ~ /^b[0-9a-f]+$/ {printf "%s ", $1}' "$KNOD_SANDBOX/out"; }
+"$cli" bindings >"$KNOD_SANDBOX/out"
+check "bindings lists the job's ranks together, in rank order, before the untagged one" \
+    '[ "$(ids_in_order)" = "$rank0 $rank1 $id " ] &&
+     grep -q "^$rank0 .*  10\.0\.0\.9:29500\[0\]#0  " "$KNOD_SANDBOX/out" &&
+     grep -q "^$rank1 .*  10\.0\.0\.9:29500\[0\]#1  " "$KNOD_SANDBOX/out"'
+"$cli" bindings --json --job 10.0.0.9:29500 >"$KNOD_SANDBOX/out"
+check "bindings --json --job lists exactly the job's ranks with their tags" 'python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert [(b[\"id\"], b[\"job\"], b[\"group\"], b[\"rank\"]) for b in d] == [
+    (sys.argv[2], \"10.0.0.9:29500\", \"0\", 0), (sys.argv[3], \"10.0.0.9:29500\", \"0\", 1)], d
+" "$KNOD_SANDBOX/out" "$rank0" "$rank1"'
+"$cli" bindings --json >"$KNOD_SANDBOX/out"
+check "bindings --json gives an untagged binding null job, group and rank" 'python3 -c "
+import json, sys
+b = [b for b in json.load(open(sys.argv[1])) if b[\"id\"] == sys.argv[2]][0]
+assert b[\"job\"] is None and b[\"group\"] is None and b[\"rank\"] is None, b
+" "$KNOD_SANDBOX/out" "$id"'
+"$cli" bindings --job no-such-job >"$KNOD_SANDBOX/out"
+check "bindings --job of no binding says so" 'grep -q "^no bindings$" "$KNOD_SANDBOX/out"'
+exec {rank1_in}>&- {rank1_out}<&- {rank0_in}>&- {rank0_out}<&-
+wait "$rank1_pid" "$rank0_pid" 2>/dev/null
 echo >&"$active_in" 2>/dev/null
 exec {active_in}>&- {active_out}<&-
 wait "$active_pid" 2>/dev/null

@@ -105,7 +105,9 @@ setpriv --reuid=65534 --regid=65534 --clear-groups "$client" hold "$KNOD_SIM_NET
     "udp 10.99.0.1:* -> 10.99.0.2:5100" >"$work/out" 2>&1
 check "nobody is denied by rule no-nobody" 'grep -q "^error.*no-nobody" "$work/out"'
 
-coproc B { exec "$client" hold-active "$KNOD_SIM_NETDEV" sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5001"; }
+# B is rank 1 of a job (SetJob, issue #53): knod_job_bindings counts it under its job.
+coproc B { KNOD_TEST_JOB=10.0.0.1:29500 KNOD_TEST_JOB_RANK=1 \
+    exec "$client" hold-active "$KNOD_SIM_NETDEV" sim0 65536 "udp 10.99.0.1:* -> 10.99.0.2:5001"; }
 b_pid=$B_PID
 exec {b_out}<&"${B[0]}" {b_in}>&"${B[1]}" {B[0]}<&- {B[1]}>&-
 read -r line <&"$b_out"
@@ -132,6 +134,9 @@ check "requests by decision, refusals, ends and the commit histogram are there" 
      grep -q "^knod_bindings_ended_total{reason=\"release\"} 1$" "$work/m.prom" &&
      grep -q "^knod_journal_commit_duration_seconds_count [1-9]" "$work/m.prom" &&
      grep -q "^knod_start_time_seconds [0-9]" "$work/m.prom"'
+check "live bindings per job: B's job once, the untagged binding not at all" \
+    'grep -q "^knod_job_bindings{job_tag=\"10.0.0.1:29500\"} 1$" "$work/m.prom" &&
+     [ "$(grep -c "^knod_job_bindings{" "$work/m.prom")" = 1 ]'
 setpriv --reuid=65534 --regid=65534 --clear-groups "$cli" metrics >"$work/out" 2>&1
 check "nobody may not read the metrics (exit 1, Denied)" '[ $? -eq 1 ] && grep -q "Error.Denied" "$work/out"'
 
@@ -206,7 +211,7 @@ agree() {
     "$cli" bindings --json >"$work/bindings.json" 2>/dev/null || return 1
     for q in knod_info knod_bindings knod_rx_bytes_total knod_rx_packets_total \
         knod_journal_pending_records knod_journal_available knod_sink_written_records_total \
-        knod_sink_failed_records_total knod_sink_dropped_records_total knod_up \
+        knod_sink_failed_records_total knod_sink_dropped_records_total knod_up knod_job_bindings \
         'knod_requests_total{decision="allow"}' 'knod_bindings_ended_total{reason="release"}'; do
         promql "$q" >"$work/q.$(echo "$q" | tr -c 'a-z_\n' _)" || return 1
     done
@@ -239,6 +244,9 @@ for k in status["sinks"].get("each", []):
     assert one("knod_sink_failed_records_total", sink=k["name"]) == k["failed"], k
     assert one("knod_sink_dropped_records_total", sink=k["name"]) == k["dropped"], k
 assert one('knod_requests_total{decision="allow"}') == 2
+# Tagged bindings per job, as bindings --json shows their tags.
+assert one("knod_job_bindings", job_tag="10.0.0.1:29500") == sum(
+    1 for b in bindings if b["job"] == "10.0.0.1:29500") == 1, q("knod_job_bindings")
 assert one('knod_bindings_ended_total{reason="release"}') == 1
 PY
 }

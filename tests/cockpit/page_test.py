@@ -16,6 +16,7 @@ import base64
 import io
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -124,10 +125,10 @@ class Page:
         return base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"}, session=True)["data"])
 
 
-def start_client(args, *command, uid=None):
+def start_client(args, *command, uid=None, env=None):
     prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     p = subprocess.Popen(prefix + [args.client, *command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+                         stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     line = p.stdout.readline().strip()
     return p, line
 
@@ -202,7 +203,10 @@ def admin_session(args, page):
         assert_true({s: rows for s, rows in shown} == want, f"page {shown}\nreport {want}")
     check("admin: the host's readiness shows every check of GetHostReport, per subject, with its fix", host)
 
-    holder, line = start_client(args, "hold-active", args.netdev, "sim0", "65536", FLOW)
+    # Rank 3 of group 0 of a job (Binding.SetJob, issue #53): the Job column shows its tag.
+    holder, line = start_client(args, "hold-active", args.netdev, "sim0", "65536", FLOW,
+                                env={"KNOD_TEST_JOB": "10.0.0.1:29500", "KNOD_TEST_JOB_GROUP": "0",
+                                     "KNOD_TEST_JOB_RANK": "3"})
     binding = line.split()[1] if line.startswith("ok ") else None
     row = f"document.querySelector('tr[data-binding={js(binding)}]')"
     try:
@@ -210,12 +214,15 @@ def admin_session(args, page):
             assert_true(binding, f"the test client got no binding: {line}")
             page.wait("the new binding's row", f"!!{row}")
             # Its state as the daemon signals it (the row may be drawn between grant and Activate).
-            page.wait("the row's state to be active", f"{row}.cells[6].textContent === 'active'")
+            page.wait("the row's state to be active", f"{row}.cells[7].textContent === 'active'")
+            # The tag came after the row was drawn: the page reads it with the counters.
+            page.wait("the row's job tag", f"{row}.cells[6].textContent === '10.0.0.1:29500[0]#3'")
             cells = page.eval(f"[...{row}.cells].map(c => c.textContent)")
             assert_true(cells[0] == binding and cells[1] == "uid 0, pid %d" % holder.pid and cells[3] == args.netdev
-                        and cells[4] == "sim0" and cells[5] == "sim-page" and cells[6] == "active", cells)
+                        and cells[4] == "sim0" and cells[5] == "sim-page" and cells[6] == "10.0.0.1:29500[0]#3"
+                        and cells[7] == "active", cells)
             assert_true(page.eval("window.__marker") == "not reloaded", "the page was reloaded")
-        check("admin: a binding made after the page loaded appears without a reload (owner, netdev, GPU, rule, state)", appears)
+        check("admin: a binding made after the page loaded appears without a reload (owner, netdev, GPU, rule, job tag, state)", appears)
 
         def forged():
             out = subprocess.run(["setpriv", f"--reuid={args.plain_uid}", f"--regid={args.plain_uid}", "--clear-groups",
@@ -249,9 +256,9 @@ def admin_session(args, page):
         def traffic():
             subprocess.run([args.cli, "sim-send", "--netns", args.netns, "--to", "10.99.0.2:5000", "--count", "5",
                             "--data", "abcd"], check=True, capture_output=True)
-            page.wait("RX bytes 20 in the row", f"{row}.cells[9].dataset.bytes === '20'")
-            page.wait("an RX rate in the row", f"/\\/s$/.test({row}.cells[10].textContent)")
-            assert_true(page.eval(f"{row}.cells[9].textContent") == "20 B", page.eval(f"{row}.cells[9].textContent"))
+            page.wait("RX bytes 20 in the row", f"{row}.cells[10].dataset.bytes === '20'")
+            page.wait("an RX rate in the row", f"/\\/s$/.test({row}.cells[11].textContent)")
+            assert_true(page.eval(f"{row}.cells[10].textContent") == "20 B", page.eval(f"{row}.cells[10].textContent"))
         check("admin: traffic to the binding shows as its RX bytes growing, with a rate", traffic)
 
         # Refusals: one by a deny rule, one whose GPU name is markup.

@@ -5,6 +5,7 @@
 #include "daemon/sinks/sinks.h"
 #include "journal/export.h"
 #include "journal/verify.h"
+#include "knod/hex.h"
 #include "policy/policy.h"
 
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 using namespace knod;
 using namespace knod::test;
@@ -244,6 +246,88 @@ TEST_F(DaemonTest, KeyFromAnotherProcessCannotActivate) {
     Output o = sb().run_client({"activate", h.id(), h.key_hex()});
     EXPECT_NE(o.out.find("belongs to another process"), std::string::npos) << o.out;
     EXPECT_EQ(*sb().client().state(h.id()), "granted");
+}
+
+// Issue #53: Binding.SetJob, over the bus. Only the holder tags its binding (another uid does
+// not see it; another process of the same uid, with the key's bytes, is refused); bad strings
+// and a second tag are InvalidArgument and change nothing; the tag is the binding's Job,
+// JobGroup and JobRank, journaled as job-tagged, and `knod-policy bindings --job` lists it.
+TEST_F(DaemonTest, OnlyTheHolderTagsItsBindingWithAJobOnce) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    std::string key_hex = knod::to_hex(g->key);
+    auto job_of = [&] {
+        auto d = c.details(g->id);
+        return d ? d->job + "|" + d->job_group + "|" + std::to_string(d->job_rank) : "error";
+    };
+    EXPECT_EQ(job_of(), "||0") << "untagged: \"\", \"\", 0";
+
+    Output other = sb().run_client({"set-job", g->id, key_hex, "job-x", "0", "0"}, nobody);
+    EXPECT_NE(other.status, 0) << other.out;
+    EXPECT_TRUE(other.out.find("NoSuchBinding") != std::string::npos ||
+                other.out.find("UnknownObject") != std::string::npos)
+        << "another uid does not see the binding: " << other.out;
+    Output same_uid = sb().run_client({"set-job", g->id, key_hex, "job-x", "0", "0"});
+    EXPECT_NE(same_uid.out.find("org.knod.Policy1.Error.Denied"), std::string::npos)
+        << same_uid.out;
+    EXPECT_NE(same_uid.out.find("belongs to another process"), std::string::npos) << same_uid.out;
+    for (auto [job, group, rank] : std::vector<std::tuple<std::string, std::string, std::uint32_t>>{
+             {"", "", 0},
+             {"job x", "", 0},
+             {std::string(65, 'j'), "", 0},
+             {"job", "g;rm", 0},
+             {"job", "", 65536},
+             {"j\xc3\xa9", "", 0}}) {
+        auto r = c.set_job(g->id, g->key, job, group, rank);
+        ASSERT_FALSE(r.ok()) << job;
+        EXPECT_NE(r.error().message.find("org.knod.Policy1.Error.InvalidArgument"),
+                  std::string::npos)
+            << r.error().message;
+    }
+    EXPECT_EQ(job_of(), "||0") << "nothing changed";
+
+    ASSERT_TRUE(c.set_job(g->id, g->key, "10.0.0.1:29500", "0", 1).ok());
+    EXPECT_EQ(job_of(), "10.0.0.1:29500|0|1");
+    auto again = c.set_job(g->id, g->key, "job-2", "", 0);
+    ASSERT_FALSE(again.ok());
+    EXPECT_NE(again.error().message.find("InvalidArgument"), std::string::npos)
+        << again.error().message;
+    EXPECT_NE(again.error().message.find("already tagged"), std::string::npos)
+        << again.error().message;
+    EXPECT_EQ(job_of(), "10.0.0.1:29500|0|1") << "the first tag stays";
+    auto untagged = request(c);
+    ASSERT_TRUE(untagged.ok()) << untagged.error().message;
+
+    EXPECT_TRUE(eventually(
+        [&] { return sb().sql("SELECT count(*) FROM events WHERE kind='job-tagged'") == "1"; }));
+    EXPECT_EQ(sb().sql("SELECT json_extract(detail, '$.job') || '|' || "
+                       "json_extract(detail, '$.group') || '|' || json_extract(detail, '$.rank') "
+                       "FROM events WHERE kind='job-tagged' AND session_id='" +
+                       g->id + "'"),
+              "10.0.0.1:29500|0|1");
+
+    auto listed = sb().run_program({KNOD_CLI_BIN, "bindings", "--json", "--job", "10.0.0.1:29500",
+                                    "--bus-address", sb().address()});
+    EXPECT_EQ(listed.status, 0) << listed.out;
+    auto j = nlohmann::json::parse(listed.out, nullptr, false);
+    ASSERT_TRUE(j.is_array()) << listed.out;
+    ASSERT_EQ(j.size(), 1u) << "only the tagged binding: " << listed.out;
+    EXPECT_EQ(j[0]["id"], g->id);
+    EXPECT_EQ(j[0]["job"], "10.0.0.1:29500");
+    EXPECT_EQ(j[0]["group"], "0");
+    EXPECT_EQ(j[0]["rank"], 1);
+    auto table = sb().run_program({KNOD_CLI_BIN, "bindings", "--bus-address", sb().address()});
+    EXPECT_EQ(table.status, 0) << table.out;
+    auto tagged_at = table.out.find(g->id + " "), untagged_at = table.out.find(untagged->id + " ");
+    ASSERT_NE(tagged_at, std::string::npos) << table.out;
+    ASSERT_NE(untagged_at, std::string::npos) << table.out;
+    EXPECT_LT(tagged_at, untagged_at) << "tagged bindings first: " << table.out;
+    EXPECT_NE(table.out.find(" 10.0.0.1:29500[0]#1 "), std::string::npos) << table.out;
+
+    auto v = journal::verify_chain(sb().journal());
+    ASSERT_TRUE(v.ok()) << v.error().message;
+    EXPECT_TRUE(v->ok) << v->problem;
 }
 
 TEST_F(DaemonTest, BrokenPolicyOnReloadKeepsTheOldOne) {

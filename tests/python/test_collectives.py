@@ -154,6 +154,17 @@ def test_every_operation_equals_gloo(world):
                       "json_extract(detail, '$.pod.name') from events where kind = "
                       f"'request-granted' and session_id = '{b}'")
         assert pod == f"ml-team/job{RUN}o-rank{r}", pod
+        # Issue #53: each rank tagged its binding with the job, the group and its rank, once.
+        tag = journal("select json_extract(detail, '$.job') || '|' || "
+                      "json_extract(detail, '$.group') || '|' || json_extract(detail, '$.rank') "
+                      f"from events where kind = 'job-tagged' and session_id = '{b}'")
+        assert tag == f"{out['info']['job']}|{out['info']['group']}|{r}", tag
+    # The job's world group: exactly one tag per rank, ranks 0..world-1, all one job.
+    job = results[0][1]["info"]["job"]
+    ranks = journal("select group_concat(r) from (select json_extract(detail, '$.rank') as r "
+                    "from events where kind = 'job-tagged' and json_extract(detail, '$.job') = "
+                    f"'{job}' and json_extract(detail, '$.group') = '0' order by r)")
+    assert ranks == ",".join(str(r) for r in range(world)), ranks
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -1,5 +1,6 @@
 """The knod package against a real knod-policyd (sim driver, private bus): tests/python/run.sh."""
 import fcntl
+import json
 import os
 import secrets
 import subprocess
@@ -155,6 +156,37 @@ def test_renew_and_a_revocation_seen_by_the_holder(client):
         assert e.value.reason == "revoke: maintenance"
         assert e.value.revoked
     # Leaving the block after a revocation does not fail: nothing is left to release.
+
+
+def test_set_job_tags_once_and_refuses_bad_strings(client):
+    # Issue #53: the holder tags its binding with the job it serves; the daemon checks the
+    # strings, tags once, journals it (job-tagged) and the CLI lists it under --job.
+    buf = knod.SimBuffer(512)
+    with client.register_buffer(buf, flow(5170), netdev=NETDEV) as b:
+        for job, group, rank in [("", "", 0), ("a b", "", 0), ("j" * 65, "", 0),
+                                 ("job", "g$", 0), ("job", "g" * 65, 0), ("job", "", 65536)]:
+            with pytest.raises(knod.InvalidArgument):
+                b.set_job(job, group, rank)
+        with pytest.raises(ValueError):
+            b.set_job("job\0x")  # a NUL never reaches the C API
+        with pytest.raises(TypeError):
+            b.set_job("job", rank="1")
+        with pytest.raises(ValueError):
+            b.set_job("job", rank=-1)
+        assert journal(f"select count(*) from events where kind = 'job-tagged' "
+                       f"and session_id = '{b.id}'") == "0"
+        b.set_job("10.0.0.1:29500", group="0", rank=3)
+        with pytest.raises(knod.InvalidArgument) as e:
+            b.set_job("job-2")
+        assert "already tagged" in str(e.value)
+        assert eventually(lambda: journal(
+            "select json_extract(detail, '$.job') || '|' || json_extract(detail, '$.group') || "
+            f"'|' || json_extract(detail, '$.rank') from events where kind = 'job-tagged' and "
+            f"session_id = '{b.id}'") == "10.0.0.1:29500|0|3")
+        out = cli("bindings", "--json", "--job", "10.0.0.1:29500")
+        assert out.returncode == 0, out.stderr
+        assert [(x["id"], x["job"], x["group"], x["rank"]) for x in json.loads(out.stdout)] == \
+            [(b.id, "10.0.0.1:29500", "0", 3)]
 
 
 def test_no_daemon_on_the_bus_is_unavailable(tmp_path):

@@ -33,6 +33,9 @@
 //                                   for BAD_FLOW and ACTIVATES wrong-key Activate calls; print
 //                                   "CALL ERRORNAME COUNT" per outcome ("ok" for none), "done"
 //   activate ID KEYHEX | release ID | list | revoke ID REASON | reload
+//   set-job ID KEYHEX JOB GROUP RANK  Binding.SetJob on someone's binding with that key
+//   KNOD_TEST_JOB (with KNOD_TEST_JOB_GROUP, KNOD_TEST_JOB_RANK) set: hold and hold-active tag
+//                                   their binding with it (SetJob) before printing "ok ..."
 //   --udmabuf before hold or hold-active: the region is a udmabuf dma-buf (BYTES page-aligned)
 #include "client/client.h"
 #include "knod/hex.h"
@@ -325,6 +328,14 @@ int main(int argc, char **argv) {
         if (cmd == "hold-active") {
             if (auto a = client->activate(g->id, g->key); !a) return report(a);
         }
+        if (const char *job = std::getenv("KNOD_TEST_JOB")) {
+            const char *group = std::getenv("KNOD_TEST_JOB_GROUP");
+            const char *rank = std::getenv("KNOD_TEST_JOB_RANK");
+            if (auto t = client->set_job(g->id, g->key, job, group ? group : "",
+                                         rank ? static_cast<std::uint32_t>(std::stoul(rank)) : 0);
+                !t)
+                return report(t);
+        }
         std::cout << "ok " << g->id << " " << knod::to_hex(g->key) << std::endl;
         char c;
         while (read(STDIN_FILENO, &c, 1) > 0) {
@@ -435,6 +446,9 @@ int main(int argc, char **argv) {
     if (cmd == "flood" && args.size() == 8) return flood(args, *client);
     if (cmd == "activate" && args.size() == 3)
         return report(client->activate(args[1], from_hex(args[2])));
+    if (cmd == "set-job" && args.size() == 6)
+        return report(client->set_job(args[1], from_hex(args[2]), args[3], args[4],
+                                      static_cast<std::uint32_t>(std::stoul(args[5]))));
     if (cmd == "release" && args.size() == 2) return report(client->release(args[1]));
     if (cmd == "revoke" && args.size() == 3) return report(client->revoke(args[1], args[2]));
     if (cmd == "reload" && args.size() == 1) {

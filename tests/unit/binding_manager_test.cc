@@ -845,3 +845,149 @@ TEST_F(BindingManagerTest, AGrantInFlightIsDecidedAgainAtCommit) {
     EXPECT_TRUE(driver.attached.empty());
     m->shutdown();
 }
+
+// Issue #53: the holder (its key) tags its binding with a job, once; a wrong key, a bad string
+// or a second call changes nothing. The tag is journaled (job-tagged, detail {job, group,
+// rank}) and the chain still verifies.
+TEST_F(BindingManagerTest, OnlyTheHolderTagsItsBindingWithAJobOnceAndItIsJournaled) {
+    auto m = make();
+    daemon::Peer me = this_process(1000);
+    auto g = grant(*m, me, 5000);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    const daemon::Binding *b = m->find(g->id);
+    ASSERT_NE(b, nullptr);
+    EXPECT_FALSE(b->job) << "untagged until SetJob";
+
+    std::vector<std::uint8_t> wrong(g->key.begin(), g->key.end());
+    wrong[0] ^= 1;
+    auto refused = m->set_job(g->id, me, wrong, {"job-123", "0", 1});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::denied);
+    auto other = m->set_job(g->id, user(1001), g->key, {"job-123", "0", 1});
+    ASSERT_FALSE(other.ok()) << "another process, even with the key's bytes";
+    EXPECT_EQ(other.error().code, Errc::denied);
+    auto missing = m->set_job("nope", me, g->key, {"job-123", "0", 1});
+    ASSERT_FALSE(missing.ok());
+    EXPECT_EQ(missing.error().code, Errc::not_found);
+    for (daemon::JobTag bad : std::vector<daemon::JobTag>{{"", "", 0},
+                                                          {std::string(65, 'j'), "", 0},
+                                                          {"job 1", "", 0},
+                                                          {"job\n1", "", 0},
+                                                          {"(other)", "", 0},
+                                                          {"job", "g\"}", 0},
+                                                          {"job", std::string(65, 'g'), 0},
+                                                          {"job", "", 65536}}) {
+        auto r = m->set_job(g->id, me, g->key, bad);
+        ASSERT_FALSE(r.ok()) << "job '" << bad.job << "' group '" << bad.group << "'";
+        EXPECT_EQ(r.error().code, Errc::invalid_argument);
+        EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << r.error().message;
+        EXPECT_FALSE(m->find(g->id)->job) << "nothing changed";
+    }
+
+    ASSERT_TRUE(m->set_job(g->id, me, g->key, {"10.0.0.1:29500", "0", 3}).ok());
+    ASSERT_TRUE(m->find(g->id)->job);
+    EXPECT_EQ(m->find(g->id)->job->job, "10.0.0.1:29500");
+    EXPECT_EQ(m->find(g->id)->job->group, "0");
+    EXPECT_EQ(m->find(g->id)->job->rank, 3u);
+    auto again = m->set_job(g->id, me, g->key, {"job-2", "", 0});
+    ASSERT_FALSE(again.ok());
+    EXPECT_EQ(again.error().code, Errc::invalid_argument);
+    EXPECT_NE(again.error().message.find("already tagged"), std::string::npos)
+        << again.error().message;
+    EXPECT_EQ(m->find(g->id)->job->job, "10.0.0.1:29500") << "the first tag stays";
+    m->shutdown();
+
+    const std::string &db = rig.config.journal_path;
+    EXPECT_EQ(count(db, "SELECT count(*) FROM events WHERE kind = 'job-tagged'"), 1);
+    EXPECT_EQ(count(db, "SELECT count(*) FROM events WHERE kind = 'job-tagged' AND session_id = '" +
+                            g->id +
+                            "' AND uid = 1000 AND json_extract(detail, '$.job') = "
+                            "'10.0.0.1:29500' AND json_extract(detail, '$.group') = '0' AND "
+                            "json_extract(detail, '$.rank') = 3"),
+              1);
+    auto v = journal::verify_chain(db);
+    ASSERT_TRUE(v.ok()) << v.error().message;
+    EXPECT_TRUE(v->ok) << v->problem;
+}
+
+// What a tag may be: a store's address or a job name, in a bounded alphabet and length.
+TEST(JobTag, AcceptsAddressesAndNamesAndNothingElse) {
+    for (const char *ok : {"10.0.0.1:29500", "job-123", "team/run@3_v1.2", "j"})
+        EXPECT_TRUE(daemon::check_job_tag({ok, "", 0}).ok()) << ok;
+    EXPECT_TRUE(daemon::check_job_tag({std::string(64, 'j'), std::string(64, 'g'), 65535}).ok());
+    for (const char *bad : {"", "a b", "a,b", "[::1]:1", "é", "a=b", "x\"y", "a\\b", "a#1"})
+        EXPECT_FALSE(daemon::check_job_tag({bad, "", 0}).ok()) << bad;
+    EXPECT_FALSE(daemon::check_job_tag({std::string("a\0b", 3), "", 0}).ok());
+    auto r = daemon::check_job_tag({"job\x1b[2J", "", 0});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().message.find('\x1b'), std::string::npos) << "escaped in the message";
+}
+
+// GetMetrics counts live bindings per job, untagged ones not at all; past 64 jobs the rest
+// are summed as "(other)", so callers' tags cannot grow the series without bound.
+TEST_F(BindingManagerTest, MetricsCountLiveBindingsPerJobWithinABound) {
+    auto m = make(many_per_user);
+    daemon::Peer me = this_process(1000);
+    std::vector<daemon::Granted> gs;
+    for (int port = 5000; port < 5003; ++port) {
+        auto g = grant(*m, me, port);
+        ASSERT_TRUE(g.ok()) << g.error().message;
+        gs.push_back(std::move(*g));
+    }
+    ASSERT_TRUE(m->set_job(gs[0].id, me, gs[0].key, {"job-a", "0", 0}).ok());
+    ASSERT_TRUE(m->set_job(gs[1].id, me, gs[1].key, {"job-a", "0", 1}).ok());
+    auto j = nlohmann::json::parse(daemon::metrics_json(*m, "test"));
+    EXPECT_EQ(j["jobs"], nlohmann::json::parse(R"([{"job": "job-a", "count": 2}])")) << j.dump();
+    std::optional<Result<void>> released;
+    m->release(gs[0].id, me, false, [&](Result<void> r) { released = r; });
+    ASSERT_TRUE(drain([&] { return released.has_value(); }));
+    j = nlohmann::json::parse(daemon::metrics_json(*m, "test"));
+    EXPECT_EQ(j["jobs"], nlohmann::json::parse(R"([{"job": "job-a", "count": 1}])")) << j.dump();
+    m->shutdown();
+
+    std::map<std::string, std::uint64_t> per_job;
+    for (int i = 0; i < 70; ++i)
+        per_job["job-" + std::to_string(100 + i)] = i == 69 ? 5 : 1;
+    per_job["empty"] = 0;
+    auto series = daemon::job_series(per_job);
+    ASSERT_EQ(series.size(), daemon::max_job_series + 1);
+    EXPECT_EQ(series.front(), (std::pair<std::string, std::uint64_t>{"job-169", 5}))
+        << "the job with the most bindings first";
+    EXPECT_EQ(series[1].first, "job-100") << "then by name";
+    EXPECT_EQ(series.back(), (std::pair<std::string, std::uint64_t>{"(other)", 6}))
+        << "70 jobs: 64 series and the other 6 bindings summed";
+    std::uint64_t total = 0;
+    for (auto &[job, n] : series)
+        total += n;
+    EXPECT_EQ(total, 74u) << "nothing lost";
+    EXPECT_EQ(daemon::job_series({{"a", 1}, {"b", 2}}).size(), 2u) << "no (other) under the bound";
+}
+
+// A binding kept across a restart (the handoff) keeps its job tag, under the record's MAC.
+TEST_F(BindingManagerTest, AHandedOverBindingKeepsItsJobTag) {
+    MemoryStore store;
+    auto first = rig.manager(driver, parse_or_fail(many_per_user), &events);
+    first->set_handle_store(&store);
+    first->start();
+    daemon::Peer me = this_process(1000);
+    auto tagged = grant(*first, me, 5000);
+    auto untagged = grant(*first, me, 5001);
+    ASSERT_TRUE(tagged.ok() && untagged.ok());
+    ASSERT_TRUE(first->set_job(tagged->id, me, tagged->key, {"job-7", "1", 2}).ok());
+    ASSERT_EQ(first->hand_off(), 2u);
+    first.reset();
+    auto second = rig.manager(driver, parse_or_fail(many_per_user), &events);
+    second->set_handle_store(&store);
+    second->start();
+    const daemon::Binding *b = second->find(tagged->id);
+    ASSERT_NE(b, nullptr);
+    ASSERT_TRUE(b->job);
+    EXPECT_EQ(b->job->job, "job-7");
+    EXPECT_EQ(b->job->group, "1");
+    EXPECT_EQ(b->job->rank, 2u);
+    ASSERT_NE(second->find(untagged->id), nullptr);
+    EXPECT_FALSE(second->find(untagged->id)->job);
+    auto again = second->set_job(tagged->id, me, tagged->key, {"job-8", "", 0});
+    EXPECT_FALSE(again.ok()) << "still tagged once";
+    second->shutdown();
+}

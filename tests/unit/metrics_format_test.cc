@@ -59,6 +59,31 @@ TEST(MetricsFormat, HostileRuleNameStaysInItsLabel) {
         << text;
 }
 
+// knod_job_bindings: one series per job the daemon reported (it bounds them: at most 64 and
+// "(other)"), each label value escaped; a daemon without job tags reports none.
+TEST(MetricsFormat, JobBindingsOneSeriesPerJobEscaped) {
+    auto m = sample();
+    m["jobs"] = nlohmann::json::parse(R"js([{"job": "10.0.0.1:29500", "count": 2},
+        {"job": "(other)", "count": 7}, {"job": "x\"}\nknod_up 0", "count": 1}])js");
+    std::string text = render_metrics(m);
+    EXPECT_NE(text.find("# TYPE knod_job_bindings gauge\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("knod_job_bindings{job_tag=\"10.0.0.1:29500\"} 2\n"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("knod_job_bindings{job_tag=\"(other)\"} 7\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("knod_job_bindings{job_tag=\"x\\\"}\\nknod_up 0\"} 1\n"), std::string::npos)
+        << text;
+    std::istringstream in(text);
+    std::string line;
+    int up = 0, jobs = 0;
+    while (std::getline(in, line)) {
+        if (line.rfind("knod_up ", 0) == 0) ++up;
+        if (line.rfind("knod_job_bindings{", 0) == 0) ++jobs;
+    }
+    EXPECT_EQ(up, 1) << text;
+    EXPECT_EQ(jobs, 3) << text;
+    EXPECT_EQ(render_metrics(sample()).find("knod_job_bindings{"), std::string::npos);
+}
+
 TEST(MetricsFormat, FamiliesAndUnits) {
     std::string text = render_metrics(sample());
     for (const char *want :

@@ -114,6 +114,13 @@ KNOD_API knod_errc knod_binding_wait_for_data(knod_binding *binding, uint64_t se
  * (microseconds since the epoch) when `expires_us` is not NULL. */
 KNOD_API knod_errc knod_binding_renew(knod_binding *binding, uint64_t *expires_us,
                                       knod_error **error);
+/* Binding.SetJob: tags the binding with the job its holder serves (a torch.distributed job's
+ * store address or name, 1 to 64 bytes; its group, 0 to 64 bytes, NULL for ""; both only of
+ * letters, digits and . _ : @ / -) and the holder's rank (at most 65535), for the journal,
+ * `knod-policy bindings` and the metrics. Once per binding: a second call, or a bad string, is
+ * KNOD_ERR_INVALID_ARGUMENT and changes nothing. A label, never a policy input. */
+KNOD_API knod_errc knod_binding_set_job(knod_binding *binding, const char *job, const char *group,
+                                        uint32_t rank, knod_error **error);
 /* Binding.Release: ends the binding (end reason "release"). Releasing twice is KNOD_OK. */
 KNOD_API knod_errc knod_binding_release(knod_binding *binding, knod_error **error);
 /* The daemon's counters: bytes and packets delivered, packets of its flows dropped (any of

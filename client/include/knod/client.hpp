@@ -100,6 +100,14 @@ class Binding {
         if (knod_binding_renew(b_.get(), &until, &e) != KNOD_OK) return Error(e);
         return until;
     }
+    // Tags the binding with its holder's job, group and rank (knod_binding_set_job), once.
+    Result<bool> set_job(const std::string &job, const std::string &group = {},
+                         std::uint32_t rank = 0) {
+        knod_error *e = nullptr;
+        if (knod_binding_set_job(b_.get(), job.c_str(), group.c_str(), rank, &e) != KNOD_OK)
+            return Error(e);
+        return true;
+    }
     Result<bool> release() {
         knod_error *e = nullptr;
         if (knod_binding_release(b_.get(), &e) != KNOD_OK) return Error(e);
