@@ -1077,16 +1077,27 @@ Result<void> BindingManager::set_job(const std::string &id, const Peer &presente
     if (it == bindings_.end())
         return make_error(Errc::not_found, "no binding " + quote_untrusted(id));
     Binding &b = it->second;
+    // Refusals are journaled and coalesced per uid like Renew's: a wrong key is someone
+    // presenting bytes for a binding that is not theirs, worth an auditor's eye.
+    auto refused = [&](Errc code, const char *decision, const std::string &why) -> Error {
+        journal::Event e = event_for("job-tag-refused", presenter);
+        e.session_id = id;
+        e.decision = decision;
+        e.reason = why;
+        audit_.name_policy(e);
+        audit_.refuse(std::move(e), presenter.root_in_host());
+        return make_error(code, why);
+    };
     // Only the holder may say which job its binding serves: the same key check as Activate.
-    // Refusals are not journaled (the call grants nothing); the rate limit bounds them.
     if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
-        return make_error(Errc::denied, "key refused: " + ok.error().message);
+        return refused(Errc::denied, "key-refused", "key refused: " + ok.error().message);
     if (b.job)
-        return make_error(Errc::invalid_argument,
-                          "binding " + id + " is already tagged with job '" + b.job->job +
-                              "', group '" + b.job->group + "', rank " +
-                              std::to_string(b.job->rank) + " (a binding is tagged once)");
-    if (auto r = check_job_tag(tag); !r) return r.error();
+        return refused(Errc::invalid_argument, "invalid-request",
+                       "binding " + id + " is already tagged with job '" + b.job->job +
+                           "', group '" + b.job->group + "', rank " + std::to_string(b.job->rank) +
+                           " (a binding is tagged once)");
+    if (auto r = check_job_tag(tag); !r)
+        return refused(Errc::invalid_argument, "invalid-request", r.error().message);
     b.job = tag;
     journal::Event e = event_for(journal::kind::job_tagged, presenter);
     e.session_id = id;

@@ -35,6 +35,7 @@ inline const std::vector<std::string> &known_kinds() {
                                                kind::not_adopted,
                                                kind::holder_returned,
                                                kind::job_tagged,
+                                               "job-tag-refused",
                                                kind::sink_failing,
                                                kind::sink_recovered};
     return v;
@@ -62,6 +63,7 @@ inline const std::vector<std::string> &known_decisions() {
                                                kind::rate_limited,
                                                kind::activate_refused,
                                                "renew-refused",
+                                               "job-tag-refused",
                                                kind::reload_refused,
                                                kind::revoke_refused,
                                                kind::attest_refused,

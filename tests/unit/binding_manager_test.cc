@@ -905,6 +905,15 @@ TEST_F(BindingManagerTest, OnlyTheHolderTagsItsBindingWithAJobOnceAndItIsJournal
                             "'10.0.0.1:29500' AND json_extract(detail, '$.group') = '0' AND "
                             "json_extract(detail, '$.rank') = 3"),
               1);
+    // Every refusal above (a wrong key, another process, 8 bad tags, a second tag) is in the
+    // journal, one by one or in a coalesced window's count; the unknown id names no binding.
+    EXPECT_EQ(count(db, "SELECT count(*) FROM events WHERE kind = 'job-tag-refused'") +
+                  count(db, "SELECT coalesce(sum(json_extract(detail, '$.count')), 0) FROM events "
+                            "WHERE kind = 'refusals-coalesced' AND decision = 'job-tag-refused'"),
+              11);
+    EXPECT_EQ(count(db, "SELECT count(*) FROM events WHERE kind = 'job-tag-refused' AND "
+                        "decision = 'key-refused' AND uid = 1000"),
+              1);
     auto v = journal::verify_chain(db);
     ASSERT_TRUE(v.ok()) << v.error().message;
     EXPECT_TRUE(v->ok) << v->problem;
