@@ -236,9 +236,9 @@ def test_a_rank_that_leaves_cleanly_fails_only_what_needs_it():
     for r, (_, out, _) in enumerate(results):
         assert out["released"], out
     for r in (0, 1):
-        out = results[r][1]
-        assert out["after"], out
-        assert out["to_left"].startswith("PeerFailed") and "rank 2 left" in out["to_left"], out
+        assert results[r][1]["after"], results[r][1]
+    out = results[0][1]
+    assert out["to_left"].startswith("PeerFailed") and "rank 2 left" in out["to_left"], out
 
 
 def test_a_foreign_chunk_fails_the_operation_never_a_wrong_tensor():
