@@ -27,6 +27,7 @@ struct Options {
     // down (knod_up 0) within it, never after sd-bus's 25 s per call.
     double timeout_s = 4;
     std::string textfile_group = "prometheus"; // Debian's node_exporter runs as prometheus
+    bool job_tags = false;
 };
 
 // The collector's group, by name or number.
@@ -77,7 +78,7 @@ int run_metrics(const Options &o) {
     if (!j.is_object())
         return failed(make_error(Errc::corrupt, "GetMetrics answered something that is not a "
                                                 "JSON object"));
-    return deliver(o, render_metrics(j), exit_ok);
+    return deliver(o, render_metrics(j, o.job_tags), exit_ok);
 }
 
 } // namespace
@@ -108,6 +109,11 @@ Runner add_metrics(CLI::App &app) {
         ->check(CLI::Range(0.2, 60.0))
         ->type_name("SECONDS")
         ->capture_default_str();
+    cmd->add_flag("--job-tags", o->job_tags,
+                  "also export knod_job_bindings{job_tag=...}: live bindings per job tag "
+                  "(Binding.SetJob). Off by default: each holder picks its tag, so every new "
+                  "tag is a new series Prometheus keeps for its retention; turn it on where "
+                  "the jobs' names are few (docs/metrics.md)");
     cmd->add_option("--textfile-group", o->textfile_group,
                     "the group the file is readable by (mode 0640): the one node_exporter runs "
                     "as; no other local user reads it")

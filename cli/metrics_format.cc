@@ -152,7 +152,7 @@ std::string render_down() {
     return out;
 }
 
-std::string render_metrics(const nlohmann::json &m) {
+std::string render_metrics(const nlohmann::json &m, bool job_tags) {
     std::string out;
     Family up("knod_up", "gauge",
               "1 when knod-policyd answered for these figures, 0 when it could not be asked.");
@@ -199,10 +199,10 @@ std::string render_metrics(const nlohmann::json &m) {
                 "Live bindings tagged with a job (Binding.SetJob: what the holder claims, e.g. a "
                 "torch.distributed job's name), by job: at most 64 jobs, those with the most "
                 "bindings, the rest summed as job_tag=\"(other)\"; untagged bindings not counted.");
-    if (m.is_object() && m.contains("jobs") && m["jobs"].is_array())
+    if (job_tags && m.is_object() && m.contains("jobs") && m["jobs"].is_array())
         for (auto &j : m["jobs"])
             if (auto n = count(j, "count")) jobs.add({{"job_tag", str(j, "job")}}, *n);
-    jobs.write(out);
+    if (job_tags) jobs.write(out);
 
     Family requests("knod_requests_total", "counter",
                     "Binding requests by decision: allow and would-deny once the grant is "

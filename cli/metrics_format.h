@@ -20,7 +20,10 @@ std::string prom_label_value(std::string_view raw);
 
 // The exposition text for GetMetrics' JSON. Missing or mistyped fields are left out, never
 // guessed.
-std::string render_metrics(const nlohmann::json &m);
+// With job_tags, also knod_job_bindings: live bindings per job tag (Binding.SetJob). Off
+// unless asked (--job-tags): a tag is a value each holder chooses, so every new one is a new
+// series that Prometheus keeps for its retention, however few are live at once.
+std::string render_metrics(const nlohmann::json &m, bool job_tags = false);
 
 // What the file says when the daemon could not be asked: knod_up 0 and nothing else, so stale
 // figures never outlive the daemon that had them.

@@ -134,6 +134,8 @@ Result<void> check_job_name(const char *what, const std::string &v, std::size_t 
                    " bytes, not " + std::to_string(v.size()));
     for (char c : v)
         if (c == '\0' || !job_byte(c)) return bad("only letters, digits and . _ : @ / -");
+    // Never an option to the tools that print it back (`knod-policy bindings --job -x`).
+    if (!v.empty() && v[0] == '-') return bad("must not start with '-'");
     return {};
 }
 

@@ -186,17 +186,17 @@ class BindingManager {
     // since the epoch). Journaled; refused like Activate for a wrong key.
     Result<std::int64_t> renew(const std::string &id, const Peer &presenter,
                                std::span<const std::uint8_t> key);
+    // The holder (its key, checked like Activate's) tags its binding with the job it serves:
+    // once (a second call is InvalidArgument, naming the tag it has), with a tag check_job_tag
+    // accepts. Nothing changes on a refusal. Journaled (job-tagged, detail {job, group, rank});
+    // refusals too (job-tag-refused, coalesced per uid like every refusal). The tag is never an
+    // input to a decision.
+    Result<void> set_job(const std::string &id, const Peer &presenter,
+                         std::span<const std::uint8_t> key, const JobTag &tag);
     // The holder (its key, checked like Activate's) gets the read end of a pipe on which the
     // driver writes RxBytes after each batch of delivered payloads from now on, and the RxBytes
     // it starts from: its wait_for_data sleeps on it. Unsupported where the driver places no
     // data itself.
-    // The holder (its key, checked like Activate's) tags its binding with the job it serves:
-    // once (a second call is InvalidArgument, naming the tag it has), with a tag check_job_tag
-    // accepts. Nothing changes on a refusal. Journaled (job-tagged, detail {job, group, rank});
-    // refusals are not (the call grants nothing) but are rate-limited like every call. The tag
-    // is never an input to a decision.
-    Result<void> set_job(const std::string &id, const Peer &presenter,
-                         std::span<const std::uint8_t> key, const JobTag &tag);
     struct RxNotifier {
         UniqueFd fd;
         std::uint64_t rx_bytes = 0;

@@ -65,6 +65,7 @@ import socket
 import struct
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
@@ -150,6 +151,7 @@ class _Peer:
                             self.done[msg] = value
                         elif kind == b"X":
                             why = "failed an operation and closed its side channel"
+                            self.left = False  # a failure said after a goodbye still counts
                         elif kind == b"B" and why.startswith("closed"):
                             self.left = True
                             why = "left the group (destroy_process_group) and closed its side " \
@@ -298,12 +300,7 @@ class ProcessGroupKnod(dist.ProcessGroup):
             self._region = knod.SimBuffer(RING_FRAMES * FRAME)
             flow = f"udp {peers}:* -> {address}:{port}"
             self._binding = self._client.register_buffer(self._region, flow, netdev=netdev)
-            # The job's name, the group and this rank on the binding (Binding.SetJob, #53): the
-            # journal (job-tagged), `knod-policy bindings --job` and the metrics show a job's
-            # ranks together. A label, never decided on; a KNOD_DIST_JOB the daemon refuses
-            # (InvalidArgument: its alphabet and length) fails the init, naming it.
-            if hasattr(knod._capi.lib(), "knod_binding_set_job"):
-                self._binding.set_job(job, str(self._group_id), self._rank)
+            self._tag(job)
         except knod.Error as e:
             self._store.set(status_key, json.dumps({
                 "ok": False, "error": type(e).__name__, "rule": e.rule, "message": str(e)}))
@@ -343,6 +340,23 @@ class ProcessGroupKnod(dist.ProcessGroup):
         self._sender = _Sender(self)
         self._op_thread = threading.Thread(target=self._run_ops, name="knod-ops", daemon=True)
         self._op_thread.start()
+
+    def _tag(self, job: str) -> None:
+        """The job's name, the group and this rank on the binding (Binding.SetJob, #53): the
+        journal (job-tagged), `knod-policy bindings --job` and the metrics show a job's ranks
+        together. Only a label, never decided on: where it cannot be set (a daemon or a bus
+        policy from before #53, a KNOD_DIST_JOB outside the daemon's alphabet) the rank warns
+        and goes on untagged, rather than failing the job for a label."""
+        assert self._binding is not None
+        if not hasattr(knod._capi.lib(), "knod_binding_set_job"):
+            warnings.warn("knod.distributed: this libknod-client cannot tag bindings with their "
+                          "job (SetJob, #53); the binding stays untagged", RuntimeWarning)
+            return
+        try:
+            self._binding.set_job(job, str(self._group_id), self._rank)
+        except knod.Error as e:
+            warnings.warn(f"knod.distributed: rank {self._rank}'s binding stays untagged: "
+                          f"{type(e).__name__}: {e}", RuntimeWarning)
 
     def _job_name(self) -> str:
         # One name for the whole job: the first rank to ask makes it.

@@ -134,13 +134,16 @@ check "requests by decision, refusals, ends and the commit histogram are there" 
      grep -q "^knod_bindings_ended_total{reason=\"release\"} 1$" "$work/m.prom" &&
      grep -q "^knod_journal_commit_duration_seconds_count [1-9]" "$work/m.prom" &&
      grep -q "^knod_start_time_seconds [0-9]" "$work/m.prom"'
+check "no series per job tag unless asked (--job-tags)" '! grep -q "knod_job_bindings" "$work/m.prom"'
+"$cli" metrics --job-tags >"$work/m-jobs.prom" 2>"$work/err"
+check "knod-policy metrics --job-tags exits 0" '[ $? -eq 0 ]' || cat "$work/err"
 check "live bindings per job: B's job once, the untagged binding not at all" \
-    'grep -q "^knod_job_bindings{job_tag=\"10.0.0.1:29500\"} 1$" "$work/m.prom" &&
-     [ "$(grep -c "^knod_job_bindings{" "$work/m.prom")" = 1 ]'
+    'grep -q "^knod_job_bindings{job_tag=\"10.0.0.1:29500\"} 1$" "$work/m-jobs.prom" &&
+     [ "$(grep -c "^knod_job_bindings{" "$work/m-jobs.prom")" = 1 ]'
 setpriv --reuid=65534 --regid=65534 --clear-groups "$cli" metrics >"$work/out" 2>&1
 check "nobody may not read the metrics (exit 1, Denied)" '[ $? -eq 1 ] && grep -q "Error.Denied" "$work/out"'
 
-"$cli" metrics --textfile "$textdir" >"$work/out" 2>&1
+"$cli" metrics --job-tags --textfile "$textdir" >"$work/out" 2>&1
 check "--textfile writes knod-policy.prom, readable by the collector's group only (issue #51), and leaves no temporary file" \
     '[ $? -eq 0 ] && [ "$(ls -A "$textdir")" = knod-policy.prom ] && [ "$(stat -c %a:%G "$textdir/knod-policy.prom")" = 640:prometheus ]'
 "$cli" metrics --textfile "$textdir" --textfile-group no-such-group-knod >"$work/out" 2>&1
@@ -206,7 +209,7 @@ for s in r["data"]["result"]:
 # for the same: equal once Prometheus has scraped this file. Nothing moves meanwhile (no
 # traffic, no calls), so the file, status and bindings describe one moment.
 agree() {
-    "$cli" metrics --textfile "$textdir" >/dev/null 2>&1 || return 1
+    "$cli" metrics --job-tags --textfile "$textdir" >/dev/null 2>&1 || return 1
     "$cli" status --json >"$work/status.json" 2>/dev/null || return 1
     "$cli" bindings --json >"$work/bindings.json" 2>/dev/null || return 1
     for q in knod_info knod_bindings knod_rx_bytes_total knod_rx_packets_total \

@@ -198,6 +198,19 @@ def test_journal_rx_bytes_are_what_the_peers_sent():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_a_job_name_the_daemon_refuses_leaves_the_ranks_untagged_and_the_job_runs():
+    # The tag is a label: a KNOD_DIST_JOB outside the daemon's alphabet warns, never fails.
+    with Nodes(2, "n") as nodes:
+        results = finish(nodes.start("sent", extra_env={"KNOD_DIST_JOB": "not a job name"}))
+    assert_every_rank_ok(results)
+    for _, out, err in results:
+        assert out["ok"], out
+        assert "stays untagged" in err and "InvalidArgument" in err, err[-3000:]
+        b = out["info"]["binding"]
+        assert journal(f"select count(*) from events where session_id = '{b}' and "
+                       "kind = 'job-tagged'") == "0"
+
+
 def test_a_denied_rank_raises_and_nobody_hangs():
     # Rank 1's node is a pod of namespace ml-banned, which the policy denies by name.
     with Nodes(2, "d", teams={1: "ml-banned"}) as nodes:

@@ -924,8 +924,10 @@ TEST(JobTag, AcceptsAddressesAndNamesAndNothingElse) {
     for (const char *ok : {"10.0.0.1:29500", "job-123", "team/run@3_v1.2", "j"})
         EXPECT_TRUE(daemon::check_job_tag({ok, "", 0}).ok()) << ok;
     EXPECT_TRUE(daemon::check_job_tag({std::string(64, 'j'), std::string(64, 'g'), 65535}).ok());
-    for (const char *bad : {"", "a b", "a,b", "[::1]:1", "é", "a=b", "x\"y", "a\\b", "a#1"})
+    for (const char *bad :
+         {"", "a b", "a,b", "[::1]:1", "é", "a=b", "x\"y", "a\\b", "a#1", "-x", "--json"})
         EXPECT_FALSE(daemon::check_job_tag({bad, "", 0}).ok()) << bad;
+    EXPECT_FALSE(daemon::check_job_tag({"job", "-g", 0}).ok()) << "nor a group";
     EXPECT_FALSE(daemon::check_job_tag({std::string("a\0b", 3), "", 0}).ok());
     auto r = daemon::check_job_tag({"job\x1b[2J", "", 0});
     ASSERT_FALSE(r.ok());

@@ -65,7 +65,9 @@ TEST(MetricsFormat, JobBindingsOneSeriesPerJobEscaped) {
     auto m = sample();
     m["jobs"] = nlohmann::json::parse(R"js([{"job": "10.0.0.1:29500", "count": 2},
         {"job": "(other)", "count": 7}, {"job": "x\"}\nknod_up 0", "count": 1}])js");
-    std::string text = render_metrics(m);
+    EXPECT_EQ(render_metrics(m).find("knod_job_bindings"), std::string::npos)
+        << "only when asked (--job-tags)";
+    std::string text = render_metrics(m, true);
     EXPECT_NE(text.find("# TYPE knod_job_bindings gauge\n"), std::string::npos) << text;
     EXPECT_NE(text.find("knod_job_bindings{job_tag=\"10.0.0.1:29500\"} 2\n"), std::string::npos)
         << text;
@@ -81,7 +83,7 @@ TEST(MetricsFormat, JobBindingsOneSeriesPerJobEscaped) {
     }
     EXPECT_EQ(up, 1) << text;
     EXPECT_EQ(jobs, 3) << text;
-    EXPECT_EQ(render_metrics(sample()).find("knod_job_bindings{"), std::string::npos);
+    EXPECT_EQ(render_metrics(sample(), true).find("knod_job_bindings{"), std::string::npos);
 }
 
 TEST(MetricsFormat, FamiliesAndUnits) {
