@@ -769,14 +769,18 @@ template <typename Say> void print_targets(json &out, Say say) {
         // then includes waiting for a core), else a thread busy nearly all the time (each of
         // these is one thread).
         double all_cores = static_cast<double>(std::thread::hardware_concurrency());
-        std::string bound = "nothing measured here (no core and no thread was 90% busy)";
         double most = std::max({loop, writer, bus});
+        std::string busiest = most == writer ? "the journal writer"
+                              : most == loop ? "the daemon's event loop"
+                                             : "the bus daemon";
+        std::string bound;
         if (cores >= 0.9 * all_cores)
             bound = "the CPU: every core was busy";
         else if (most >= 0.9)
-            bound = most == writer ? "the journal writer (one thread)"
-                    : most == loop ? "the daemon's event loop (one thread)"
-                                   : "the bus daemon (one thread)";
+            bound = busiest + " (one thread)";
+        else
+            bound = "no one part alone: the busiest thread, " + busiest + ", was " +
+                    std::to_string(static_cast<int>(100 * most + 0.5)) + "% busy";
         // The same cores with the event loop's work taken away entirely: what the journal
         // writer, the bus and the clients spend on a pair still caps the rate.
         double rest =
