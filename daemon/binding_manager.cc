@@ -1008,23 +1008,15 @@ Result<void> BindingManager::activate(const std::string &id, const Peer &present
     Binding &b = it->second;
     auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id);
     if (!ok) {
-        journal::Event e = event_for(journal::kind::activate_refused, presenter);
-        e.session_id = id;
-        e.decision = "key-refused";
-        e.reason = ok.error().message;
-        audit_.name_policy(e);
-        audit_.refuse(std::move(e), presenter.root_in_host());
+        refuse_on_binding(journal::kind::activate_refused, presenter, id, "key-refused",
+                          ok.error().message);
         return make_error(Errc::denied, "key refused: " + ok.error().message);
     }
     if (b.state == BindingState::active) return {};
     if (auto r = driver_.activate(id); !r) {
         // A refusal like a wrong key (same kind, coalesced per uid), told apart by decision.
-        journal::Event e = event_for(journal::kind::activate_refused, presenter);
-        e.session_id = id;
-        e.decision = "driver-failure";
-        e.reason = escape_untrusted(r.error().message, Escape::message);
-        audit_.name_policy(e);
-        audit_.refuse(std::move(e), presenter.root_in_host());
+        refuse_on_binding(journal::kind::activate_refused, presenter, id, "driver-failure",
+                          escape_untrusted(r.error().message, Escape::message));
         return make_error(Errc::driver_failure, r.error().message);
     }
     b.state = BindingState::active;
@@ -1082,12 +1074,7 @@ Result<void> BindingManager::set_job(const std::string &id, const Peer &presente
     // Refusals are journaled and coalesced per uid like Renew's: a wrong key is someone
     // presenting bytes for a binding that is not theirs, worth an auditor's eye.
     auto refused = [&](Errc code, const char *decision, const std::string &why) -> Error {
-        journal::Event e = event_for("job-tag-refused", presenter);
-        e.session_id = id;
-        e.decision = decision;
-        e.reason = why;
-        audit_.name_policy(e);
-        audit_.refuse(std::move(e), presenter.root_in_host());
+        refuse_on_binding("job-tag-refused", presenter, id, decision, why);
         return make_error(code, why);
     };
     // Only the holder may say which job its binding serves: the same key check as Activate.
@@ -1128,11 +1115,7 @@ Result<std::int64_t> BindingManager::renew(const std::string &id, const Peer &pr
     // Refusals are coalesced per uid like every other kind: a holder (or an auditor, who sees
     // every binding) looping on Renew grows the journal no faster than any refused caller.
     auto refused = [&](Errc code, const std::string &why) -> Error {
-        journal::Event e = event_for("renew-refused", presenter);
-        e.session_id = id;
-        e.reason = why;
-        audit_.name_policy(e);
-        audit_.refuse(std::move(e), presenter.root_in_host());
+        refuse_on_binding("renew-refused", presenter, id, std::nullopt, why);
         return make_error(code, why);
     };
     if (auto ok = keys_.verify(b.key_id, key, presenter.holder(), b.region_id); !ok)
@@ -1237,6 +1220,17 @@ void BindingManager::refuse_action(const char *kind, const Peer &by, const std::
         e.detail = knod::dump_json(nlohmann::json{{"binding", escape_untrusted(*binding)}});
     audit_.name_policy(e); // the policy in force: it names who may administer (admin_group)
     audit_.refuse(std::move(e), by.root_in_host());
+}
+
+void BindingManager::refuse_on_binding(const char *kind, const Peer &presenter,
+                                       const std::string &id, std::optional<std::string> decision,
+                                       std::string reason) {
+    journal::Event e = event_for(kind, presenter);
+    e.session_id = id;
+    e.decision = std::move(decision);
+    e.reason = std::move(reason);
+    audit_.name_policy(e);
+    audit_.refuse(std::move(e), presenter.root_in_host());
 }
 
 Result<std::size_t> BindingManager::reload(policy::Policy next, const Peer &by,

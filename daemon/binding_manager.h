@@ -231,6 +231,10 @@ class BindingManager {
     // invalid-policy; `binding`: a revoke's argument.
     void refuse_action(const char *kind, const Peer &by, const std::string &decision,
                        const std::string &why, const std::optional<std::string> &binding = {});
+    // Journals a call on binding `id` refused to its presenter (Activate, Renew, SetJob: `kind`
+    // names which), coalesced per uid like every refusal; `decision` tells causes apart.
+    void refuse_on_binding(const char *kind, const Peer &presenter, const std::string &id,
+                           std::optional<std::string> decision, std::string reason);
     // Journals a RequestBinding refused before the policy was asked (`why`: bad arguments, an
     // unknown netdev or GPU, no driver; decision invalid-request or driver-failure), with the
     // arguments escaped and cut, coalesced like every refusal. `caller`: as far as it could be
