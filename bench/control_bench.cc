@@ -466,36 +466,11 @@ Floor measure_commits(const Row &r, const std::string &path, int n) {
 // bus daemon and this process's client threads, and how busy the whole machine was, over the
 // pairs (or pings) of a client count: what a pair costs in CPU, beside what it costs in time.
 
-// Nanoseconds on a CPU of one thread: /proc/.../schedstat's first field (the scheduler's own
-// count), or stat's utime + stime in clock ticks where schedstat is absent.
-double thread_cpu_us(const std::string &dir) {
-    if (std::ifstream in(dir + "/schedstat"); in) {
-        unsigned long long ns = 0;
-        if (in >> ns) return static_cast<double>(ns) / 1e3;
-    }
-    std::ifstream in(dir + "/stat");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto close = text.rfind(')'); // the command name may hold spaces and parentheses
-    if (close == std::string::npos) return 0;
-    std::istringstream rest(text.substr(close + 2));
-    std::string field;
-    unsigned long long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-        if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
-        if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
-    }
-    return static_cast<double>(utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-struct CpuSnapshot {
-    double loop_us = 0, daemon_us = 0, bus_us = 0, self_us = 0;
-    unsigned long long busy = 0, total = 0;                // /proc/stat jiffies, all CPUs
-    unsigned long long daemon_user = 0, daemon_system = 0; // its stat's utime, stime (ticks)
-};
-
-// A process's utime and stime (all its threads), in clock ticks: its stat's fields 14 and 15.
-std::pair<unsigned long long, unsigned long long> user_system_ticks(const char *pid) {
-    std::ifstream in(std::string("/proc/") + pid + "/stat");
+// utime and stime, in clock ticks, from a stat file (/proc/PID/stat: the process, all its
+// threads; /proc/PID/task/TID/stat: one thread): fields 14 and 15, after the command name, which
+// may hold spaces and parentheses. {0, 0} when it cannot be read.
+std::pair<unsigned long long, unsigned long long> user_system_ticks(const std::string &stat) {
+    std::ifstream in(stat);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto end_of_name = text.rfind(')');
     if (end_of_name == std::string::npos || end_of_name + 2 > text.size()) return {0, 0};
@@ -508,6 +483,23 @@ std::pair<unsigned long long, unsigned long long> user_system_ticks(const char *
     }
     return {user, system};
 }
+
+// Microseconds on a CPU of one thread: /proc/.../schedstat's first field (the scheduler's own
+// count, in ns), or its stat's utime + stime where schedstat is absent.
+double thread_cpu_us(const std::string &dir) {
+    if (std::ifstream in(dir + "/schedstat"); in) {
+        unsigned long long ns = 0;
+        if (in >> ns) return static_cast<double>(ns) / 1e3;
+    }
+    auto [user, system] = user_system_ticks(dir + "/stat");
+    return static_cast<double>(user + system) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+struct CpuSnapshot {
+    double loop_us = 0, daemon_us = 0, bus_us = 0, self_us = 0;
+    unsigned long long busy = 0, total = 0;                // /proc/stat jiffies, all CPUs
+    unsigned long long daemon_user = 0, daemon_system = 0; // its stat's utime, stime (ticks)
+};
 
 CpuSnapshot cpu_snapshot(const char *daemon_pid, const char *bus_pid) {
     CpuSnapshot s;
@@ -524,7 +516,8 @@ CpuSnapshot cpu_snapshot(const char *daemon_pid, const char *bus_pid) {
     };
     if (daemon_pid) {
         s.daemon_us = process(daemon_pid, &s.loop_us);
-        std::tie(s.daemon_user, s.daemon_system) = user_system_ticks(daemon_pid);
+        std::tie(s.daemon_user, s.daemon_system) =
+            user_system_ticks(std::string("/proc/") + daemon_pid + "/stat");
     }
     if (bus_pid) s.bus_us = process(bus_pid, nullptr);
     rusage ru{};
