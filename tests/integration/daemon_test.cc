@@ -325,6 +325,19 @@ TEST_F(DaemonTest, OnlyTheHolderTagsItsBindingWithAJobOnce) {
     EXPECT_LT(tagged_at, untagged_at) << "tagged bindings first: " << table.out;
     EXPECT_NE(table.out.find(" 10.0.0.1:29500[0]#1 "), std::string::npos) << table.out;
 
+    // An ordinary user's holder tags its own binding: the shipped bus policy lets every user
+    // call SetJob, as it does Activate (root's calls above pass any bus policy).
+    Output own = sb().run_program({"/usr/bin/env", "KNOD_TEST_JOB=job-nobody",
+                                   "KNOD_TEST_JOB_RANK=2", KNOD_TEST_CLIENT_BIN, "hold", "knodsim0",
+                                   "sim0", "4096", "udp 10.99.0.7:* -> 10.99.0.2:5007"},
+                                  nobody);
+    EXPECT_EQ(own.out.rfind("ok ", 0), 0u) << own.out;
+    EXPECT_TRUE(eventually([&] {
+        return sb().sql("SELECT count(*) FROM events WHERE kind='job-tagged' AND uid=65534 AND "
+                        "json_extract(detail, '$.job')='job-nobody' AND "
+                        "json_extract(detail, '$.rank')=2") == "1";
+    })) << own.out;
+
     auto v = journal::verify_chain(sb().journal());
     ASSERT_TRUE(v.ok()) << v.error().message;
     EXPECT_TRUE(v->ok) << v->problem;
