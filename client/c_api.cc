@@ -4,6 +4,8 @@
 
 #include "client/client.h"
 #include "client/devmem_rx.h"
+#include "client/devmem_stream.h"
+#include "client/elementwise.h"
 #include "client/refusal.h"
 #include "knod/unique_fd.h"
 #include "protocol/names.h"
@@ -165,82 +167,6 @@ std::atomic<bool> chunks_gso{[] {
 std::uint32_t chunk_length(std::uint64_t seq, std::uint64_t total) {
     std::uint64_t left = total - seq * KNOD_CHUNK_PAYLOAD;
     return static_cast<std::uint32_t>(std::min<std::uint64_t>(left, KNOD_CHUNK_PAYLOAD));
-}
-
-template <typename T> T apply_op(T a, T b, int op) {
-    if constexpr (std::is_floating_point_v<T>) {
-        switch (op) {
-        case KNOD_CHUNK_SUM:
-            return a + b;
-        case KNOD_CHUNK_PRODUCT:
-            return a * b;
-        case KNOD_CHUNK_MIN:
-            return std::isnan(a) ? a : std::isnan(b) ? b : (b < a ? b : a);
-        default:
-            return std::isnan(a) ? a : std::isnan(b) ? b : (b > a ? b : a);
-        }
-    } else {
-        using U = std::make_unsigned_t<T>; // wraps as torch's integers do, without overflow UB
-        switch (op) {
-        case KNOD_CHUNK_SUM:
-            return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-        case KNOD_CHUNK_PRODUCT:
-            return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-        case KNOD_CHUNK_MIN:
-            return b < a ? b : a;
-        default:
-            return b > a ? b : a;
-        }
-    }
-}
-
-template <typename T>
-void reduce_into(std::uint8_t *dst, const std::uint8_t *src, std::size_t n, int op) {
-    std::size_t count = n / sizeof(T);
-    for (std::size_t i = 0; i < count; ++i) {
-        T a, b;
-        std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
-        std::memcpy(&b, src + i * sizeof(T), sizeof(T));
-        a = apply_op(a, b, op);
-        std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
-    }
-}
-
-std::size_t dtype_size(int dtype) {
-    switch (dtype) {
-    case KNOD_CHUNK_U8:
-    case KNOD_CHUNK_I8:
-        return 1;
-    case KNOD_CHUNK_I16:
-        return 2;
-    case KNOD_CHUNK_I32:
-    case KNOD_CHUNK_F32:
-        return 4;
-    case KNOD_CHUNK_I64:
-    case KNOD_CHUNK_F64:
-        return 8;
-    default:
-        return 0;
-    }
-}
-
-void reduce_chunk(std::uint8_t *dst, const std::uint8_t *src, std::size_t n, int dtype, int op) {
-    switch (dtype) {
-    case KNOD_CHUNK_U8:
-        return reduce_into<std::uint8_t>(dst, src, n, op);
-    case KNOD_CHUNK_I8:
-        return reduce_into<std::int8_t>(dst, src, n, op);
-    case KNOD_CHUNK_I16:
-        return reduce_into<std::int16_t>(dst, src, n, op);
-    case KNOD_CHUNK_I32:
-        return reduce_into<std::int32_t>(dst, src, n, op);
-    case KNOD_CHUNK_I64:
-        return reduce_into<std::int64_t>(dst, src, n, op);
-    case KNOD_CHUNK_F32:
-        return reduce_into<float>(dst, src, n, op);
-    default:
-        return reduce_into<double>(dst, src, n, op);
-    }
 }
 
 void unref(knod_client *c) {
@@ -699,8 +625,8 @@ knod_errc knod_chunks_receive(void *dst, const void *ring, uint64_t ring_frames,
                             ") of a " + std::to_string(chunks) + "-chunk message at slot " +
                             std::to_string(slot) + " of a " + std::to_string(ring_frames) +
                             "-frame ring cannot be received");
-        std::size_t size = dtype_size(dtype);
-        if (op < KNOD_CHUNK_COPY || op > KNOD_CHUNK_MAX || (op != KNOD_CHUNK_COPY && !size))
+        std::size_t size = knod::client::element_size(dtype);
+        if (!knod::client::valid_operation(dtype, op))
             return fail(error, KNOD_ERR_INVALID_ARGUMENT,
                         "unknown element type " + std::to_string(dtype) + " or operation " +
                             std::to_string(op));
@@ -736,11 +662,51 @@ knod_errc knod_chunks_receive(void *dst, const void *ring, uint64_t ring_frames,
             std::uint32_t len = chunk_length(seq, total);
             std::uint8_t *to = out + seq * KNOD_CHUNK_PAYLOAD;
             const std::uint8_t *from = frame(i) + KNOD_CHUNK_HEADER;
-            if (op == KNOD_CHUNK_COPY)
-                std::memcpy(to, from, len);
-            else
-                reduce_chunk(to, from, len, dtype, op);
+            knod::client::apply_elements(to, from, len, dtype, op);
         }
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_stream_send(int fd, const void *data, uint64_t total, uint32_t msg, uint32_t source,
+                           knod_error **error) {
+    return guarded(error, [&] {
+        if (!data && total) return missing(error, "data");
+        knod::client::StreamMessage m{msg, source, total, nullptr, 0, KNOD_CHUNK_COPY};
+        if (auto sent = knod::client::send_stream_message(fd, data, m); !sent)
+            return fail(error, KNOD_ERR_IO, sent.error().message);
+        return KNOD_OK;
+    });
+}
+
+knod_errc knod_devmem_stream_receive(knod_devmem_rx *rx, const void *dmabuf, uint64_t dmabuf_size,
+                                     void *dst, uint64_t total, uint32_t msg, uint32_t source,
+                                     int dtype, int op, uint64_t *dmabuf_bytes,
+                                     knod_error **error) {
+    return guarded(error, [&] {
+        if (!rx) return missing(error, "rx");
+        if (!dmabuf && dmabuf_size) return missing(error, "dmabuf");
+        if (!dst && total) return missing(error, "dst");
+        if (!rx->pending.empty())
+            return fail(error, KNOD_ERR_INVALID_ARGUMENT,
+                        std::to_string(rx->pending.size()) +
+                            " fragment(s) of an earlier knod_devmem_rx_receive are pending: "
+                            "take them first");
+        std::vector<std::uint8_t> scratch(64 << 10);
+        knod::client::StreamMessage m{msg, source, total, dst, dtype, op};
+        auto got = knod::client::receive_stream_message(
+            rx->receiver,
+            std::span<const std::uint8_t>(static_cast<const std::uint8_t *>(dmabuf),
+                                          static_cast<std::size_t>(dmabuf_size)),
+            scratch, m);
+        if (!got) {
+            knod_errc code = got.error().code == Errc::invalid_argument ? KNOD_ERR_INVALID_ARGUMENT
+                             : got.error().code == Errc::corrupt        ? KNOD_ERR_FAILED
+                             : got.error().code == Errc::unavailable    ? KNOD_ERR_TIMEOUT
+                                                                        : KNOD_ERR_IO;
+            return fail(error, code, got.error().message);
+        }
+        if (dmabuf_bytes) *dmabuf_bytes = got->dmabuf_bytes;
         return KNOD_OK;
     });
 }

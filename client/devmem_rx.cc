@@ -51,6 +51,7 @@ Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t receive
             out.fragments.push_back({d.frag_offset, d.frag_size, d.frag_token, d.dmabuf_id});
             placed += d.frag_size;
         }
+        out.order.push_back({c->cmsg_type == so_devmem_linear, d.frag_size});
     }
     if (placed > received)
         return make_error(Errc::corrupt, "devmem receive: fragments of " + std::to_string(placed) +
@@ -61,6 +62,12 @@ Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t receive
         return make_error(Errc::corrupt,
                           "devmem receive: SCM_DEVMEM_LINEAR says " + std::to_string(linear) +
                               " bytes, the receive copied " + std::to_string(out.linear_bytes));
+    if (!saw_linear && out.linear_bytes) {
+        if (out.fragments.empty())
+            out.order = {{true, out.linear_bytes}}; // plain readable data
+        else
+            out.order.clear(); // where those bytes were among the fragments is not said
+    }
     return out;
 }
 

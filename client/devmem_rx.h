@@ -55,10 +55,21 @@ struct DevmemFragment {
     std::uint32_t dmabuf_id = 0;
 };
 
+// One run of a receive's payload in stream order: `size` linear bytes (the next ones of the
+// caller's buffer) or the next fragment.
+struct DevmemRun {
+    bool linear = false;
+    std::size_t size = 0;
+};
+
 struct DevmemReceived {
     std::vector<DevmemFragment> fragments; // in stream order
     std::size_t linear_bytes = 0;          // bytes copied into the caller's buffer, in order
     std::size_t bytes() const;             // payload bytes of this call, both kinds
+    // Linear bytes and fragments interleaved as the stream had them (the kernel copies an skb's
+    // linear part, SCM_DEVMEM_LINEAR, before its fragments). Empty when that order is unknown:
+    // linear bytes no SCM_DEVMEM_LINEAR described, beside fragments.
+    std::vector<DevmemRun> order;
 };
 
 // The control messages of one recvmsg(MSG_SOCK_DEVMEM) that returned `received` bytes. Bytes no
@@ -79,18 +90,29 @@ std::vector<std::vector<DmabufToken>> devmem_token_batches(const std::vector<std
 // Errc::invalid_argument naming what the fd is instead (not a socket, UDP, a Unix socket, ...).
 Result<void> check_devmem_socket(int fd);
 
-class DevmemReceiver {
+// What receives devmem payload: a DevmemReceiver on a socket, or a test's crafted fragments.
+class DevmemSource {
+  public:
+    virtual ~DevmemSource() = default;
+    // One receive of at most linear.size() payload bytes, both kinds together. Zero bytes and no
+    // fragment: the peer closed the stream.
+    virtual Result<DevmemReceived> receive(std::span<std::uint8_t> linear) = 0;
+    // Gives the fragments' buffers back to the NIC.
+    virtual Result<void> release(const std::vector<DevmemFragment> &fragments) = 0;
+};
+
+class DevmemReceiver : public DevmemSource {
   public:
     explicit DevmemReceiver(int tcp_fd) : fd_(tcp_fd) {}
     // One recvmsg(MSG_SOCK_DEVMEM). Zero bytes and no fragment: the peer closed the stream.
     // EAGAIN on a non-blocking socket is Errc::unavailable.
-    Result<DevmemReceived> receive(std::span<std::uint8_t> linear);
+    Result<DevmemReceived> receive(std::span<std::uint8_t> linear) override;
     // The devmem wait_for_data: waits up to `timeout_ms` (-1: forever) for the socket to have
     // something to receive (fragments, linear bytes or the peer's close), without the daemon.
     // true: receive() will not block; false: the time ran out.
     Result<bool> wait_for_data(int timeout_ms);
     // Gives the fragments' buffers back to the NIC.
-    Result<void> release(const std::vector<DevmemFragment> &fragments);
+    Result<void> release(const std::vector<DevmemFragment> &fragments) override;
 
   private:
     int fd_;

@@ -255,6 +255,52 @@ TEST(CApiDevmem, ALoopbackStreamThroughTheCApi) {
     knod_devmem_rx_free(nullptr);
 }
 
+// knod.distributed's devmem path through the C API (#53): knod_stream_send and
+// knod_devmem_stream_receive over this kernel's TCP (readable data: no fragment, no dma-buf
+// read); a receive left pending by knod_devmem_rx_receive is refused, and a short stream names
+// how far it got.
+TEST(CApiDevmem, AStreamMessageThroughTheCApi) {
+    knod::test::LoopbackTcp tcp;
+    knod_devmem_rx *rx = nullptr;
+    ASSERT_EQ(knod_devmem_rx_new(tcp.conn, &rx, nullptr), KNOD_OK);
+    std::vector<float> theirs = {1.0f, 2.0f, 3.0f}, mine = {10.0f, 20.0f, 30.0f};
+    knod_error *err = nullptr;
+    ASSERT_EQ(knod_stream_send(tcp.peer, theirs.data(), 12, 3, 1, &err), KNOD_OK)
+        << (err ? knod_error_message(err) : "");
+    std::uint64_t placed = 99;
+    ASSERT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 3, 1, KNOD_CHUNK_F32,
+                                         KNOD_CHUNK_SUM, &placed, &err),
+              KNOD_OK)
+        << (err ? knod_error_message(err) : "");
+    EXPECT_EQ(mine, (std::vector<float>{11.0f, 22.0f, 33.0f}));
+    EXPECT_EQ(placed, 0u);
+    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 4, 1, 99, KNOD_CHUNK_SUM,
+                                         nullptr, &err),
+              KNOD_ERR_INVALID_ARGUMENT);
+    knod_error_free(err);
+    err = nullptr;
+    ASSERT_EQ(knod_stream_send(tcp.peer, theirs.data(), 8, 4, 1, &err), KNOD_OK);
+    tcp.close_peer();
+    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 4, 1, KNOD_CHUNK_F32,
+                                         KNOD_CHUNK_COPY, nullptr, &err),
+              KNOD_ERR_FAILED)
+        << "a header of 8 bytes where 12 were expected";
+    ASSERT_NE(err, nullptr);
+    EXPECT_NE(std::string(knod_error_message(err)).find("does not carry message 4"),
+              std::string::npos)
+        << knod_error_message(err);
+    knod_error_free(err);
+    err = nullptr;
+    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 5, 1, KNOD_CHUNK_F32,
+                                         KNOD_CHUNK_COPY, nullptr, &err),
+              KNOD_ERR_IO);
+    ASSERT_NE(err, nullptr);
+    EXPECT_NE(std::string(knod_error_message(err)).find("closed its stream"), std::string::npos)
+        << knod_error_message(err);
+    knod_error_free(err);
+    knod_devmem_rx_free(rx);
+}
+
 // --- knod.distributed's chunks (#53) ---------------------------------------------------------
 
 namespace {

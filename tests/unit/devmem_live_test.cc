@@ -4,6 +4,8 @@
 // with no peer), and the receiver's reading of each. It runs on the host's kernel under ctest
 // and on Debian's 6.12 in the VM (vm.devmem), where no test may skip.
 #include "client/devmem_rx.h"
+#include "client/devmem_stream.h"
+#include "knod/client.h"
 #include "tests/unit/loopback_tcp.h"
 
 #include <fcntl.h>
@@ -18,6 +20,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace knod;
@@ -220,4 +223,74 @@ TEST(DevmemLive, ASmallBufferReadsTheStreamInPieces) {
         read.append(reinterpret_cast<char *>(linear.data()), got->linear_bytes);
     }
     EXPECT_EQ(read, sent);
+}
+
+// knod.distributed's devmem path on this kernel's TCP (#53): messages sent with their headers and
+// received with recvmsg(MSG_SOCK_DEVMEM), one at a time (each receive stops at its message's
+// end), reduced and copied into place; then the live error paths: a sender that stops mid-message
+// and a stream that carries another message.
+TEST(DevmemLive, StreamMessagesArriveWholeAndInStep) {
+    knod::test::LoopbackTcp tcp;
+    std::vector<std::int64_t> theirs(100000), mine(100000), copied(777, -1), sent2(777);
+    for (std::size_t i = 0; i < theirs.size(); ++i) {
+        theirs[i] = static_cast<std::int64_t>(i) * 3 - 5;
+        mine[i] = static_cast<std::int64_t>(i);
+    }
+    for (std::size_t i = 0; i < sent2.size(); ++i)
+        sent2[i] = static_cast<std::int64_t>(i) << 33;
+    // The sender on a thread of its own: 800 KB do not fit the socket's buffers unread.
+    Result<void> first = {}, second = {};
+    std::thread sender([&] {
+        first = send_stream_message(tcp.peer, theirs.data(),
+                                    {9, 2, theirs.size() * 8, nullptr, 0, KNOD_CHUNK_COPY});
+        second = send_stream_message(tcp.peer, sent2.data(),
+                                     {10, 2, sent2.size() * 8, nullptr, 0, KNOD_CHUNK_COPY});
+    });
+    DevmemReceiver rx(tcp.conn);
+    std::vector<std::uint8_t> scratch(4096);
+    auto got = receive_stream_message(
+        rx, {}, scratch, {9, 2, mine.size() * 8, mine.data(), KNOD_CHUNK_I64, KNOD_CHUNK_SUM});
+    ASSERT_TRUE(got) << got.error().message;
+    EXPECT_EQ(got->linear_bytes, stream_header_size + mine.size() * 8);
+    EXPECT_EQ(got->dmabuf_bytes, 0u) << "no devmem NIC here: every byte is linear";
+    for (std::size_t i = 0; i < mine.size(); ++i)
+        ASSERT_EQ(mine[i], static_cast<std::int64_t>(i) * 4 - 5) << "element " << i;
+    auto next = receive_stream_message(
+        rx, {}, scratch,
+        {10, 2, copied.size() * 8, copied.data(), KNOD_CHUNK_I64, KNOD_CHUNK_COPY});
+    ASSERT_TRUE(next) << next.error().message;
+    EXPECT_EQ(copied, sent2);
+    sender.join();
+    ASSERT_TRUE(first) << first.error().message;
+    ASSERT_TRUE(second) << second.error().message;
+
+    // Another message than the one expected (its number), then a sender that stops halfway.
+    std::vector<std::uint8_t> small(64, 7), dst(64, 0);
+    ASSERT_TRUE(send_stream_message(tcp.peer, small.data(),
+                                    {12, 2, small.size(), nullptr, 0, KNOD_CHUNK_COPY}));
+    auto foreign = receive_stream_message(rx, {}, scratch,
+                                          {11, 2, 64, dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY});
+    ASSERT_FALSE(foreign);
+    EXPECT_EQ(foreign.error().code, Errc::corrupt);
+    EXPECT_NE(foreign.error().message.find("does not carry message 11"), std::string::npos)
+        << foreign.error().message;
+
+    knod::test::LoopbackTcp cut;
+    std::vector<std::uint8_t> header(stream_header_size);
+    std::uint32_t words[4] = {KNOD_CHUNK_MAGIC, 0, 1, 0};
+    std::uint64_t total = 1000;
+    std::memcpy(header.data(), words, sizeof words);
+    std::memcpy(header.data() + 16, &total, sizeof total);
+    header.resize(header.size() + 100, 1);
+    ASSERT_EQ(send(cut.peer, header.data(), header.size(), 0), static_cast<ssize_t>(header.size()));
+    cut.close_peer();
+    DevmemReceiver rx2(cut.conn);
+    std::vector<std::uint8_t> big(1000);
+    auto ended = receive_stream_message(rx2, {}, scratch,
+                                        {0, 1, 1000, big.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY});
+    ASSERT_FALSE(ended);
+    EXPECT_EQ(ended.error().code, Errc::io);
+    EXPECT_NE(ended.error().message.find("rank 1 closed its stream after 124 of 1024 bytes"),
+              std::string::npos)
+        << ended.error().message;
 }

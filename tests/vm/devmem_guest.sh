@@ -73,6 +73,12 @@ check "the kernel refused one range more than the receiver's batches" \
 # The same path through the C API (libknod-client.so.1), as a C holder calls it.
 gtests "C API devmem receive" /tmp/capi.log knod_client_unit_tests --gtest_filter='CApiDevmem.*'
 check "the C API's devmem receive test ran" grep -q '^\[       OK \] CApiDevmem\.' /tmp/capi.log
+# knod.distributed's devmem path (#53) on this kernel: stream messages received whole and in
+# step, a foreign message and a sender that stops halfway named, in C++ and through the C API.
+check "the collectives' devmem stream ran on $(uname -r)" \
+    grep -q '^\[       OK \] DevmemLive.StreamMessagesArriveWholeAndInStep' /tmp/live.log
+check "the C API's devmem stream receive ran" \
+    grep -q '^\[       OK \] CApiDevmem.AStreamMessageThroughTheCApi' /tmp/capi.log
 
 # The doctor sees the same machine (a smoke check that the CLI runs on this kernel).
 check "knod-policy doctor runs" sh -c 'knod-policy doctor >/tmp/doctor.log 2>&1; [ $? -le 2 ]'

@@ -234,6 +234,32 @@ KNOD_API knod_errc knod_chunks_receive(void *dst, const void *ring, uint64_t rin
                                        uint32_t msg, uint32_t source, int dtype, int op,
                                        knod_error **error);
 
+/* --- Streams: knod.distributed's data path on devmem (docs/collectives.md) -----------------
+ *
+ * On a devmem binding a message from one rank to another travels on the TCP stream the sender
+ * opened to the receiver's flow: a header of KNOD_STREAM_HEADER bytes (little-endian uint32
+ * KNOD_CHUNK_MAGIC, the message number, the source rank, zero; uint64 the payload's length),
+ * then the payload, which the NIC places in the receiver's dma-buf. */
+#define KNOD_STREAM_HEADER 24
+
+/* Sends message `msg` (`total` bytes at `data`, from rank `source`) on the connected TCP socket
+ * `fd`, header and payload, whole (blocking). KNOD_ERR_IO naming how many bytes went. */
+KNOD_API knod_errc knod_stream_send(int fd, const void *data, uint64_t total, uint32_t msg,
+                                    uint32_t source, knod_error **error);
+/* Receives message `msg` (`total` bytes, from rank `source`) on `rx`'s socket: checks its header
+ * and applies the payload to `dst` as knod_chunks_receive does (KNOD_CHUNK_COPY copies, the
+ * other ops reduce as `dtype`), reading what the NIC placed in the dma-buf from `dmabuf`, the
+ * dma-buf's CPU mapping of `dmabuf_size` bytes, and giving every fragment back before it
+ * returns. It never reads past the message: the next one stays in the socket. Stores the bytes
+ * that came in the dma-buf in *dmabuf_bytes (may be NULL). A stream that carries another
+ * message, or a fragment outside the dma-buf, is KNOD_ERR_FAILED naming it; a stream that ends
+ * first, KNOD_ERR_IO naming how far it got; fragments an earlier knod_devmem_rx_receive left
+ * pending, KNOD_ERR_INVALID_ARGUMENT. */
+KNOD_API knod_errc knod_devmem_stream_receive(knod_devmem_rx *rx, const void *dmabuf,
+                                              uint64_t dmabuf_size, void *dst, uint64_t total,
+                                              uint32_t msg, uint32_t source, int dtype, int op,
+                                              uint64_t *dmabuf_bytes, knod_error **error);
+
 #ifdef __cplusplus
 }
 #endif
