@@ -79,9 +79,20 @@ _PROTOTYPES = {
         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
          ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int,
          ctypes.c_int, c_void_pp]),
+    # Since knod.distributed's devmem path (#53); without them KNOD_DIST_TRANSPORT=devmem says so.
+    "knod_stream_send": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
+         c_void_pp]),
+    "knod_devmem_stream_receive": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64,
+         ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.c_int,
+         ctypes.POINTER(ctypes.c_uint64), c_void_pp]),
 }
 OPTIONAL = {name for name in _PROTOTYPES
-            if name.startswith(("knod_devmem_rx_", "knod_chunks_"))} | {"knod_binding_set_job"}
+            if name.startswith(("knod_devmem_rx_", "knod_chunks_", "knod_stream_",
+                                "knod_devmem_stream_"))} | {"knod_binding_set_job"}
 
 
 def lib():

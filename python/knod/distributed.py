@@ -51,6 +51,12 @@ Configuration (environment, read at init):
   KNOD_DIST_DATAPATH      "python": no C hot path
   KNOD_DIST_IFADDR        this rank's side-channel address (default: the route's source
                           address towards KNOD_DIST_ADDRESS)
+  KNOD_DIST_TRANSPORT     "sim" (default: the above) or "devmem": on a devmem NIC, the binding
+                          is of a dma-buf (a udmabuf) for ``tcp PEERS:* -> ADDRESS:PORT``, every
+                          peer opens a TCP stream to it, and the NIC places the payload in the
+                          dma-buf (knod._dist_devmem; docs/collectives.md)
+  KNOD_DIST_GPU           the binding's GPU id (default sim0)
+  KNOD_DIST_DMABUF_BYTES  devmem: the dma-buf's size (default 16 MiB)
 """
 from __future__ import annotations
 
@@ -75,6 +81,7 @@ import torch.distributed as dist
 
 import knod
 import knod._capi
+from knod import _dist_devmem
 
 __all__ = ["PeerFailed", "ChunkError", "ProcessGroupKnod", "BACKEND", "HEADER", "PAYLOAD",
            "FRAME", "RING_FRAMES"]
@@ -263,6 +270,12 @@ class ProcessGroupKnod(dist.ProcessGroup):
         # KNOD_DIST_DATAPATH=python (the same chunks, built and checked with numpy and torch).
         self._chunks_c = (os.environ.get("KNOD_DIST_DATAPATH", "c") != "python" and
                           hasattr(knod._capi.lib(), "knod_chunks_send"))
+        self._transport = os.environ.get("KNOD_DIST_TRANSPORT", "sim")
+        if self._transport not in ("sim", "devmem"):
+            raise ValueError(f"KNOD_DIST_TRANSPORT={self._transport!r}: use 'sim' (the sim "
+                             "NIC's datagrams into a SimBuffer) or 'devmem' (TCP streams "
+                             "into a dma-buf on a devmem NIC)")
+        self._devmem: Optional[_dist_devmem.DevmemPath] = None
         self._binding: Optional[knod.Binding] = None
         self._client: Optional[knod.Client] = None
         self._udp: Optional[socket.socket] = None
@@ -297,9 +310,20 @@ class ProcessGroupKnod(dist.ProcessGroup):
         ctrl = f"{here}:{self._listener.getsockname()[1]}"
         try:
             self._client = knod.Client()
-            self._region = knod.SimBuffer(RING_FRAMES * FRAME)
-            flow = f"udp {peers}:* -> {address}:{port}"
-            self._binding = self._client.register_buffer(self._region, flow, netdev=netdev)
+            if self._transport == "devmem":
+                self._devmem = _dist_devmem.DevmemPath(self._rank, self._size, self._timeout,
+                                                       ChunkError, PeerFailed)
+                region: Any = self._devmem.make_region()
+                flow = f"tcp {peers}:* -> {address}:{port}"
+            else:
+                region = self._region = knod.SimBuffer(RING_FRAMES * FRAME)
+                flow = f"udp {peers}:* -> {address}:{port}"
+            self._binding = self._client.register_buffer(
+                region, flow, netdev=netdev, gpu=os.environ.get("KNOD_DIST_GPU", "sim0"))
+            if self._devmem is not None:
+                assert self._devmem.region is not None
+                self._devmem.use_mapping(self._devmem.region.mapping)
+                self._devmem.listen(address, port)
             self._tag(job)
         except knod.Error as e:
             self._store.set(status_key, json.dumps({
@@ -309,11 +333,13 @@ class ProcessGroupKnod(dist.ProcessGroup):
             self._store.set(status_key, json.dumps({
                 "ok": False, "error": type(e).__name__, "rule": None, "message": str(e)}))
             raise
-        self._ring = numpy.frombuffer(self._region, dtype=numpy.uint8).reshape(RING_FRAMES, FRAME)
+        if self._devmem is None:
+            self._ring = numpy.frombuffer(self._region, dtype=numpy.uint8).reshape(RING_FRAMES,
+                                                                                   FRAME)
         self.info = {"job": job, "group": self._group_id, "rank": self._rank,
                      "global_rank": grank, "binding": self._binding.id,
                      "rule": self._binding.rule, "flow": flow, "data": f"{address}:{port}",
-                     "ctrl": ctrl}
+                     "ctrl": ctrl, "transport": self._transport}
         self._store.set(status_key, json.dumps({"ok": True, **self.info}))
         # Everyone's status, each within the deadline: a denied or failed rank says so at once.
         self._dests: Dict[int, tuple] = {}
@@ -331,12 +357,15 @@ class ProcessGroupKnod(dist.ProcessGroup):
             self._dests[r] = (host, int(p))
             ctrls[r] = s["ctrl"]
         self._connect(ctrls, deadline)
-        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        # Never fragments: a path whose MTU is below a chunk's datagram fails the send at once
-        # ("Message too long") instead of losing the chunks on the way.
-        self._udp.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10),
-                             getattr(socket, "IP_PMTUDISC_DO", 2))
+        if self._devmem is not None:
+            self._devmem.connect(self._store, self._dests, deadline)
+        else:
+            self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            # Never fragments: a path whose MTU is below a chunk's datagram fails the send at
+            # once ("Message too long") instead of losing the chunks on the way.
+            self._udp.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10),
+                                 getattr(socket, "IP_PMTUDISC_DO", 2))
         self._sender = _Sender(self)
         self._op_thread = threading.Thread(target=self._run_ops, name="knod-ops", daemon=True)
         self._op_thread.start()
@@ -464,11 +493,15 @@ class ProcessGroupKnod(dist.ProcessGroup):
         for s in (self._udp, self._listener):
             if s is not None:
                 s.close()
+        if self._devmem is not None:
+            self._devmem.close()
         if self._binding is not None:
             try:
                 self._binding.close()
             except knod.Error:
                 pass
+        if self._devmem is not None:
+            self._devmem.close_region()
         if self._client is not None:
             self._client.close()
 
@@ -496,6 +529,10 @@ class ProcessGroupKnod(dist.ProcessGroup):
         peer = self._peers[dst]
         msg = self._send_msg[dst]
         self._send_msg[dst] = (msg + 1) & 0xFFFFFFFF
+        if self._devmem is not None:
+            self._check()
+            self._devmem.send(dst, msg, data)
+            return
         total = data.size
         chunks = -(-total // PAYLOAD)
         deadline = time.monotonic() + self._timeout
@@ -569,6 +606,10 @@ class ProcessGroupKnod(dist.ProcessGroup):
         peer = self._peers[src]
         msg = self._recv_msg[src]
         self._recv_msg[src] = (msg + 1) & 0xFFFFFFFF
+        if self._devmem is not None:
+            self._check_receiving(peer, msg)
+            self._devmem.receive(src, msg, total, apply)
+            return
         chunks = -(-total // PAYLOAD)
         if chunks == 0:
             return

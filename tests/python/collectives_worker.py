@@ -172,6 +172,9 @@ def main():
     except PeerFailed as e:
         print(json.dumps({"peer_failed": str(e)}), flush=True)
         return 3
+    except knod.Error as e:  # a rank that cannot receive at all (no udmabuf, a driver's refusal)
+        print(json.dumps({"error": type(e).__name__, "message": str(e)}), flush=True)
+        return 4
     pg = dist.distributed_c10d._get_default_group()
     info = dict(pg.info)
     gloo = dist.new_group(backend="gloo")

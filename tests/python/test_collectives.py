@@ -223,6 +223,25 @@ def test_a_denied_rank_raises_and_nobody_hangs():
     assert "rank 1" in out0["peer_failed"] and "no-banned-team" in out0["peer_failed"], out0
 
 
+def test_the_devmem_transport_where_no_rank_can_receive_fails_every_init():
+    # KNOD_DIST_TRANSPORT=devmem on the sim: a rank's receive buffer must be a dma-buf (a
+    # udmabuf, which this kernel may lack) bound to a devmem NIC, which the sim is not. Every
+    # rank's init raises, naming why (its own) or the rank that could not (a peer's); nobody
+    # hangs.
+    with Nodes(2, "v") as nodes:
+        results = finish(nodes.start("ops", extra_env={"KNOD_DIST_TRANSPORT": "devmem",
+                                                       "KNOD_TEST_PG_TIMEOUT": "60"}),
+                         timeout=300)
+    assert [rc for rc, _, _ in results] != [0, 0]
+    own = [out for rc, out, _ in results if rc == 4]
+    assert own, results
+    for rc, out, err in results:
+        assert rc in (2, 3, 4), f"rc={rc} {out} {err[-2000:]}"
+    if not os.path.exists("/dev/udmabuf"):
+        for out in own:
+            assert out["error"] == "Unavailable" and "modprobe udmabuf" in out["message"], out
+
+
 def test_a_killed_rank_makes_the_others_fail_fast():
     with Nodes(3, "k") as nodes:
         results = finish(nodes.start("die"))
