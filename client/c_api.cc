@@ -183,6 +183,22 @@ std::optional<knod_errc> ended(knod_binding *b, knod_error **error) {
     return fail(error, KNOD_ERR_ENDED, "binding " + b->grant.id + " ended: " + b->end->reason);
 }
 
+// The C API codes of a stream call's errors (knod/client.h).
+knod_errc stream_code(knod::Errc e) {
+    switch (e) {
+    case knod::Errc::invalid_argument:
+        return KNOD_ERR_INVALID_ARGUMENT;
+    case knod::Errc::corrupt:
+        return KNOD_ERR_FAILED;
+    case knod::Errc::unavailable:
+        return KNOD_ERR_TIMEOUT;
+    case knod::Errc::revoked:
+        return KNOD_ERR_ENDED;
+    default:
+        return KNOD_ERR_IO;
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -669,20 +685,21 @@ knod_errc knod_chunks_receive(void *dst, const void *ring, uint64_t ring_frames,
 }
 
 knod_errc knod_stream_send(int fd, const void *data, uint64_t total, uint32_t msg, uint32_t source,
-                           knod_error **error) {
+                           int timeout_ms, int cancel_fd, knod_error **error) {
     return guarded(error, [&] {
         if (!data && total) return missing(error, "data");
-        knod::client::StreamMessage m{msg, source, total, nullptr, 0, KNOD_CHUNK_COPY};
-        if (auto sent = knod::client::send_stream_message(fd, data, m); !sent)
-            return fail(error, KNOD_ERR_IO, sent.error().message);
+        if (auto sent = knod::client::send_stream_message(fd, data, {msg, source, total},
+                                                          {timeout_ms, cancel_fd});
+            !sent)
+            return fail(error, stream_code(sent.error().code), sent.error().message);
         return KNOD_OK;
     });
 }
 
 knod_errc knod_devmem_stream_receive(knod_devmem_rx *rx, const void *dmabuf, uint64_t dmabuf_size,
-                                     void *dst, uint64_t total, uint32_t msg, uint32_t source,
-                                     int dtype, int op, uint64_t *dmabuf_bytes,
-                                     knod_error **error) {
+                                     uint32_t dmabuf_id, void *dst, uint64_t total, uint32_t msg,
+                                     uint32_t source, int dtype, int op, int timeout_ms,
+                                     int cancel_fd, uint64_t *dmabuf_bytes, knod_error **error) {
     return guarded(error, [&] {
         if (!rx) return missing(error, "rx");
         if (!dmabuf && dmabuf_size) return missing(error, "dmabuf");
@@ -693,19 +710,14 @@ knod_errc knod_devmem_stream_receive(knod_devmem_rx *rx, const void *dmabuf, uin
                             " fragment(s) of an earlier knod_devmem_rx_receive are pending: "
                             "take them first");
         std::vector<std::uint8_t> scratch(64 << 10);
-        knod::client::StreamMessage m{msg, source, total, dst, dtype, op};
-        auto got = knod::client::receive_stream_message(
-            rx->receiver,
+        knod::client::DevmemRegion region{
             std::span<const std::uint8_t>(static_cast<const std::uint8_t *>(dmabuf),
                                           static_cast<std::size_t>(dmabuf_size)),
-            scratch, m);
-        if (!got) {
-            knod_errc code = got.error().code == Errc::invalid_argument ? KNOD_ERR_INVALID_ARGUMENT
-                             : got.error().code == Errc::corrupt        ? KNOD_ERR_FAILED
-                             : got.error().code == Errc::unavailable    ? KNOD_ERR_TIMEOUT
-                                                                        : KNOD_ERR_IO;
-            return fail(error, code, got.error().message);
-        }
+            dmabuf_id};
+        auto got = knod::client::receive_stream_message(rx->receiver, region, scratch,
+                                                        {msg, source, total}, {dst, dtype, op},
+                                                        {timeout_ms, cancel_fd});
+        if (!got) return fail(error, stream_code(got.error().code), got.error().message);
         if (dmabuf_bytes) *dmabuf_bytes = got->dmabuf_bytes;
         return KNOD_OK;
     });

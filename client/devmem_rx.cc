@@ -17,7 +17,8 @@ std::size_t DevmemReceived::bytes() const {
     return n;
 }
 
-Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t received) {
+Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t received,
+                                          std::vector<std::uint32_t> *tokens) {
     if (msg.msg_flags & MSG_CTRUNC)
         return make_error(Errc::corrupt, "devmem receive: the control buffer was too small: "
                                          "fragments were lost and their buffers cannot be "
@@ -50,6 +51,7 @@ Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t receive
         } else {
             out.fragments.push_back({d.frag_offset, d.frag_size, d.frag_token, d.dmabuf_id});
             placed += d.frag_size;
+            if (tokens) tokens->push_back(d.frag_token);
         }
         out.order.push_back({c->cmsg_type == so_devmem_linear, d.frag_size});
     }
@@ -151,7 +153,10 @@ Result<DevmemReceived> DevmemReceiver::receive(std::span<std::uint8_t> linear) {
     msg.msg_iovlen = 1;
     msg.msg_control = control_.data();
     msg.msg_controllen = control_.size();
-    ssize_t n = recvmsg(fd_, &msg, msg_sock_devmem);
+    ssize_t n;
+    do
+        n = recvmsg(fd_, &msg, msg_sock_devmem);
+    while (n < 0 && errno == EINTR);
     if (n < 0) {
         int e = errno;
         Errc code = e == EAGAIN || e == EWOULDBLOCK ? Errc::unavailable : Errc::io;
@@ -160,7 +165,33 @@ Result<DevmemReceived> DevmemReceiver::receive(std::span<std::uint8_t> linear) {
                                        : "";
         return make_error(code, std::string("devmem receive: ") + std::strerror(e) + hint);
     }
-    return parse_devmem_cmsgs(msg, static_cast<std::size_t>(n));
+    std::vector<std::uint32_t> tokens;
+    auto parsed = parse_devmem_cmsgs(msg, static_cast<std::size_t>(n), &tokens);
+    if (!parsed && !tokens.empty()) {
+        // The buffers are ours until given back, parsed or not.
+        std::vector<DevmemFragment> named;
+        for (auto t : tokens)
+            named.push_back({0, 0, t, 0});
+        (void)release(named); // best effort: the parse error is the news
+    }
+    return parsed;
+}
+
+Result<DevmemSource::Ready> DevmemReceiver::wait(int timeout_ms, int cancel_fd) {
+    pollfd p[2] = {{fd_, POLLIN, 0}, {cancel_fd, POLLIN, 0}};
+    for (;;) {
+        int r = poll(p, cancel_fd >= 0 ? 2 : 1, timeout_ms);
+        if (r > 0) {
+            if (cancel_fd >= 0 && p[1].revents) return Ready::cancelled;
+            if (p[0].revents & POLLNVAL)
+                return make_error(Errc::invalid_argument, "devmem receive: not an open socket");
+            return Ready::data; // POLLIN, POLLHUP or POLLERR: receive() answers at once
+        }
+        if (r == 0) return Ready::timeout;
+        if (errno != EINTR)
+            return make_error(Errc::io,
+                              std::string("devmem receive: poll: ") + std::strerror(errno));
+    }
 }
 
 Result<bool> DevmemReceiver::wait_for_data(int timeout_ms) {

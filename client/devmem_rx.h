@@ -76,7 +76,10 @@ struct DevmemReceived {
 // SCM_DEVMEM_DMABUF accounts for are linear (SCM_DEVMEM_LINEAR, or readable data the kernel
 // copied as usual). Fails (Errc::corrupt) on a truncated control buffer (MSG_CTRUNC: fragments
 // would be lost, their tokens never returned) or a malformed message.
-Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t received);
+// `tokens`, when given, gets the token of every fragment the messages named, even when parsing
+// fails: the caller can still give those buffers back.
+Result<DevmemReceived> parse_devmem_cmsgs(const msghdr &msg, std::size_t received,
+                                          std::vector<std::uint32_t> *tokens = nullptr);
 
 // SO_DEVMEM_DONTNEED arguments for `tokens`: consecutive tokens merged into ranges, at most
 // `max_ranges` ranges and `max_tokens` tokens per call (the kernel's limits: 128 and 1024).
@@ -93,7 +96,11 @@ Result<void> check_devmem_socket(int fd);
 // What receives devmem payload: a DevmemReceiver on a socket, or a test's crafted fragments.
 class DevmemSource {
   public:
+    enum class Ready { data, timeout, cancelled };
     virtual ~DevmemSource() = default;
+    // Waits up to `timeout_ms` (< 0: for ever) until receive() will not block, or `cancel_fd`
+    // (< 0: none) is readable.
+    virtual Result<Ready> wait(int timeout_ms, int cancel_fd) = 0;
     // One receive of at most linear.size() payload bytes, both kinds together. Zero bytes and no
     // fragment: the peer closed the stream.
     virtual Result<DevmemReceived> receive(std::span<std::uint8_t> linear) = 0;
@@ -111,6 +118,7 @@ class DevmemReceiver : public DevmemSource {
     // something to receive (fragments, linear bytes or the peer's close), without the daemon.
     // true: receive() will not block; false: the time ran out.
     Result<bool> wait_for_data(int timeout_ms);
+    Result<Ready> wait(int timeout_ms, int cancel_fd) override;
     // Gives the fragments' buffers back to the NIC.
     Result<void> release(const std::vector<DevmemFragment> &fragments) override;
 

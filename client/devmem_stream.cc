@@ -3,13 +3,17 @@
 #include "client/elementwise.h"
 #include "knod/client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +21,7 @@ namespace knod::client {
 
 namespace {
 
-std::array<std::uint8_t, stream_header_size> header_of(const StreamMessage &m) {
+std::array<std::uint8_t, stream_header_size> header_of(const StreamHeader &m) {
     std::array<std::uint8_t, stream_header_size> h{};
     std::uint32_t words[4] = {KNOD_CHUNK_MAGIC, m.msg, m.source, 0};
     std::memcpy(h.data(), words, sizeof words); // little-endian hosts only, as the chunks
@@ -25,15 +29,30 @@ std::array<std::uint8_t, stream_header_size> header_of(const StreamMessage &m) {
     return h;
 }
 
+using Clock = std::chrono::steady_clock;
+
+// What is left of a wait's budget, in poll(2)'s terms (-1: no limit).
+int remaining_ms(const std::optional<Clock::time_point> &deadline) {
+    if (!deadline) return -1;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+    return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT32_MAX));
+}
+
+std::optional<Clock::time_point> deadline_of(StreamWait wait) {
+    if (wait.timeout_ms < 0) return std::nullopt;
+    return Clock::now() + std::chrono::milliseconds(wait.timeout_ms);
+}
+
 // The stream's bytes of one message, in order, as they come: the header is collected and
 // checked, the payload applied to the destination. A reduction whose element a run splits keeps
 // the element's first bytes until the rest comes.
 class MessageAssembler {
   public:
-    explicit MessageAssembler(const StreamMessage &m)
-        : m_(m), size_(element_size(m.dtype)), expected_(header_of(m)) {}
+    MessageAssembler(const StreamHeader &m, const StreamTarget &t)
+        : m_(m), t_(t), size_(element_size(t.dtype)), expected_(header_of(m)) {}
 
     std::uint64_t left() const { return stream_header_size + m_.total - at_; }
+    std::uint64_t at() const { return at_; }
 
     Result<void> take(const std::uint8_t *p, std::size_t n) {
         while (n) {
@@ -74,10 +93,10 @@ class MessageAssembler {
 
     // Payload bytes [at_ - header, + n) of the message.
     void apply(const std::uint8_t *p, std::size_t n) {
-        auto *dst = static_cast<std::uint8_t *>(m_.dst);
+        auto *dst = static_cast<std::uint8_t *>(t_.dst);
         std::uint64_t q = at_ - stream_header_size;
-        if (m_.op == KNOD_CHUNK_COPY || size_ <= 1) {
-            apply_elements(dst + q, p, n, m_.dtype, m_.op);
+        if (t_.op == KNOD_CHUNK_COPY || size_ <= 1) {
+            apply_elements(dst + q, p, n, t_.dtype, t_.op);
             return;
         }
         if (carried_) { // finish the element the last run split
@@ -88,16 +107,17 @@ class MessageAssembler {
             n -= k;
             q += k;
             if (carried_ < size_) return;
-            apply_elements(dst + q - size_, carry_.data(), size_, m_.dtype, m_.op);
+            apply_elements(dst + q - size_, carry_.data(), size_, t_.dtype, t_.op);
             carried_ = 0;
         }
         std::size_t whole = n - n % size_;
-        apply_elements(dst + q, p, whole, m_.dtype, m_.op);
+        apply_elements(dst + q, p, whole, t_.dtype, t_.op);
         carried_ = n - whole;
         std::memcpy(carry_.data(), p + whole, carried_);
     }
 
-    StreamMessage m_;
+    StreamHeader m_;
+    StreamTarget t_;
     std::size_t size_;
     std::array<std::uint8_t, stream_header_size> expected_;
     std::array<std::uint8_t, stream_header_size> header_{};
@@ -108,13 +128,14 @@ class MessageAssembler {
 
 // Feeds one receive's runs to the assembler in stream order.
 Result<void> take_runs(MessageAssembler &message, const DevmemReceived &got,
-                       std::span<const std::uint8_t> dmabuf, std::span<const std::uint8_t> linear,
+                       const DevmemRegion &region, std::span<const std::uint8_t> linear,
                        StreamReceived &stats) {
     if (got.order.empty() && got.bytes())
         return make_error(Errc::corrupt,
                           "devmem receive: " + std::to_string(got.linear_bytes) +
                               " linear bytes came beside " + std::to_string(got.fragments.size()) +
                               " fragment(s) without SCM_DEVMEM_LINEAR: their order is unknown");
+    const auto &dmabuf = region.mapping;
     std::size_t lin = 0, frag = 0;
     for (const auto &run : got.order) {
         if (run.linear) {
@@ -129,6 +150,22 @@ Result<void> take_runs(MessageAssembler &message, const DevmemReceived &got,
         if (frag >= got.fragments.size())
             return make_error(Errc::corrupt, "devmem receive: more fragment runs than fragments");
         const auto &f = got.fragments[frag++];
+        if (f.size != run.size)
+            return make_error(Errc::corrupt, "devmem receive: a fragment run's size is not its "
+                                             "fragment's");
+        // A flow steered onto another binding's queue hands out that binding's buffers: their
+        // offsets would read our mapping at places the NIC never wrote.
+        if (f.dmabuf_id != region.dmabuf_id || region.dmabuf_id == 0)
+            return make_error(Errc::corrupt,
+                              "devmem receive: a fragment of dma-buf " +
+                                  std::to_string(f.dmabuf_id) +
+                                  (region.dmabuf_id ? ", not this binding's (" +
+                                                          std::to_string(region.dmabuf_id) +
+                                                          "): the flow reached another "
+                                                          "binding's queue"
+                                                    : ", and this binding's dma-buf id is not "
+                                                      "known (0: a daemon from before "
+                                                      "DmabufId?): no fragment can be taken"));
         if (f.offset > dmabuf.size() || f.size > dmabuf.size() - f.offset)
             return make_error(Errc::corrupt, "devmem receive: a fragment of " +
                                                  std::to_string(f.size) + " bytes at offset " +
@@ -138,27 +175,48 @@ Result<void> take_runs(MessageAssembler &message, const DevmemReceived &got,
         if (auto ok = message.take(dmabuf.data() + f.offset, f.size); !ok) return ok;
         stats.dmabuf_bytes += f.size;
     }
+    if (lin != got.linear_bytes || frag != got.fragments.size())
+        return make_error(Errc::corrupt, "devmem receive: the runs do not account for every "
+                                         "byte received");
     return {};
 }
 
 } // namespace
 
-Result<void> send_stream_message(int fd, const void *data, const StreamMessage &m) {
-    auto header = header_of(m);
-    iovec iov[2] = {{header.data(), header.size()}, {const_cast<void *>(data), m.total}};
-    std::uint64_t want = header.size() + m.total, sent = 0;
+Result<void> send_stream_message(int fd, const void *data, const StreamHeader &h, StreamWait wait) {
+    if (h.total > stream_max_total)
+        return make_error(Errc::invalid_argument,
+                          "a message of " + std::to_string(h.total) + " bytes is too large");
+    auto header = header_of(h);
+    iovec iov[2] = {{header.data(), header.size()}, {const_cast<void *>(data), h.total}};
+    std::uint64_t want = header.size() + h.total, sent = 0;
+    auto deadline = deadline_of(wait);
+    auto where = [&] {
+        return " after " + std::to_string(sent) + " of " + std::to_string(want) +
+               " bytes of message " + std::to_string(h.msg);
+    };
     int first = 0;
     while (sent < want) {
+        pollfd p[2] = {{fd, POLLOUT, 0}, {wait.cancel_fd, POLLIN, 0}};
+        int r = poll(p, wait.cancel_fd >= 0 ? 2 : 1, remaining_ms(deadline));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return make_error(Errc::io,
+                              std::string("sending to a stream: poll: ") + std::strerror(errno));
+        if (wait.cancel_fd >= 0 && p[1].revents)
+            return make_error(Errc::revoked, "sending to a stream: cancelled" + where());
+        if (r == 0)
+            return make_error(Errc::unavailable,
+                              "sending to a stream: the receiver took nothing more within " +
+                                  std::to_string(wait.timeout_ms) + " ms" + where());
         msghdr msg{};
         msg.msg_iov = iov + first;
-        msg.msg_iovlen = 2 - first;
-        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        msg.msg_iovlen = static_cast<std::size_t>(2 - first);
+        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
-            if (errno == EINTR) continue;
-            return make_error(Errc::io, "sending message " + std::to_string(m.msg) + " to its " +
-                                            "stream: " + std::strerror(errno) + " after " +
-                                            std::to_string(sent) + " of " + std::to_string(want) +
-                                            " bytes");
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return make_error(Errc::io, std::string("sending to a stream: ") +
+                                            std::strerror(errno) + where());
         }
         sent += static_cast<std::uint64_t>(n);
         for (auto k = static_cast<std::size_t>(n); k && first < 2;) {
@@ -172,49 +230,69 @@ Result<void> send_stream_message(int fd, const void *data, const StreamMessage &
     return {};
 }
 
-Result<StreamReceived> receive_stream_message(DevmemSource &source,
-                                              std::span<const std::uint8_t> dmabuf,
+Result<StreamReceived> receive_stream_message(DevmemSource &source, const DevmemRegion &region,
                                               std::span<std::uint8_t> scratch,
-                                              const StreamMessage &m) {
-    if (!valid_operation(m.dtype, m.op))
+                                              const StreamHeader &h, const StreamTarget &target,
+                                              StreamWait wait) {
+    if (!valid_operation(target.dtype, target.op))
         return make_error(Errc::invalid_argument, "unknown element type " +
-                                                      std::to_string(m.dtype) + " or operation " +
-                                                      std::to_string(m.op));
-    if (m.op != KNOD_CHUNK_COPY && m.total % element_size(m.dtype))
+                                                      std::to_string(target.dtype) +
+                                                      " or operation " + std::to_string(target.op));
+    if (target.op != KNOD_CHUNK_COPY && h.total % element_size(target.dtype))
         return make_error(Errc::invalid_argument,
-                          std::to_string(m.total) + " bytes are not whole elements of " +
-                              std::to_string(element_size(m.dtype)) + " bytes");
+                          std::to_string(h.total) + " bytes are not whole elements of " +
+                              std::to_string(element_size(target.dtype)) + " bytes");
+    if (h.total > stream_max_total)
+        return make_error(Errc::invalid_argument,
+                          "a message of " + std::to_string(h.total) + " bytes is too large");
     if (scratch.size() < 64)
         return make_error(Errc::invalid_argument, "a devmem stream receive needs at least 64 "
                                                   "bytes of scratch for linear bytes");
-    if (!m.dst && m.total) return make_error(Errc::invalid_argument, "no destination");
-    MessageAssembler message(m);
+    if (!target.dst && h.total) return make_error(Errc::invalid_argument, "no destination");
+    MessageAssembler message(h, target);
     StreamReceived stats;
+    auto deadline = deadline_of(wait);
+    std::uint64_t whole = stream_header_size + h.total;
+    auto where = [&] {
+        return std::to_string(message.at()) + " of " + std::to_string(whole) +
+               " bytes of message " + std::to_string(h.msg) + " from rank " +
+               std::to_string(h.source);
+    };
     while (message.left()) {
+        auto ready = source.wait(remaining_ms(deadline), wait.cancel_fd);
+        if (!ready) return ready.error().context("message " + std::to_string(h.msg));
+        if (*ready == DevmemSource::Ready::cancelled)
+            return make_error(Errc::revoked, "receiving: cancelled after " + where());
+        if (*ready == DevmemSource::Ready::timeout)
+            return make_error(Errc::unavailable, "receiving: nothing more came within " +
+                                                     std::to_string(wait.timeout_ms) +
+                                                     " ms, after " + where());
         // Never more than the message: the next one's header stays in the socket.
         auto want =
             static_cast<std::size_t>(std::min<std::uint64_t>(message.left(), scratch.size()));
         auto got = source.receive(scratch.first(want));
-        if (!got)
-            return got.error().context("message " + std::to_string(m.msg) + " from rank " +
-                                       std::to_string(m.source));
-        if (got->bytes() == 0 && got->fragments.empty())
-            return make_error(Errc::io,
-                              "rank " + std::to_string(m.source) + " closed its stream after " +
-                                  std::to_string(stream_header_size + m.total - message.left()) +
-                                  " of " + std::to_string(stream_header_size + m.total) +
-                                  " bytes of message " + std::to_string(m.msg));
+        if (!got) {
+            if (got.error().code == Errc::unavailable) continue; // woken for nothing
+            return make_error(Errc::io, got.error().message + ", after " + where());
+        }
+        if (got->bytes() == 0) {
+            if (!got->fragments.empty()) (void)source.release(got->fragments);
+            return make_error(Errc::io, "rank " + std::to_string(h.source) +
+                                            " closed its stream after " + where());
+        }
         if (got->bytes() > want) {
             (void)source.release(got->fragments); // best effort: the error below is the news
             return make_error(Errc::corrupt, "devmem receive: " + std::to_string(got->bytes()) +
                                                  " bytes for a receive of at most " +
                                                  std::to_string(want));
         }
-        auto taken = take_runs(message, *got, dmabuf, scratch.first(got->linear_bytes), stats);
+        auto taken = take_runs(message, *got, region, scratch.first(got->linear_bytes), stats);
         stats.fragments += got->fragments.size();
         auto released = got->fragments.empty() ? Result<void>{} : source.release(got->fragments);
-        if (!taken) return taken.error();
-        if (!released) return released.error();
+        if (!taken)
+            return taken.error().context("message " + std::to_string(h.msg) + " from rank " +
+                                         std::to_string(h.source));
+        if (!released) return released.error().context("message " + std::to_string(h.msg));
     }
     return stats;
 }

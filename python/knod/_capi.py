@@ -83,12 +83,12 @@ _PROTOTYPES = {
     "knod_stream_send": (
         ctypes.c_int,
         [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
-         c_void_pp]),
+         ctypes.c_int, ctypes.c_int, c_void_pp]),
     "knod_devmem_stream_receive": (
         ctypes.c_int,
-        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64,
-         ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.c_int,
-         ctypes.POINTER(ctypes.c_uint64), c_void_pp]),
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p,
+         ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.c_int,
+         ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), c_void_pp]),
 }
 OPTIONAL = {name for name in _PROTOTYPES
             if name.startswith(("knod_devmem_rx_", "knod_chunks_", "knod_stream_",

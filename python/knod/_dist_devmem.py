@@ -7,11 +7,14 @@ the payload in the receiver's dma-buf and the receiver reads it there:
 knod_devmem_stream_receive checks the header against the message it expects, reduces or copies
 the payload into place, and gives every fragment back to the NIC.
 
-TCP is the flow control, and what keeps a chunk from being lost or reordered; the header is the
-check against a foreign or out-of-step stream. Unlike the sim's path there are no credits and no
-ring: a receiver that has not yet reached a message leaves it in the socket, and the sender
-waits in the kernel. The side channels (credits' channel on the sim) still carry failures and
-goodbyes.
+TCP is the flow control, and what keeps a byte from being lost or reordered; the header is the
+check against a foreign or out-of-step stream, and every fragment's dma-buf id the check against
+a flow that reached another binding's queue. Unlike the sim's path there are no credits and no
+ring: a receiver that has not yet reached a message leaves it in the socket (each stream's
+receive buffer is capped so that unread streams cannot hold the whole dma-buf), and the sender
+waits in the kernel. Every wait has the whole message's budget (the group's timeout) and ends at
+once when the group fails (an eventfd per stream): a peer's death ends the waits on every other
+peer's stream, and its own stream's end says whether its last message came whole.
 
 The dma-buf here is host memory (udmabuf over a sealed memfd), mapped for the CPU's reduction.
 GPU memory would be a CUDA export read by a GPU kernel; the backend refuses GPU tensors.
@@ -38,6 +41,27 @@ UDMABUF_FLAGS_CLOEXEC = 0x01
 F_ADD_SEALS = 1033
 F_SEAL_SHRINK = 0x0002
 DMABUF_BYTES = 16 << 20  # KNOD_DIST_DMABUF_BYTES: the NIC's receive buffers come out of it
+# The C API's codes (knod/client.h) a stream call answers with.
+_ERR_FAILED, _ERR_TIMEOUT, _ERR_ENDED, _ERR_IO = 10, 12, 13, 14
+
+
+class Cancelled(Exception):
+    """A stream wait ended by DevmemPath.cancel(): the group failed or shut down."""
+
+
+def dmabuf_bytes() -> int:
+    """KNOD_DIST_DMABUF_BYTES, checked: whole pages (udmabuf takes nothing else)."""
+    text = os.environ.get("KNOD_DIST_DMABUF_BYTES", str(DMABUF_BYTES))
+    page = mmap.PAGESIZE
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0 or n % page:
+        raise ValueError(f"KNOD_DIST_DMABUF_BYTES={text!r}: give a positive multiple of the page "
+                         f"size ({page} bytes), at most udmabuf's size_limit_mb (64 MiB unless "
+                         "the module was loaded with another)")
+    return n
 
 
 class HostDmabuf:
@@ -64,8 +88,10 @@ class HostDmabuf:
             self.mapping = mmap.mmap(memfd, nbytes)
         except OSError as e:
             self.close()
+            hint = (" (more than udmabuf's size_limit_mb? set KNOD_DIST_DMABUF_BYTES lower)"
+                    if e.errno == 22 else "")
             raise knod.Unavailable(f"making a {nbytes}-byte udmabuf for the rank's receive "
-                                   f"buffer: {e}") from None
+                                   f"buffer: {e}{hint}") from None
         finally:
             os.close(dev)
             if memfd >= 0:
@@ -109,16 +135,21 @@ class DevmemPath:
         self._listener: Optional[socket.socket] = None
         self._out: Dict[int, socket.socket] = {}
         self._in: Dict[int, Tuple[socket.socket, int]] = {}  # src -> (socket, knod_devmem_rx *)
-        # A receive in the C library holds its knod_devmem_rx: close() leaves the freeing to the
-        # last receive still running.
+        self.dmabuf_id = 0  # the kernel's id of the binding's dma-buf (Binding.dmabuf_id)
+        # Readable once cancel() wrote it: one per peer's stream in, one for every send.
+        self._cancel_in: Dict[int, int] = {}
+        self._cancel_out = os.eventfd(0, os.EFD_CLOEXEC)
+        # A call in the C library uses its socket and knod_devmem_rx: close() leaves the closing
+        # and freeing to the last call still running.
         self._lock = threading.Lock()
         self._busy = 0
         self._closed = False
+        self._released = False
 
     # -- set-up ---------------------------------------------------------------------------------
 
     def make_region(self) -> knod.DmaBuf:
-        nbytes = int(os.environ.get("KNOD_DIST_DMABUF_BYTES", DMABUF_BYTES))
+        nbytes = dmabuf_bytes()
         self.region = HostDmabuf(nbytes)
         assert self.region.dmabuf is not None
         return self.region.dmabuf
@@ -127,9 +158,18 @@ class DevmemPath:
         """The CPU mapping of the binding's dma-buf (make_region's, or a test's memory)."""
         self._view = numpy.frombuffer(mapping, dtype=numpy.uint8)
 
+    def _dmabuf_size(self) -> int:
+        return self._view.size if self._view is not None else DMABUF_BYTES
+
     def listen(self, address: str, port: int) -> None:
         """The binding's flow's end: peers' streams come to address:port."""
         self._listener = socket.create_server((address, port), backlog=max(1, self.size))
+        # Bytes a rank has not read yet hold the NIC's buffers in its dma-buf: no stream may
+        # hold more than its share, or unread streams would starve the one being read.
+        # (Accepted streams inherit the listener's buffer; the kernel doubles the figure.)
+        share = max(1, self.size - 1) * 4
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
+                                  max(128 << 10, self._dmabuf_size() // share))
 
     def connect(self, store: Any, dests: Dict[int, tuple], deadline: float) -> None:
         """A stream to every other rank's flow, and one accepted from each. Which accepted
@@ -158,8 +198,13 @@ class DevmemPath:
             try:
                 s, peer = self._listener.accept()
                 pending[f"{peer[0]}:{peer[1]}"] = s
+                while len(pending) > 4 * self.size:  # a flood of strangers: oldest out
+                    pending.pop(next(iter(pending))).close()
             except socket.timeout:
                 pass
+            except OSError as e:  # EMFILE and the like: the ranks' streams come again
+                if e.errno not in (23, 24, 103, 105):  # ENFILE EMFILE ECONNABORTED ENOBUFS
+                    raise
             for r in dests:
                 if r in self._in:
                     continue
@@ -169,18 +214,16 @@ class DevmemPath:
                 if s is not None:
                     self._prepare(s)
                     self._in[r] = (s, self._receiver(s))
+                    self._cancel_in[r] = os.eventfd(0, os.EFD_CLOEXEC)
         for s in pending.values():
             s.close()
         self._listener.close()
         self._listener = None
 
-    def _prepare(self, s: socket.socket) -> None:
+    @staticmethod
+    def _prepare(s: socket.socket) -> None:
         s.setblocking(True)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # A peer that stops reading or sending fails the operation after the group's timeout.
-        tv = struct.pack("ll", int(self.timeout), int((self.timeout % 1) * 1e6))
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
 
     def _receiver(self, s: socket.socket) -> int:
         lib = knod._capi.lib()
@@ -193,19 +236,52 @@ class DevmemPath:
 
     # -- messages -------------------------------------------------------------------------------
 
+    def _enter(self, table: Dict[int, Any], peer: int) -> Any:
+        """The peer's entry, counted as in use until _leave()."""
+        with self._lock:
+            if self._closed:
+                raise Cancelled()
+            entry = table[peer]
+            self._busy += 1
+            return entry
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                self._release()
+
+    def _budget_ms(self) -> int:
+        return max(0, min(int(self.timeout * 1000), 2**31 - 1))
+
+    def _raise(self, code: int, message: str, peer: int) -> None:
+        if code == _ERR_ENDED:
+            raise Cancelled(message)
+        if code == _ERR_TIMEOUT:
+            raise TimeoutError(f"rank {self.rank}: {message} (the group's timeout)")
+        if code == _ERR_IO:
+            raise self._peer_failed(f"rank {self.rank}: {message}", peer)
+        raise self._chunk_error(f"rank {self.rank}: {message}")
+
     def send(self, dst: int, msg: int, data: numpy.ndarray) -> None:
+        """Message `msg` to rank `dst`, whole. Cancelled when the group fails."""
         lib = knod._capi.lib()
-        err = ctypes.c_void_p()
-        failed = _check(lib.knod_stream_send(self._out[dst].fileno(), data.ctypes.data,
-                                             data.size, msg, self.rank, ctypes.byref(err)), err)
+        s = self._enter(self._out, dst)
+        try:
+            err = ctypes.c_void_p()
+            failed = _check(lib.knod_stream_send(s.fileno(), data.ctypes.data, data.size, msg,
+                                                 self.rank, self._budget_ms(), self._cancel_out,
+                                                 ctypes.byref(err)), err)
+        finally:
+            self._leave()
         if failed:
-            raise self._peer_failed(f"rank {self.rank}: sending message {msg} to rank {dst}: "
-                                    f"{failed[1]}", dst)
+            self._raise(failed[0], f"sending to rank {dst}: {failed[1]}", dst)
 
     def receive(self, src: int, msg: int, total: int,
                 apply: Callable[[int, numpy.ndarray], None]) -> int:
         """Message `msg` (`total` bytes) from rank `src`, applied as the sim's path applies
-        chunks; returns the bytes the NIC placed in the dma-buf."""
+        chunks; returns the bytes the NIC placed in the dma-buf. Cancelled when the group
+        fails (unless only `src` did: its stream's end says whether the message came)."""
         lib = knod._capi.lib()
         c = getattr(apply, "c", None)
         if c is None:  # float16, bfloat16, bool: copied whole, then reduced with torch
@@ -213,60 +289,59 @@ class DevmemPath:
             dst, dtype, op = tmp, 0, 0
         else:
             dst, dtype, op = c
-        with self._lock:
-            if self._closed:
-                raise self._peer_failed(f"rank {self.rank}: the process group was shut down")
-            self._busy += 1
-            view, handle = self._view, self._in[src][1]
-        placed, err = ctypes.c_uint64(0), ctypes.c_void_p()
+        _, handle = self._enter(self._in, src)
         try:
+            view = self._view
+            placed, err = ctypes.c_uint64(0), ctypes.c_void_p()
             failed = _check(lib.knod_devmem_stream_receive(
                 ctypes.c_void_p(handle), view.ctypes.data if view is not None else None,
-                view.size if view is not None else 0, dst.ctypes.data, total, msg, src, dtype,
-                op, ctypes.byref(placed), ctypes.byref(err)), err)
+                view.size if view is not None else 0, self.dmabuf_id, dst.ctypes.data, total,
+                msg, src, dtype, op, self._budget_ms(), self._cancel_in[src],
+                ctypes.byref(placed), ctypes.byref(err)), err)
         finally:
-            with self._lock:
-                self._busy -= 1
-                if self._closed and not self._busy:
-                    self._free_receivers()
+            self._leave()
         if failed:
-            code, message = failed
-            if "closed its stream" in message:
-                raise self._peer_failed(f"rank {self.rank}: {message}", src)
-            if code == 12:  # KNOD_ERR_TIMEOUT
-                raise TimeoutError(f"rank {self.rank}: no data from rank {src} within the "
-                                   f"group's timeout ({message})")
-            raise self._chunk_error(f"rank {self.rank}: {message}")
+            self._raise(failed[0], failed[1], src)
         if c is None and total:
             apply(0, tmp.reshape(1, total))
         return int(placed.value)
 
     # -- end --------------------------------------------------------------------------------------
 
-    def interrupt(self) -> None:
-        """Wakes whatever waits on a stream (shutdown from another thread)."""
-        for s in list(self._out.values()) + [s for s, _ in self._in.values()]:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def cancel(self, keep: Optional[int] = None) -> None:
+        """Ends every stream wait, now and later: every send, every receive but those from rank
+        `keep` (a peer that died: what it sent before is still read, and its stream's end says
+        whether the message came whole)."""
+        with self._lock:
+            if self._released:  # the fds are closed (their numbers may be another file's)
+                return
+            for r, fd in list(self._cancel_in.items()) + [(-1, self._cancel_out)]:
+                if r != keep or keep is None:
+                    os.eventfd_write(fd, 1)
 
-    def _free_receivers(self) -> None:
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
         lib = knod._capi.lib()
         for s, handle in self._in.values():
             lib.knod_devmem_rx_free(ctypes.c_void_p(handle))
             s.close()
+        for s in self._out.values():
+            s.close()
+        for fd in list(self._cancel_in.values()) + [self._cancel_out]:
+            os.close(fd)
         self._in.clear()
+        self._out.clear()
+        self._cancel_in.clear()
 
     def close(self) -> None:
-        self.interrupt()
+        """Ends every wait and closes the streams (once no call still uses them)."""
+        self.cancel()
         with self._lock:
             self._closed = True
             if not self._busy:
-                self._free_receivers()
-        for s in self._out.values():
-            s.close()
-        self._out.clear()
+                self._release()
         if self._listener is not None:
             self._listener.close()
             self._listener = None

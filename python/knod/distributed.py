@@ -323,6 +323,9 @@ class ProcessGroupKnod(dist.ProcessGroup):
             if self._devmem is not None:
                 assert self._devmem.region is not None
                 self._devmem.use_mapping(self._devmem.region.mapping)
+                # The kernel's id of the dma-buf, which every fragment of it carries (0 from a
+                # daemon or library without it: then no fragment is taken).
+                self._devmem.dmabuf_id = int(getattr(self._binding, "dmabuf_id", 0) or 0)
                 self._devmem.listen(address, port)
             self._tag(job)
         except knod.Error as e:
@@ -508,8 +511,12 @@ class ProcessGroupKnod(dist.ProcessGroup):
     def _peer_died(self, peer: _Peer) -> None:
         if not self._closed and self._failed is None:
             self._failed = PeerFailed(peer.dead or f"rank {peer.rank} died", peer.rank)
+            if self._devmem is not None:  # waits on the others end; its own stream decides
+                self._devmem.cancel(keep=peer.rank)
 
     def _fail(self, e: BaseException) -> None:
+        if self._devmem is not None:
+            self._devmem.cancel()
         if self._failed is None:
             self._failed = e
             for p in self._peers.values():
@@ -531,7 +538,11 @@ class ProcessGroupKnod(dist.ProcessGroup):
         self._send_msg[dst] = (msg + 1) & 0xFFFFFFFF
         if self._devmem is not None:
             self._check()
-            self._devmem.send(dst, msg, data)
+            try:
+                self._devmem.send(dst, msg, data)
+            except _dist_devmem.Cancelled:
+                self._check()
+                raise RuntimeError("the knod process group was shut down") from None
             return
         total = data.size
         chunks = -(-total // PAYLOAD)
@@ -607,8 +618,14 @@ class ProcessGroupKnod(dist.ProcessGroup):
         msg = self._recv_msg[src]
         self._recv_msg[src] = (msg + 1) & 0xFFFFFFFF
         if self._devmem is not None:
-            self._check_receiving(peer, msg)
-            self._devmem.receive(src, msg, total, apply)
+            failed = self._failed  # but a failure that is only src's: its stream decides
+            if failed is not None and not (isinstance(failed, PeerFailed) and failed.rank == src):
+                raise failed
+            try:
+                self._devmem.receive(src, msg, total, apply)
+            except _dist_devmem.Cancelled:
+                self._check()
+                raise RuntimeError("the knod process group was shut down") from None
             return
         chunks = -(-total // PAYLOAD)
         if chunks == 0:

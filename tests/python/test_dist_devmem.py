@@ -148,3 +148,36 @@ def test_no_udmabuf_names_the_fix(monkeypatch):
     monkeypatch.setattr(os, "open", fake_open)
     with pytest.raises(knod.Unavailable, match="modprobe udmabuf"):
         _dist_devmem.HostDmabuf(1 << 20)
+
+
+def test_a_cancel_ends_a_blocked_receive_but_not_the_dead_peers_own_stream(pair):
+    # The group failed because rank 1 died: waits on other streams end, but what rank 1 sent
+    # before is still read whole from its stream (here: sent after the cancel, as a late byte).
+    got = numpy.zeros(64, dtype=numpy.uint8)
+    done = []
+    t = threading.Thread(target=lambda: done.append(
+        pair[0].receive(1, 0, 64, _copy_into(got))))
+    t.start()
+    pair[0].cancel(keep=1)
+    pair[1].send(0, 0, numpy.full(64, 3, dtype=numpy.uint8))
+    t.join()
+    assert done == [0] and (got == 3).all()
+    # A cancel of everything ends a receive that waits for a message nobody sends.
+    errors = []
+
+    def wait():
+        try:
+            pair[0].receive(1, 1, 64, _copy_into(got))
+        except BaseException as e:  # noqa: B902
+            errors.append(e)
+    t = threading.Thread(target=wait)
+    t.start()
+    pair[0].cancel()
+    t.join()
+    assert len(errors) == 1 and isinstance(errors[0], _dist_devmem.Cancelled), errors
+
+
+def test_a_dmabuf_size_that_is_not_whole_pages_names_the_fix(monkeypatch):
+    monkeypatch.setenv("KNOD_DIST_DMABUF_BYTES", "1000")
+    with pytest.raises(ValueError, match="multiple of the page size"):
+        _dist_devmem.dmabuf_bytes()

@@ -265,24 +265,24 @@ TEST(CApiDevmem, AStreamMessageThroughTheCApi) {
     ASSERT_EQ(knod_devmem_rx_new(tcp.conn, &rx, nullptr), KNOD_OK);
     std::vector<float> theirs = {1.0f, 2.0f, 3.0f}, mine = {10.0f, 20.0f, 30.0f};
     knod_error *err = nullptr;
-    ASSERT_EQ(knod_stream_send(tcp.peer, theirs.data(), 12, 3, 1, &err), KNOD_OK)
+    ASSERT_EQ(knod_stream_send(tcp.peer, theirs.data(), 12, 3, 1, -1, -1, &err), KNOD_OK)
         << (err ? knod_error_message(err) : "");
     std::uint64_t placed = 99;
-    ASSERT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 3, 1, KNOD_CHUNK_F32,
-                                         KNOD_CHUNK_SUM, &placed, &err),
+    ASSERT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, 0, mine.data(), 12, 3, 1, KNOD_CHUNK_F32,
+                                         KNOD_CHUNK_SUM, -1, -1, &placed, &err),
               KNOD_OK)
         << (err ? knod_error_message(err) : "");
     EXPECT_EQ(mine, (std::vector<float>{11.0f, 22.0f, 33.0f}));
     EXPECT_EQ(placed, 0u);
-    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 4, 1, 99, KNOD_CHUNK_SUM,
-                                         nullptr, &err),
+    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, 0, mine.data(), 12, 4, 1, 99,
+                                         KNOD_CHUNK_SUM, -1, -1, nullptr, &err),
               KNOD_ERR_INVALID_ARGUMENT);
     knod_error_free(err);
     err = nullptr;
-    ASSERT_EQ(knod_stream_send(tcp.peer, theirs.data(), 8, 4, 1, &err), KNOD_OK);
+    ASSERT_EQ(knod_stream_send(tcp.peer, theirs.data(), 8, 4, 1, -1, -1, &err), KNOD_OK);
     tcp.close_peer();
-    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 4, 1, KNOD_CHUNK_F32,
-                                         KNOD_CHUNK_COPY, nullptr, &err),
+    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, 0, mine.data(), 12, 4, 1, KNOD_CHUNK_F32,
+                                         KNOD_CHUNK_COPY, -1, -1, nullptr, &err),
               KNOD_ERR_FAILED)
         << "a header of 8 bytes where 12 were expected";
     ASSERT_NE(err, nullptr);
@@ -291,8 +291,8 @@ TEST(CApiDevmem, AStreamMessageThroughTheCApi) {
         << knod_error_message(err);
     knod_error_free(err);
     err = nullptr;
-    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, mine.data(), 12, 5, 1, KNOD_CHUNK_F32,
-                                         KNOD_CHUNK_COPY, nullptr, &err),
+    EXPECT_EQ(knod_devmem_stream_receive(rx, nullptr, 0, 0, mine.data(), 12, 5, 1, KNOD_CHUNK_F32,
+                                         KNOD_CHUNK_COPY, -1, -1, nullptr, &err),
               KNOD_ERR_IO);
     ASSERT_NE(err, nullptr);
     EXPECT_NE(std::string(knod_error_message(err)).find("closed its stream"), std::string::npos)

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/eventfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -241,23 +242,20 @@ TEST(DevmemLive, StreamMessagesArriveWholeAndInStep) {
     // The sender on a thread of its own: 800 KB do not fit the socket's buffers unread.
     Result<void> first = {}, second = {};
     std::thread sender([&] {
-        first = send_stream_message(tcp.peer, theirs.data(),
-                                    {9, 2, theirs.size() * 8, nullptr, 0, KNOD_CHUNK_COPY});
-        second = send_stream_message(tcp.peer, sent2.data(),
-                                     {10, 2, sent2.size() * 8, nullptr, 0, KNOD_CHUNK_COPY});
+        first = send_stream_message(tcp.peer, theirs.data(), {9, 2, theirs.size() * 8}, {});
+        second = send_stream_message(tcp.peer, sent2.data(), {10, 2, sent2.size() * 8}, {});
     });
     DevmemReceiver rx(tcp.conn);
     std::vector<std::uint8_t> scratch(4096);
-    auto got = receive_stream_message(
-        rx, {}, scratch, {9, 2, mine.size() * 8, mine.data(), KNOD_CHUNK_I64, KNOD_CHUNK_SUM});
+    auto got = receive_stream_message(rx, {}, scratch, {9, 2, mine.size() * 8},
+                                      {mine.data(), KNOD_CHUNK_I64, KNOD_CHUNK_SUM}, {});
     ASSERT_TRUE(got) << got.error().message;
     EXPECT_EQ(got->linear_bytes, stream_header_size + mine.size() * 8);
     EXPECT_EQ(got->dmabuf_bytes, 0u) << "no devmem NIC here: every byte is linear";
     for (std::size_t i = 0; i < mine.size(); ++i)
         ASSERT_EQ(mine[i], static_cast<std::int64_t>(i) * 4 - 5) << "element " << i;
-    auto next = receive_stream_message(
-        rx, {}, scratch,
-        {10, 2, copied.size() * 8, copied.data(), KNOD_CHUNK_I64, KNOD_CHUNK_COPY});
+    auto next = receive_stream_message(rx, {}, scratch, {10, 2, copied.size() * 8},
+                                       {copied.data(), KNOD_CHUNK_I64, KNOD_CHUNK_COPY}, {});
     ASSERT_TRUE(next) << next.error().message;
     EXPECT_EQ(copied, sent2);
     sender.join();
@@ -266,10 +264,9 @@ TEST(DevmemLive, StreamMessagesArriveWholeAndInStep) {
 
     // Another message than the one expected (its number), then a sender that stops halfway.
     std::vector<std::uint8_t> small(64, 7), dst(64, 0);
-    ASSERT_TRUE(send_stream_message(tcp.peer, small.data(),
-                                    {12, 2, small.size(), nullptr, 0, KNOD_CHUNK_COPY}));
-    auto foreign = receive_stream_message(rx, {}, scratch,
-                                          {11, 2, 64, dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY});
+    ASSERT_TRUE(send_stream_message(tcp.peer, small.data(), {12, 2, small.size()}, {}));
+    auto foreign = receive_stream_message(rx, {}, scratch, {11, 2, 64},
+                                          {dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY}, {});
     ASSERT_FALSE(foreign);
     EXPECT_EQ(foreign.error().code, Errc::corrupt);
     EXPECT_NE(foreign.error().message.find("does not carry message 11"), std::string::npos)
@@ -286,11 +283,66 @@ TEST(DevmemLive, StreamMessagesArriveWholeAndInStep) {
     cut.close_peer();
     DevmemReceiver rx2(cut.conn);
     std::vector<std::uint8_t> big(1000);
-    auto ended = receive_stream_message(rx2, {}, scratch,
-                                        {0, 1, 1000, big.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY});
+    auto ended = receive_stream_message(rx2, {}, scratch, {0, 1, 1000},
+                                        {big.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY}, {});
     ASSERT_FALSE(ended);
     EXPECT_EQ(ended.error().code, Errc::io);
     EXPECT_NE(ended.error().message.find("rank 1 closed its stream after 124 of 1024 bytes"),
               std::string::npos)
         << ended.error().message;
+}
+
+// Another thread's cancel (an eventfd, as knod.distributed's shutdown writes) ends a receive
+// blocked on a live socket, and one blocked sending to a receiver that reads nothing; a message
+// whose sender goes quiet ends when its budget does.
+TEST(DevmemLive, AStreamWaitEndsOnCancelOrItsBudget) {
+    knod::test::LoopbackTcp tcp;
+    int cancel = eventfd(0, EFD_CLOEXEC);
+    ASSERT_GE(cancel, 0);
+    DevmemReceiver rx(tcp.conn);
+    std::vector<std::uint8_t> scratch(4096), dst(64);
+    Result<StreamReceived> got = make_error(Errc::io, "not run");
+    std::thread receiver([&] {
+        got = receive_stream_message(rx, {}, scratch, {0, 1, 64},
+                                     {dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY}, {-1, cancel});
+    });
+    std::uint64_t one = 1;
+    ASSERT_EQ(write(cancel, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+    receiver.join();
+    ASSERT_FALSE(got);
+    EXPECT_EQ(got.error().code, Errc::revoked) << got.error().message;
+
+    // Nobody reads tcp.conn: the sender fills the socket's buffers, then waits until cancelled.
+    std::vector<std::uint8_t> big(64 << 20);
+    Result<void> sent = {};
+    std::thread sender([&] {
+        sent = send_stream_message(tcp.peer, big.data(), {0, 0, big.size()}, {-1, cancel});
+    });
+    sender.join(); // the eventfd is still readable: the send stops once the buffers are full
+    ASSERT_FALSE(sent);
+    EXPECT_EQ(sent.error().code, Errc::revoked) << sent.error().message;
+    close(cancel);
+
+    // Half a message, then nothing: the budget (0 ms: nothing more is coming) ends it.
+    knod::test::LoopbackTcp quiet;
+    std::vector<std::uint8_t> half(stream_header_size + 10, 0);
+    std::uint32_t words[4] = {KNOD_CHUNK_MAGIC, 0, 1, 0};
+    std::uint64_t total = 64;
+    std::memcpy(half.data(), words, sizeof words);
+    std::memcpy(half.data() + 16, &total, sizeof total);
+    ASSERT_EQ(send(quiet.peer, half.data(), half.size(), 0), static_cast<ssize_t>(half.size()));
+    DevmemReceiver rx2(quiet.conn);
+    Result<StreamReceived> partial = make_error(Errc::io, "not run");
+    while (true) { // the half arrives first (a condition, not a time), then the budget runs out
+        partial = receive_stream_message(rx2, {}, scratch, {0, 1, 64},
+                                         {dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY}, {0, -1});
+        ASSERT_FALSE(partial);
+        ASSERT_EQ(partial.error().code, Errc::unavailable) << partial.error().message;
+        if (partial.error().message.find("after 34 of 88 bytes") != std::string::npos) break;
+        ASSERT_NE(partial.error().message.find("after 0 of 88 bytes"), std::string::npos)
+            << partial.error().message;
+        // Nothing was read: the next try sees the half once it has landed.
+        auto landed = rx2.wait_for_data(30000);
+        ASSERT_TRUE(landed && *landed) << "the half never landed";
+    }
 }

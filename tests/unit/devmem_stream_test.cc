@@ -40,6 +40,9 @@ struct ScriptedSource : DevmemSource {
     std::set<std::uint32_t> outstanding;
     std::size_t receives = 0;
     bool describe_linear = true; // false: linear bytes with no SCM_DEVMEM_LINEAR
+    std::uint32_t dmabuf_id = 1; // what every fragment says
+    Ready ready = Ready::data;   // what wait() answers
+    std::size_t waits = 0;
 
     void linear(const std::vector<std::uint8_t> &b) { pieces.push_back({true, b}); }
     void fragment(const std::vector<std::uint8_t> &b) { // placed by "the NIC" in the dma-buf
@@ -61,6 +64,10 @@ struct ScriptedSource : DevmemSource {
         }
     }
 
+    Result<Ready> wait(int, int) override {
+        ++waits;
+        return ready;
+    }
     Result<DevmemReceived> receive(std::span<std::uint8_t> out) override {
         ++receives;
         DevmemReceived r;
@@ -74,7 +81,8 @@ struct ScriptedSource : DevmemSource {
                 p.bytes.erase(p.bytes.begin(), p.bytes.begin() + static_cast<std::ptrdiff_t>(n));
                 r.order.push_back({true, n});
             } else {
-                r.fragments.push_back({p.offset, static_cast<std::uint32_t>(n), next_token, 1});
+                r.fragments.push_back(
+                    {p.offset, static_cast<std::uint32_t>(n), next_token, dmabuf_id});
                 outstanding.insert(next_token++);
                 p.offset += n;
                 p.size -= static_cast<std::uint32_t>(n);
@@ -119,9 +127,19 @@ std::vector<std::uint8_t> message(std::uint32_t msg, std::uint32_t source,
     return m;
 }
 
-Result<StreamReceived> receive(ScriptedSource &s, StreamMessage m) {
+// Message `msg` from `source` of `total` bytes, applied to dst as dtype/op, from the dma-buf
+// whose id is 1 (the fragments' own, unless a test says otherwise).
+struct Expect {
+    std::uint32_t msg, source;
+    std::uint64_t total;
+    void *dst;
+    int dtype, op;
+};
+
+Result<StreamReceived> receive(ScriptedSource &s, Expect e, std::uint32_t id = 1) {
     std::vector<std::uint8_t> scratch(100); // small: runs split often
-    return receive_stream_message(s, s.dmabuf, scratch, m);
+    return receive_stream_message(s, {s.dmabuf, id}, scratch, {e.msg, e.source, e.total},
+                                  {e.dst, e.dtype, e.op}, {});
 }
 
 } // namespace
@@ -137,7 +155,7 @@ TEST(DevmemStream, RunsSplitAnywhereReduceToTheSameTensor) {
     auto first = message(4, 1, bytes_of(theirs));
     s.stream(first, {10, 27, 30, 41, 53, 54});
     s.stream(message(5, 1, bytes_of(next)), {3}, false);
-    StreamMessage m{4, 1, theirs.size() * 4, mine.data(), KNOD_CHUNK_F32, KNOD_CHUNK_SUM};
+    Expect m{4, 1, theirs.size() * 4, mine.data(), KNOD_CHUNK_F32, KNOD_CHUNK_SUM};
     auto got = receive(s, m);
     ASSERT_TRUE(got) << got.error().message;
     for (std::size_t i = 0; i < mine.size(); ++i)
@@ -149,7 +167,7 @@ TEST(DevmemStream, RunsSplitAnywhereReduceToTheSameTensor) {
     EXPECT_EQ(got->dmabuf_bytes + got->linear_bytes, first.size());
     EXPECT_TRUE(s.outstanding.empty()) << s.outstanding.size() << " fragment(s) never released";
     std::vector<std::int64_t> copy(3, -1);
-    StreamMessage m2{5, 1, 24, copy.data(), KNOD_CHUNK_I64, KNOD_CHUNK_COPY};
+    Expect m2{5, 1, 24, copy.data(), KNOD_CHUNK_I64, KNOD_CHUNK_COPY};
     auto second = receive(s, m2);
     ASSERT_TRUE(second) << second.error().message;
     EXPECT_EQ(copy, next);
@@ -163,13 +181,13 @@ TEST(DevmemStream, IntegersWrapAndMinMaxPassNaNOnAsTheChunksDo) {
     std::vector<std::int32_t> mine = {INT32_MAX, 5, -7};
     std::vector<std::int32_t> theirs = {1, -5, 8};
     s.stream(message(0, 3, bytes_of(theirs)), {5, 26, 29, 31});
-    StreamMessage m{0, 3, 12, mine.data(), KNOD_CHUNK_I32, KNOD_CHUNK_SUM};
+    Expect m{0, 3, 12, mine.data(), KNOD_CHUNK_I32, KNOD_CHUNK_SUM};
     ASSERT_TRUE(receive(s, m));
     EXPECT_EQ(mine, (std::vector<std::int32_t>{INT32_MIN, 0, 1}));
     std::vector<double> a = {1.0, std::nan(""), 3.0};
     std::vector<double> b = {std::nan(""), 2.0, -3.0};
     s.stream(message(1, 3, bytes_of(b)), {30, 33}, false);
-    StreamMessage m2{1, 3, 24, a.data(), KNOD_CHUNK_F64, KNOD_CHUNK_MAX};
+    Expect m2{1, 3, 24, a.data(), KNOD_CHUNK_F64, KNOD_CHUNK_MAX};
     ASSERT_TRUE(receive(s, m2));
     EXPECT_TRUE(std::isnan(a[0]) && std::isnan(a[1]));
     EXPECT_EQ(a[2], 3.0);
@@ -256,4 +274,58 @@ TEST(DevmemStream, WhatCannotBeAppliedIsRefusedBeforeAnythingIsRead) {
     ASSERT_FALSE(partial);
     EXPECT_NE(partial.error().message.find("not whole elements"), std::string::npos);
     EXPECT_EQ(s.receives, 0u);
+}
+
+// A flow steered onto another binding's queue: its fragments carry that dma-buf's id, and their
+// offsets mean nothing in ours. Refused, released, nothing applied; with no id known (0), no
+// fragment is taken at all.
+TEST(DevmemStream, AFragmentOfAnotherDmabufIsRefused) {
+    for (std::uint32_t ours : {1u, 0u}) {
+        ScriptedSource s;
+        s.dmabuf_id = ours == 1 ? 99 : 1;
+        s.stream(message(0, 1, std::vector<std::uint8_t>(40, 1)), {}, false);
+        std::vector<std::uint8_t> dst(40, 0);
+        auto got = receive(s, {0, 1, 40, dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY}, ours);
+        ASSERT_FALSE(got) << "our id " << ours;
+        EXPECT_EQ(got.error().code, Errc::corrupt);
+        EXPECT_NE(got.error().message.find(ours ? "not this binding's (1)" : "not known"),
+                  std::string::npos)
+            << got.error().message;
+        EXPECT_EQ(dst, std::vector<std::uint8_t>(40, 0));
+        EXPECT_TRUE(s.outstanding.empty());
+    }
+}
+
+// A message's budget and another thread's cancel: each ends the receive, naming how far it got.
+TEST(DevmemStream, ATimeoutOrACancelEndsTheReceiveNamingHowFarItGot) {
+    for (auto ready : {DevmemSource::Ready::timeout, DevmemSource::Ready::cancelled}) {
+        ScriptedSource s;
+        s.ready = ready;
+        std::vector<std::uint8_t> dst(40);
+        auto got = receive(s, {0, 1, 40, dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY});
+        ASSERT_FALSE(got);
+        EXPECT_EQ(got.error().code,
+                  ready == DevmemSource::Ready::timeout ? Errc::unavailable : Errc::revoked);
+        EXPECT_NE(got.error().message.find("after 0 of 64 bytes of message 0 from rank 1"),
+                  std::string::npos)
+            << got.error().message;
+        EXPECT_EQ(s.receives, 0u) << "received after the wait said no";
+    }
+}
+
+// What a kernel could say that does not add up: fragments of no size (no progress: the stream's
+// end), and a message so long that its length would wrap.
+TEST(DevmemStream, NoProgressEndsAndAHugeLengthIsRefused) {
+    ScriptedSource s;
+    s.pieces.push_back({false, {}, 0, 0});
+    std::vector<std::uint8_t> dst(40);
+    auto got = receive(s, {0, 1, 40, dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY});
+    ASSERT_FALSE(got);
+    EXPECT_EQ(got.error().code, Errc::io);
+    EXPECT_TRUE(s.outstanding.empty());
+    auto huge =
+        receive(s, {0, 1, ~std::uint64_t{0} - 8, dst.data(), KNOD_CHUNK_U8, KNOD_CHUNK_COPY});
+    ASSERT_FALSE(huge);
+    EXPECT_EQ(huge.error().code, Errc::invalid_argument);
+    EXPECT_NE(huge.error().message.find("too large"), std::string::npos);
 }

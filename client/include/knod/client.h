@@ -242,22 +242,33 @@ KNOD_API knod_errc knod_chunks_receive(void *dst, const void *ring, uint64_t rin
  * then the payload, which the NIC places in the receiver's dma-buf. */
 #define KNOD_STREAM_HEADER 24
 
+/* Both calls take the whole message's budget, `timeout_ms` (< 0: no limit), and `cancel_fd`
+ * (< 0: none): once that fd is readable (an eventfd or pipe another thread writes), the call
+ * stops with KNOD_ERR_ENDED. The time running out is KNOD_ERR_TIMEOUT. After any error the
+ * stream is out of step: close it. */
+
 /* Sends message `msg` (`total` bytes at `data`, from rank `source`) on the connected TCP socket
- * `fd`, header and payload, whole (blocking). KNOD_ERR_IO naming how many bytes went. */
+ * `fd`, header and payload, whole. One sender per socket at a time: two would interleave their
+ * bytes. KNOD_ERR_IO naming how many bytes went (the peer closed or reset the stream). */
 KNOD_API knod_errc knod_stream_send(int fd, const void *data, uint64_t total, uint32_t msg,
-                                    uint32_t source, knod_error **error);
+                                    uint32_t source, int timeout_ms, int cancel_fd,
+                                    knod_error **error);
 /* Receives message `msg` (`total` bytes, from rank `source`) on `rx`'s socket: checks its header
  * and applies the payload to `dst` as knod_chunks_receive does (KNOD_CHUNK_COPY copies, the
  * other ops reduce as `dtype`), reading what the NIC placed in the dma-buf from `dmabuf`, the
- * dma-buf's CPU mapping of `dmabuf_size` bytes, and giving every fragment back before it
- * returns. It never reads past the message: the next one stays in the socket. Stores the bytes
- * that came in the dma-buf in *dmabuf_bytes (may be NULL). A stream that carries another
- * message, or a fragment outside the dma-buf, is KNOD_ERR_FAILED naming it; a stream that ends
- * first, KNOD_ERR_IO naming how far it got; fragments an earlier knod_devmem_rx_receive left
- * pending, KNOD_ERR_INVALID_ARGUMENT. */
+ * CPU mapping of the binding's dma-buf (`dmabuf_size` bytes, the kernel's id `dmabuf_id`:
+ * knod_binding_dmabuf_id), and giving every fragment back before it returns. It never reads past
+ * the message: the next one stays in the socket. Stores the bytes that came in the dma-buf in
+ * *dmabuf_bytes (may be NULL). KNOD_ERR_FAILED naming what came for a stream that carries
+ * another message, and for a fragment of another dma-buf (a flow steered onto another binding's
+ * queue; with `dmabuf_id` 0 no fragment is taken) or outside this one; KNOD_ERR_IO naming how far
+ * it got for a stream that ends or fails first; KNOD_ERR_INVALID_ARGUMENT for fragments an
+ * earlier knod_devmem_rx_receive left pending. The CPU reads the mapping as it is: on a machine
+ * whose DMA is not cache-coherent the dma-buf needs DMA_BUF_IOCTL_SYNC around it. */
 KNOD_API knod_errc knod_devmem_stream_receive(knod_devmem_rx *rx, const void *dmabuf,
-                                              uint64_t dmabuf_size, void *dst, uint64_t total,
-                                              uint32_t msg, uint32_t source, int dtype, int op,
+                                              uint64_t dmabuf_size, uint32_t dmabuf_id, void *dst,
+                                              uint64_t total, uint32_t msg, uint32_t source,
+                                              int dtype, int op, int timeout_ms, int cancel_fd,
                                               uint64_t *dmabuf_bytes, knod_error **error);
 
 #ifdef __cplusplus
