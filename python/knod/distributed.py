@@ -469,8 +469,11 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 raise PeerFailed(f"rank {r}: side channel failed: {e}", r) from None
             finally:
                 p.sock.settimeout(None)
-            if data != note:
+            if len(data) < len(note):
                 raise PeerFailed(f"rank {r} closed its side channel before it was ready", r)
+            if data != note:  # its init failed after the side channel opened (B: goodbye)
+                raise PeerFailed(f"rank {r} left the group before it was ready (it sent "
+                                 f"{data[:1]!r})", r)
         for p in self._peers.values():
             p.reading()
 
