@@ -136,12 +136,19 @@ class _Peer:
         self.left = False  # said goodbye (B) before its side channel closed
         self.send_lock = threading.Lock()
         self._owner = weakref.ref(owner)
+        # The reader starts now (a thread's start can take milliseconds on a busy machine) but
+        # reads only once init has had the peer's ready note off the socket (reading()).
+        self._reading = threading.Event()
         self.thread = threading.Thread(target=self._read, name=f"knod-peer-{rank}", daemon=True)
         self.thread.start()
+
+    def reading(self) -> None:
+        self._reading.set()
 
     def _read(self) -> None:
         why = "closed its side channel (it exited or was killed)"
         buf = b""
+        self._reading.wait()
         try:
             while True:
                 data = self.sock.recv(65536)
@@ -210,6 +217,7 @@ class _Peer:
         except OSError:
             pass
         self.sock.close()
+        self._reading.set()
 
 
 class _Sender:
@@ -372,6 +380,7 @@ class ProcessGroupKnod(dist.ProcessGroup):
         self._sender = _Sender(self)
         self._op_thread = threading.Thread(target=self._run_ops, name="knod-ops", daemon=True)
         self._op_thread.start()
+        self._ready(deadline)
 
     def _tag(self, job: str) -> None:
         """The job's name, the group and this rank on the binding (Binding.SetJob, #53): the
@@ -468,6 +477,37 @@ class ProcessGroupKnod(dist.ProcessGroup):
             self._peers[r] = _Peer(r, s, self)
         self._listener.close()
         self._listener = None
+
+    def _ready(self, deadline: float) -> None:
+        """The last step of init: a ready note to every peer, then every peer's, read here off
+        the side channel before its reader starts. The ranks leave init within a message of
+        each other, as Gloo's do after its full mesh: torch's barrier right after init sleeps
+        10 ms whenever a rank gets there before the others."""
+        note = _CTRL.pack(b"R", 0, 0)
+        for p in self._peers.values():
+            p.send(b"R", 0, 0)
+        for r, p in sorted(self._peers.items()):
+            data = b""
+            try:
+                while len(data) < len(note):
+                    p.sock.settimeout(max(0.1, deadline - time.monotonic()))
+                    more = p.sock.recv(len(note) - len(data))
+                    if not more:
+                        break
+                    data += more
+            except socket.timeout:
+                raise PeerFailed(f"rank {r} never said it was ready", r) from None
+            except OSError as e:
+                raise PeerFailed(f"rank {r}: side channel failed: {e}", r) from None
+            finally:
+                p.sock.settimeout(None)
+            if len(data) < len(note):
+                raise PeerFailed(f"rank {r} closed its side channel before it was ready", r)
+            if data != note:  # its init failed after the side channel opened (B: goodbye)
+                raise PeerFailed(f"rank {r} left the group before it was ready (it sent "
+                                 f"{data[:1]!r})", r)
+        for p in self._peers.values():
+            p.reading()
 
     # -- life ----------------------------------------------------------------------------------
 
