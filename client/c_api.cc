@@ -411,6 +411,17 @@ knod_errc knod_binding_counters(knod_binding *b, uint64_t *rx_bytes, uint64_t *r
     });
 }
 
+knod_errc knod_binding_dmabuf_id(const knod_binding *b, uint32_t *out, knod_error **error) {
+    return guarded(error, [&] {
+        if (!b) return missing(error, "binding");
+        if (!out) return missing(error, "out");
+        auto id = b->owner->client.dmabuf_id(b->grant.id);
+        if (!id) return fail(error, id.error());
+        *out = *id;
+        return KNOD_OK;
+    });
+}
+
 knod_errc knod_binding_end(knod_binding *b, int *is_ended, const char **reason, int *revoked,
                            knod_error **error) {
     return guarded(error, [&] {

@@ -591,6 +591,19 @@ Result<BindingCounters> Client::counters(const std::string &id) {
     return c;
 }
 
+Result<std::uint32_t> Client::dmabuf_id(const std::string &id) {
+    if (auto here = ready(); !here) return std::move(here).error();
+    Reply r;
+    int rc = sd_bus_get_property(bus_, service_name, path_of(id).c_str(), binding_interface,
+                                 "DmabufId", &r.e, &r.m, "u");
+    // A daemon older than the property: it names no dma-buf, so none.
+    if (rc < 0 && sd_bus_error_has_name(&r.e, SD_BUS_ERROR_UNKNOWN_PROPERTY)) return 0u;
+    if (rc < 0) return bus_failure(r.e, rc, "DmabufId");
+    std::uint32_t value = 0;
+    if ((rc = sd_bus_message_read(r.m, "u", &value)) < 0) return bus_failure(r.e, rc, "DmabufId");
+    return value;
+}
+
 Result<std::uint64_t> Client::wait_for_data(const std::string &id, std::uint64_t seen,
                                             int timeout_ms) {
     if (auto here = ready(); !here) return std::move(here).error();
@@ -735,6 +748,9 @@ Result<BindingDetails> Client::details(const std::string &id) {
         if (auto n = property<std::uint32_t>(bus_, path_of(id), binding_interface, "JobRank", 'u'))
             d.job_rank = *n;
     }
+    auto dmabuf = dmabuf_id(id);
+    if (!dmabuf) return dmabuf.error();
+    d.dmabuf_id = *dmabuf;
     return d;
 }
 

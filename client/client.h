@@ -55,6 +55,9 @@ struct BindingDetails {
     std::string job;
     std::string job_group;
     std::uint32_t job_rank = 0;
+    // The kernel's id of the binding's dma-buf (Binding.DmabufId): 0 none (not devmem, not
+    // active yet, or a daemon that does not say).
+    std::uint32_t dmabuf_id = 0;
 };
 
 struct BindingCounters {
@@ -121,6 +124,11 @@ class Client {
                          const std::string &job, const std::string &group, std::uint32_t rank);
     Result<void> release(const std::string &id);
     Result<BindingCounters> counters(const std::string &id);
+    // The kernel's id of the binding's dma-buf (Binding.DmabufId): what netdev bind-rx returned,
+    // and what the kernel puts in every devmem fragment (DevmemFragment::dmabuf_id) of it, so a
+    // holder can refuse fragments of another binding's dma-buf. 0: none (not a devmem binding,
+    // not active yet, or a daemon older than the property).
+    Result<std::uint32_t> dmabuf_id(const std::string &id);
     // Waits until the binding's RxBytes passes `seen` (the article's wait_for_data), polling the
     // daemon every few milliseconds, for at most `timeout_ms`. Returns the new RxBytes; byte i
     // of the stream is at offset + (i mod length) in the region. Times out with Errc::expired;

@@ -237,6 +237,11 @@ int job_group(sd_bus_message *m, const Binding &b, const BindingManager &) {
 int job_rank(sd_bus_message *m, const Binding &b, const BindingManager &) {
     return sd_bus_message_append(m, "u", b.job ? b.job->rank : 0u);
 }
+// The kernel's id of the binding's dma-buf (bind-rx's answer, the dmabuf_id of every devmem
+// fragment of it), 0 for none: not a devmem binding, or not active yet.
+int dmabuf_id(sd_bus_message *m, const Binding &b, const BindingManager &mgr) {
+    return sd_bus_message_append(m, "u", mgr.driver().dmabuf_id(b.id).value_or(0u));
+}
 
 } // namespace get
 
@@ -399,6 +404,9 @@ const sd_bus_vtable binding_vtable[] = {
     SD_BUS_PROPERTY("Job", "s", BusService::binding_property<get::job>, 0, 0),
     SD_BUS_PROPERTY("JobGroup", "s", BusService::binding_property<get::job_group>, 0, 0),
     SD_BUS_PROPERTY("JobRank", "u", BusService::binding_property<get::job_rank>, 0, 0),
+    // The kernel's id of its dma-buf (devmem, once active), for the holder to check every
+    // fragment against; 0 none. Set at activation, so not const.
+    SD_BUS_PROPERTY("DmabufId", "u", BusService::binding_property<get::dmabuf_id>, 0, 0),
     // Anyone who can see the object; the key is checked against the caller's own process.
     // The holder only (the key is checked against the caller's own process): extends the key.
     SD_BUS_METHOD_WITH_NAMES("Renew", "ay", SD_BUS_PARAM(key), "t", SD_BUS_PARAM(expires_us),

@@ -114,7 +114,7 @@ Result<std::vector<std::uint32_t>> DevmemDriver::attach(const BindingPlan &plan)
     });
     if (!chosen) return std::move(chosen).error();
     if (auto rss = FlowSteering::check_not_in_rss(plan.netdev, *chosen); !rss) return rss.error();
-    bindings_[plan.id] = Binding{plan, ifindex, *chosen, std::nullopt, {}, {}};
+    bindings_[plan.id] = Binding{plan, ifindex, *chosen, std::nullopt, {}, {}, std::nullopt};
     return std::vector<std::uint32_t>{*chosen};
 }
 
@@ -140,7 +140,14 @@ Result<void> DevmemDriver::activate(const std::string &id) {
     guards_.set_own_rules(id, *rules);
     b.socket = std::move(*sock);
     b.rules = std::move(*rules);
+    b.dmabuf_id = *bound;
     return {};
+}
+
+std::optional<std::uint32_t> DevmemDriver::dmabuf_id(const std::string &id) const {
+    auto it = bindings_.find(id);
+    if (it == bindings_.end()) return std::nullopt;
+    return it->second.dmabuf_id;
 }
 
 std::map<std::string, int> DevmemDriver::handles(const std::string &id) const {
@@ -154,19 +161,23 @@ std::map<std::string, int> DevmemDriver::handles(const std::string &id) const {
 std::optional<std::string> DevmemDriver::handoff(const std::string &id) const {
     auto it = bindings_.find(id);
     if (it == bindings_.end()) return std::nullopt;
-    return knod::dump_json(nlohmann::json{
-        {"ifindex", it->second.ifindex}, {"queue", it->second.queue}, {"rules", it->second.rules}});
+    nlohmann::json j{
+        {"ifindex", it->second.ifindex}, {"queue", it->second.queue}, {"rules", it->second.rules}};
+    if (it->second.dmabuf_id) j["dmabuf_id"] = *it->second.dmabuf_id;
+    return knod::dump_json(j);
 }
 
 Result<std::vector<std::uint32_t>> DevmemDriver::readopt(const BindingPlan &plan, bool active,
                                                          const std::string &handoff,
                                                          std::map<std::string, UniqueFd> handles) {
-    Binding b{plan, 0, 0, std::nullopt, {}, {}};
+    Binding b{plan, 0, 0, std::nullopt, {}, {}, std::nullopt};
     try {
         auto j = nlohmann::json::parse(handoff);
         b.ifindex = j.at("ifindex").get<int>();
         b.queue = j.at("queue").get<std::uint32_t>();
         b.rules = j.at("rules").get<std::vector<std::uint32_t>>();
+        // A record of a daemon before the id was kept has none: the binding then has none.
+        if (auto d = j.find("dmabuf_id"); d != j.end()) b.dmabuf_id = d->get<std::uint32_t>();
     } catch (const std::exception &e) {
         return make_error(Errc::corrupt, std::string("devmem handoff: ") + e.what());
     }
@@ -182,6 +193,8 @@ Result<std::vector<std::uint32_t>> DevmemDriver::readopt(const BindingPlan &plan
         // The previous daemon's guard went with it: guard the queue again.
         if (auto g = guards_.add(plan.id, plan.netdev, b.queue, plan.flows, b.rules); !g)
             return std::move(g).error();
+    } else {
+        b.dmabuf_id.reset(); // not bound: activation binds and learns the id
     }
     std::uint32_t queue = b.queue;
     bindings_[plan.id] = std::move(b);

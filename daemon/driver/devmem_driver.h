@@ -72,6 +72,9 @@ class DevmemDriver : public Driver {
     // From the binding's devmem guard: its packets and bytes on its queue, and as dropped the
     // foreign packets the guard dropped there.
     Counters counters(const std::string &id) const override { return guards_.counters(id); }
+    // What bind-rx returned at activation (kept across a restart in the handoff record; a
+    // record of an older daemon without it: none).
+    std::optional<std::uint32_t> dmabuf_id(const std::string &id) const override;
     // The NIC's own counters of the binding's RX queue (qstats-get), where the driver keeps
     // them; nullopt otherwise. They count every packet the NIC put on the queue since the
     // driver started it, foreign ones included, so RxBytes/RxPackets stay the guard's (the
@@ -97,6 +100,7 @@ class DevmemDriver : public Driver {
         std::optional<NetdevGenl> socket; // set while active: its lifetime is the kernel binding
         std::vector<std::uint32_t> rules;
         UniqueFd kept; // taken back after a restart: the socket of the previous daemon's bind
+        std::optional<std::uint32_t> dmabuf_id; // bind-rx's answer; set while active
     };
 
     HardwareInventory inventory_;

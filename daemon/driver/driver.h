@@ -64,6 +64,13 @@ class Driver {
     // Stops delivery at once and frees everything attach() took. Never fails.
     virtual void detach(const std::string &id) = 0;
     virtual Counters counters(const std::string &id) const = 0;
+    // The kernel's id of the dma-buf the binding is bound to (what netdev bind-rx returned, and
+    // what the kernel puts in every SCM_DEVMEM_DMABUF fragment as dmabuf_id), so the holder can
+    // refuse fragments of another binding's dma-buf. nullopt: none (not a devmem binding, or
+    // not active yet).
+    virtual std::optional<std::uint32_t> dmabuf_id(const std::string & /*id*/) const {
+        return std::nullopt;
+    }
     // For the holder's wait_for_data: the read end of a pipe (close-on-exec; the caller's) on
     // which the driver writes the binding's RxBytes total (a native-endian u64 per record) after
     // the payloads it places in the binding's region from now on (the sim: once per drain of its

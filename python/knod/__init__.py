@@ -383,6 +383,24 @@ class Binding:
         with self._client._lock:
             _call(self._lib.knod_binding_set_job, self._live(), job_b, group_b, rank)
 
+    @property
+    def dmabuf_id(self) -> int:
+        """The kernel's id of the binding's dma-buf (Binding.DmabufId): what netdev bind-rx
+        returned at activation, and what the kernel puts in every devmem fragment of it
+        (knod.Fragment.dmabuf_id). A devmem receiver refuses fragments with another id: they
+        are another binding's dma-buf, and reading them off this binding's mapping would read
+        the wrong bytes. 0 when there is none: not a devmem binding (sim, knod), not active
+        yet, or a daemon older than the property. Asked of the daemon at each read. Raises
+        knod.Error when the loaded libknod-client is older than knod_binding_dmabuf_id (never
+        0 then: 0 would read as "none" and a receiver would check nothing)."""
+        if not hasattr(self._lib, "knod_binding_dmabuf_id"):
+            raise Error("this libknod-client has no knod_binding_dmabuf_id (older than "
+                        "Binding.DmabufId): upgrade libknod-client1 to learn the dma-buf id")
+        out = ctypes.c_uint32()
+        with self._client._lock:
+            _call(self._lib.knod_binding_dmabuf_id, self._live(), ctypes.byref(out))
+        return out.value
+
     def release(self) -> None:
         """Ends the binding (end reason "release"); again, or after it ended, does nothing.
         A SimBuffer it covered may close from then on."""

@@ -14,6 +14,7 @@ _lock = threading.Lock()
 c_char_pp = ctypes.POINTER(ctypes.c_char_p)
 c_void_pp = ctypes.POINTER(ctypes.c_void_p)
 u64p = ctypes.POINTER(ctypes.c_uint64)
+u32p = ctypes.POINTER(ctypes.c_uint32)
 intp = ctypes.POINTER(ctypes.c_int)
 sizep = ctypes.POINTER(ctypes.c_size_t)
 
@@ -52,6 +53,9 @@ _PROTOTYPES = {
         ctypes.c_int,
         [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32, c_void_pp]),
     "knod_binding_counters": (ctypes.c_int, [ctypes.c_void_p, u64p, u64p, u64p, c_void_pp]),
+    # Since the dma-buf id (Binding.DmabufId); an older library lacks it (Binding.dmabuf_id
+    # says so).
+    "knod_binding_dmabuf_id": (ctypes.c_int, [ctypes.c_void_p, u32p, c_void_pp]),
     "knod_binding_end": (
         ctypes.c_int, [ctypes.c_void_p, intp, c_char_pp, intp, c_void_pp]),
     "knod_binding_id": (ctypes.c_char_p, [ctypes.c_void_p]),
@@ -92,7 +96,8 @@ _PROTOTYPES = {
 }
 OPTIONAL = {name for name in _PROTOTYPES
             if name.startswith(("knod_devmem_rx_", "knod_chunks_", "knod_stream_",
-                                "knod_devmem_stream_"))} | {"knod_binding_set_job"}
+                                "knod_devmem_stream_"))} | {"knod_binding_set_job",
+                                                             "knod_binding_dmabuf_id"}
 
 
 def lib():

@@ -5,8 +5,10 @@
 #include "daemon/sinks/sinks.h"
 #include "journal/export.h"
 #include "journal/verify.h"
+#include "knod/client.h"
 #include "knod/hex.h"
 #include "policy/policy.h"
+#include "protocol/names.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -15,9 +17,11 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
+#include <systemd/sd-bus.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -246,6 +250,70 @@ TEST_F(DaemonTest, KeyFromAnotherProcessCannotActivate) {
     Output o = sb().run_client({"activate", h.id(), h.key_hex()});
     EXPECT_NE(o.out.find("belongs to another process"), std::string::npos) << o.out;
     EXPECT_EQ(*sb().client().state(h.id()), "granted");
+}
+
+// Binding.DmabufId: the kernel's id of a devmem binding's dma-buf; the sim binds none, so it is
+// 0 granted and active, on the bus itself (not the client's fallback for an older daemon that
+// lacks the property), through the C++ client and through the C API.
+TEST_F(DaemonTest, ASimBindingHasNoDmabufId) {
+    auto c = sb().client();
+    auto g = request(c);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    auto on_the_bus = [&] {
+        sd_bus *bus = nullptr;
+        if (sd_bus_new(&bus) < 0) return std::string("no bus");
+        sd_bus_set_address(bus, sb().address().c_str());
+        sd_bus_set_bus_client(bus, 1);
+        std::string out = "cannot connect";
+        if (sd_bus_start(bus) >= 0) {
+            sd_bus_error e = SD_BUS_ERROR_NULL;
+            std::uint32_t v = 99;
+            std::string path = std::string(bus::bindings_prefix) + "/" + g->id;
+            int r = sd_bus_get_property_trivial(bus, bus::service_name, path.c_str(),
+                                                bus::binding_interface, "DmabufId", &e, 'u', &v);
+            out = r < 0 ? std::string("error ") + (e.name ? e.name : std::strerror(-r))
+                        : std::to_string(v);
+            sd_bus_error_free(&e);
+        }
+        sd_bus_flush_close_unref(bus);
+        return out;
+    };
+    EXPECT_EQ(on_the_bus(), "0") << "granted: nothing bound";
+    ASSERT_TRUE(c.activate(g->id, g->key).ok());
+    EXPECT_EQ(on_the_bus(), "0") << "active on the sim: no dma-buf of the kernel's";
+    auto id = c.dmabuf_id(g->id);
+    ASSERT_TRUE(id.ok()) << id.error().message;
+    EXPECT_EQ(*id, 0u);
+    auto d = c.details(g->id);
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    EXPECT_EQ(d->dmabuf_id, 0u);
+    EXPECT_FALSE(c.dmabuf_id("b-none").ok()) << "no such binding is an error, not 0";
+
+    knod_client *kc = nullptr;
+    knod_error *e = nullptr;
+    ASSERT_EQ(knod_client_connect(sb().address().c_str(), &kc, &e), KNOD_OK)
+        << (e ? knod_error_message(e) : "");
+    int fd = make_region(4096);
+    ASSERT_GE(fd, 0);
+    const char *flows[] = {"udp 10.99.0.1:* -> 10.99.0.2:5099"};
+    knod_binding *b = nullptr;
+    ASSERT_EQ(knod_request_binding(kc, "knodsim0", "sim0", nullptr, fd, 0, 4096, flows, 1, &b, &e),
+              KNOD_OK)
+        << (e ? knod_error_message(e) : "");
+    close(fd);
+    std::uint32_t dmabuf = 99;
+    EXPECT_EQ(knod_binding_dmabuf_id(b, &dmabuf, &e), KNOD_OK) << (e ? knod_error_message(e) : "");
+    EXPECT_EQ(dmabuf, 0u) << "granted";
+    ASSERT_EQ(knod_binding_activate(b, &e), KNOD_OK) << (e ? knod_error_message(e) : "");
+    dmabuf = 99;
+    EXPECT_EQ(knod_binding_dmabuf_id(b, &dmabuf, &e), KNOD_OK) << (e ? knod_error_message(e) : "");
+    EXPECT_EQ(dmabuf, 0u) << "active on the sim";
+    EXPECT_EQ(knod_binding_dmabuf_id(b, nullptr, &e), KNOD_ERR_INVALID_ARGUMENT);
+    EXPECT_STREQ(knod_error_message(e), "out is NULL");
+    knod_error_free(e);
+    EXPECT_EQ(knod_binding_dmabuf_id(nullptr, &dmabuf, nullptr), KNOD_ERR_INVALID_ARGUMENT);
+    knod_binding_free(b);
+    knod_client_unref(kc);
 }
 
 // Issue #53: Binding.SetJob, over the bus. Only the holder tags its binding (another uid does

@@ -582,6 +582,76 @@ TEST(DevmemDriver, ReservesAFreeQueueAndActivationFailsClosedOnVeth) {
     EXPECT_NE(ranged.error().message.find("port range"), std::string::npos);
 }
 
+// The dma-buf id bind-rx returned (Binding.DmabufId) goes over a restart with the handoff record:
+// a binding taken back active has the id its record names, and hands it on again; a record of
+// an older daemon without it, or a binding taken back inactive, has none; a binding only attached
+// (not bound) has none and hands none over. bind-rx itself never runs on a veth: the records are
+// what a daemon that bound would have written, with a stand-in for the netlink socket.
+TEST(DevmemDriver, TheDmabufIdGoesOverARestartWithTheHandoff) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (the devmem guard)";
+    TestNamespace ns;
+    ASSERT_TRUE(ns.ok());
+    std::string pins = "/sys/fs/bpf/knod-dmabufid-" + std::to_string(getpid());
+    auto pass = [](int) -> Result<void> { return {}; };
+    {
+        auto d = DevmemDriver::open(host::HostPaths{}, pass, pins);
+        ASSERT_TRUE(d) << d.error().message;
+        BindingPlan plan;
+        plan.id = "b1";
+        plan.netdev = "knodq0";
+        plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
+        plan.region_fd = memfd();
+        plan.length = 1 << 20;
+        auto q = (*d)->attach(plan);
+        ASSERT_TRUE(q) << q.error().message;
+        EXPECT_EQ((*d)->dmabuf_id("b1"), std::nullopt) << "attached, not bound";
+        auto unbound = (*d)->handoff("b1");
+        ASSERT_TRUE(unbound);
+        EXPECT_EQ(unbound->find("dmabuf_id"), std::string::npos) << *unbound;
+        (*d)->detach("b1");
+        EXPECT_EQ((*d)->dmabuf_id("b1"), std::nullopt);
+
+        std::string ifindex = std::to_string(if_nametoindex("knodq0"));
+        auto record = [&](const std::string &extra) {
+            return "{\"ifindex\":" + ifindex + ",\"queue\":3,\"rules\":[]" + extra + "}";
+        };
+        auto socket = [] { // what came back from the fd store for "<id>.nl"
+            std::map<std::string, UniqueFd> h;
+            h["nl"] = UniqueFd(memfd());
+            return h;
+        };
+        auto back = (*d)->readopt(plan, true, record(",\"dmabuf_id\":7"), socket());
+        ASSERT_TRUE(back) << back.error().message;
+        EXPECT_EQ((*d)->dmabuf_id("b1"), std::optional<std::uint32_t>(7));
+        auto again = (*d)->handoff("b1");
+        ASSERT_TRUE(again);
+        (*d)->detach("b1");
+
+        // The next daemon's record is this one's: the id goes on.
+        auto next = (*d)->readopt(plan, true, *again, socket());
+        ASSERT_TRUE(next) << next.error().message << " of " << *again;
+        EXPECT_EQ((*d)->dmabuf_id("b1"), std::optional<std::uint32_t>(7)) << *again;
+        (*d)->detach("b1");
+
+        auto old = (*d)->readopt(plan, true, record(""), socket());
+        ASSERT_TRUE(old) << old.error().message;
+        EXPECT_EQ((*d)->dmabuf_id("b1"), std::nullopt) << "an older daemon's record: none";
+        (*d)->detach("b1");
+
+        auto inactive = (*d)->readopt(plan, false, record(",\"dmabuf_id\":7"), {});
+        ASSERT_TRUE(inactive) << inactive.error().message;
+        EXPECT_EQ((*d)->dmabuf_id("b1"), std::nullopt) << "not bound: activation binds anew";
+        (*d)->detach("b1");
+
+        auto bad = (*d)->readopt(plan, true, record(",\"dmabuf_id\":\"7\""), socket());
+        ASSERT_FALSE(bad) << "a record whose id is not a number is corrupt";
+        EXPECT_EQ(bad.error().code, Errc::corrupt);
+        close(plan.region_fd);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(pins, ec);
+}
+
 TEST(FlowSteering, RulesCarryPrefixMasksAndExactPorts) {
     auto v4 = to_rx_flow_spec(*policy::parse_flow_spec("udp 10.20.0.0/16:* -> 10.20.1.10:5000"), 5,
                               policy::Family::ipv4);

@@ -189,6 +189,32 @@ def test_set_job_tags_once_and_refuses_bad_strings(client):
             [(b.id, "10.0.0.1:29500", "0", 3)]
 
 
+def test_a_sim_binding_has_no_dmabuf_id(client):
+    # Binding.DmabufId: the kernel's id of a devmem binding's dma-buf, which its fragments carry;
+    # the sim binds no dma-buf of the kernel's, so 0.
+    buf = knod.SimBuffer(512)
+    with client.register_buffer(buf, flow(5171), netdev=NETDEV) as b:
+        assert b.dmabuf_id == 0
+
+        class OlderLibrary:  # a libknod-client from before knod_binding_dmabuf_id
+            def __init__(self, lib):
+                self._real = lib
+
+            def __getattr__(self, name):
+                if name == "knod_binding_dmabuf_id":
+                    raise AttributeError(name)
+                return getattr(self._real, name)
+
+        real, b._lib = b._lib, OlderLibrary(b._lib)
+        try:
+            with pytest.raises(knod.Error) as e:
+                b.dmabuf_id
+            assert "knod_binding_dmabuf_id" in str(e.value)
+        finally:
+            b._lib = real
+        assert b.dmabuf_id == 0
+
+
 def test_no_daemon_on_the_bus_is_unavailable(tmp_path):
     with pytest.raises(knod.Unavailable) as e:
         knod.Client(f"unix:path={tmp_path}/no-bus")

@@ -4,6 +4,7 @@
 // flight, the fail-closed journal, retries of records the disk refused, revocation by a
 // reload, process exit through HolderWatch, and shutdown.
 #include "daemon/binding_manager.h"
+#include "daemon/driver/sim_driver.h"
 #include "journal/sqlite.h"
 #include "journal/verify.h"
 #include "tests/unit/manager_rig.h"
@@ -49,15 +50,22 @@ class FakeDriver : public driver::Driver {
     }
     Result<void> activate(const std::string &id) override {
         active.insert(id);
+        dmabuf_ids[id] = next_dmabuf_id++; // as bind-rx answers: a new id per bind
         return {};
     }
     void detach(const std::string &id) override {
+        dmabuf_ids.erase(id);
         notifiers.erase(id);
         attached.erase(id);
         active.erase(id);
         ++detaches;
     }
     driver::Counters counters(const std::string &) const override { return rx; }
+    std::optional<std::uint32_t> dmabuf_id(const std::string &id) const override {
+        auto it = dmabuf_ids.find(id);
+        if (it == dmabuf_ids.end()) return std::nullopt;
+        return it->second;
+    }
     // A restart that keeps bindings: nothing of its own to hand over but a marker.
     std::optional<std::string> handoff(const std::string &) const override { return "fake"; }
     Result<std::vector<std::uint32_t>> readopt(const driver::BindingPlan &plan, bool now_active,
@@ -80,6 +88,8 @@ class FakeDriver : public driver::Driver {
 
     std::map<std::string, UniqueFd> notifiers;
     std::set<std::string> attached, active;
+    std::map<std::string, std::uint32_t> dmabuf_ids; // per active binding, as bind-rx gave it
+    std::uint32_t next_dmabuf_id = 41;
     std::vector<std::string> abandoned;
     driver::Counters rx; // what every binding has received
     int detaches = 0;
@@ -1001,4 +1011,39 @@ TEST_F(BindingManagerTest, AHandedOverBindingKeepsItsJobTag) {
     auto again = second->set_job(tagged->id, me, tagged->key, {"job-8", "", 0});
     EXPECT_FALSE(again.ok()) << "still tagged once";
     second->shutdown();
+}
+
+// Binding.DmabufId reads the driver's id of the binding's dma-buf through the manager: none
+// before activation (nothing is bound), bind-rx's answer once active, none again once detached.
+TEST_F(BindingManagerTest, TheDriverSaysEachBindingsDmabufIdOnceActive) {
+    auto m = make();
+    daemon::Peer me = this_process(1000);
+    auto a = grant(*m, me, 5000);
+    auto b = grant(*m, me, 5001);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const driver::Driver &d = m->driver();
+    EXPECT_EQ(d.dmabuf_id(a->id), std::nullopt) << "granted, not active: nothing bound yet";
+    ASSERT_TRUE(m->activate(a->id, me, a->key).ok());
+    ASSERT_TRUE(m->activate(b->id, me, b->key).ok());
+    EXPECT_EQ(d.dmabuf_id(a->id), std::optional<std::uint32_t>(41));
+    EXPECT_EQ(d.dmabuf_id(b->id), std::optional<std::uint32_t>(42)) << "each binding its own";
+    bool released = false;
+    m->release(a->id, me, false, [&](Result<void> r) {
+        EXPECT_TRUE(r.ok());
+        released = true;
+    });
+    ASSERT_TRUE(drain([&] { return released; }));
+    EXPECT_EQ(d.dmabuf_id(a->id), std::nullopt) << "released: unbound";
+    EXPECT_EQ(d.dmabuf_id(b->id), std::optional<std::uint32_t>(42));
+    EXPECT_EQ(d.dmabuf_id("b-none"), std::nullopt);
+    m->shutdown();
+}
+
+// The sim binds no dma-buf of the kernel's: it has none for any binding (the interface's
+// default, which Binding.DmabufId shows as 0).
+TEST(DriverDmabufId, TheSimHasNone) {
+    driver::SimConfig c;
+    c.datapath = false;
+    driver::SimDriver sim(c, nullptr);
+    EXPECT_EQ(sim.dmabuf_id("b1"), std::nullopt);
 }

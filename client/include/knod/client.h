@@ -128,6 +128,14 @@ KNOD_API knod_errc knod_binding_release(knod_binding *binding, knod_error **erro
 KNOD_API knod_errc knod_binding_counters(knod_binding *binding, uint64_t *rx_bytes,
                                          uint64_t *rx_packets, uint64_t *dropped_packets,
                                          knod_error **error);
+/* The kernel's id of the binding's dma-buf (Binding.DmabufId): what netdev bind-rx returned at
+ * activation, and what the kernel puts in every fragment of it (knod_devmem_fragment's
+ * dmabuf_id). A devmem holder refuses fragments that carry another id: they are another
+ * binding's dma-buf (a flow steered onto another binding's queue), and reading them off its own
+ * mapping would read the wrong bytes. Stores 0 when there is none: not a devmem binding (the
+ * sim and knod drivers), not active yet, or a daemon older than the property. */
+KNOD_API knod_errc knod_binding_dmabuf_id(const knod_binding *binding, uint32_t *out,
+                                          knod_error **error);
 /* Whether the binding has ended, and why, as the daemon told this connection: stores 1 and
  * the end reason ("release", "expire", "revoke: <reason>", "process-exit", "link-down", ...)
  * and whether it was revoked (ended by someone or something other than its holder), or 0
