@@ -332,8 +332,8 @@ class ProcessGroupKnod(dist.ProcessGroup):
                 assert self._devmem.region is not None
                 self._devmem.use_mapping(self._devmem.region.mapping)
                 # The kernel's id of the dma-buf, which every fragment of it carries (0 from a
-                # daemon or library without it: then no fragment is taken).
-                self._devmem.dmabuf_id = int(getattr(self._binding, "dmabuf_id", 0) or 0)
+                # daemon without it: then no fragment is taken).
+                self._devmem.dmabuf_id = self._binding.dmabuf_id
                 self._devmem.listen(address, port)
             self._tag(job)
         except knod.Error as e:
