@@ -46,7 +46,8 @@ void reduce_loop(std::uint8_t *dst, const std::uint8_t *src, std::size_t n) {
         T a[block], b[block];
         std::memcpy(a, dst + i * sizeof(T), sizeof a);
         std::memcpy(b, src + i * sizeof(T), sizeof b);
-        for (std::size_t j = 0; j < block; ++j) a[j] = apply_op<T, Op>(a[j], b[j]);
+        for (std::size_t j = 0; j < block; ++j)
+            a[j] = apply_op<T, Op>(a[j], b[j]);
         std::memcpy(dst + i * sizeof(T), a, sizeof a);
     }
     for (; i < count; ++i) {
