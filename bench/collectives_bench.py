@@ -8,7 +8,8 @@ node of its own (examples/sim_nodes.py)::
 
 busBW as nccl-tests defines it: all_reduce 2(n-1)/n x bytes / time, all_gather (n-1)/n x
 n x bytes / time (bytes: one rank's tensor). Prints one line per size with both and the ratio
-knod/gloo. Timings are the median of --iters runs.
+knod/gloo, and, at 2 ranks with 16 MiB among the sizes, a verdict line against issue #53's
+busBW target (all_reduce at least half of Gloo's). Timings are the median of --iters runs.
 
 init_process_group (and the barrier after it): --init-rounds rounds of init, barrier and
 destroy_process_group per backend in the same processes, every rank's clock started together,
@@ -30,6 +31,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+BUSBW_TARGET, BUSBW_TARGET_SIZE = 0.5, 16 << 20
 
 
 def _sync(store, a, name):
@@ -250,6 +252,15 @@ def launch(a):
     for (op, size), bw in sorted(rows.items()):
         print(f"{op:<11}{size:>10}{bw['knod']:>11.3f}{bw['gloo']:>11.3f}"
               f"{bw['knod'] / bw['gloo']:>11.2f}")
+    # Issue #53's busBW target: all_reduce of 16 MiB at 2 ranks, at least half of Gloo's.
+    target = rows.get(("all_reduce", BUSBW_TARGET_SIZE)) if a.ranks == 2 else None
+    busbw_verdict = None
+    if target:
+        ratio = target["knod"] / target["gloo"]
+        busbw_verdict = {"ratio": ratio, "target": BUSBW_TARGET, "met": ratio >= BUSBW_TARGET}
+        print(f"busBW verdict: all_reduce of 16 MiB at 2 ranks, knod/gloo {ratio:.2f} against "
+              f"issue #53's target, at least {BUSBW_TARGET}: "
+              f"{'met' if busbw_verdict['met'] else 'NOT met'}")
     init = _init_summary(knod)
     for line in _init_lines(init, a.init_rounds):
         print(line)
@@ -258,7 +269,7 @@ def launch(a):
             json.dump({"ranks": a.ranks, "datapath": datapath, "busbw": [
                 {"op": op, "size": size, "knod": bw["knod"], "gloo": bw["gloo"],
                  "ratio": bw["knod"] / bw["gloo"]} for (op, size), bw in sorted(rows.items())],
-                "init": init}, f, indent=1)
+                "busbw_verdict": busbw_verdict, "init": init}, f, indent=1)
     return 0
 
 
