@@ -226,17 +226,31 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
         return make_error(Errc::denied, "caller process " + std::to_string(pid) +
                                             " no longer matches the bus's credentials");
     };
+    // A /proc read that fails because the daemon is out of fds (or memory) is the daemon's
+    // problem, said so: never a caller that "no longer matches".
+    auto read_own = [&](const std::string &name) -> Result<std::string> {
+        errno = 0;
+        std::string text = read_file(dir + "/" + name);
+        if (text.empty() && exhausted_resource(errno))
+            return system_error(Errc::io, errno, "cannot read /proc/" + std::to_string(pid) +
+                                                     "/" + name);
+        return text;
+    };
     // Start time and identity first, ...
     auto start = process_start_time(pid, proc_root);
     if (!start) return start.error();
-    std::string status = read_file(dir + "/status");
+    auto status_read = read_own("status");
+    if (!status_read) return status_read.error();
+    std::string status = std::move(*status_read);
     auto euid = effective_uid(status);
     if (!euid || *euid != uid) return changed();
     // ... then the rest, ...
     char exe[4096];
     ssize_t n = ::readlink((dir + "/exe").c_str(), exe, sizeof exe - 1);
     if (n > 0) p.executable.assign(exe, static_cast<std::size_t>(n));
-    std::string cg = read_file(dir + "/cgroup");
+    auto cg_read = read_own("cgroup");
+    if (!cg_read) return cg_read.error();
+    std::string cg = std::move(*cg_read);
     if (auto path = policy::unified_cgroup_path(cg)) p.cgroup = std::move(*path);
     p.host_netns = false; // unless read and equal to the daemon's
     if (auto net = namespace_at(dir + "/ns/net")) {
@@ -253,7 +267,11 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
     // ... and identity again: the same process, unchanged, and still running (so its pid was
     // not reused by another between the reads).
     auto start_after = process_start_time(pid, proc_root);
-    std::string status_after = read_file(dir + "/status");
+    if (!start_after && start_after.error().code == Errc::out_of_resources)
+        return start_after.error();
+    auto status_after_read = read_own("status");
+    if (!status_after_read) return status_after_read.error();
+    std::string status_after = std::move(*status_after_read);
     auto euid_after = effective_uid(status_after);
     std::vector<gid_t> groups = groups_from_status(status);
     if (!start_after || *start_after != *start || !euid_after || *euid_after != uid ||
