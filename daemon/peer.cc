@@ -232,8 +232,8 @@ Result<Peer> identify_peer(uid_t uid, pid_t pid, std::optional<std::vector<gid_t
         errno = 0;
         std::string text = read_file(dir + "/" + name);
         if (text.empty() && exhausted_resource(errno))
-            return system_error(Errc::io, errno, "cannot read /proc/" + std::to_string(pid) +
-                                                     "/" + name);
+            return system_error(Errc::io, errno,
+                                "cannot read /proc/" + std::to_string(pid) + "/" + name);
         return text;
     };
     // Start time and identity first, ...
