@@ -64,6 +64,9 @@ struct knod_devmem_rx {
     knod::client::DevmemReceiver receiver;
     // Fragments of the last recvmsg the caller had no room for, handed out first.
     std::vector<knod::client::DevmemFragment> pending;
+    // Linear bytes of knod_devmem_stream_receive, made at its first call and kept (a call is
+    // made per message: no allocation on the data path).
+    std::vector<std::uint8_t> scratch;
 };
 
 namespace {
@@ -477,7 +480,7 @@ knod_errc knod_devmem_rx_new(int tcp_fd, knod_devmem_rx **out, knod_error **erro
                         "devmem receive: cannot duplicate the socket fd " + std::to_string(tcp_fd) +
                             ": " + std::strerror(errno));
         int fd = own.get();
-        *out = new knod_devmem_rx{std::move(own), knod::client::DevmemReceiver(fd), {}};
+        *out = new knod_devmem_rx{std::move(own), knod::client::DevmemReceiver(fd), {}, {}};
         return KNOD_OK;
     });
 }
@@ -723,12 +726,12 @@ knod_errc knod_devmem_stream_receive(knod_devmem_rx *rx, const void *dmabuf, uin
                         std::to_string(rx->pending.size()) +
                             " fragment(s) of an earlier knod_devmem_rx_receive are pending: "
                             "take them first");
-        std::vector<std::uint8_t> scratch(64 << 10);
+        if (rx->scratch.empty()) rx->scratch.resize(64 << 10);
         knod::client::DevmemRegion region{
             std::span<const std::uint8_t>(static_cast<const std::uint8_t *>(dmabuf),
                                           static_cast<std::size_t>(dmabuf_size)),
             dmabuf_id};
-        auto got = knod::client::receive_stream_message(rx->receiver, region, scratch,
+        auto got = knod::client::receive_stream_message(rx->receiver, region, rx->scratch,
                                                         {msg, source, total}, {dst, dtype, op},
                                                         {timeout_ms, cancel_fd});
         if (!got) return fail(error, stream_code(got.error().code), got.error().message);

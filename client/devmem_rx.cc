@@ -177,37 +177,30 @@ Result<DevmemReceived> DevmemReceiver::receive(std::span<std::uint8_t> linear) {
     return parsed;
 }
 
-Result<DevmemSource::Ready> DevmemReceiver::wait(int timeout_ms, int cancel_fd) {
-    pollfd p[2] = {{fd_, POLLIN, 0}, {cancel_fd, POLLIN, 0}};
+Result<Ready> wait_ready(int fd, short events, int timeout_ms, int cancel_fd) {
+    pollfd p[2] = {{fd, events, 0}, {cancel_fd, POLLIN, 0}};
     for (;;) {
         int r = poll(p, cancel_fd >= 0 ? 2 : 1, timeout_ms);
         if (r > 0) {
             if (cancel_fd >= 0 && p[1].revents) return Ready::cancelled;
             if (p[0].revents & POLLNVAL)
-                return make_error(Errc::invalid_argument, "devmem receive: not an open socket");
-            return Ready::data; // POLLIN, POLLHUP or POLLERR: receive() answers at once
+                return make_error(Errc::invalid_argument, "devmem: not an open socket");
+            return Ready::data; // ready, or hung up / failed: the next call answers at once
         }
         if (r == 0) return Ready::timeout;
         if (errno != EINTR)
-            return make_error(Errc::io,
-                              std::string("devmem receive: poll: ") + std::strerror(errno));
+            return make_error(Errc::io, std::string("devmem: poll: ") + std::strerror(errno));
     }
 }
 
+Result<Ready> DevmemReceiver::wait(int timeout_ms, int cancel_fd) {
+    return wait_ready(fd_, POLLIN, timeout_ms, cancel_fd);
+}
+
 Result<bool> DevmemReceiver::wait_for_data(int timeout_ms) {
-    pollfd p{fd_, POLLIN, 0};
-    for (;;) {
-        int r = poll(&p, 1, timeout_ms);
-        if (r > 0) {
-            if (p.revents & POLLNVAL)
-                return make_error(Errc::invalid_argument, "devmem receive: not an open socket");
-            return true; // POLLIN, POLLHUP or POLLERR: receive() answers without blocking
-        }
-        if (r == 0) return false;
-        if (errno != EINTR)
-            return make_error(Errc::io,
-                              std::string("devmem receive: poll: ") + std::strerror(errno));
-    }
+    auto ready = wait_ready(fd_, POLLIN, timeout_ms, -1);
+    if (!ready) return ready.error();
+    return *ready == Ready::data;
 }
 
 Result<void> DevmemReceiver::release(const std::vector<DevmemFragment> &fragments) {

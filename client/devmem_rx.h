@@ -93,10 +93,18 @@ std::vector<std::vector<DmabufToken>> devmem_token_batches(const std::vector<std
 // Errc::invalid_argument naming what the fd is instead (not a socket, UDP, a Unix socket, ...).
 Result<void> check_devmem_socket(int fd);
 
+// Whether a wait on a socket ended with it ready, the time run out, or a cancel fd readable.
+enum class Ready { data, timeout, cancelled };
+
+// Waits up to `timeout_ms` (< 0: for ever) for `events` (POLLIN, POLLOUT) on `fd`, or until
+// `cancel_fd` (< 0: none) is readable; EINTR retried. A hang-up or error counts as ready: the
+// next call on the socket answers at once. Errc::invalid_argument for an fd that is not open.
+Result<Ready> wait_ready(int fd, short events, int timeout_ms, int cancel_fd);
+
 // What receives devmem payload: a DevmemReceiver on a socket, or a test's crafted fragments.
 class DevmemSource {
   public:
-    enum class Ready { data, timeout, cancelled };
+    using Ready = client::Ready;
     virtual ~DevmemSource() = default;
     // Waits up to `timeout_ms` (< 0: for ever) until receive() will not block, or `cancel_fd`
     // (< 0: none) is readable.

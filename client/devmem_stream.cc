@@ -197,15 +197,11 @@ Result<void> send_stream_message(int fd, const void *data, const StreamHeader &h
     };
     int first = 0;
     while (sent < want) {
-        pollfd p[2] = {{fd, POLLOUT, 0}, {wait.cancel_fd, POLLIN, 0}};
-        int r = poll(p, wait.cancel_fd >= 0 ? 2 : 1, remaining_ms(deadline));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0)
-            return make_error(Errc::io,
-                              std::string("sending to a stream: poll: ") + std::strerror(errno));
-        if (wait.cancel_fd >= 0 && p[1].revents)
+        auto ready = wait_ready(fd, POLLOUT, remaining_ms(deadline), wait.cancel_fd);
+        if (!ready) return ready.error().context("sending to a stream");
+        if (*ready == Ready::cancelled)
             return make_error(Errc::revoked, "sending to a stream: cancelled" + where());
-        if (r == 0)
+        if (*ready == Ready::timeout)
             return make_error(Errc::unavailable,
                               "sending to a stream: the receiver took nothing more within " +
                                   std::to_string(wait.timeout_ms) + " ms" + where());
@@ -261,9 +257,9 @@ Result<StreamReceived> receive_stream_message(DevmemSource &source, const Devmem
     while (message.left()) {
         auto ready = source.wait(remaining_ms(deadline), wait.cancel_fd);
         if (!ready) return ready.error().context("message " + std::to_string(h.msg));
-        if (*ready == DevmemSource::Ready::cancelled)
+        if (*ready == Ready::cancelled)
             return make_error(Errc::revoked, "receiving: cancelled after " + where());
-        if (*ready == DevmemSource::Ready::timeout)
+        if (*ready == Ready::timeout)
             return make_error(Errc::unavailable, "receiving: nothing more came within " +
                                                      std::to_string(wait.timeout_ms) +
                                                      " ms, after " + where());
