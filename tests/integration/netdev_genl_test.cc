@@ -515,15 +515,22 @@ TEST(NetdevInventory, RtnetlinkSeesTheVethWithItsQueues) {
     EXPECT_TRUE(veth->pci.empty()) << "a veth has no PCI parent";
 }
 
-// One attach (the request-time step) of a fresh sealed memfd for FLOW on NETDEV.
-Result<std::vector<std::uint32_t>> attach_once(driver::Driver &d, const std::string &id,
-                                               const std::string &netdev, const char *flow) {
+// A plan for FLOW on NETDEV over a fresh sealed memfd of 1 MiB (the caller closes it).
+BindingPlan devmem_plan(const std::string &id, const std::string &netdev,
+                        const char *flow = "tcp 10.0.0.0/8:* -> 10.0.0.2:5000") {
     BindingPlan plan;
     plan.id = id;
     plan.netdev = netdev;
     plan.flows = {*policy::parse_flow_spec(flow)};
     plan.region_fd = memfd();
     plan.length = 1 << 20; // the whole buffer: a devmem region is a whole dma-buf
+    return plan;
+}
+
+// One attach (the request-time step) of a fresh sealed memfd for FLOW on NETDEV.
+Result<std::vector<std::uint32_t>> attach_once(driver::Driver &d, const std::string &id,
+                                               const std::string &netdev, const char *flow) {
+    BindingPlan plan = devmem_plan(id, netdev, flow);
     auto q = d.attach(plan);
     close(plan.region_fd);
     return q;
@@ -552,12 +559,7 @@ TEST(DevmemDriver, ReservesAFreeQueueAndActivationFailsClosedOnVeth) {
     auto names = (*d)->netdevs();
     EXPECT_TRUE(
         std::any_of(names.begin(), names.end(), [](auto &n) { return n.name == "knodq0"; }));
-    BindingPlan plan;
-    plan.id = "b1";
-    plan.netdev = "knodq0";
-    plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
-    plan.region_fd = memfd();
-    plan.length = 1 << 20;
+    BindingPlan plan = devmem_plan("b1", "knodq0");
     auto q = (*d)->attach(plan);
     ASSERT_TRUE(q) << q.error().message;
     EXPECT_EQ(*q, std::vector<std::uint32_t>{3}) << "the highest free RX queue of four";
@@ -596,12 +598,7 @@ TEST(DevmemDriver, TheDmabufIdGoesOverARestartWithTheHandoff) {
     {
         auto d = DevmemDriver::open(host::HostPaths{}, pass, pins);
         ASSERT_TRUE(d) << d.error().message;
-        BindingPlan plan;
-        plan.id = "b1";
-        plan.netdev = "knodq0";
-        plan.flows = {*policy::parse_flow_spec("tcp 10.0.0.0/8:* -> 10.0.0.2:5000")};
-        plan.region_fd = memfd();
-        plan.length = 1 << 20;
+        BindingPlan plan = devmem_plan("b1", "knodq0");
         auto q = (*d)->attach(plan);
         ASSERT_TRUE(q) << q.error().message;
         EXPECT_EQ((*d)->dmabuf_id("b1"), std::nullopt) << "attached, not bound";

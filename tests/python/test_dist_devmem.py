@@ -43,6 +43,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+def both_ranks(fn):
+    """fn(0) and fn(1) on threads of their own, at once; what either raised."""
+    errors = []
+
+    def run(r):
+        try:
+            fn(r)
+        except BaseException as e:  # noqa: B902 (the caller reports it)
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 @pytest.fixture
 def pair():
     """Two ranks' paths, connected both ways; closed afterwards."""
@@ -55,18 +72,8 @@ def pair():
         p.listen("127.0.0.1", ports[r])
     import time
     deadline = time.monotonic() + 60
-    errors = []
-
-    def connect(r):
-        try:
-            paths[r].connect(store, {1 - r: ("127.0.0.1", ports[1 - r])}, deadline)
-        except BaseException as e:  # noqa: B902 (reported below)
-            errors.append(e)
-    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = both_ranks(lambda r: paths[r].connect(store, {1 - r: ("127.0.0.1", ports[1 - r])},
+                                                   deadline))
     assert not errors, errors
     yield paths
     for p in paths:
@@ -77,22 +84,12 @@ def pair():
 def exchange(paths, sends, receives):
     """Rank 0 and 1 each send `sends[r]` and receive with `receives[r]` = (total, apply), at once
     (the sender on a thread of its own, as the backend's sender thread)."""
-    errors = []
-
     def run(r):
-        try:
-            t = threading.Thread(target=paths[r].send, args=(1 - r, 0, sends[r]))
-            t.start()
-            paths[r].receive(1 - r, 0, *receives[r])
-            t.join()
-        except BaseException as e:  # noqa: B902
-            errors.append(e)
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
+        t = threading.Thread(target=paths[r].send, args=(1 - r, 0, sends[r]))
         t.start()
-    for t in threads:
+        paths[r].receive(1 - r, 0, *receives[r])
         t.join()
-    return errors
+    return both_ranks(run)
 
 
 def test_a_sum_both_ways_equals_the_elementwise_sum(pair):

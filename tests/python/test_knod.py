@@ -213,6 +213,16 @@ def test_a_sim_binding_has_no_dmabuf_id(client):
         finally:
             b._lib = real
         assert b.dmabuf_id == 0
+    # An ordinary user's holder reads it through the shipped bus policy, as a rank does.
+    code = f"""
+        import knod
+        with knod.Client() as c:
+            with c.register_buffer(knod.SimBuffer(512), {flow(5172)!r}, netdev={NETDEV!r}) as b:
+                print(b.dmabuf_id)
+        """
+    rc, out, err = run_python(code, uid=int(os.environ['KNOD_TEST_HOLDER_UID']))
+    assert rc == 0, err
+    assert out.strip() == "0", out
 
 
 def test_no_daemon_on_the_bus_is_unavailable(tmp_path):
